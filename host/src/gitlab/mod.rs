@@ -1,0 +1,3 @@
+//! GitLab's runner API: the job payload and (with the client) every call a runner makes.
+
+pub mod payload;

@@ -1,0 +1,36 @@
+//! The job log: where every byte a job prints goes.
+//!
+//! Owns masking, the output limit, section markers, the CRC32 checksum and incremental
+//! upload. Plugins and the process capability only see [`TraceSink`].
+
+/// Something that accepts job log bytes: the GitLab trace, the terminal of `runway exec`, a
+/// buffer in tests. Implementations mask and limit as they need; writers never block on I/O.
+pub trait TraceSink: Send + Sync {
+    /// Append bytes to the log.
+    fn write(&self, data: &[u8]);
+}
+
+/// A sink that keeps everything in memory (tests, benchmarks).
+#[derive(Default)]
+pub struct MemorySink {
+    bytes: std::sync::Mutex<Vec<u8>>,
+}
+
+impl MemorySink {
+    /// Everything written so far.
+    pub fn contents(&self) -> Vec<u8> {
+        self.bytes.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+    /// Everything written so far, as lossy UTF-8.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.contents()).into_owned()
+    }
+}
+
+impl TraceSink for MemorySink {
+    fn write(&self, data: &[u8]) {
+        if let Ok(mut b) = self.bytes.lock() {
+            b.extend_from_slice(data);
+        }
+    }
+}

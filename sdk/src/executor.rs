@@ -1,0 +1,111 @@
+//! Executor plugins: implement [`Executor`] and [`Environment`], then call
+//! [`export_executor!`](crate::export_executor).
+
+use std::marker::PhantomData;
+
+use crate::bindings::executor::exports::runway::executor::executor as wit;
+use crate::bindings::executor::runway::host::plugin as wit_plugin;
+pub use crate::bindings::executor::exports::runway::executor::executor::{
+    ExecutorError, ExitStatus, Job, ProviderInfo, StageScript,
+};
+pub use crate::bindings::executor::runway::executor::types::{Features, Image};
+
+/// An executor: how jobs are run. One value of the plugin's type is never created; the
+/// functions are associated, and per-job state lives in [`Executor::Environment`].
+pub trait Executor: 'static {
+    /// The environment a job runs in.
+    type Environment: Environment;
+
+    /// Describe the executor and validate its config.toml section (`config` is JSON).
+    fn info(config: &str) -> Result<ProviderInfo, ExecutorError>;
+
+    /// Prepare the environment for one job.
+    fn prepare(job: Job) -> Result<Self::Environment, ExecutorError>;
+
+    /// Rebuild an environment from [`Environment::state`] after a runner restart.
+    fn resume(job: Job, state: String) -> Result<Self::Environment, ExecutorError> {
+        let _ = (job, state);
+        Err(ExecutorError::Other("this executor cannot resume jobs".into()))
+    }
+}
+
+/// A prepared job environment.
+pub trait Environment: 'static {
+    /// Run one stage script; a non-zero exit code is a normal result.
+    fn run(&self, stage: StageScript) -> Result<ExitStatus, ExecutorError>;
+
+    /// Release what `prepare` created.
+    fn cleanup(&self) {}
+
+    /// State from which [`Executor::resume`] can rebuild this environment.
+    fn state(&self) -> Option<String> {
+        None
+    }
+}
+
+impl ProviderInfo {
+    /// Provider info with the features every script-running executor has (`variables`,
+    /// `shared`), builds in `builds` and cache in `cache` relative to the working directory.
+    pub fn new(name: &str, default_shell: &str) -> Self {
+        ProviderInfo {
+            name: name.to_string(),
+            default_shell: default_shell.to_string(),
+            features: Features::VARIABLES | Features::SHARED,
+            default_builds_dir: "builds".to_string(),
+            default_cache_dir: "cache".to_string(),
+        }
+    }
+}
+
+#[doc(hidden)]
+pub trait Named {
+    const NAME: &'static str;
+    const DESCRIPTION: &'static str;
+    const VERSION: &'static str;
+}
+
+#[doc(hidden)]
+pub struct Component<T>(PhantomData<T>);
+
+#[doc(hidden)]
+pub struct EnvironmentHandle<E>(E);
+
+impl<T: Executor + Named> wit::Guest for Component<T> {
+    fn metadata() -> wit_plugin::PluginMetadata {
+        wit_plugin::PluginMetadata {
+            name: T::NAME.to_string(),
+            kind: wit_plugin::PluginKind::Executor,
+            version: T::VERSION.to_string(),
+            api_version: crate::API_VERSION.to_string(),
+            description: T::DESCRIPTION.to_string(),
+        }
+    }
+
+    type Environment = EnvironmentHandle<T::Environment>;
+
+    fn info(config: String) -> Result<ProviderInfo, ExecutorError> {
+        T::info(&config)
+    }
+
+    fn prepare(job: Job) -> Result<wit::Environment, ExecutorError> {
+        T::prepare(job).map(|env| wit::Environment::new(EnvironmentHandle(env)))
+    }
+
+    fn resume(job: Job, state: String) -> Result<wit::Environment, ExecutorError> {
+        T::resume(job, state).map(|env| wit::Environment::new(EnvironmentHandle(env)))
+    }
+}
+
+impl<E: Environment> wit::GuestEnvironment for EnvironmentHandle<E> {
+    fn run(&self, stage: StageScript) -> Result<ExitStatus, ExecutorError> {
+        self.0.run(stage)
+    }
+
+    fn cleanup(&self) {
+        self.0.cleanup()
+    }
+
+    fn state(&self) -> Option<String> {
+        self.0.state()
+    }
+}

@@ -1,0 +1,1 @@
+//! placeholder crate root; filled in by the fake GitLab work.
