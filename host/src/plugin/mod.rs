@@ -1,6 +1,183 @@
 //! Plugin host: the wasmtime engine, the plugin registry, the directory watcher, hot swap,
 //! sandbox grants and resource limits.
+//!
+//! The rest of the runner sees [`PluginHost`] and the typed facades ([`executor`]); wasmtime
+//! types stay inside this module and [`crate::capability`].
+//!
+//! - [`engine`]: one `Engine` (pooling allocator with fallback, epoch ticker thread);
+//! - [`metadata`]: the `runway-plugin` section read before compiling;
+//! - [`cache`]: compiled `.cwasm` files keyed by content and engine;
+//! - [`registry`]: the load pipeline and atomic publication;
+//! - [`watch`]: hot reload of `plugins_dir`;
+//! - [`state`], [`call`]: store data, budgets and error classification;
+//! - [`grant`]: `[plugins.NAME]`.
 
+pub mod bindings;
+pub mod cache;
+pub mod call;
+pub mod engine;
+pub mod executor;
 pub mod grant;
+pub mod metadata;
+pub mod registry;
+pub mod state;
+pub mod watch;
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use call::{PluginError, PluginErrorKind};
+pub use executor::{ExecutorFailure, ExecutorSession};
 pub use grant::PluginGrant;
+pub use registry::{FileStatus, HostSettings, LoadedPlugin, PluginSource};
+pub use state::{CallContext, StopReason, StopSignal};
+
+use registry::Registry;
+
+/// The first-party plugins compiled into the binary by `host/build.rs`.
+pub fn builtin_plugins() -> Vec<(&'static str, &'static [u8])> {
+    vec![("executor-shell.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_shell.wasm")))]
+}
+
+/// One row of `runway plugins list`.
+#[derive(Debug, Clone)]
+pub struct PluginListing {
+    pub name: String,
+    pub kind: String,
+    pub version: String,
+    pub api_version: String,
+    pub source: String,
+    pub grants: String,
+    pub status: String,
+}
+
+/// The plugin host. Cheap to clone.
+#[derive(Clone)]
+pub struct PluginHost {
+    pub(crate) registry: Arc<Registry>,
+    watcher: Option<Arc<watch::DirWatcher>>,
+}
+
+impl PluginHost {
+    /// Create the host, load built-in plugins and scan `plugins_dir` once.
+    pub async fn new(settings: HostSettings) -> anyhow::Result<Self> {
+        let registry = Arc::new(Registry::new(settings)?);
+        registry.load_builtins().await?;
+        registry.rescan().await;
+        Ok(PluginHost { registry, watcher: None })
+    }
+
+    /// Start hot reload of `plugins_dir` (no-op without one).
+    pub fn watch(&mut self) -> anyhow::Result<()> {
+        if let Some(dir) = self.registry.settings.load().plugins_dir.clone() {
+            std::fs::create_dir_all(&dir)?;
+            let watcher = watch::watch(Arc::downgrade(&self.registry), &dir)?;
+            self.watcher = Some(Arc::new(watcher));
+        }
+        Ok(())
+    }
+
+    /// Rescan `plugins_dir` now (also what the watcher does).
+    pub async fn rescan(&self) {
+        self.registry.rescan().await
+    }
+
+    /// Replace the grants (config reload) and rescan so they take effect for new calls.
+    pub async fn set_grants(&self, grants: BTreeMap<String, PluginGrant>) {
+        let mut settings = (**self.registry.settings.load()).clone();
+        if settings.grants != grants {
+            settings.grants = grants;
+            self.registry.settings.store(Arc::new(settings));
+            // Grants are part of a loaded plugin: force a reload of every file.
+            if let Ok(mut files) = self.registry.files.lock() {
+                files.clear();
+            }
+            if let Err(e) = self.registry.load_builtins().await {
+                tracing::error!("reloading built-in plugins: {e:#}");
+            }
+            self.registry.rescan().await;
+        }
+    }
+
+    /// Which instance allocator the engine uses.
+    pub fn allocator(&self) -> engine::Allocator {
+        self.registry.engine.allocator
+    }
+
+    /// The loaded plugins by name.
+    pub fn plugins(&self) -> Arc<BTreeMap<String, Arc<LoadedPlugin>>> {
+        self.registry.plugins.load_full()
+    }
+
+    /// Every loaded plugin and every rejected file, for `runway plugins list`.
+    pub fn listing(&self) -> Vec<PluginListing> {
+        let plugins = self.plugins();
+        let mut rows: Vec<PluginListing> = plugins.values().map(|p| listing_row(p, "loaded")).collect();
+        let files = self.registry.files.lock().map(|f| f.clone()).unwrap_or_default();
+        for (path, (status, serving)) in files {
+            if let FileStatus::Rejected { reason, .. } = status {
+                let mut row = match serving {
+                    Some(p) => listing_row(&p, "serving previous version"),
+                    None => PluginListing {
+                        name: "-".into(),
+                        kind: "-".into(),
+                        version: "-".into(),
+                        api_version: "-".into(),
+                        source: path.display().to_string(),
+                        grants: "-".into(),
+                        status: String::new(),
+                    },
+                };
+                row.source = path.display().to_string();
+                row.status = format!("{} — rejected: {reason}", row.status).trim_start_matches(" — ").to_string();
+                rows.push(row);
+            }
+        }
+        rows
+    }
+
+    /// Load `path` without publishing it: what `runway plugins check FILE` prints.
+    pub async fn check_file(&self, path: &Path) -> Result<PluginListing, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let plugin = self.registry.load(bytes, PluginSource::File(path.to_path_buf())).await.map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(listing_row(&plugin, "ok"))
+    }
+}
+
+fn listing_row(p: &LoadedPlugin, status: &str) -> PluginListing {
+    PluginListing {
+        name: p.meta.name.clone(),
+        kind: p.meta.kind.to_string(),
+        version: p.meta.version.clone(),
+        api_version: p.meta.api_version.clone(),
+        source: p.source.to_string(),
+        grants: describe_grant(&p.grant),
+        status: status.to_string(),
+    }
+}
+
+/// A one-line summary of what a grant allows.
+pub fn describe_grant(grant: &PluginGrant) -> String {
+    let mut parts = Vec::new();
+    if grant.allow_process {
+        parts.push("process".to_string());
+    }
+    if !grant.allow_hosts.is_empty() {
+        parts.push(format!("http:{}", grant.allow_hosts.join(",")));
+    }
+    if !grant.env.is_empty() {
+        parts.push(format!("env:{}", grant.env.join(",")));
+    }
+    if !grant.dirs.is_empty() {
+        parts.push(format!("dirs:{}", grant.dirs.join(",")));
+    }
+    parts.push(format!("mem:{}MiB", grant.memory_mb));
+    parts.push(format!("time:{:?}", grant.call_timeout));
+    parts.join(" ")
+}
+
+/// Default directories relative to the config file's directory.
+pub fn default_dirs(config_dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    (config_dir.join("plugins"), config_dir.join(".plugin-cache"), config_dir.join(".runway-state"))
+}

@@ -1,0 +1,29 @@
+//! Host-side bindings generated from `wit/`. Imports are async (the host does I/O) and
+//! trappable (a host bug traps the call instead of panicking); exports are called async so a
+//! busy guest yields to tokio at every epoch tick.
+
+/// `runway:executor/executor-plugin`.
+pub mod executor {
+    wasmtime::component::bindgen!({
+        world: "runway:executor/executor-plugin@0.1.0",
+        path: ["../wit/host", "../wit/executor"],
+        imports: { default: async | trappable },
+        exports: { default: async },
+    });
+}
+
+/// `runway:fleeting/fleeting-plugin`; host interfaces are shared with the executor bindings
+/// so each is implemented once.
+pub mod fleeting {
+    wasmtime::component::bindgen!({
+        world: "runway:fleeting/fleeting-plugin@0.1.0",
+        path: ["../wit/host", "../wit/fleeting"],
+        imports: { default: async | trappable },
+        exports: { default: async },
+        with: {
+            "runway:host/log": super::executor::runway::host::log,
+            "runway:host/kv": super::executor::runway::host::kv,
+            "runway:host/plugin": super::executor::runway::host::plugin,
+        },
+    });
+}

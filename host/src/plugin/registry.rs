@@ -1,0 +1,358 @@
+//! The plugin registry: loading a file through the pipeline (metadata → grant → compile or
+//! cached `.cwasm` → `InstancePre` → smoke test) and publishing the set of loaded plugins
+//! atomically, so a job that took a plugin keeps its version until it finishes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::Store;
+
+use crate::capability::kv::KvStore;
+use crate::plugin::bindings::executor::{ExecutorPlugin, ExecutorPluginPre};
+use crate::plugin::bindings::fleeting::{FleetingPlugin, FleetingPluginPre};
+use crate::plugin::cache::{content_hash, CompileCache};
+use crate::plugin::call::{arm, classify, guarded, PluginError, PluginErrorKind};
+use crate::plugin::engine::PluginEngine;
+use crate::plugin::metadata::{self, PluginKind, PluginMeta};
+use crate::plugin::state::{CallContext, PluginState};
+use crate::plugin::PluginGrant;
+
+/// Largest plugin file accepted.
+pub const MAX_PLUGIN_FILE: u64 = 64 << 20;
+
+/// Where a plugin came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginSource {
+    /// Built into the runner binary.
+    Builtin,
+    /// A file in `plugins_dir`.
+    File(PathBuf),
+}
+
+impl std::fmt::Display for PluginSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PluginSource::Builtin => f.write_str("(built in)"),
+            PluginSource::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+pub(crate) enum PluginPre {
+    Executor(ExecutorPluginPre<PluginState>),
+    Fleeting(FleetingPluginPre<PluginState>),
+}
+
+/// A compiled, type-checked plugin ready to instantiate.
+pub struct LoadedPlugin {
+    pub meta: PluginMeta,
+    pub source: PluginSource,
+    pub content_hash: String,
+    pub grant: Arc<PluginGrant>,
+    /// Whether the compiled code came from the on-disk cache.
+    pub from_cache: bool,
+    pub loaded_at: SystemTime,
+    pub(crate) pre: PluginPre,
+    pub(crate) kv: Arc<KvStore>,
+}
+
+impl LoadedPlugin {
+    /// A fresh store for this plugin, armed with its limits.
+    pub(crate) fn new_store(&self, engine: &wasmtime::Engine, call: CallContext) -> Result<Store<PluginState>, PluginError> {
+        let state = PluginState::new(self.meta.name.as_str().into(), self.grant.clone(), self.kv.clone(), call).map_err(|e| {
+            PluginError { plugin: self.meta.name.clone(), kind: PluginErrorKind::Incompatible, message: format!("{e:#}") }
+        })?;
+        let mut store = Store::new(engine, state);
+        store.limiter(|s| &mut s.limits);
+        arm(&mut store);
+        Ok(store)
+    }
+
+    pub(crate) fn error(&self, kind: PluginErrorKind, message: impl Into<String>) -> PluginError {
+        PluginError { plugin: self.meta.name.clone(), kind, message: message.into() }
+    }
+}
+
+/// How one file in `plugins_dir` fared at the last scan.
+#[derive(Debug, Clone)]
+pub enum FileStatus {
+    /// Serving as the named plugin.
+    Loaded { name: String, hash: String },
+    /// Refused; if an earlier version of the file loaded, it keeps serving.
+    Rejected { reason: String, hash: String },
+}
+
+/// Settings of the plugin host.
+#[derive(Debug, Clone, Default)]
+pub struct HostSettings {
+    /// Directory scanned for `*.wasm`.
+    pub plugins_dir: Option<PathBuf>,
+    /// Directory of compiled `.cwasm` files.
+    pub cache_dir: Option<PathBuf>,
+    /// Directory of plugin key-value state.
+    pub state_dir: Option<PathBuf>,
+    /// `[plugins.NAME]` grants.
+    pub grants: BTreeMap<String, PluginGrant>,
+    /// Plugins built into the binary: (file label, bytes).
+    pub builtins: Vec<(&'static str, &'static [u8])>,
+}
+
+pub(crate) struct Registry {
+    pub(crate) engine: PluginEngine,
+    executor_linker: Linker<PluginState>,
+    fleeting_linker: Linker<PluginState>,
+    cache: CompileCache,
+    pub(crate) settings: ArcSwap<HostSettings>,
+    pub(crate) plugins: ArcSwap<BTreeMap<String, Arc<LoadedPlugin>>>,
+    builtins: Mutex<BTreeMap<String, Arc<LoadedPlugin>>>,
+    pub(crate) files: Mutex<BTreeMap<PathBuf, (FileStatus, Option<Arc<LoadedPlugin>>)>>,
+    pub(crate) reload_lock: tokio::sync::Mutex<()>,
+}
+
+fn linker<F>(engine: &wasmtime::Engine, add_world: F) -> anyhow::Result<Linker<PluginState>>
+where
+    F: FnOnce(&mut Linker<PluginState>) -> wasmtime::Result<()>,
+{
+    let mut linker = Linker::new(engine);
+    let result = (|| -> wasmtime::Result<()> {
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+        add_world(&mut linker)
+    })();
+    result.map_err(|e| anyhow::anyhow!("building the plugin linker: {e:#}"))?;
+    Ok(linker)
+}
+
+impl Registry {
+    pub(crate) fn new(settings: HostSettings) -> anyhow::Result<Self> {
+        let engine = PluginEngine::new()?;
+        let executor_linker = linker(&engine.engine, |l| ExecutorPlugin::add_to_linker::<_, HasSelf<PluginState>>(l, |s| s))?;
+        let fleeting_linker = linker(&engine.engine, |l| FleetingPlugin::add_to_linker::<_, HasSelf<PluginState>>(l, |s| s))?;
+        let cache = CompileCache::new(settings.cache_dir.clone(), engine.compatibility_key());
+        Ok(Registry {
+            engine,
+            executor_linker,
+            fleeting_linker,
+            cache,
+            settings: ArcSwap::from_pointee(settings),
+            plugins: ArcSwap::from_pointee(BTreeMap::new()),
+            builtins: Mutex::new(BTreeMap::new()),
+            files: Mutex::new(BTreeMap::new()),
+            reload_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn grant_for(&self, meta: &PluginMeta, source: &PluginSource) -> Result<PluginGrant, String> {
+        let settings = self.settings.load();
+        match settings.grants.get(&meta.name) {
+            Some(grant) => {
+                if let (Some(want), PluginSource::File(path)) = (&grant.file, source) {
+                    let want_path = settings.plugins_dir.as_deref().map(|d| d.join(want)).unwrap_or_else(|| want.clone());
+                    if want_path != *path {
+                        return Err(format!(
+                            "[plugins.{}] says file = {:?}, but this file also declares plugin {:?}",
+                            meta.name,
+                            want.display(),
+                            meta.name
+                        ));
+                    }
+                }
+                Ok(grant.clone())
+            }
+            None if *source == PluginSource::Builtin && meta.name == "shell" => {
+                // The first-party shell executor exists to start local processes.
+                Ok(PluginGrant { allow_process: true, ..PluginGrant::default() })
+            }
+            None => Ok(PluginGrant::default()),
+        }
+    }
+
+    /// The whole load pipeline for one plugin binary.
+    pub(crate) async fn load(&self, bytes: Vec<u8>, source: PluginSource) -> Result<Arc<LoadedPlugin>, String> {
+        let meta = metadata::read(&bytes)?;
+        let grant = Arc::new(self.grant_for(&meta, &source)?);
+        let hash = content_hash(&bytes);
+        let engine = self.engine.engine.clone();
+        let cache_hash = hash.clone();
+        let cache = self.cache.clone();
+        // Compilation is CPU-bound; keep it off the async workers.
+        let compiled = tokio::task::spawn_blocking(move || cache.load_or_compile(&engine, &bytes, &cache_hash))
+            .await
+            .map_err(|e| format!("compiler task failed: {e}"))?;
+        let (component, from_cache) = compiled.map_err(|e| format!("{e:#}"))?;
+        let pre = match meta.kind {
+            PluginKind::Executor => {
+                let instance_pre = self.executor_linker.instantiate_pre(&component).map_err(|e| import_error(&e))?;
+                PluginPre::Executor(ExecutorPluginPre::new(instance_pre).map_err(|e| format!("does not export the executor interface: {e:#}"))?)
+            }
+            PluginKind::Fleeting => {
+                let instance_pre = self.fleeting_linker.instantiate_pre(&component).map_err(|e| import_error(&e))?;
+                PluginPre::Fleeting(FleetingPluginPre::new(instance_pre).map_err(|e| format!("does not export the fleeting interface: {e:#}"))?)
+            }
+        };
+        let kv_dir = self.settings.load().state_dir.as_ref().map(|d| d.join("kv").join(&meta.name));
+        let plugin = Arc::new(LoadedPlugin {
+            meta,
+            source,
+            content_hash: hash,
+            grant,
+            from_cache,
+            loaded_at: SystemTime::now(),
+            pre,
+            kv: Arc::new(KvStore::new(kv_dir)),
+        });
+        self.smoke_test(&plugin).await?;
+        Ok(plugin)
+    }
+
+    /// Instantiate once and check the exported metadata agrees with the section.
+    async fn smoke_test(&self, plugin: &Arc<LoadedPlugin>) -> Result<(), String> {
+        let mut store = plugin.new_store(&self.engine.engine, CallContext::default()).map_err(|e| e.to_string())?;
+        let budget = store.data().budget.clone();
+        let exported = match &plugin.pre {
+            PluginPre::Executor(pre) => {
+                let bindings = pre.instantiate_async(&mut store).await.map_err(|e| format!("instantiation failed: {e:#}"))?;
+                guarded(budget, bindings.runway_executor_executor().call_metadata(&mut store)).await
+            }
+            PluginPre::Fleeting(pre) => {
+                let bindings = pre.instantiate_async(&mut store).await.map_err(|e| format!("instantiation failed: {e:#}"))?;
+                guarded(budget, bindings.runway_fleeting_instance_group().call_metadata(&mut store)).await
+            }
+        };
+        let exported = exported.map_err(|f| classify(&plugin.meta.name, f, store.data()).to_string())?;
+        if exported.name != plugin.meta.name || exported.api_version != plugin.meta.api_version {
+            return Err(format!(
+                "metadata() says {} (API {}) but the embedded section says {} (API {})",
+                exported.name, exported.api_version, plugin.meta.name, plugin.meta.api_version
+            ));
+        }
+        Ok(())
+    }
+
+    /// Load the built-in plugins (once, at start).
+    pub(crate) async fn load_builtins(&self) -> anyhow::Result<()> {
+        let builtins = self.settings.load().builtins.clone();
+        let mut loaded = BTreeMap::new();
+        for (label, bytes) in builtins {
+            let plugin = self
+                .load(bytes.to_vec(), PluginSource::Builtin)
+                .await
+                .map_err(|e| anyhow::anyhow!("built-in plugin {label}: {e}"))?;
+            loaded.insert(plugin.meta.name.clone(), plugin);
+        }
+        if let Ok(mut b) = self.builtins.lock() {
+            *b = loaded;
+        }
+        Ok(())
+    }
+
+    /// Scan `plugins_dir` and publish the result. Unchanged files are not reloaded; a file
+    /// that fails to load keeps its previous version serving.
+    pub(crate) async fn rescan(&self) {
+        let _serial = self.reload_lock.lock().await;
+        let dir = self.settings.load().plugins_dir.clone();
+        let files = dir.as_deref().map(list_plugin_files).unwrap_or_default();
+        let previous = self.files.lock().map(|f| f.clone()).unwrap_or_default();
+        let mut statuses = BTreeMap::new();
+        let mut published: BTreeMap<String, Arc<LoadedPlugin>> = self.builtins.lock().map(|b| b.clone()).unwrap_or_default();
+        let mut from_file: BTreeMap<String, PathBuf> = BTreeMap::new();
+        for path in files {
+            let prev = previous.get(&path);
+            let prev_plugin = prev.and_then(|(_, p)| p.clone());
+            let bytes = match read_plugin_file(&path) {
+                Ok(b) => b,
+                Err(reason) => {
+                    tracing::warn!(file = %path.display(), "plugin rejected: {reason}");
+                    statuses.insert(path.clone(), (FileStatus::Rejected { reason, hash: String::new() }, prev_plugin.clone()));
+                    if let Some(p) = prev_plugin {
+                        publish(&mut published, &mut from_file, &path, p, &mut statuses);
+                    }
+                    continue;
+                }
+            };
+            let hash = content_hash(&bytes);
+            let unchanged = matches!(prev, Some((FileStatus::Loaded { hash: h, .. }, Some(_))) if *h == hash)
+                || matches!(prev, Some((FileStatus::Rejected { hash: h, .. }, _)) if *h == hash);
+            let (status, plugin) = if unchanged {
+                (prev.map(|(s, _)| s.clone()).unwrap_or(FileStatus::Rejected { reason: String::new(), hash: hash.clone() }), prev_plugin.clone())
+            } else {
+                match self.load(bytes, PluginSource::File(path.clone())).await {
+                    Ok(p) => {
+                        tracing::info!(file = %path.display(), plugin = %p.meta.name, version = %p.meta.version, "plugin loaded");
+                        (FileStatus::Loaded { name: p.meta.name.clone(), hash }, Some(p))
+                    }
+                    Err(reason) => {
+                        tracing::error!(file = %path.display(), "plugin rejected: {reason}");
+                        (FileStatus::Rejected { reason, hash }, prev_plugin.clone())
+                    }
+                }
+            };
+            statuses.insert(path.clone(), (status, plugin.clone()));
+            if let Some(p) = plugin {
+                publish(&mut published, &mut from_file, &path, p, &mut statuses);
+            }
+        }
+        for (path, (status, _)) in &previous {
+            if !statuses.contains_key(path) {
+                if let FileStatus::Loaded { name, .. } = status {
+                    tracing::info!(file = %path.display(), plugin = %name, "plugin file removed; plugin unloaded");
+                }
+            }
+        }
+        if let Ok(mut f) = self.files.lock() {
+            *f = statuses;
+        }
+        self.plugins.store(Arc::new(published));
+    }
+}
+
+fn publish(
+    published: &mut BTreeMap<String, Arc<LoadedPlugin>>,
+    from_file: &mut BTreeMap<String, PathBuf>,
+    path: &Path,
+    plugin: Arc<LoadedPlugin>,
+    statuses: &mut BTreeMap<PathBuf, (FileStatus, Option<Arc<LoadedPlugin>>)>,
+) {
+    let name = plugin.meta.name.clone();
+    if let Some(other) = from_file.get(&name) {
+        let reason = format!("plugin {name:?} is already provided by {}", other.display());
+        tracing::error!(file = %path.display(), "plugin rejected: {reason}");
+        statuses.insert(path.to_path_buf(), (FileStatus::Rejected { reason, hash: plugin.content_hash.clone() }, None));
+        return;
+    }
+    from_file.insert(name.clone(), path.to_path_buf());
+    published.insert(name, plugin);
+}
+
+fn import_error(e: &wasmtime::Error) -> String {
+    format!(
+        "imports something this runner does not provide (built against a newer SDK, or a non-Runway component?): {e:#}"
+    )
+}
+
+/// `*.wasm` files of a directory, sorted; dotfiles and partial downloads are skipped.
+pub fn list_plugin_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            !name.starts_with('.') && name.ends_with(".wasm") && p.is_file()
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn read_plugin_file(path: &Path) -> Result<Vec<u8>, String> {
+    let size = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?.len();
+    if size > MAX_PLUGIN_FILE {
+        return Err(format!("{size} bytes is larger than the {MAX_PLUGIN_FILE}-byte limit"));
+    }
+    std::fs::read(path).map_err(|e| format!("cannot read: {e}"))
+}
