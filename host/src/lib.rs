@@ -6,6 +6,7 @@
 //! that chain. See `DESIGN.md`-style notes in each module's docs for what it owns.
 
 pub mod capability;
+pub mod cli;
 pub mod gitlab;
 pub mod plugin;
 pub mod trace;

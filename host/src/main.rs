@@ -1,1 +1,5 @@
-fn main() {}
+//! The `runway` command line.
+
+fn main() -> std::process::ExitCode {
+    runway::cli::main()
+}

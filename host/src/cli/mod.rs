@@ -1,0 +1,63 @@
+//! The `runway` command line: verbs and flags as gitlab-runner has them, plus `exec`,
+//! `plugins` and `simulate`. Each verb lives in its own file and calls into the library.
+
+mod plugins;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// A GitLab-compatible CI runner with WebAssembly executor and fleet plugins.
+#[derive(Parser, Debug)]
+#[command(name = "runway", version, about)]
+pub struct Cli {
+    /// config.toml to use (default ./config.toml, then ~/.runway/config.toml).
+    #[arg(short = 'c', long = "config", global = true, env = "RUNWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log level: debug, info, warn, error.
+    #[arg(long = "log-level", global = true)]
+    pub log_level: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Inspect executor and fleeting plugins.
+    Plugins {
+        #[command(subcommand)]
+        command: plugins::PluginsCommand,
+    },
+}
+
+fn init_logging(level: Option<&str>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.unwrap_or("info")));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Parse arguments and run the verb; the exit code is the verb's.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_level.as_deref());
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("runway: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Plugins { command } => plugins::run(command, cli.config.as_deref()).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("runway: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
