@@ -228,9 +228,9 @@ mod tests {
     #[test]
     fn output_limit_cuts_on_utf8_boundary_with_one_message() {
         let t = trace(&[], 1);
-        let filler = vec![b'a'; 1022];
+        let filler = vec![b'a'; 1021];
         t.write(&filler);
-        // "é" is 2 bytes, "€" 3: the limit (1024) falls inside "€".
+        // "é" is 2 bytes, "€" 3: the limit (1024) falls after the first byte of "€".
         t.write("é€tail".as_bytes());
         t.write(b"more output that must be dropped");
         t.finish();

@@ -57,6 +57,8 @@ struct PatternSet {
     /// The patterns sorted, to find patterns having a given prefix by binary search.
     sorted: Vec<Vec<u8>>,
     longest: usize,
+    /// Bytes some pattern starts with: a tail starting elsewhere cannot be a partial match.
+    first_bytes: [bool; 256],
 }
 
 impl PatternSet {
@@ -69,9 +71,13 @@ impl PatternSet {
             .build(&patterns)
             .map_err(|source| MaskError { what, source })?;
         let longest = patterns.iter().map(Vec::len).max().unwrap_or(0);
+        let mut first_bytes = [false; 256];
+        for first in patterns.iter().filter_map(|p| p.first()) {
+            first_bytes[usize::from(*first)] = true;
+        }
         let mut sorted = patterns;
         sorted.sort();
-        Ok(Some(PatternSet { matcher, sorted, longest }))
+        Ok(Some(PatternSet { matcher, sorted, longest, first_bytes }))
     }
 
     /// Whether `tail` is a proper prefix of some pattern (more bytes could complete a match).
@@ -89,7 +95,9 @@ impl PatternSet {
     /// `buf.len()` when none can.
     fn partial_match_start(&self, buf: &[u8], from: usize) -> usize {
         let lower = from.max(buf.len().saturating_sub(self.longest.saturating_sub(1)));
-        (lower..buf.len()).find(|&i| self.is_proper_prefix(&buf[i..])).unwrap_or(buf.len())
+        (lower..buf.len())
+            .find(|&i| self.first_bytes[usize::from(buf[i])] && self.is_proper_prefix(&buf[i..]))
+            .unwrap_or(buf.len())
     }
 }
 
