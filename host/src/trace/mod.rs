@@ -2,6 +2,23 @@
 //!
 //! Owns masking, the output limit, section markers, the CRC32 checksum and incremental
 //! upload. Plugins and the process capability only see [`TraceSink`].
+//!
+//! - [`mask`]: the streaming sanitizer chain (phrases → URL parameters → token prefixes);
+//! - [`buffer`]: [`JobTrace`], the masked, limited, checksummed log of one job;
+//! - [`format`]: GitLab's log format (sections, colours, header, footer);
+//! - [`upload`]: [`TraceUploader`], incremental PATCH upload and the final job update;
+//! - [`failure`]: failure reasons and their mapping onto what GitLab supports.
+
+pub mod buffer;
+pub mod failure;
+pub mod format;
+pub mod mask;
+pub mod upload;
+
+pub use buffer::{JobTrace, TraceOptions};
+pub use failure::{wire_reason, FailureReason};
+pub use format::TraceLog;
+pub use upload::{FinalUpdateError, RemoteSignals, TraceUploader, UploadConfig};
 
 /// Something that accepts job log bytes: the GitLab trace, the terminal of `runway exec`, a
 /// buffer in tests. Implementations mask and limit as they need; writers never block on I/O.

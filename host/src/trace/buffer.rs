@@ -1,0 +1,266 @@
+//! [`JobTrace`]: the GitLab job log of one job — masking, the output limit, the kept bytes and
+//! their CRC32. The uploader reads from it; writers never wait on I/O.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::format::ansi;
+use super::mask::{MaskError, Masker};
+use super::TraceSink;
+use crate::gitlab::payload::JobResponse;
+
+/// GitLab Runner's default `output_limit` in KiB (4 MiB).
+pub const DEFAULT_OUTPUT_LIMIT_KIB: u64 = 4096;
+
+/// What a job's trace masks and how much it keeps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceOptions {
+    /// Values of `masked` variables.
+    pub masked_phrases: Vec<String>,
+    /// The job's `features.token_mask_prefixes` (defaults are always added).
+    pub token_prefixes: Vec<String>,
+    /// `output_limit` in KiB; 0 means the default 4096.
+    pub output_limit_kib: u64,
+}
+
+impl TraceOptions {
+    /// Options for a job payload and the runner's `output_limit` (KiB, 0 = default).
+    pub fn for_job(job: &JobResponse, output_limit_kib: u64) -> Self {
+        TraceOptions {
+            masked_phrases: job.variables.iter().filter(|v| v.masked).map(|v| v.value.clone()).collect(),
+            token_prefixes: job.features.token_mask_prefixes.clone(),
+            output_limit_kib,
+        }
+    }
+
+    /// The limit in bytes.
+    pub fn limit_bytes(&self) -> u64 {
+        let kib = if self.output_limit_kib == 0 { DEFAULT_OUTPUT_LIMIT_KIB } else { self.output_limit_kib };
+        kib.saturating_mul(1024)
+    }
+}
+
+/// The message GitLab Runner appends once when the log reaches its limit.
+pub fn limit_exceeded_message(limit_bytes: u64) -> String {
+    format!(
+        "\n{}Job's log exceeded limit of {} bytes.\nJob execution will continue but no more output will be collected.{}\n",
+        ansi::BOLD_YELLOW,
+        limit_bytes,
+        ansi::RESET
+    )
+}
+
+struct TraceState {
+    masker: Masker,
+    /// Masker output of the current write, reused between writes.
+    masked: Vec<u8>,
+    bytes: Vec<u8>,
+    crc: crc32fast::Hasher,
+    limit: u64,
+    limit_reached: bool,
+}
+
+impl TraceState {
+    /// Append to the kept log, enforcing the output limit.
+    fn keep(&mut self, data: &[u8]) {
+        if self.limit_reached || data.is_empty() {
+            return;
+        }
+        let room = usize::try_from(self.limit.saturating_sub(self.bytes.len() as u64)).unwrap_or(usize::MAX);
+        if data.len() <= room {
+            self.append(data);
+            return;
+        }
+        let cut = utf8_safe_cut(data, room);
+        self.append(&data[..cut]);
+        let message = limit_exceeded_message(self.limit);
+        self.append(message.as_bytes());
+        self.limit_reached = true;
+    }
+
+    fn append(&mut self, data: &[u8]) {
+        self.crc.update(data);
+        self.bytes.extend_from_slice(data);
+    }
+}
+
+/// The largest `cut <= room` such that `data[..cut]` does not end inside a UTF-8 character
+/// (the first dropped byte is not a continuation byte), stepping back at most 3 bytes.
+fn utf8_safe_cut(data: &[u8], room: usize) -> usize {
+    let mut cut = room.min(data.len());
+    let floor = cut.saturating_sub(3);
+    while cut > floor && cut < data.len() && (data[cut] & 0b1100_0000) == 0b1000_0000 {
+        cut -= 1;
+    }
+    cut
+}
+
+/// One job's log. Cheap to clone (shared); every clone writes to and reads from the same log.
+#[derive(Clone)]
+pub struct JobTrace {
+    state: Arc<Mutex<TraceState>>,
+}
+
+impl JobTrace {
+    /// A trace masking and limiting per `options`.
+    pub fn new(options: &TraceOptions) -> Result<Self, MaskError> {
+        let masker = Masker::new(options.masked_phrases.iter(), &options.token_prefixes)?;
+        Ok(JobTrace {
+            state: Arc::new(Mutex::new(TraceState {
+                masker,
+                masked: Vec::new(),
+                bytes: Vec::new(),
+                crc: crc32fast::Hasher::new(),
+                limit: options.limit_bytes(),
+                limit_reached: false,
+            })),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TraceState> {
+        // A panic while holding the lock leaves consistent bytes behind; keep going.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// `crc32:xxxxxxxx` (IEEE) of every byte kept so far.
+    pub fn checksum(&self) -> String {
+        format!("crc32:{:08x}", self.lock().crc.clone().finalize())
+    }
+
+    /// Checksum and length read together (for `output` of a job update).
+    pub fn output_info(&self) -> (String, u64) {
+        let state = self.lock();
+        (format!("crc32:{:08x}", state.crc.clone().finalize()), state.bytes.len() as u64)
+    }
+
+    /// Number of bytes kept so far.
+    pub fn len(&self) -> u64 {
+        self.lock().bytes.len() as u64
+    }
+
+    /// Whether nothing was kept yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Up to `max` kept bytes starting at `offset` (empty past the end).
+    pub fn read_from(&self, offset: u64, max: usize) -> Vec<u8> {
+        let state = self.lock();
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(state.bytes.len());
+        let end = start.saturating_add(max).min(state.bytes.len());
+        state.bytes[start..end].to_vec()
+    }
+
+    /// Every byte kept so far.
+    pub fn contents(&self) -> Vec<u8> {
+        self.lock().bytes.clone()
+    }
+
+    /// Whether the output limit was reached (later output is dropped).
+    pub fn limit_reached(&self) -> bool {
+        self.lock().limit_reached
+    }
+
+    /// End of the job's output: release what the maskers held back (a partial secret at the
+    /// very end). Writes after this still work and are masked as a new stream.
+    pub fn finish(&self) {
+        let mut state = self.lock();
+        let state = &mut *state;
+        state.masked.clear();
+        state.masker.flush(&mut state.masked);
+        let masked = std::mem::take(&mut state.masked);
+        state.keep(&masked);
+        state.masked = masked;
+    }
+}
+
+impl TraceSink for JobTrace {
+    fn write(&self, data: &[u8]) {
+        let mut state = self.lock();
+        let state = &mut *state;
+        if state.limit_reached {
+            return;
+        }
+        state.masked.clear();
+        state.masker.push(data, &mut state.masked);
+        let masked = std::mem::take(&mut state.masked);
+        state.keep(&masked);
+        state.masked = masked;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trace(phrases: &[&str], limit_kib: u64) -> JobTrace {
+        JobTrace::new(&TraceOptions {
+            masked_phrases: phrases.iter().map(|s| s.to_string()).collect(),
+            token_prefixes: Vec::new(),
+            output_limit_kib: limit_kib,
+        })
+        .expect("patterns compile")
+    }
+
+    fn crc_of(bytes: &[u8]) -> String {
+        format!("crc32:{:08x}", crc32fast::hash(bytes))
+    }
+
+    #[test]
+    fn masks_across_writes_and_tracks_checksum() {
+        let t = trace(&["SECRET"], 0);
+        t.write(b"value: SEC");
+        t.write(b"RET!\n");
+        t.finish();
+        assert_eq!(t.contents(), b"value: [MASKED]!\n");
+        assert_eq!(t.len(), 17);
+        assert_eq!(t.checksum(), crc_of(b"value: [MASKED]!\n"));
+        assert_eq!(t.read_from(7, 8), b"[MASKED]");
+        assert_eq!(t.read_from(100, 8), b"");
+    }
+
+    #[test]
+    fn empty_trace_checksum_is_crc_of_nothing() {
+        let t = trace(&[], 0);
+        assert_eq!(t.checksum(), "crc32:00000000");
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn output_limit_cuts_on_utf8_boundary_with_one_message() {
+        let t = trace(&[], 1);
+        let filler = vec![b'a'; 1021];
+        t.write(&filler);
+        // "é" is 2 bytes, "€" 3: the limit (1024) falls after the first byte of "€".
+        t.write("é€tail".as_bytes());
+        t.write(b"more output that must be dropped");
+        t.finish();
+        let mut expected = filler.clone();
+        expected.extend_from_slice("é".as_bytes());
+        expected.extend_from_slice(limit_exceeded_message(1024).as_bytes());
+        assert_eq!(t.contents(), expected);
+        assert!(t.limit_reached());
+        let text = String::from_utf8(t.contents()).expect("kept bytes are valid UTF-8");
+        assert_eq!(text.matches("Job's log exceeded limit of 1024 bytes.").count(), 1);
+        assert!(text.contains("\x1b[33;1mJob's log exceeded limit of 1024 bytes.\nJob execution will continue but no more output will be collected.\x1b[0;m\n"));
+        assert_eq!(t.checksum(), crc_of(&expected));
+    }
+
+    #[test]
+    fn output_exactly_at_limit_has_no_message_until_more_arrives() {
+        let t = trace(&[], 1);
+        t.write(&[b'x'; 1024]);
+        assert!(!t.limit_reached());
+        assert_eq!(t.len(), 1024);
+        t.write(b"y");
+        assert!(t.limit_reached());
+        assert_eq!(t.len() as usize, 1024 + limit_exceeded_message(1024).len());
+    }
+
+    #[test]
+    fn clones_share_one_log() {
+        let t = trace(&[], 0);
+        let other = t.clone();
+        other.write(b"from a clone");
+        assert_eq!(t.contents(), b"from a clone");
+    }
+}
