@@ -59,6 +59,8 @@ pub type RequestHook = Arc<dyn Fn(Endpoint, &Method, Option<u16>, Duration) + Se
 pub enum ApiError {
     #[error("invalid GitLab URL {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },
+    #[error("cannot set up the HTTP client: {0}")]
+    ClientSetup(String),
     #[error("{}: forbidden (403): the token is invalid or the runner was removed{}", .endpoint.as_str(), suffix(.message))]
     Forbidden { endpoint: Endpoint, message: String },
     #[error("registration with a registration token is disabled on this GitLab instance (410 Gone); create the runner in the UI and use its glrt- token")]
@@ -304,7 +306,7 @@ impl GitLabClient {
             .pool_idle_timeout(Duration::from_secs(90))
             .timeout(Duration::from_secs(60 * 60))
             .build()
-            .map_err(|e| ApiError::InvalidUrl { url: String::new(), reason: format!("cannot build the HTTP client: {e}") })?;
+            .map_err(|e| ApiError::ClientSetup(describe_reqwest_error(&e)))?;
         Ok(GitLabClient {
             http,
             retry: options.retry,

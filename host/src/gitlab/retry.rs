@@ -1,7 +1,9 @@
 //! The runner API's built-in retry policy (protocol §0, GitLab Runner's `retry_requester.go`):
 //! which statuses are retried, how many attempts, and how long to wait between them.
 //!
-//! The HTTP loop itself lives in `gitlab::client`; this module only decides.
+//! The HTTP loop itself lives in `gitlab::client`; this module only decides. As in GitLab
+//! Runner, only statuses are retried here: transport errors go back to the caller, whose own
+//! loop (job request health accounting, trace ticks, final-update retries) decides.
 
 use std::time::Duration;
 

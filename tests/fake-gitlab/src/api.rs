@@ -348,11 +348,14 @@ async fn request_job_inner(shared: &Shared, req: &Incoming) -> Response {
             return no_job(version);
         }
         let two_phase = body.pointer("/info/features/two_phase_job_commit").and_then(Value::as_bool).unwrap_or(false);
-        while let Some(id) = s.queue.pop_front() {
-            let Some(job) = s.jobs.get_mut(&id) else { continue };
-            if job.status != JobStatus::Pending || job.runner_token.is_some() {
-                continue;
-            }
+        // Drop jobs no longer waiting (canceled meanwhile); take the first one for this runner.
+        let jobs = &s.jobs;
+        s.queue.retain(|id| jobs.get(id).is_some_and(|j| j.status == JobStatus::Pending && j.runner_token.is_none()));
+        let eligible = s.queue.iter().position(|id| {
+            s.jobs.get(id).is_some_and(|j| j.only_for_runner.as_deref().is_none_or(|only| only == token))
+        });
+        if let Some(id) = eligible.and_then(|pos| s.queue.remove(pos)) {
+            let Some(job) = s.jobs.get_mut(&id) else { return no_job(version) };
             job.runner_token = Some(token.clone());
             if !two_phase {
                 job.status = JobStatus::Running;

@@ -149,6 +149,8 @@ pub struct JobRecord {
     pub status: JobStatus,
     /// The runner token the job was handed to.
     pub runner_token: Option<String>,
+    /// Only this runner may take the job ([`FakeGitLab::enqueue_for`]).
+    pub only_for_runner: Option<String>,
     /// The payload served in the 201 response.
     pub payload: serde_json::Value,
     /// Trace bytes the server has.
@@ -463,6 +465,16 @@ impl FakeGitLab {
     /// [`JOB_TOKEN_PLACEHOLDER`] / [`JOB_ID_PLACEHOLDER`] anywhere in the payload. Every
     /// runner's queue value changes, which wakes long polls.
     pub fn enqueue(&self, payload: serde_json::Value) -> i64 {
+        self.enqueue_inner(payload, None)
+    }
+
+    /// Like [`FakeGitLab::enqueue`], but only runner `runner_token` may take the job (as a
+    /// project runner); only that runner's queue value changes.
+    pub fn enqueue_for(&self, runner_token: &str, payload: serde_json::Value) -> i64 {
+        self.enqueue_inner(payload, Some(runner_token.to_string()))
+    }
+
+    fn enqueue_inner(&self, payload: serde_json::Value, only_for_runner: Option<String>) -> i64 {
         self.shared.mutate(|s| {
             let id = s.next_job_id;
             s.next_job_id += 1;
@@ -483,6 +495,7 @@ impl FakeGitLab {
                     token,
                     status: JobStatus::Pending,
                     runner_token: None,
+                    only_for_runner: only_for_runner.clone(),
                     payload,
                     trace: Vec::new(),
                     patches: Vec::new(),
@@ -502,7 +515,10 @@ impl FakeGitLab {
                 },
             );
             s.queue.push_back(id);
-            s.tick_all_queues();
+            match &only_for_runner {
+                Some(token) => s.tick_queue(token),
+                None => s.tick_all_queues(),
+            }
             id
         })
     }

@@ -255,3 +255,21 @@ async fn registration_verify_and_unregister() {
     let resp = http().post(api("runners")).json(&json!({"token": fake_gitlab::REGISTRATION_TOKEN})).send().await.expect("register");
     assert_eq!(resp.status(), 410);
 }
+
+#[tokio::test]
+async fn a_job_enqueued_for_one_runner_is_not_handed_to_another() {
+    let fake = start(Duration::ZERO).await;
+    let (a, b) = (fake.create_runner("a"), fake.create_runner("b"));
+    let id = fake.enqueue_for(&b.token, fake.job_payload(&JobSpec::new("g/p", "j", &["true"])));
+    let url = format!("{}/api/v4/jobs/request", fake.url());
+    let resp = http().post(&url).json(&json!({"token": a.token})).send().await.expect("request");
+    assert_eq!(resp.status(), 204);
+    let resp = http().post(&url).json(&json!({"token": b.token})).send().await.expect("request");
+    assert_eq!(resp.status(), 201);
+    assert_eq!(fake.job(id).expect("job").runner_token.as_deref(), Some(b.token.as_str()));
+    // A canceled job leaves the queue.
+    let gone = fake.enqueue(fake.job_payload(&JobSpec::new("g/p", "j", &["true"])));
+    assert_eq!(fake.cancel(gone), Some(JobStatus::Canceled));
+    let resp = http().post(&url).json(&json!({"token": a.token})).send().await.expect("request");
+    assert_eq!(resp.status(), 204);
+}
