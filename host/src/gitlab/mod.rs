@@ -2,3 +2,5 @@
 
 pub mod api;
 pub mod payload;
+pub mod client;
+pub mod retry;

@@ -1,0 +1,564 @@
+//! The runner API handlers: registration, verify, unregister, job request (with Workhorse long
+//! polling), trace PATCH and job PUT, each following `gitlab-runner-protocol.md` §1.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::Response;
+use axum::routing::{delete, patch, post, put};
+use axum::Router;
+use serde_json::{json, Value};
+
+use crate::{git, Endpoint, JobStatus, LoggedRequest, RunnerRecord, Shared, TracePatch};
+
+/// Rails' failure reasons (§3.2) the fake accepts on a final `failed` update; anything else
+/// not in the job's `features.failure_reasons` becomes `unknown_failure`, as in Rails.
+const RAILS_FAILURE_REASONS: &[&str] = &[
+    "unknown_failure",
+    "script_failure",
+    "api_failure",
+    "stuck_or_timeout_failure",
+    "runner_system_failure",
+    "missing_dependency_failure",
+    "runner_unsupported",
+    "stale_schedule",
+    "job_execution_timeout",
+    "archived_failure",
+    "unmet_prerequisites",
+    "scheduler_failure",
+    "data_integrity_failure",
+    "forward_deployment_failure",
+    "user_blocked",
+    "project_deleted",
+    "ci_quota_exceeded",
+    "pipeline_loop_detected",
+    "no_matching_runner",
+    "trace_size_exceeded",
+    "builds_disabled",
+    "environment_creation_failure",
+    "deployment_rejected",
+    "failed_outdated_deployment_job",
+    "job_execution_server_timeout",
+    "stuck_pending_with_matching_runners",
+    "stuck_pending_no_matching_runners",
+    "no_updates_running",
+    "no_updates_canceling",
+    "server_timeout_running",
+    "server_timeout_canceling",
+    "runner_configuration_error",
+    "runner_external_dependency_failure",
+    "runner_interrupted",
+];
+
+/// Workhorse refuses larger job-request bodies.
+const MAX_JOB_REQUEST_BODY: usize = 32 * 1024;
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/api/v4/runners", post(register).delete(unregister_runner))
+        .route("/api/v4/runners/verify", post(verify))
+        .route("/api/v4/runners/managers", delete(unregister_manager))
+        .route("/api/v4/jobs/request", post(request_job))
+        .route("/api/v4/jobs/{id}", put(update_job))
+        .route("/api/v4/jobs/{id}/trace", patch(patch_trace))
+        .fallback(git::serve)
+        .with_state(shared)
+}
+
+/// The parts of a request every handler logs.
+pub(crate) struct Incoming {
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Incoming {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// Records the request with the status it got and returns the response.
+pub(crate) fn finish(shared: &Shared, req: &Incoming, response: Response) -> Response {
+    let logged = LoggedRequest {
+        method: req.method.to_string(),
+        path: req.uri.path().to_string(),
+        query: req.uri.query().map(str::to_string),
+        headers: req
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_ascii_lowercase(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .collect(),
+        body: req.body.to_vec(),
+        status: response.status().as_u16(),
+    };
+    shared.mutate(|s| s.requests.push(logged));
+    response
+}
+
+pub(crate) fn response(status: u16, headers: &[(&str, String)], body: impl Into<Body>) -> Response {
+    let mut builder = Response::builder().status(status);
+    for (name, value) in headers {
+        builder = builder.header(*name, value.as_str());
+    }
+    match builder.body(body.into()) {
+        Ok(r) => r,
+        Err(e) => {
+            let mut r = Response::new(Body::from(format!("fake-gitlab built an invalid response: {e}")));
+            *r.status_mut() = axum::http::StatusCode::INTERNAL_SERVER_ERROR;
+            r
+        }
+    }
+}
+
+fn json_response(status: u16, headers: &[(&str, String)], value: &Value) -> Response {
+    let mut all = vec![("Content-Type", "application/json".to_string())];
+    all.extend(headers.iter().map(|(n, v)| (*n, v.clone())));
+    response(status, &all, value.to_string())
+}
+
+fn message(status: u16, headers: &[(&str, String)], text: &str) -> Response {
+    json_response(status, headers, &json!({ "message": text }))
+}
+
+/// The next injected response for `endpoint`, if any.
+fn take_injected(shared: &Shared, endpoint: Endpoint) -> Option<Response> {
+    let injected = shared.mutate(|s| s.injected.get_mut(&endpoint).and_then(|q| q.pop_front()))?;
+    let mut headers: Vec<(&str, String)> = vec![("Content-Type", "application/json".to_string())];
+    headers.extend(injected.headers.iter().map(|(n, v)| (n.as_str(), v.clone())));
+    Some(response(injected.status, &headers, injected.body))
+}
+
+fn parse_json(req: &Incoming) -> Result<Value, Response> {
+    serde_json::from_slice(&req.body).map_err(|e| message(400, &[], &format!("400 Bad request - body is not JSON: {e}")))
+}
+
+fn str_field<'a>(body: &'a Value, key: &str) -> Option<&'a str> {
+    body.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+/// Newer runners send `RUNNER-TOKEN` too; GitLab's test server asserts it equals `token`.
+fn check_runner_header(req: &Incoming, body_token: &str) -> Result<(), Response> {
+    match req.header("runner-token") {
+        Some(h) if h != body_token => Err(message(400, &[], "400 Bad request - RUNNER-TOKEN header does not match token")),
+        _ => Ok(()),
+    }
+}
+
+fn runner_details(runner: &RunnerRecord) -> Value {
+    json!({ "id": runner.id, "token": runner.token, "token_expires_at": Value::Null })
+}
+
+macro_rules! incoming {
+    ($method:ident, $uri:ident, $headers:ident, $body:ident) => {
+        Incoming { method: $method, uri: $uri, headers: $headers, body: $body }
+    };
+}
+
+// ----- runners -------------------------------------------------------------------------------
+
+async fn register(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let req = incoming!(method, uri, headers, body);
+    let resp = register_inner(&shared, &req);
+    finish(&shared, &req, resp)
+}
+
+fn register_inner(shared: &Shared, req: &Incoming) -> Response {
+    if let Some(r) = take_injected(shared, Endpoint::Register) {
+        return r;
+    }
+    let body = match parse_json(req) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let token = str_field(&body, "token").unwrap_or_default().to_string();
+    if let Err(r) = check_runner_header(req, &token) {
+        return r;
+    }
+    shared.mutate(|s| {
+        if !s.registration_enabled {
+            return message(410, &[], "runner registration disallowed");
+        }
+        if !s.registration_tokens.contains(&token) {
+            return message(403, &[], "403 Forbidden");
+        }
+        let id = s.next_runner_id;
+        s.next_runner_id += 1;
+        let runner = RunnerRecord {
+            id,
+            token: crate::random_token("t1_"),
+            description: str_field(&body, "description").unwrap_or_default().to_string(),
+            origin: "legacy-registration",
+            managers: Default::default(),
+            info: body.get("info").cloned().unwrap_or(Value::Null),
+            paused: body.get("paused").and_then(Value::as_bool).unwrap_or(false),
+        };
+        let details = runner_details(&runner);
+        s.runners.insert(runner.token.clone(), runner);
+        json_response(201, &[], &details)
+    })
+}
+
+async fn verify(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let req = incoming!(method, uri, headers, body);
+    let resp = verify_inner(&shared, &req);
+    finish(&shared, &req, resp)
+}
+
+fn verify_inner(shared: &Shared, req: &Incoming) -> Response {
+    if let Some(r) = take_injected(shared, Endpoint::Verify) {
+        return r;
+    }
+    let body = match parse_json(req) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let token = str_field(&body, "token").unwrap_or_default().to_string();
+    if let Err(r) = check_runner_header(req, &token) {
+        return r;
+    }
+    shared.mutate(|s| match s.runners.get_mut(&token) {
+        None => message(403, &[], "403 Forbidden"),
+        Some(runner) => {
+            note_contact(runner, &body);
+            json_response(200, &[], &runner_details(runner))
+        }
+    })
+}
+
+/// Records the runner manager (`system_id`) and `info` a runner sent.
+fn note_contact(runner: &mut RunnerRecord, body: &Value) {
+    runner.managers.insert(str_field(body, "system_id").unwrap_or("<legacy>").to_string());
+    if let Some(info) = body.get("info") {
+        runner.info = info.clone();
+    }
+}
+
+async fn unregister_runner(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let req = incoming!(method, uri, headers, body);
+    let resp = (|| {
+        if let Some(r) = take_injected(&shared, Endpoint::UnregisterRunner) {
+            return r;
+        }
+        let body = match parse_json(&req) {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        let token = str_field(&body, "token").unwrap_or_default().to_string();
+        if let Err(r) = check_runner_header(&req, &token) {
+            return r;
+        }
+        shared.mutate(|s| match s.runners.remove(&token) {
+            Some(_) => {
+                s.queue_versions.remove(&token);
+                response(204, &[], Body::empty())
+            }
+            None => message(403, &[], "403 Forbidden"),
+        })
+    })();
+    finish(&shared, &req, resp)
+}
+
+async fn unregister_manager(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let req = incoming!(method, uri, headers, body);
+    let resp = (|| {
+        if let Some(r) = take_injected(&shared, Endpoint::UnregisterManager) {
+            return r;
+        }
+        let body = match parse_json(&req) {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        let token = str_field(&body, "token").unwrap_or_default().to_string();
+        if let Err(r) = check_runner_header(&req, &token) {
+            return r;
+        }
+        let Some(system_id) = str_field(&body, "system_id").map(str::to_string) else {
+            return message(400, &[], "400 Bad request - system_id is missing");
+        };
+        shared.mutate(|s| match s.runners.get_mut(&token) {
+            None => message(403, &[], "403 Forbidden"),
+            Some(runner) => match runner.managers.remove(&system_id) {
+                true => response(204, &[], Body::empty()),
+                false => message(404, &[], "404 Runner manager not found"),
+            },
+        })
+    })();
+    finish(&shared, &req, resp)
+}
+
+// ----- job request -----------------------------------------------------------------------------
+
+async fn request_job(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let req = incoming!(method, uri, headers, body);
+    let resp = request_job_inner(&shared, &req).await;
+    finish(&shared, &req, resp)
+}
+
+async fn request_job_inner(shared: &Shared, req: &Incoming) -> Response {
+    if let Some(r) = take_injected(shared, Endpoint::RequestJob) {
+        return r;
+    }
+    if req.body.len() > MAX_JOB_REQUEST_BODY {
+        return message(413, &[], "413 Request Entity Too Large");
+    }
+    let body = match parse_json(req) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let token = str_field(&body, "token").unwrap_or_default().to_string();
+    if let Err(r) = check_runner_header(req, &token) {
+        return r;
+    }
+    let last_update = str_field(&body, "last_update").map(str::to_string);
+    let polling = [("Gitlab-Ci-Builds-Polling", "yes".to_string())];
+
+    // Workhorse: with `token` and `last_update` present, watch the queue value.
+    let long_poll = shared.lock().config.long_poll;
+    if let (false, Some(last)) = (long_poll.is_zero() || token.is_empty(), last_update.as_deref()) {
+        let current = shared.lock().queue_versions.get(&token).cloned();
+        if current.as_deref() == Some(last) {
+            // Seen change or timeout: plain 204 without X-GitLab-Last-Update (Workhorse does not
+            // call Rails), so the runner re-polls with the old value and hits Rails.
+            wait_for_queue_change(shared, &token, last, long_poll).await;
+            return response(204, &polling, Body::empty());
+        }
+    }
+
+    let headers: &[(&str, String)] = if long_poll.is_zero() { &[] } else { &polling };
+    shared.mutate(|s| {
+        let paused = match s.runners.get_mut(&token) {
+            None => return message(403, headers, "403 Forbidden"),
+            Some(runner) => {
+                note_contact(runner, &body);
+                runner.paused
+            }
+        };
+        let version = s.queue_version(&token);
+        let no_job = |version: String| {
+            let mut h = headers.to_vec();
+            h.push(("X-GitLab-Last-Update", version));
+            response(204, &h, Body::empty())
+        };
+        if paused || last_update.as_deref() == Some(version.as_str()) {
+            return no_job(version);
+        }
+        let two_phase = body.pointer("/info/features/two_phase_job_commit").and_then(Value::as_bool).unwrap_or(false);
+        // Drop jobs no longer waiting (canceled meanwhile); take the first one for this runner.
+        let jobs = &s.jobs;
+        s.queue.retain(|id| jobs.get(id).is_some_and(|j| j.status == JobStatus::Pending && j.runner_token.is_none()));
+        let eligible = s.queue.iter().position(|id| {
+            s.jobs.get(id).is_some_and(|j| j.only_for_runner.as_deref().is_none_or(|only| only == token))
+        });
+        if let Some(id) = eligible.and_then(|pos| s.queue.remove(pos)) {
+            let Some(job) = s.jobs.get_mut(&id) else { return no_job(version) };
+            job.runner_token = Some(token.clone());
+            if !two_phase {
+                job.status = JobStatus::Running;
+            }
+            let payload = job.payload.clone();
+            s.tick_queue(&token);
+            return json_response(201, headers, &payload);
+        }
+        no_job(version)
+    })
+}
+
+/// Waits until the runner's queue value differs from `last`, the fake shuts down, or
+/// `limit` passes.
+async fn wait_for_queue_change(shared: &Shared, token: &str, last: &str, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut rx = shared.changes.subscribe();
+    loop {
+        {
+            let s = shared.lock();
+            if s.shutting_down || s.queue_versions.get(token).map(String::as_str) != Some(last) {
+                return;
+            }
+        }
+        match tokio::time::timeout_at(deadline, rx.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => return,
+        }
+    }
+}
+
+// ----- job-token calls -------------------------------------------------------------------------
+
+/// Rails' 202 backoff (`Gitlab::Ci::Runner::Backoff`) from the age of the pending final state.
+fn final_update_backoff(age: Duration) -> u64 {
+    match age.as_secs() {
+        0..=3 => 1,
+        4..=7 => 2,
+        8..=15 => 4,
+        16..=31 => 8,
+        32..=63 => 16,
+        64..=127 => 32,
+        _ => 64,
+    }
+}
+
+fn job_token<'a>(req: &'a Incoming, body: Option<&'a Value>) -> Option<&'a str> {
+    req.header("job-token").or_else(|| body.and_then(|b| str_field(b, "token"))).or_else(|| {
+        req.uri.query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=")))
+    })
+}
+
+async fn update_job(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let req = incoming!(method, uri, headers, body);
+    let resp = update_job_inner(&shared, &req, &id);
+    finish(&shared, &req, resp)
+}
+
+fn update_job_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
+    if let Some(r) = take_injected(shared, Endpoint::UpdateJob) {
+        return r;
+    }
+    let body = match parse_json(req) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let Ok(id) = id.parse::<i64>() else { return message(404, &[], "404 Not Found") };
+    shared.mutate(|s| {
+        let interval = s.config.trace_update_interval.to_string();
+        let backoffs_left = s.final_update_backoffs;
+        let Some(job) = s.jobs.get_mut(&id) else { return message(404, &[], "404 Not Found") };
+        let status_headers =
+            |status: JobStatus, interval: &str| vec![("Job-Status", status.as_str().to_string()), ("X-GitLab-Trace-Update-Interval", interval.to_string())];
+        if job_token(req, Some(&body)) != Some(job.token.as_str()) {
+            job.reported_statuses.push(job.status.as_str().into());
+            return message(403, &status_headers(job.status, &interval), "403 Forbidden");
+        }
+        job.updates.push(body.clone());
+        let state = str_field(&body, "state").unwrap_or_default();
+        let mut consumed_backoff = false;
+        let (code, text, extra): (u16, &str, Option<(&str, String)>) = match (job.status, state) {
+            (JobStatus::Pending, _) if job.runner_token.is_none() => (400, "400 Bad request - job is not waiting for a runner", None),
+            (JobStatus::Pending, "pending") => {
+                job.pending_keepalives += 1;
+                (200, "200 OK", None)
+            }
+            (JobStatus::Pending, "running") => {
+                job.status = JobStatus::Running;
+                (200, "200 OK", None)
+            }
+            (JobStatus::Pending, _) => (400, "400 Bad request - invalid state for a job awaiting acceptance", None),
+            (status, _) if !status.is_processing() => (403, "403 Forbidden - Job is not processing on runner", None),
+            (_, "pending") => (409, "409 Conflict - job is already running", None),
+            (_, "running") => {
+                job.running_keepalives += 1;
+                (200, "200 OK", None)
+            }
+            (_, "success" | "failed") => {
+                job.final_attempts += 1;
+                let first = *job.first_final_attempt.get_or_insert_with(Instant::now);
+                let sent = body.pointer("/output/checksum").and_then(Value::as_str).or_else(|| str_field(&body, "checksum"));
+                if backoffs_left > 0 {
+                    consumed_backoff = true;
+                    (202, "202 Accepted", Some(("X-GitLab-Trace-Update-Interval", final_update_backoff(first.elapsed()).to_string())))
+                } else if sent.is_some_and(|c| c != job.trace_checksum()) {
+                    job.trace_reset_armed = true;
+                    (412, "412 Precondition Failed - trace checksum validation failed", None)
+                } else {
+                    let failed = state == "failed";
+                    job.status = match (job.status, failed) {
+                        (JobStatus::Canceling, _) => JobStatus::Canceled,
+                        (_, true) => JobStatus::Failed,
+                        (_, false) => JobStatus::Success,
+                    };
+                    job.final_state = Some(state.to_string());
+                    if failed {
+                        let supported = job.payload.pointer("/features/failure_reasons").and_then(Value::as_array).cloned().unwrap_or_default();
+                        let reason = str_field(&body, "failure_reason").unwrap_or("unknown_failure");
+                        let known = RAILS_FAILURE_REASONS.contains(&reason) || supported.iter().any(|r| r.as_str() == Some(reason));
+                        job.failure_reason = Some(if known { reason } else { "unknown_failure" }.to_string());
+                        job.exit_code = body.get("exit_code").and_then(Value::as_i64);
+                    }
+                    job.checksum = sent.map(str::to_string);
+                    job.bytesize = body.pointer("/output/bytesize").and_then(Value::as_u64);
+                    (200, "200 OK", None)
+                }
+            }
+            _ => (400, "400 Bad request - invalid state", None),
+        };
+        let mut headers = status_headers(job.status, &interval);
+        if let Some((name, value)) = extra {
+            headers.retain(|(n, _)| *n != name);
+            headers.push((name, value));
+        }
+        job.reported_statuses.push(job.status.as_str().into());
+        if consumed_backoff {
+            s.final_update_backoffs -= 1;
+        }
+        message(code, &headers, text)
+    })
+}
+
+async fn patch_trace(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let req = incoming!(method, uri, headers, body);
+    let resp = patch_trace_inner(&shared, &req, &id);
+    finish(&shared, &req, resp)
+}
+
+/// `a-b`, inclusive, without a `bytes ` prefix.
+fn parse_content_range(value: &str) -> Option<(u64, u64)> {
+    let (a, b) = value.trim().split_once('-')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+fn patch_trace_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
+    if let Some(r) = take_injected(shared, Endpoint::PatchTrace) {
+        return r;
+    }
+    let Ok(id) = id.parse::<i64>() else { return message(404, &[], "404 Not Found") };
+    shared.mutate(|s| {
+        let interval = s.config.trace_update_interval.to_string();
+        let Some(job) = s.jobs.get_mut(&id) else { return message(404, &[], "404 Not Found") };
+        let mut headers = vec![("Job-Status", job.status.as_str().to_string()), ("X-GitLab-Trace-Update-Interval", interval)];
+        job.reported_statuses.push(job.status.as_str().into());
+        if job_token(req, None) != Some(job.token.as_str()) || !job.status.is_processing() {
+            return message(403, &headers, "403 Forbidden - Job is not processing on runner");
+        }
+        let Some(range_header) = req.header("content-range") else {
+            return message(400, &headers, "400 Missing header Content-Range");
+        };
+        let Some((start, end)) = parse_content_range(range_header) else {
+            return message(400, &headers, "400 Bad request - invalid Content-Range");
+        };
+        let len = req.body.len() as u64;
+        let mut record = TracePatch { content_range: range_header.to_string(), start, end, len, accepted: false };
+        if start == 0 && job.trace_reset_armed && !job.trace.is_empty() {
+            job.trace.clear();
+            job.trace_resets += 1;
+        }
+        if start != job.trace.len() as u64 {
+            headers.push(("Range", format!("0-{}", job.trace.len())));
+            job.patches.push(record);
+            return message(416, &headers, "416 Range Not Satisfiable");
+        }
+        job.trace_reset_armed = false;
+        job.trace.extend_from_slice(&req.body);
+        record.accepted = true;
+        job.patches.push(record);
+        headers.push(("Range", format!("0-{}", job.trace.len())));
+        response(202, &headers, Body::empty())
+    })
+}
