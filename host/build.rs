@@ -9,7 +9,7 @@ use std::process::Command;
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let root = manifest_dir.parent().expect("host/ lives in the workspace root").to_path_buf();
-    for dir in ["plugins", "sdk", "wit"] {
+    for dir in ["plugins", "sdk", "wit", "examples/executor-hello/src"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     // Keep guest builds out of the host's target directory lock.
@@ -17,11 +17,20 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"))
         .join("guest");
+    // The guest workspace, then the SDK example (its own workspace, as an author's would be).
+    for workspace in [root.join("plugins"), root.join("examples/executor-hello")] {
+        build_guests(&workspace, &target_dir);
+    }
+    let out = target_dir.join("wasm32-wasip2").join("release");
+    println!("cargo:rustc-env=RUNWAY_GUEST_DIR={}", out.display());
+}
+
+fn build_guests(workspace: &std::path::Path, target_dir: &std::path::Path) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(root.join("plugins"))
+    cmd.current_dir(workspace)
         .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
-        .arg(&target_dir);
+        .arg(target_dir);
     // The outer build's flags are for the host target; never leak them into the guests.
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy().into_owned();
@@ -32,9 +41,8 @@ fn main() {
     let status = cmd.status().expect("running cargo for the wasm plugins");
     if !status.success() {
         panic!(
-            "building the wasm plugins failed. Is the target installed? Run `rustup target add wasm32-wasip2` and build again."
+            "building the wasm plugins in {} failed. Is the target installed? Run `rustup target add wasm32-wasip2` and build again.",
+            workspace.display()
         );
     }
-    let out = target_dir.join("wasm32-wasip2").join("release");
-    println!("cargo:rustc-env=RUNWAY_GUEST_DIR={}", out.display());
 }

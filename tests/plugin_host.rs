@@ -298,3 +298,17 @@ async fn shell_plugin_runs_bash_in_order_with_exit_codes_and_kills_the_tree_on_c
         assert!(!alive, "process {pid} survived the cancel");
     }
 }
+
+#[tokio::test]
+async fn the_sdk_example_plugin_loads_and_runs() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("plugins");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    install(&dir, "executor_hello.wasm", "executor-hello.wasm");
+    let grant = PluginGrant { allow_process: true, ..PluginGrant::default() };
+    let host = host_with(&dir, BTreeMap::from([("hello".to_string(), grant)])).await;
+    let work = root.path().join("work");
+    let (result, text) = run_stage(&host, "hello", &work, "step_script", "echo from the example; exit 3").await;
+    assert_eq!(result.expect("runs"), 3);
+    assert_eq!(text, "[hello] step_script\nfrom the example\n");
+}

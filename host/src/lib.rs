@@ -7,6 +7,8 @@
 
 pub mod capability;
 pub mod cli;
+pub mod executor;
 pub mod gitlab;
+// pub mod job; (enabled once script lands)
 pub mod plugin;
 pub mod trace;

@@ -1,0 +1,346 @@
+//! One job's lifecycle: header, executor preparation (with two-phase acceptance), the stages
+//! in GitLab's order with their `when` rules and timeouts, graceful cancel and abort, and
+//! the final state with its failure reason.
+//!
+//! The job module knows nothing about HTTP or terminals: it writes to a [`TraceSink`] and is
+//! told about cancels through [`JobControl`]. `runway run` (GitLab) and `runway exec` (local)
+//! both drive it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::executor::{run_stage, wit_job, ResolvedExecutor, StageOutcome};
+use crate::gitlab::payload::{JobResponse, StepWhen};
+use crate::plugin::bindings::executor::exports::runway::executor::executor::StageScript;
+use crate::plugin::bindings::executor::runway::executor::types::ExecutorError;
+use crate::plugin::{CallContext, ExecutorFailure, ExecutorSession, PluginHost, StopReason, StopSignal};
+use crate::script::{BuildStage, JobPlan, ScriptSettings};
+use crate::trace::format::{section_header_line, RunnerIdentity, SectionOptions};
+use crate::trace::{FailureReason, TraceLog, TraceSink};
+
+/// Attempts at preparing the executor (GitLab's `PreparationRetries`).
+pub const PREPARATION_ATTEMPTS: u32 = 3;
+/// Pause between preparation attempts.
+pub const PREPARATION_RETRY_INTERVAL: Duration = Duration::from_secs(3);
+
+/// Outside control of a running job.
+#[derive(Clone, Default)]
+pub struct JobControl {
+    /// Graceful cancel (`Job-Status: canceling`): stop the script, still run after_script.
+    pub cancel: CancellationToken,
+    /// Abort (403, canceled, forceful shutdown): stop everything now.
+    pub abort: CancellationToken,
+    /// Why an abort happened, for the footer (e.g. the runner is shutting down).
+    pub abort_reason: Arc<std::sync::Mutex<Option<FailureReason>>>,
+}
+
+impl JobControl {
+    /// Abort with a reason (first one wins).
+    pub fn abort_with(&self, reason: FailureReason) {
+        if let Ok(mut r) = self.abort_reason.lock() {
+            r.get_or_insert(reason);
+        }
+        self.abort.cancel();
+    }
+}
+
+/// Called by the job at the two-phase commit point.
+#[async_trait]
+pub trait JobHooks: Send + Sync {
+    /// The executor is prepared; accept the job (`PUT state=running`). An error means the
+    /// job is gone for this runner and must be dropped.
+    async fn prepared(&self) -> Result<(), String>;
+}
+
+/// No remote side (`runway exec`, tests).
+pub struct NoHooks;
+
+#[async_trait]
+impl JobHooks for NoHooks {
+    async fn prepared(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// What the runner needs to run jobs of one `[[runners]]` entry.
+#[derive(Clone)]
+pub struct JobEnvironment {
+    pub plugins: PluginHost,
+    pub executor: ResolvedExecutor,
+    pub settings: ScriptSettings,
+    pub identity: RunnerIdentity,
+}
+
+/// How the job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobOutcome {
+    /// `None` when the job succeeded.
+    pub failure: Option<FailureReason>,
+    /// Exit code of the failing script, when there was one.
+    pub exit_code: Option<i32>,
+    /// The footer's error text.
+    pub message: String,
+    /// The job was taken away (abort before or during the run); GitLab must not be told
+    /// anything more than the trace and a final state it will likely refuse.
+    pub aborted: bool,
+}
+
+impl JobOutcome {
+    fn success() -> Self {
+        JobOutcome { failure: None, exit_code: None, message: String::new(), aborted: false }
+    }
+    fn failed(reason: FailureReason, exit_code: Option<i32>, message: impl Into<String>) -> Self {
+        JobOutcome { failure: Some(reason), exit_code, message: message.into(), aborted: false }
+    }
+    /// Did the job succeed?
+    pub fn succeeded(&self) -> bool {
+        self.failure.is_none()
+    }
+    /// The state GitLab shows after `CI_JOB_STATUS` is updated for after_script.
+    fn status_word(&self) -> &'static str {
+        match self.failure {
+            None => "success",
+            Some(FailureReason::JobCanceled) => "canceled",
+            Some(FailureReason::JobExecutionTimeout) => "timedout",
+            Some(_) => "failed",
+        }
+    }
+}
+
+fn is_system(reason: FailureReason) -> bool {
+    matches!(reason, FailureReason::RunnerSystemFailure | FailureReason::RunnerInterrupted)
+}
+
+fn finish(trace: &dyn TraceSink, outcome: JobOutcome) -> JobOutcome {
+    match outcome.failure {
+        None => trace.write_str(&crate::trace::format::job_succeeded()),
+        Some(reason) => trace.write_str(&crate::trace::format::job_failed(&outcome.message, is_system(reason))),
+    }
+    outcome
+}
+
+/// Fail a job whose payload could not even be planned or decoded, with a readable trace line.
+pub fn fail_unplannable(trace: &dyn TraceSink, identity: &RunnerIdentity, message: &str) -> JobOutcome {
+    trace.header(identity);
+    trace.error(message);
+    finish(trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message))
+}
+
+/// Run `job` to its end.
+pub async fn run_job(job: &JobResponse, env: &JobEnvironment, trace: Arc<dyn TraceSink>, control: &JobControl, hooks: &dyn JobHooks) -> JobOutcome {
+    trace.header(&env.identity);
+    if job.run.as_deref().is_some_and(|r| !r.trim().is_empty()) {
+        let message = "this job uses `run:` (CI Steps), which Runway does not execute";
+        trace.error(message);
+        return finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, Some(3), message));
+    }
+    let plan = match JobPlan::new(job, &env.settings) {
+        Ok(plan) => plan,
+        Err(e) => {
+            let reason = if e.is_configuration_error() { FailureReason::RunnerConfigurationError } else { FailureReason::RunnerSystemFailure };
+            trace.error(&e.to_string());
+            return finish(&*trace, JobOutcome::failed(reason, None, e.to_string()));
+        }
+    };
+
+    // prepare_executor
+    trace.section_start("prepare_executor", SectionOptions::default());
+    trace.write_str(&section_header_line(&format!("Preparing the \"{}\" executor", env.executor.info.name)));
+    let session = prepare(job, env, &plan, trace.clone(), control).await;
+    trace.section_end("prepare_executor");
+    let mut session = match session {
+        Ok(s) => s,
+        Err(outcome) => return finish(&*trace, outcome),
+    };
+    if let Err(e) = hooks.prepared().await {
+        tracing::warn!(job = job.id, "job dropped at acceptance: {e}");
+        session.cleanup().await;
+        return JobOutcome { aborted: true, ..JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e) };
+    }
+
+    let outcome = run_stages(&plan, &mut session, &*trace, control).await;
+    session.cleanup().await;
+    if outcome.aborted {
+        // Nobody is listening for a footer on an aborted job, but the log should still say why.
+        trace.error(&format!("Job aborted: {}", outcome.message));
+        return outcome;
+    }
+    finish(&*trace, outcome)
+}
+
+async fn prepare(job: &JobResponse, env: &JobEnvironment, plan: &JobPlan, trace: Arc<dyn TraceSink>, control: &JobControl) -> Result<ExecutorSession, JobOutcome> {
+    let wit = wit_job(job, &env.executor, &env.settings.shell, plan.builds_dir(), plan.project_dir(), plan.cache_dir(), plan.job_timeout());
+    let mut last_error = String::new();
+    for attempt in 1..=PREPARATION_ATTEMPTS {
+        if control.abort.is_cancelled() {
+            break;
+        }
+        let call = CallContext { trace: Some(trace.clone()), stop: StopSignal::new(), remote: None };
+        let mut session = match env.plugins.start_executor(&env.executor.plugin, call).await {
+            Ok(s) => s,
+            Err(e) => {
+                last_error = e.to_string();
+                trace.error(&format!("Preparation failed: {last_error}"));
+                break;
+            }
+        };
+        match session.prepare(&wit).await {
+            Ok(()) => return Ok(session),
+            Err(ExecutorFailure::Executor(ExecutorError::InvalidConfig(m))) => {
+                let message = format!("invalid executor configuration: {m}");
+                trace.error(&message);
+                return Err(JobOutcome::failed(FailureReason::RunnerConfigurationError, None, message));
+            }
+            Err(e) => {
+                last_error = e.to_string();
+                trace.error(&format!("Preparation failed: {last_error}"));
+                if attempt < PREPARATION_ATTEMPTS {
+                    trace.println(&format!("Will be retried in {} s ...", PREPARATION_RETRY_INTERVAL.as_secs()));
+                    tokio::select! {
+                        _ = tokio::time::sleep(PREPARATION_RETRY_INTERVAL) => {}
+                        _ = control.abort.cancelled() => break,
+                    }
+                }
+            }
+        }
+    }
+    Err(JobOutcome::failed(FailureReason::RunnerSystemFailure, None, format!("preparing the executor: {last_error}")))
+}
+
+/// Whether a stage runs, given what happened so far.
+fn should_run(plan: &JobPlan, stage: &BuildStage, failed: bool) -> bool {
+    match stage {
+        BuildStage::PrepareScript | BuildStage::GetSources | BuildStage::RestoreCache | BuildStage::DownloadArtifacts => !failed,
+        BuildStage::Step(name) => match plan.step(name).map(|s| s.when).unwrap_or_default() {
+            StepWhen::OnSuccess => !failed,
+            StepWhen::OnFailure => failed,
+            StepWhen::Always => true,
+        },
+        BuildStage::AfterScript | BuildStage::CleanupFileVariables => true,
+        BuildStage::ArchiveCache | BuildStage::UploadArtifactsOnSuccess => !failed,
+        BuildStage::ArchiveCacheOnFailure | BuildStage::UploadArtifactsOnFailure => failed,
+    }
+}
+
+/// Which outside signals stop a stage: user stages stop on cancel; after_script, cache
+/// archiving and cleanup only on abort.
+fn cancellable(stage: &BuildStage) -> bool {
+    !matches!(
+        stage,
+        BuildStage::AfterScript
+            | BuildStage::ArchiveCache
+            | BuildStage::ArchiveCacheOnFailure
+            | BuildStage::UploadArtifactsOnSuccess
+            | BuildStage::UploadArtifactsOnFailure
+            | BuildStage::CleanupFileVariables
+    )
+}
+
+async fn run_stages(plan: &JobPlan, session: &mut ExecutorSession, trace: &dyn TraceSink, control: &JobControl) -> JobOutcome {
+    let started = tokio::time::Instant::now();
+    let job_timeout = plan.job_timeout();
+    let mut outcome = JobOutcome::success();
+    for stage in plan.stages() {
+        if control.abort.is_cancelled() {
+            outcome.aborted = true;
+            break;
+        }
+        if !should_run(plan, &stage, outcome.failure.is_some()) {
+            continue;
+        }
+        let is_after_script = matches!(stage, BuildStage::AfterScript);
+        let status = if is_after_script { outcome.status_word() } else { "running" };
+        let script = match plan.script(&stage, status) {
+            Ok(s) => s,
+            Err(e) => {
+                trace.error(&e.to_string());
+                outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.to_string());
+                continue;
+            }
+        };
+        let timeout = match stage {
+            BuildStage::AfterScript => plan.after_script_timeout(),
+            BuildStage::Step(_) => plan.script_timeout().min(job_timeout.saturating_sub(started.elapsed())),
+            _ => job_timeout.saturating_sub(started.elapsed()),
+        };
+        let name = stage.name();
+        trace.section_start(&name, SectionOptions::default());
+        trace.write_str(&section_header_line(&stage.description()));
+        let stop = StopSignal::new();
+        let watcher = {
+            let stop = stop.clone();
+            let control = control.clone();
+            let on_cancel = cancellable(&stage);
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = control.abort.cancelled() => stop.stop(StopReason::Canceled),
+                    _ = async { if on_cancel { control.cancel.cancelled().await } else { std::future::pending().await } } => stop.stop(StopReason::Canceled),
+                }
+            })
+        };
+        let attempts = if matches!(stage, BuildStage::GetSources) { plan.get_sources_attempts().max(1) } else { 1 };
+        let mut result = StageOutcome::Exited(0);
+        for attempt in 1..=attempts {
+            let script_stage = StageScript { name: name.clone(), script: script.clone(), predefined: stage.predefined() };
+            result = run_stage(session, script_stage, stop.clone(), timeout).await;
+            if matches!(result, StageOutcome::Exited(0)) || attempt == attempts || stop.is_stopped() {
+                break;
+            }
+            trace.warning(&format!("Retrying {name} (attempt {} of {attempts})", attempt + 1));
+        }
+        watcher.abort();
+        trace.section_end(&name);
+
+        match result {
+            StageOutcome::Exited(0) => {}
+            StageOutcome::Exited(code) => {
+                if is_after_script {
+                    trace.warning(&format!("after_script failed, but job will continue unaffected: exit code {code}"));
+                } else if matches!(stage, BuildStage::ArchiveCache | BuildStage::ArchiveCacheOnFailure | BuildStage::CleanupFileVariables) {
+                    trace.warning(&format!("{name} failed: exit code {code}"));
+                } else if outcome.failure.is_none() {
+                    outcome = JobOutcome::failed(FailureReason::ScriptFailure, Some(code), format!("exit code {code}"));
+                }
+            }
+            StageOutcome::Stopped(reason) => {
+                if control.abort.is_cancelled() {
+                    let why = control.abort_reason.lock().ok().and_then(|r| *r).unwrap_or(FailureReason::JobCanceled);
+                    outcome = JobOutcome { aborted: true, ..JobOutcome::failed(why, None, "job aborted") };
+                    break;
+                }
+                match reason {
+                    StopReason::TimedOut if is_after_script => {
+                        trace.warning(&format!("after_script timed out after {} seconds", timeout.as_secs()));
+                    }
+                    StopReason::TimedOut => {
+                        if outcome.failure.is_none() {
+                            outcome = JobOutcome::failed(
+                                FailureReason::JobExecutionTimeout,
+                                None,
+                                format!("execution took longer than {} seconds", job_timeout.as_secs().min(timeout.as_secs().max(1))),
+                            );
+                        }
+                    }
+                    StopReason::Canceled => {
+                        trace.error("script canceled externally (UI, API)");
+                        outcome = JobOutcome::failed(FailureReason::JobCanceled, None, "canceled");
+                    }
+                }
+            }
+            StageOutcome::Failed(e) => {
+                trace.error(&e.to_string());
+                if outcome.failure.is_none() || is_after_script {
+                    outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.to_string());
+                }
+                if matches!(e, ExecutorFailure::Plugin(_)) {
+                    // The plugin instance is unusable after a trap; nothing else can run.
+                    break;
+                }
+            }
+        }
+    }
+    outcome
+}
