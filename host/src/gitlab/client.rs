@@ -230,8 +230,37 @@ pub enum RequestJobResult {
     NoJob,
     /// 403 or a transport error: counts toward `unhealthy_requests_limit`.
     Unhealthy(String),
-    /// Anything else (409, 422, 429/5xx after retries, a bad payload): healthy, no job.
+    /// Anything else (409, 422, 429/5xx after retries): healthy, no job.
     Failed(String),
+    /// 201 with a payload that does not decode (missing or mistyped fields). The job is
+    /// assigned to us, so it must be failed with `runner_system_failure`, not left hanging.
+    BadPayload(Box<BadJob>),
+}
+
+/// A job whose payload does not decode, identified well enough to fail it.
+#[derive(Debug, Clone)]
+pub struct BadJob {
+    pub id: i64,
+    pub token: String,
+    /// Which field is wrong and how.
+    pub error: String,
+    /// `features.failure_reasons`, when readable.
+    pub failure_reasons: Vec<String>,
+}
+
+impl BadJob {
+    /// Pull `id` and `token` out of a payload that does not decode as a job.
+    pub fn identify(raw: &[u8], error: String) -> Option<BadJob> {
+        let value: Value = serde_json::from_slice(raw).ok()?;
+        let id = value.get("id")?.as_i64()?;
+        let token = value.get("token")?.as_str()?.to_string();
+        let failure_reasons = value
+            .pointer("/features/failure_reasons")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default();
+        Some(BadJob { id, token, error, failure_reasons })
+    }
 }
 
 /// Options for [`GitLabClient::new`].
@@ -500,7 +529,10 @@ impl GitLabClient {
                 }
                 match JobResponse::from_json(&raw) {
                     Ok(job) => RequestJobResult::Job(Box::new(ReceivedJob { raw, job })),
-                    Err(e) => RequestJobResult::Failed(format!("request_job: {e}")),
+                    Err(error) => match BadJob::identify(&raw, error) {
+                        Some(bad) => RequestJobResult::BadPayload(Box::new(bad)),
+                        None => RequestJobResult::Failed("request_job: 201 payload has no job id and token".into()),
+                    },
                 }
             }
             StatusCode::NO_CONTENT => RequestJobResult::NoJob,

@@ -137,6 +137,11 @@ pub async fn run_job(job: &JobResponse, env: &JobEnvironment, trace: Arc<dyn Tra
         trace.error(message);
         return finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, Some(3), message));
     }
+    if job.steps.is_empty() && job.run.is_none() {
+        let message = "invalid job payload: it has no `steps` (nothing to run)";
+        trace.error(message);
+        return finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message));
+    }
     let plan = match JobPlan::new(job, &env.settings) {
         Ok(plan) => plan,
         Err(e) => {
