@@ -312,3 +312,24 @@ async fn the_sdk_example_plugin_loads_and_runs() {
     assert_eq!(result.expect("runs"), 3);
     assert_eq!(text, "[hello] step_script\nfrom the example\n");
 }
+
+#[tokio::test]
+async fn compiled_plugins_are_cached_so_a_restart_does_not_recompile() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("plugins");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    install(&dir, "test_versioned_v1.wasm", "versioned.wasm");
+    let first = host_with(&dir, BTreeMap::new()).await;
+    assert!(!first.plugins()["versioned"].from_cache, "first load compiles");
+    drop(first);
+    let second = host_with(&dir, BTreeMap::new()).await;
+    assert!(second.plugins()["versioned"].from_cache, "restart loads the cached .cwasm");
+    drop(second);
+    // A cache entry that is not a valid artifact is discarded, not trusted.
+    for entry in std::fs::read_dir(root.path().join("cache")).expect("cache dir") {
+        let path = entry.expect("entry").path();
+        std::fs::write(&path, b"not a cwasm").expect("corrupt cache");
+    }
+    let third = host_with(&dir, BTreeMap::new()).await;
+    assert!(!third.plugins()["versioned"].from_cache, "a corrupt cache entry is recompiled");
+}

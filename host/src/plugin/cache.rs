@@ -31,11 +31,13 @@ impl CompileCache {
     /// Returns whether it came from the cache.
     pub fn load_or_compile(&self, engine: &Engine, bytes: &[u8], content_hash: &str) -> anyhow::Result<(Component, bool)> {
         if let Some(path) = self.entry(content_hash) {
-            if path.is_file() {
+            // Read into memory rather than mmap: a cache file truncated by someone else while
+            // mapped would crash the runner with SIGBUS.
+            if let Ok(cached) = std::fs::read(&path) {
                 // SAFETY: the file was produced by `Component::serialize` of this runner for an
                 // engine with the same compatibility hash (it is in the file name) and lives in
-                // the runner's private cache directory.
-                match unsafe { Component::deserialize_file(engine, &path) } {
+                // the runner's private cache directory; wasmtime still checks its header.
+                match unsafe { Component::deserialize(engine, &cached) } {
                     Ok(component) => return Ok((component, true)),
                     Err(e) => tracing::warn!(path = %path.display(), "discarding unusable cached plugin: {e:#}"),
                 }

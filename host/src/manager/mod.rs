@@ -1,0 +1,513 @@
+//! The runner manager behind `runway run`: per `[[runners]]` entry, `request_concurrency`
+//! pollers asking GitLab for jobs; `concurrent` and `limit` enforced with semaphores; two-phase
+//! job commit; graceful and forceful shutdown.
+//!
+//! A long poll never holds capacity: a poller asks only while a slot is free and releases it
+//! before the request, so a poll blocked for 50 s costs nothing another runner could use. A
+//! job that arrives when capacity was taken meanwhile stays `pending` at GitLab (two-phase
+//! commit, with keep-alives) until a slot frees up.
+
+pub mod slots;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::gitlab::api::{JobApi, JobState, JobUpdate, UpdateOutcome};
+use crate::gitlab::client::{BadJob, FeaturesInfo, GitLabClient, JobClient, RequestJobResult, RunnerCredentials, VersionInfo};
+use crate::gitlab::payload::JobResponse;
+use crate::job::{fail_unplannable, run_job, JobControl, JobEnvironment, JobHooks};
+use crate::trace::format::RunnerIdentity;
+use crate::trace::upload::{TraceUploader, UploadConfig};
+use crate::trace::{wire_reason, FailureReason, JobTrace, TraceOptions};
+use slots::SlotAllocator;
+
+/// Everything the manager needs about one `[[runners]]` entry.
+#[derive(Clone)]
+pub struct RunnerSettings {
+    pub credentials: RunnerCredentials,
+    /// Job environment template (executor, plugin host, script settings, identity).
+    pub env: JobEnvironment,
+    /// `limit`: 0 = unlimited.
+    pub limit: usize,
+    pub request_concurrency: usize,
+    pub output_limit_kib: u64,
+    pub unhealthy_requests_limit: u32,
+    pub unhealthy_interval: Duration,
+    pub final_update_retry_limit: u32,
+    pub strict_check_interval: bool,
+}
+
+/// Global settings.
+#[derive(Clone)]
+pub struct ManagerSettings {
+    pub concurrent: usize,
+    pub check_interval: Duration,
+    pub shutdown_timeout: Duration,
+    /// Keep-alive `PUT state=pending` interval while a job waits for capacity or prepares.
+    pub pending_keepalive: Duration,
+    /// Trace loop timing (GitLab's defaults; tests shorten them).
+    pub upload: UploadConfig,
+}
+
+impl Default for ManagerSettings {
+    fn default() -> Self {
+        ManagerSettings {
+            concurrent: 1,
+            check_interval: Duration::from_secs(3),
+            shutdown_timeout: Duration::from_secs(30),
+            pending_keepalive: Duration::from_secs(10),
+            upload: UploadConfig::default(),
+        }
+    }
+}
+
+/// How the manager is told to stop.
+#[derive(Clone, Default)]
+pub struct Shutdown {
+    /// Stop requesting jobs; let running jobs finish (SIGQUIT).
+    pub graceful: CancellationToken,
+    /// Abort running jobs with `runner_interrupted` (SIGTERM/SIGINT).
+    pub forceful: CancellationToken,
+}
+
+/// Counters for tests and metrics.
+#[derive(Default, Debug)]
+pub struct ManagerStats {
+    pub running: std::sync::atomic::AtomicUsize,
+    pub max_running: std::sync::atomic::AtomicUsize,
+    pub finished: std::sync::atomic::AtomicUsize,
+}
+
+struct Shared {
+    client: Arc<GitLabClient>,
+    settings: ManagerSettings,
+    global: Arc<Semaphore>,
+    shutdown: Shutdown,
+    stats: Arc<ManagerStats>,
+}
+
+struct Runner {
+    settings: RunnerSettings,
+    info: VersionInfo,
+    limit: Arc<Semaphore>,
+    slots: Arc<SlotAllocator>,
+}
+
+/// The features Runway's job path really supports, for `info.features` (§1.6).
+pub fn features(executor_features: crate::plugin::executor::Features) -> FeaturesInfo {
+    use crate::plugin::executor::Features;
+    FeaturesInfo {
+        variables: executor_features.contains(Features::VARIABLES),
+        image: executor_features.contains(Features::IMAGE),
+        services: executor_features.contains(Features::SERVICES),
+        shared: executor_features.contains(Features::SHARED),
+        session: false,
+        terminal: false,
+        cache: true,
+        refspecs: true,
+        masking: true,
+        raw_variables: true,
+        multi_build_steps: true,
+        return_exit_code: true,
+        trace_reset: true,
+        trace_checksum: true,
+        trace_size: true,
+        cancelable: true,
+        cancel_gracefully: true,
+        two_phase_job_commit: true,
+        ..FeaturesInfo::default()
+    }
+}
+
+/// The runner manager.
+pub struct Manager {
+    shared: Arc<Shared>,
+    runners: Vec<Arc<Runner>>,
+}
+
+impl Manager {
+    /// A manager for `runners` talking through `client`.
+    pub fn new(settings: ManagerSettings, runners: Vec<RunnerSettings>, client: Arc<GitLabClient>, shutdown: Shutdown) -> Self {
+        let global = Arc::new(Semaphore::new(settings.concurrent.max(1)));
+        let runners = runners
+            .into_iter()
+            .map(|r| {
+                let executor = &r.env.executor;
+                let info = VersionInfo::this_runner(&executor.info.name, &r.env.settings.shell, features(executor.info.features));
+                let limit = if r.limit == 0 { Semaphore::MAX_PERMITS } else { r.limit };
+                Arc::new(Runner { info, limit: Arc::new(Semaphore::new(limit)), slots: Arc::default(), settings: r })
+            })
+            .collect();
+        Manager { shared: Arc::new(Shared { client, settings, global, shutdown, stats: Arc::default() }), runners }
+    }
+
+    /// Counters of running and finished jobs.
+    pub fn stats(&self) -> Arc<ManagerStats> {
+        self.shared.stats.clone()
+    }
+
+    /// Poll and run jobs until shut down. Returns when every job has ended (graceful) or the
+    /// shutdown timeout expired (forceful).
+    pub async fn run(self) {
+        let mut jobs = JoinSet::new();
+        let (job_tx, mut job_rx) = tokio::sync::mpsc::unbounded_channel::<tokio::task::JoinHandle<()>>();
+        let mut pollers = JoinSet::new();
+        for runner in &self.runners {
+            for _ in 0..runner.settings.request_concurrency.max(1) {
+                pollers.spawn(poll(runner.clone(), self.shared.clone(), job_tx.clone()));
+            }
+        }
+        drop(job_tx);
+        let stop = self.shared.shutdown.graceful.clone();
+        let forceful = self.shared.shutdown.forceful.clone();
+        // Collect job handles until the pollers are gone.
+        loop {
+            tokio::select! {
+                handle = job_rx.recv() => match handle {
+                    Some(h) => { jobs.spawn(async move { let _ = h.await; }); }
+                    None => break,
+                },
+                _ = stop.cancelled() => {},
+                _ = forceful.cancelled() => {},
+            }
+            if stop.is_cancelled() || forceful.is_cancelled() {
+                pollers.shutdown().await;
+                while let Ok(h) = job_rx.try_recv() {
+                    jobs.spawn(async move { let _ = h.await; });
+                }
+                break;
+            }
+        }
+        if forceful.is_cancelled() {
+            let deadline = self.shared.settings.shutdown_timeout;
+            if tokio::time::timeout(deadline, async { while jobs.join_next().await.is_some() {} }).await.is_err() {
+                tracing::warn!("shutdown_timeout expired with jobs still running");
+            }
+        } else {
+            tracing::info!("graceful shutdown: waiting for running jobs");
+            loop {
+                tokio::select! {
+                    next = jobs.join_next() => if next.is_none() { break },
+                    _ = forceful.cancelled() => {
+                        let deadline = self.shared.settings.shutdown_timeout;
+                        let _ = tokio::time::timeout(deadline, async { while jobs.join_next().await.is_some() {} }).await;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_or_stop(duration: Duration, stop: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(duration) => true,
+        _ = stop.cancelled() => false,
+    }
+}
+
+async fn poll(runner: Arc<Runner>, shared: Arc<Shared>, jobs: tokio::sync::mpsc::UnboundedSender<tokio::task::JoinHandle<()>>) {
+    let stop = shared.shutdown.graceful.clone();
+    let forceful = shared.shutdown.forceful.clone();
+    let stop_requesting = CancellationToken::new();
+    {
+        let (s, f, r) = (stop.clone(), forceful.clone(), stop_requesting.clone());
+        tokio::spawn(async move {
+            tokio::select! { _ = s.cancelled() => {}, _ = f.cancelled() => {} }
+            r.cancel();
+        });
+    }
+    let mut unhealthy = 0u32;
+    let check = shared.settings.check_interval;
+    loop {
+        if stop_requesting.is_cancelled() {
+            return;
+        }
+        // Ask only while capacity exists; don't hold it during the (long) poll.
+        let capacity = tokio::select! {
+            g = shared.global.clone().acquire_owned() => g.ok(),
+            _ = stop_requesting.cancelled() => return,
+        };
+        let limit = tokio::select! {
+            l = runner.limit.clone().acquire_owned() => l.ok(),
+            _ = stop_requesting.cancelled() => return,
+        };
+        drop((capacity, limit));
+        let result = tokio::select! {
+            r = shared.client.request_job(&runner.settings.credentials, &runner.info) => r,
+            _ = stop_requesting.cancelled() => return,
+        };
+        match result {
+            RequestJobResult::Job(received) => {
+                unhealthy = 0;
+                let handle = tokio::spawn(run_received(runner.clone(), shared.clone(), received.job));
+                if jobs.send(handle).is_err() {
+                    return;
+                }
+                if runner.settings.strict_check_interval && !sleep_or_stop(check, &stop_requesting).await {
+                    return;
+                }
+            }
+            RequestJobResult::BadPayload(bad) => {
+                unhealthy = 0;
+                let handle = tokio::spawn(fail_bad_payload(runner.clone(), shared.clone(), *bad));
+                if jobs.send(handle).is_err() {
+                    return;
+                }
+            }
+            RequestJobResult::NoJob => {
+                unhealthy = 0;
+                if !sleep_or_stop(check, &stop_requesting).await {
+                    return;
+                }
+            }
+            RequestJobResult::Unhealthy(message) => {
+                unhealthy += 1;
+                tracing::warn!(runner = %runner.settings.env.identity.short_token, "job request failed: {message}");
+                let limit = runner.settings.unhealthy_requests_limit.max(1);
+                let wait = if unhealthy >= limit {
+                    tracing::error!(
+                        runner = %runner.settings.env.identity.short_token,
+                        "{unhealthy} consecutive unhealthy requests: pausing this runner for {:?}",
+                        runner.settings.unhealthy_interval
+                    );
+                    unhealthy = 0;
+                    runner.settings.unhealthy_interval
+                } else {
+                    check
+                };
+                if !sleep_or_stop(wait, &stop_requesting).await {
+                    return;
+                }
+            }
+            RequestJobResult::Failed(message) => {
+                tracing::warn!(runner = %runner.settings.env.identity.short_token, "job request failed: {message}");
+                if !sleep_or_stop(check, &stop_requesting).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The two-phase commit point: stop the pending keep-alives, `PUT state=running`, and start
+/// uploading the trace.
+struct Acceptance {
+    api: Arc<dyn JobApi>,
+    trace: JobTrace,
+    upload: UploadConfig,
+    control: JobControl,
+    keepalive: CancellationToken,
+    uploader: Mutex<Option<TraceUploader>>,
+    accepted: std::sync::atomic::AtomicBool,
+}
+
+impl Acceptance {
+    async fn accept(&self) -> Result<(), String> {
+        if self.accepted.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.keepalive.cancel();
+        let response = self.api.update_job(&JobUpdate::state(JobState::Running)).await;
+        match response.outcome {
+            UpdateOutcome::Accepted | UpdateOutcome::AcceptedRetryLater(_) => {}
+            UpdateOutcome::Abort | UpdateOutcome::Conflict => return Err("GitLab no longer assigns this job to us".into()),
+            UpdateOutcome::TraceValidationFailed | UpdateOutcome::Failed(_) => {
+                return Err(format!("accepting the job failed: {:?}", response.outcome));
+            }
+        }
+        self.accepted.store(true, std::sync::atomic::Ordering::SeqCst);
+        let uploader = TraceUploader::start(self.api.clone(), self.trace.clone(), self.upload.clone());
+        let signals = uploader.signals();
+        let control = self.control.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = signals.cancel_requested.cancelled() => control.cancel.cancel(),
+                _ = signals.abort.cancelled() => control.abort_with(FailureReason::JobCanceled),
+                _ = control.abort.cancelled() => {}
+            }
+            // A cancel may be followed by an abort (force cancel).
+            tokio::select! {
+                _ = signals.abort.cancelled() => control.abort_with(FailureReason::JobCanceled),
+                _ = control.abort.cancelled() => {}
+            }
+        });
+        if let Ok(mut slot) = self.uploader.lock() {
+            *slot = Some(uploader);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl JobHooks for Acceptance {
+    async fn prepared(&self) -> Result<(), String> {
+        self.accept().await
+    }
+}
+
+fn start_pending_keepalive(api: Arc<dyn JobApi>, every: Duration, stop: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.cancelled() => return,
+            }
+            let _ = api.update_job(&JobUpdate::state(JobState::Pending)).await;
+        }
+    });
+}
+
+async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse) {
+    let settings = &runner.settings;
+    let api: Arc<dyn JobApi> = match JobClient::new(shared.client.clone(), &settings.credentials.url, job.id, &job.token, runner.info.clone()) {
+        Ok(c) => Arc::new(c.with_debug_trace(job.variable("CI_DEBUG_TRACE") == Some("true"))),
+        Err(e) => {
+            tracing::error!(job = job.id, "cannot talk to GitLab about job: {e}");
+            return;
+        }
+    };
+    let keepalive = CancellationToken::new();
+    start_pending_keepalive(api.clone(), shared.settings.pending_keepalive, keepalive.clone());
+
+    // Wait for capacity while the job stays pending at GitLab.
+    let permits = tokio::select! {
+        g = shared.global.clone().acquire_owned() => g.ok().map(|g| (g, runner.limit.clone())),
+        _ = shared.shutdown.forceful.cancelled() => None,
+    };
+    let Some((global, limit)) = permits else {
+        keepalive.cancel();
+        return;
+    };
+    let Ok(limit) = limit.acquire_owned().await else {
+        keepalive.cancel();
+        return;
+    };
+    let running = shared.stats.running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+    shared.stats.max_running.fetch_max(running, std::sync::atomic::Ordering::SeqCst);
+
+    let mut upload = shared.settings.upload.clone();
+    upload.final_update_retry_limit = settings.final_update_retry_limit;
+    let options = TraceOptions::for_job(&job, settings.output_limit_kib);
+    let trace = match JobTrace::new(&options) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(job = job.id, "masking setup failed ({e}); masking only the job token");
+            JobTrace::new(&TraceOptions { masked_phrases: vec![job.token.clone()], ..options }).unwrap_or_else(|_| {
+                JobTrace::new(&TraceOptions { masked_phrases: Vec::new(), token_prefixes: Vec::new(), output_limit_kib: settings.output_limit_kib })
+                    .expect("a trace without masking always builds")
+            })
+        }
+    };
+    let control = JobControl::default();
+    let forceful = shared.shutdown.forceful.clone();
+    let interrupt = {
+        let control = control.clone();
+        tokio::spawn(async move {
+            forceful.cancelled().await;
+            control.abort_with(FailureReason::RunnerInterrupted);
+        })
+    };
+    let hooks = Acceptance {
+        api: api.clone(),
+        trace: trace.clone(),
+        upload,
+        control: control.clone(),
+        keepalive: keepalive.clone(),
+        uploader: Mutex::new(None),
+        accepted: false.into(),
+    };
+    let slot = runner.slots.take(job.job_info.project_id);
+    let mut env = settings.env.clone();
+    env.settings.concurrent_id = slot.concurrent_id;
+    env.settings.concurrent_project_id = slot.concurrent_project_id;
+
+    let outcome = run_job(&job, &env, Arc::new(trace.clone()), &control, &hooks).await;
+    drop(slot);
+    interrupt.abort();
+
+    // A job that failed before acceptance (preparation failed) is accepted now, so its trace
+    // and failure reach GitLab.
+    if let Err(e) = hooks.accept().await {
+        tracing::warn!(job = job.id, "job dropped: {e}");
+    } else {
+        let update = JobUpdate {
+            state: if outcome.succeeded() { JobState::Success } else { JobState::Failed },
+            failure_reason: outcome.failure.map(|r| wire_reason(Some(r), &job.features.failure_reasons)),
+            exit_code: outcome.exit_code.filter(|c| *c != 0),
+            checksum: None,
+            bytesize: None,
+        };
+        let uploader = hooks.uploader.lock().ok().and_then(|mut u| u.take());
+        if let Some(uploader) = uploader {
+            match uploader.finish(update).await {
+                Ok(()) => tracing::info!(job = job.id, state = ?outcome.failure, "job finished"),
+                Err(e) => tracing::warn!(job = job.id, "final job update failed: {e:?}"),
+            }
+        }
+    }
+    keepalive.cancel();
+    shared.stats.running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    shared.stats.finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    drop((global, limit));
+}
+
+/// A job whose payload does not decode: accept it, write why, fail it with
+/// `runner_system_failure` — never leave it running until GitLab's timeout.
+async fn fail_bad_payload(runner: Arc<Runner>, shared: Arc<Shared>, bad: BadJob) {
+    let settings = &runner.settings;
+    let api: Arc<dyn JobApi> = match JobClient::new(shared.client.clone(), &settings.credentials.url, bad.id, &bad.token, runner.info.clone()) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            tracing::error!(job = bad.id, "cannot report bad job payload: {e}");
+            return;
+        }
+    };
+    tracing::error!(job = bad.id, "{}", bad.error);
+    let Ok(trace) = JobTrace::new(&TraceOptions { masked_phrases: vec![bad.token.clone()], token_prefixes: Vec::new(), output_limit_kib: settings.output_limit_kib }) else {
+        return;
+    };
+    let hooks = Acceptance {
+        api,
+        trace: trace.clone(),
+        upload: shared.settings.upload.clone(),
+        control: JobControl::default(),
+        keepalive: CancellationToken::new(),
+        uploader: Mutex::new(None),
+        accepted: false.into(),
+    };
+    let outcome = fail_unplannable(&trace, &settings.env.identity, &bad.error);
+    if let Err(e) = hooks.accept().await {
+        tracing::warn!(job = bad.id, "bad job dropped: {e}");
+        return;
+    }
+    let update = JobUpdate {
+        state: JobState::Failed,
+        failure_reason: outcome.failure.map(|r| wire_reason(Some(r), &bad.failure_reasons)),
+        exit_code: None,
+        checksum: None,
+        bytesize: None,
+    };
+    let uploader = hooks.uploader.lock().ok().and_then(|mut u| u.take());
+    if let Some(uploader) = uploader {
+        if let Err(e) = uploader.finish(update).await {
+            tracing::warn!(job = bad.id, "final job update failed: {e:?}");
+        }
+    }
+}
+
+/// The identity printed in job headers.
+pub fn identity(name: &str, short_token: &str, system_id: &str) -> RunnerIdentity {
+    RunnerIdentity {
+        version: env!("CARGO_PKG_VERSION").into(),
+        revision: option_env!("RUNWAY_REVISION").unwrap_or("unknown").into(),
+        name: name.into(),
+        short_token: short_token.into(),
+        system_id: system_id.into(),
+    }
+}
