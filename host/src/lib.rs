@@ -9,6 +9,8 @@ pub mod capability;
 pub mod cli;
 pub mod executor;
 pub mod gitlab;
-// pub mod job; (enabled once script lands)
+pub mod job;
+pub mod manager;
 pub mod plugin;
+pub mod script;
 pub mod trace;

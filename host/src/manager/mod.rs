@@ -7,6 +7,7 @@
 //! job that arrives when capacity was taken meanwhile stays `pending` at GitLab (two-phase
 //! commit, with keep-alives) until a slot frees up.
 
+pub mod signals;
 pub mod slots;
 
 use std::sync::{Arc, Mutex};

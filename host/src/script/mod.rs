@@ -1,0 +1,657 @@
+//! Shell script generation: a job payload plus runner settings become the ordered stage
+//! scripts GitLab Runner would run (protocol reference §4), as bash text.
+//!
+//! Owns the builds-dir layout (§4.3), the variable list (§4.2, [`variables`]), get_sources
+//! for every `GIT_STRATEGY` (§4.4), user scripts with their `$ command` echo (§4.5), file
+//! variables (§4.6) and a local cache. It runs nothing: the job module hands each script to
+//! the executor.
+
+pub mod shell;
+pub mod variables;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::gitlab::payload::{JobResponse, JobVariable, Step};
+use crate::plugin::grant::parse_duration;
+use shell::{echo_command, echo_info, echo_raw, echo_warning, quote, wrap};
+
+/// GitLab's `DefaultTimeout`: used when the payload's timeout is ≤ 0.
+pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(7200);
+/// GitLab's `AfterScriptTimeout`.
+pub const DEFAULT_AFTER_SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Runner-side settings that shape the scripts (config.toml `[[runners]]` + executor info).
+#[derive(Debug, Clone, Default)]
+pub struct ScriptSettings {
+    /// Absolute builds root.
+    pub builds_dir: PathBuf,
+    /// Absolute cache root.
+    pub cache_dir: PathBuf,
+    /// Builds share a machine: `<builds_dir>/<short token>/<concurrent project id>/<slug>`.
+    pub shared_builds_dir: bool,
+    pub short_token: String,
+    pub concurrent_id: u32,
+    pub concurrent_project_id: u32,
+    pub executor: String,
+    pub shell: String,
+    pub clone_url: Option<String>,
+    /// `["K=V"]` from config.toml.
+    pub environment: Vec<String>,
+    pub pre_get_sources_script: Option<String>,
+    pub post_get_sources_script: Option<String>,
+    pub pre_build_script: Option<String>,
+    pub post_build_script: Option<String>,
+    /// `FF_*` from config.toml; they win over job variables.
+    pub feature_flags: BTreeMap<String, bool>,
+    pub debug_trace_disabled: bool,
+    pub runner_version: String,
+    pub runner_revision: String,
+    /// `runway exec`: run in this directory instead of a builds-dir checkout.
+    pub project_dir_override: Option<PathBuf>,
+    /// `CI_SHARED_ENVIRONMENT` (shell, ssh, instance) vs `CI_DISPOSABLE_ENVIRONMENT`.
+    pub shared_environment: bool,
+}
+
+/// A stage of a job, in GitLab's vocabulary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildStage {
+    PrepareScript,
+    GetSources,
+    RestoreCache,
+    DownloadArtifacts,
+    /// A user step (`script`, `release`, ...).
+    Step(String),
+    AfterScript,
+    ArchiveCache,
+    ArchiveCacheOnFailure,
+    UploadArtifactsOnSuccess,
+    UploadArtifactsOnFailure,
+    CleanupFileVariables,
+}
+
+impl BuildStage {
+    /// The section name (`step_script`, `get_sources`, ...).
+    pub fn name(&self) -> String {
+        match self {
+            BuildStage::PrepareScript => "prepare_script".into(),
+            BuildStage::GetSources => "get_sources".into(),
+            BuildStage::RestoreCache => "restore_cache".into(),
+            BuildStage::DownloadArtifacts => "download_artifacts".into(),
+            BuildStage::Step(name) => format!("step_{}", name.to_lowercase()),
+            BuildStage::AfterScript => "after_script".into(),
+            BuildStage::ArchiveCache => "archive_cache".into(),
+            BuildStage::ArchiveCacheOnFailure => "archive_cache_on_failure".into(),
+            BuildStage::UploadArtifactsOnSuccess => "upload_artifacts_on_success".into(),
+            BuildStage::UploadArtifactsOnFailure => "upload_artifacts_on_failure".into(),
+            BuildStage::CleanupFileVariables => "cleanup_file_variables".into(),
+        }
+    }
+
+    /// The bold-cyan line GitLab prints under the section start.
+    pub fn description(&self) -> String {
+        match self {
+            BuildStage::PrepareScript => "Preparing environment".into(),
+            BuildStage::GetSources => "Getting source from Git repository".into(),
+            BuildStage::RestoreCache => "Restoring cache".into(),
+            BuildStage::DownloadArtifacts => "Downloading artifacts".into(),
+            BuildStage::Step(name) => format!("Executing \"step_{}\" stage of the job script", name.to_lowercase()),
+            BuildStage::AfterScript => "Running after_script".into(),
+            BuildStage::ArchiveCache => "Saving cache for successful job".into(),
+            BuildStage::ArchiveCacheOnFailure => "Saving cache for failed job".into(),
+            BuildStage::UploadArtifactsOnSuccess => "Uploading artifacts for successful job".into(),
+            BuildStage::UploadArtifactsOnFailure => "Uploading artifacts for failed job".into(),
+            BuildStage::CleanupFileVariables => "Cleaning up project directory and file based variables".into(),
+        }
+    }
+
+    /// Runs with the runner's helper tooling rather than in the user's image.
+    pub fn predefined(&self) -> bool {
+        !matches!(self, BuildStage::Step(_) | BuildStage::AfterScript)
+    }
+}
+
+/// A job that cannot be turned into scripts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanError {
+    pub message: String,
+    /// The runner's configuration is at fault (`runner_configuration_error`), not the
+    /// payload (`runner_system_failure`).
+    pub configuration: bool,
+}
+
+impl PlanError {
+    fn payload(message: impl Into<String>) -> Self {
+        PlanError { message: message.into(), configuration: false }
+    }
+    fn config(message: impl Into<String>) -> Self {
+        PlanError { message: message.into(), configuration: true }
+    }
+    /// Is the runner's configuration at fault?
+    pub fn is_configuration_error(&self) -> bool {
+        self.configuration
+    }
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+/// `GIT_STRATEGY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GitStrategy {
+    Clone,
+    Fetch,
+    None,
+    Empty,
+}
+
+/// Everything needed to write a job's stage scripts.
+#[derive(Debug, Clone)]
+pub struct JobPlan {
+    job: JobResponse,
+    settings: ScriptSettings,
+    project_dir: PathBuf,
+    tmp_dir: PathBuf,
+    slug: String,
+    variables: Vec<JobVariable>,
+    strategy: GitStrategy,
+    warnings: Vec<String>,
+}
+
+fn project_slug(job: &JobResponse) -> String {
+    let url = job.git_info.repo_url.trim();
+    let path = url
+        .split_once("://")
+        .map(|(_, rest)| rest)
+        .and_then(|rest| rest.split_once('/'))
+        .map(|(_, path)| path.trim_end_matches('/').trim_end_matches(".git").to_string())
+        .unwrap_or_default();
+    if path.is_empty() || path.split('/').any(|c| c == ".." || c.is_empty()) {
+        format!("project-{}", job.job_info.project_id)
+    } else {
+        path
+    }
+}
+
+fn var(key: &str, value: impl Into<String>) -> JobVariable {
+    JobVariable { key: key.into(), value: value.into(), public: true, ..Default::default() }
+}
+
+impl JobPlan {
+    /// Plan `job` under `settings`.
+    pub fn new(job: &JobResponse, settings: &ScriptSettings) -> Result<JobPlan, PlanError> {
+        if settings.project_dir_override.is_none() && !settings.builds_dir.is_absolute() {
+            return Err(PlanError::config(format!("builds_dir {:?} must be an absolute path", settings.builds_dir)));
+        }
+        let mut warnings = Vec::new();
+        let lookup = |key: &str| job.variable(key).map(str::to_string);
+        let default_strategy = if job.allow_git_fetch { GitStrategy::Fetch } else { GitStrategy::Clone };
+        let strategy = match lookup("GIT_STRATEGY").as_deref() {
+            None | Some("") => default_strategy,
+            Some("clone") => GitStrategy::Clone,
+            Some("fetch") => GitStrategy::Fetch,
+            Some("none") => GitStrategy::None,
+            Some("empty") => GitStrategy::Empty,
+            Some(other) => {
+                warnings.push(format!("WARNING: GIT_STRATEGY {other:?} is not valid (clone, fetch, none, empty); using the default"));
+                default_strategy
+            }
+        };
+        let slug = project_slug(job);
+        let project_dir = match &settings.project_dir_override {
+            Some(dir) => dir.clone(),
+            None => {
+                let mut dir = if settings.shared_builds_dir {
+                    settings.builds_dir.join(&settings.short_token).join(settings.concurrent_project_id.to_string()).join(&slug)
+                } else {
+                    settings.builds_dir.join(&slug)
+                };
+                if strategy == GitStrategy::Empty {
+                    let mut name = dir.clone().into_os_string();
+                    name.push("-empty");
+                    dir = PathBuf::from(name);
+                }
+                if let Some(clone_path) = lookup("GIT_CLONE_PATH").filter(|p| !p.is_empty()) {
+                    let expanded = PathBuf::from(variables::expand(&clone_path, &|k| {
+                        if k == "CI_BUILDS_DIR" {
+                            Some(settings.builds_dir.display().to_string())
+                        } else {
+                            lookup(k)
+                        }
+                    }));
+                    if !expanded.starts_with(&settings.builds_dir) || expanded.components().any(|c| c == std::path::Component::ParentDir) {
+                        return Err(PlanError::config(format!(
+                            "GIT_CLONE_PATH {} is not inside builds_dir {}",
+                            expanded.display(),
+                            settings.builds_dir.display()
+                        )));
+                    }
+                    dir = expanded;
+                }
+                dir
+            }
+        };
+        let tmp_dir = PathBuf::from(format!("{}.tmp", project_dir.display()));
+        let timeout = if job.runner_info.timeout > 0 { Duration::from_secs(job.runner_info.timeout as u64) } else { DEFAULT_JOB_TIMEOUT };
+
+        // §4.2 order: feature flags, base, job (minus config-owned FF_*), trailing.
+        let mut list: Vec<JobVariable> = settings.feature_flags.iter().map(|(k, v)| var(k, v.to_string())).collect();
+        list.push(var("CI_RUNNER_SHORT_TOKEN", &settings.short_token));
+        for entry in &settings.environment {
+            match entry.split_once('=') {
+                Some((k, v)) => list.push(var(k, v)),
+                None => warnings.push(format!("WARNING: environment entry {entry:?} is not KEY=VALUE; ignored")),
+            }
+        }
+        let builds_dir = settings.project_dir_override.as_ref().and_then(|p| p.parent()).unwrap_or(&settings.builds_dir);
+        list.push(var("CI_BUILDS_DIR", builds_dir.display().to_string()));
+        list.push(var("CI_PROJECT_DIR", project_dir.display().to_string()));
+        list.push(var("CI_CONCURRENT_ID", settings.concurrent_id.to_string()));
+        list.push(var("CI_CONCURRENT_PROJECT_ID", settings.concurrent_project_id.to_string()));
+        list.push(var("CI_SERVER", "yes"));
+        list.push(var("CI_JOB_STATUS", "running"));
+        list.push(var("CI_JOB_TIMEOUT", timeout.as_secs().to_string()));
+        if let Some(image) = job.image.as_ref().filter(|i| !i.name.is_empty()) {
+            list.push(var("CI_JOB_IMAGE", &image.name));
+        }
+        list.extend(job.variables.iter().filter(|v| !settings.feature_flags.contains_key(&v.key)).cloned());
+        if settings.shared_environment {
+            list.push(var("CI_SHARED_ENVIRONMENT", "true"));
+        } else {
+            list.push(var("CI_DISPOSABLE_ENVIRONMENT", "true"));
+        }
+        list.push(var("CI_RUNNER_VERSION", &settings.runner_version));
+        list.push(var("CI_RUNNER_REVISION", &settings.runner_revision));
+        list.push(var("CI_RUNNER_EXECUTABLE_ARCH", format!("{}/{}", std::env::consts::OS, crate::gitlab::client::go_arch())));
+        list.push(var("RUNNER_TEMP_PROJECT_DIR", tmp_dir.display().to_string()));
+        let variables = variables::expand_all(&variables::dedup(list));
+
+        if job.variable("CI_DEBUG_TRACE") == Some("true") && settings.debug_trace_disabled {
+            warnings.push("WARNING: CI_DEBUG_TRACE is disabled on this runner (debug_trace_disabled = true)".into());
+        }
+        Ok(JobPlan { job: job.clone(), settings: settings.clone(), project_dir, tmp_dir, slug, variables, strategy, warnings })
+    }
+
+    pub fn project_dir(&self) -> &Path {
+        &self.project_dir
+    }
+    pub fn builds_dir(&self) -> &Path {
+        match &self.settings.project_dir_override {
+            Some(dir) => dir.parent().unwrap_or(dir),
+            None => &self.settings.builds_dir,
+        }
+    }
+    pub fn cache_dir(&self) -> &Path {
+        &self.settings.cache_dir
+    }
+    pub fn tmp_dir(&self) -> &Path {
+        &self.tmp_dir
+    }
+    /// The final variable list (§4.2 order, deduplicated, expanded).
+    pub fn variables(&self) -> &[JobVariable] {
+        &self.variables
+    }
+    fn value(&self, key: &str) -> Option<&str> {
+        self.variables.iter().rev().find(|v| v.key == key).map(|v| v.value.as_str())
+    }
+    /// Values of masked variables.
+    pub fn masked_values(&self) -> Vec<String> {
+        self.variables.iter().filter(|v| v.masked && !v.value.is_empty()).map(|v| v.value.clone()).collect()
+    }
+    /// Token prefixes the job asks to mask.
+    pub fn token_mask_prefixes(&self) -> Vec<String> {
+        self.job.features.token_mask_prefixes.clone()
+    }
+    pub fn strategy(&self) -> GitStrategy {
+        self.strategy
+    }
+    /// Job timeout (`runner_info.timeout`, default 7200 s).
+    pub fn job_timeout(&self) -> Duration {
+        if self.job.runner_info.timeout > 0 {
+            Duration::from_secs(self.job.runner_info.timeout as u64)
+        } else {
+            DEFAULT_JOB_TIMEOUT
+        }
+    }
+    /// `RUNNER_SCRIPT_TIMEOUT`, capped by the job timeout.
+    pub fn script_timeout(&self) -> Duration {
+        self.value("RUNNER_SCRIPT_TIMEOUT").and_then(|v| parse_duration(v).ok()).map_or(self.job_timeout(), |d| d.min(self.job_timeout()))
+    }
+    /// `RUNNER_AFTER_SCRIPT_TIMEOUT` (default 5 min).
+    pub fn after_script_timeout(&self) -> Duration {
+        self.value("RUNNER_AFTER_SCRIPT_TIMEOUT").and_then(|v| parse_duration(v).ok()).unwrap_or(DEFAULT_AFTER_SCRIPT_TIMEOUT)
+    }
+    /// `GET_SOURCES_ATTEMPTS` (1–10).
+    pub fn get_sources_attempts(&self) -> u32 {
+        self.value("GET_SOURCES_ATTEMPTS").and_then(|v| v.trim().parse().ok()).unwrap_or(1).clamp(1, 10)
+    }
+    /// A step of the payload by name.
+    pub fn step(&self, name: &str) -> Option<&Step> {
+        self.job.steps.iter().find(|s| s.name == name)
+    }
+
+    /// The stages of this job in GitLab's order (§4.1).
+    pub fn stages(&self) -> Vec<BuildStage> {
+        let mut stages = vec![BuildStage::PrepareScript, BuildStage::GetSources];
+        let has_cache = self.job.cache.iter().any(|c| !c.paths.is_empty() || c.untracked);
+        if has_cache {
+            stages.push(BuildStage::RestoreCache);
+        }
+        for step in &self.job.steps {
+            if step.name != "after_script" {
+                stages.push(BuildStage::Step(step.name.clone()));
+            }
+        }
+        if self.step("after_script").is_some_and(|s| !s.script.is_empty()) {
+            stages.push(BuildStage::AfterScript);
+        }
+        if has_cache {
+            stages.push(BuildStage::ArchiveCache);
+            stages.push(BuildStage::ArchiveCacheOnFailure);
+        }
+        stages.push(BuildStage::CleanupFileVariables);
+        stages
+    }
+
+    /// The bash script of `stage`; `job_status` becomes `CI_JOB_STATUS`.
+    pub fn script(&self, stage: &BuildStage, job_status: &str) -> Result<String, PlanError> {
+        let mut body = self.prelude(job_status);
+        match stage {
+            BuildStage::PrepareScript => {
+                for warning in &self.warnings {
+                    body.push_str(&echo_warning(warning));
+                }
+                body.push_str("echo \"Running on $(hostname 2>/dev/null || uname -n)...\"\n");
+            }
+            BuildStage::GetSources => body.push_str(&self.get_sources()),
+            BuildStage::RestoreCache => body.push_str(&self.restore_cache()),
+            BuildStage::ArchiveCache => body.push_str(&self.archive_cache(false)),
+            BuildStage::ArchiveCacheOnFailure => body.push_str(&self.archive_cache(true)),
+            BuildStage::Step(name) => {
+                let step = self.step(name).ok_or_else(|| PlanError::payload(format!("job has no step {name:?}")))?;
+                body.push_str(&format!("cd {}\n", quote(&self.project_dir.display().to_string())));
+                if let Some(pre) = &self.settings.pre_build_script {
+                    body.push_str(&user_lines(pre.lines().map(str::to_string)));
+                }
+                body.push_str(&user_lines(step.script.iter().cloned()));
+                if let Some(post) = &self.settings.post_build_script {
+                    body.push_str(&user_lines(post.lines().map(str::to_string)));
+                }
+            }
+            BuildStage::AfterScript => {
+                let step = self.step("after_script").ok_or_else(|| PlanError::payload("job has no after_script"))?;
+                body.push_str(&format!("cd {}\n", quote(&self.project_dir.display().to_string())));
+                body.push_str(&user_lines(step.script.iter().cloned()));
+            }
+            BuildStage::DownloadArtifacts | BuildStage::UploadArtifactsOnSuccess | BuildStage::UploadArtifactsOnFailure => {
+                return Err(PlanError::payload("artifacts are not supported by this runner"));
+            }
+            BuildStage::CleanupFileVariables => {
+                body.push_str(&format!("rm -rf {}\n", quote(&self.tmp_dir.display().to_string())));
+            }
+        }
+        Ok(wrap(&body))
+    }
+
+    /// Variable exports and file variables, at the top of every stage.
+    fn prelude(&self, job_status: &str) -> String {
+        let mut out = String::new();
+        let tmp = self.tmp_dir.display().to_string();
+        let has_files = self.variables.iter().any(|v| v.file);
+        if has_files {
+            out.push_str(&format!("mkdir -p {}\n", quote(&tmp)));
+        }
+        for v in &self.variables {
+            if !is_env_name(&v.key) {
+                continue;
+            }
+            if v.file {
+                let path = format!("{tmp}/{}", v.key);
+                out.push_str(&format!("printf '%s' {} > {}\n", quote(&v.value), quote(&path)));
+                out.push_str(&format!("export {}={}\n", v.key, quote(&path)));
+            } else if v.key == "CI_JOB_STATUS" {
+                out.push_str(&format!("export CI_JOB_STATUS={}\n", quote(job_status)));
+            } else {
+                out.push_str(&format!("export {}={}\n", v.key, quote(&v.value)));
+            }
+        }
+        out.push_str("export GIT_TERMINAL_PROMPT=0 GCM_INTERACTIVE=Never\n");
+        if self.value("CI_DEBUG_TRACE") == Some("true") && !self.settings.debug_trace_disabled {
+            out.push_str("set -x\n");
+        }
+        out
+    }
+
+    fn remote_url(&self) -> String {
+        match self.settings.clone_url.as_deref().filter(|u| !u.is_empty()) {
+            Some(base) => {
+                let (scheme, rest) = base.split_once("://").unwrap_or(("https", base));
+                format!("{scheme}://gitlab-ci-token:{}@{}/{}.git", self.job.token, rest.trim_end_matches('/'), self.slug)
+            }
+            None => self.job.git_info.repo_url.clone(),
+        }
+    }
+
+    fn refspecs(&self) -> Vec<String> {
+        let git = &self.job.git_info;
+        if !git.refspecs.is_empty() {
+            return git.refspecs.clone();
+        }
+        if git.ref_type == "tag" {
+            vec![format!("+refs/tags/{0}:refs/tags/{0}", git.git_ref)]
+        } else if git.depth > 0 {
+            vec![format!("+refs/heads/{0}:refs/remotes/origin/{0}", git.git_ref)]
+        } else {
+            vec!["+refs/heads/*:refs/remotes/origin/*".into(), "+refs/tags/*:refs/tags/*".into()]
+        }
+    }
+
+    fn get_sources(&self) -> String {
+        let dir = quote(&self.project_dir.display().to_string());
+        let mut out = String::new();
+        let with_hooks = !matches!(self.strategy, GitStrategy::None | GitStrategy::Empty);
+        if with_hooks {
+            if let Some(pre) = &self.settings.pre_get_sources_script {
+                out.push_str(&user_lines(pre.lines().map(str::to_string)));
+            }
+            if let Some(hook) = self.job.hooks.iter().find(|h| h.name == "pre_get_sources_script") {
+                out.push_str(&user_lines(hook.script.iter().cloned()));
+            }
+        }
+        if self.value("GIT_LFS_SKIP_SMUDGE").is_none() {
+            out.push_str("export GIT_LFS_SKIP_SMUDGE=1\n");
+        }
+        match self.strategy {
+            GitStrategy::None => {
+                out.push_str(&echo_info("Skipping Git repository setup"));
+                out.push_str(&format!("mkdir -p {dir}\n"));
+                return out;
+            }
+            GitStrategy::Empty => {
+                out.push_str(&echo_info("Skipping Git repository setup and creating an empty build directory"));
+                out.push_str(&format!("rm -rf {dir}\nmkdir -p {dir}\n"));
+                return out;
+            }
+            GitStrategy::Clone => {
+                out.push_str(&format!("rm -rf {dir}\n"));
+            }
+            GitStrategy::Fetch => {}
+        }
+        let depth = self.job.git_info.depth;
+        if depth > 0 {
+            out.push_str(&echo_info(&format!("Fetching changes with git depth set to {depth}...")));
+        } else {
+            out.push_str(&echo_info("Fetching changes..."));
+        }
+        out.push_str(&format!("mkdir -p {dir}\ncd {dir}\n"));
+        out.push_str("rm -f .git/index.lock .git/shallow.lock .git/HEAD.lock .git/hooks/post-checkout .git/config.lock\n");
+        out.push_str("if [ -d .git ]; then echo \"Reinitialized existing Git repository in $PWD/.git/\"; else git init -q . && echo \"Initialized empty Git repository in $PWD/.git/\"; fi\n");
+        let url = quote(&self.remote_url());
+        out.push_str(&format!("git remote set-url origin {url} 2>/dev/null || git remote add origin {url}\n"));
+        let mut fetch = format!("git -c http.userAgent={} fetch origin --no-recurse-submodules", quote(&format!("runway {}", self.settings.runner_version)));
+        for spec in self.refspecs() {
+            fetch.push(' ');
+            fetch.push_str(&quote(&spec));
+        }
+        if depth > 0 {
+            fetch.push_str(&format!(" --depth {depth}"));
+        }
+        let extra = self.value("GIT_FETCH_EXTRA_FLAGS").unwrap_or("--prune --quiet");
+        for flag in shell_words::split(extra).unwrap_or_default() {
+            fetch.push(' ');
+            fetch.push_str(&quote(&flag));
+        }
+        if depth <= 0 {
+            out.push_str(&format!("if [ -f .git/shallow ]; then {fetch} --unshallow; else {fetch}; fi\n"));
+        } else {
+            out.push_str(&format!("{fetch}\n"));
+        }
+        if self.value("GIT_CHECKOUT") != Some("false") {
+            let sha = &self.job.git_info.sha;
+            let short: String = sha.chars().take(8).collect();
+            out.push_str(&echo_info(&format!("Checking out {short} as detached HEAD (ref is {})...", self.job.git_info.git_ref)));
+            out.push_str(&format!("git -c submodule.recurse=false checkout -f -q {}\n", quote(sha)));
+            let clean = self.value("GIT_CLEAN_FLAGS").unwrap_or("-ffdx");
+            if clean != "none" {
+                let flags: Vec<String> = shell_words::split(clean).unwrap_or_default().iter().map(|f| quote(f)).collect();
+                out.push_str(&format!("git clean {}\n", flags.join(" ")));
+            }
+        } else {
+            out.push_str(&echo_info("Skipping Git checkout"));
+        }
+        out.push_str(&self.submodules());
+        if with_hooks {
+            if let Some(hook) = self.job.hooks.iter().find(|h| h.name == "post_get_sources_script") {
+                out.push_str(&user_lines(hook.script.iter().cloned()));
+            }
+            if let Some(post) = &self.settings.post_get_sources_script {
+                out.push_str(&user_lines(post.lines().map(str::to_string)));
+            }
+        }
+        out
+    }
+
+    fn submodules(&self) -> String {
+        let recursive = match self.value("GIT_SUBMODULE_STRATEGY") {
+            Some("normal") => false,
+            Some("recursive") => true,
+            _ => return String::new(),
+        };
+        let mut update = String::from("git submodule update --init");
+        if recursive {
+            update.push_str(" --recursive");
+        }
+        let depth = self.value("GIT_SUBMODULE_DEPTH").and_then(|d| d.parse::<i64>().ok()).unwrap_or(self.job.git_info.depth);
+        if depth > 0 {
+            update.push_str(&format!(" --depth {depth}"));
+        }
+        for flag in shell_words::split(self.value("GIT_SUBMODULE_UPDATE_FLAGS").unwrap_or("")).unwrap_or_default() {
+            update.push(' ');
+            update.push_str(&quote(&flag));
+        }
+        let paths: Vec<String> = shell_words::split(self.value("GIT_SUBMODULE_PATHS").unwrap_or("")).unwrap_or_default().iter().map(|p| quote(p)).collect();
+        if !paths.is_empty() {
+            update.push_str(" -- ");
+            update.push_str(&paths.join(" "));
+        }
+        let sync = if recursive { "git submodule sync --recursive" } else { "git submodule sync" };
+        let mut out = echo_info(&format!("Updating/initializing submodules{}...", if recursive { " recursively" } else { "" }));
+        out.push_str(&format!("{sync}\n{update}\n"));
+        out
+    }
+
+    fn cache_file(&self, key: &str) -> String {
+        let key = variables::expand(key, &|k| self.value(k).map(str::to_string));
+        let safe: String = key.chars().map(|c| if c == '/' || c == '\\' { '_' } else { c }).collect();
+        let safe = if safe.is_empty() || safe == "." || safe == ".." { "default".to_string() } else { safe };
+        format!("{}/{}/{}/cache.tar.gz", self.settings.cache_dir.display(), self.slug, safe)
+    }
+
+    fn restore_cache(&self) -> String {
+        let mut out = format!("cd {}\n", quote(&self.project_dir.display().to_string()));
+        for cache in &self.job.cache {
+            if cache.policy == "push" {
+                continue;
+            }
+            let key = if cache.key.is_empty() { "default" } else { cache.key.as_str() };
+            let mut tried = Vec::new();
+            for k in std::iter::once(key).chain(cache.fallback_keys.iter().map(String::as_str)) {
+                tried.push(self.cache_file(k));
+            }
+            let mut branch = String::new();
+            for (i, file) in tried.iter().enumerate() {
+                let kw = if i == 0 { "if" } else { "elif" };
+                branch.push_str(&format!(
+                    "{kw} [ -f {f} ]; then tar -xzf {f} && {ok}",
+                    f = quote(file),
+                    ok = echo_info(&format!("Successfully extracted cache ({file})")).trim_end()
+                ));
+                branch.push('\n');
+            }
+            branch.push_str(&format!("else {}fi\n", echo_warning(&format!("No cache found for key {key:?}")).replace('\n', "; ")));
+            out.push_str(&branch);
+        }
+        out
+    }
+
+    fn archive_cache(&self, on_failure: bool) -> String {
+        let mut out = format!("cd {}\n", quote(&self.project_dir.display().to_string()));
+        for cache in &self.job.cache {
+            let when = if cache.when.is_empty() { "on_success" } else { cache.when.as_str() };
+            let applies = when == "always" || (when == "on_failure") == on_failure;
+            if cache.policy == "pull" || !applies {
+                continue;
+            }
+            let key = if cache.key.is_empty() { "default" } else { cache.key.as_str() };
+            let file = self.cache_file(key);
+            let mut list = String::from("paths=()\n");
+            for path in &cache.paths {
+                // Globs expand here, in the project directory; missing paths are skipped.
+                list.push_str(&format!("for p in {}; do [ -e \"$p\" ] && paths+=(\"$p\"); done\n", path.replace(' ', "\\ ")));
+            }
+            if cache.untracked {
+                list.push_str("while IFS= read -r p; do paths+=(\"$p\"); done < <(git ls-files -o 2>/dev/null)\n");
+            }
+            out.push_str(&list);
+            out.push_str(&format!(
+                "if [ ${{#paths[@]}} -gt 0 ]; then mkdir -p \"$(dirname {f})\" && tar -czf {f}.tmp \"${{paths[@]}}\" && mv {f}.tmp {f} && {ok}; else {warn}; fi\n",
+                f = quote(&file),
+                ok = echo_info(&format!("Created cache ({file})")).trim_end(),
+                warn = echo_warning("No files to cache").trim_end()
+            ));
+        }
+        out
+    }
+}
+
+fn is_env_name(key: &str) -> bool {
+    let mut chars = key.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// User script lines: each echoed as `$ cmd` (bold green), then run.
+fn user_lines(lines: impl Iterator<Item = String>) -> String {
+    let mut out = String::new();
+    for line in lines {
+        let command = line.trim();
+        if command.is_empty() {
+            continue;
+        }
+        out.push_str(&echo_command(command));
+        out.push_str(command);
+        out.push('\n');
+    }
+    out
+}
+
+/// For tests and `runway exec`: a raw line printed in the stage.
+pub fn echo_line(text: &str) -> String {
+    echo_raw(text)
+}

@@ -1,0 +1,92 @@
+//! Bash quoting and the outer script wrapper GitLab uses.
+//!
+//! The script reaches bash on standard input, so the stage body is wrapped in
+//! `: | eval $'…'`: bash parses the whole body before running any of it, and commands in it
+//! read an empty standard input instead of the rest of the script.
+
+/// `'…'` single-quoted word (safe for any bytes but NUL).
+pub fn quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
+/// `$'…'` ANSI-C quoted word, with control characters escaped.
+pub fn ansi_c_quote(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 3);
+    out.push_str("$'");
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("\\'"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// The complete stage script: strict mode, then the body parsed as a whole.
+pub fn wrap(body: &str) -> String {
+    format!("set -eo pipefail\nset +o noclobber\ntrap 'exit 1' TERM\n: | eval {}\nexit 0\n", ansi_c_quote(body))
+}
+
+/// A line that prints `text` as is (colours included).
+pub fn echo_raw(text: &str) -> String {
+    format!("printf '%s\\n' {}\n", quote(text))
+}
+
+/// Bold green `$ command` echo, as GitLab prints user commands.
+pub fn echo_command(command: &str) -> String {
+    let mut lines = command.lines();
+    let first = lines.next().unwrap_or("");
+    let shown = if lines.next().is_some() { format!("{first} # collapsed multi-line command") } else { first.to_string() };
+    echo_raw(&format!("\x1b[32;1m$ {shown}\x1b[0;m"))
+}
+
+/// Bold green informational line.
+pub fn echo_info(text: &str) -> String {
+    echo_raw(&format!("\x1b[32;1m{text}\x1b[0;m"))
+}
+
+/// Yellow warning line.
+pub fn echo_warning(text: &str) -> String {
+    echo_raw(&format!("\x1b[0;33m{text}\x1b[0;m"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bash(script: &str) -> (i32, String) {
+        let out = std::process::Command::new("bash")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                if let Some(mut stdin) = child.stdin.take() {
+                    stdin.write_all(script.as_bytes())?;
+                }
+                child.wait_with_output()
+            })
+            .expect("bash runs");
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    #[test]
+    fn quoting_survives_bash() {
+        let nasty = "it's \"quoted\" $HOME `x` \\ \n\ttab\x1b[0m";
+        let (code, out) = bash(&wrap(&format!("printf '%s' {}\nprintf '|%s' {}", quote(nasty), ansi_c_quote(nasty))));
+        assert_eq!(code, 0);
+        assert_eq!(out, format!("{nasty}|{nasty}"));
+    }
+
+    #[test]
+    fn commands_cannot_eat_the_script_and_errors_stop_it() {
+        let (code, out) = bash(&wrap("echo one\ncat\necho two\nfalse\necho never"));
+        assert_eq!((code, out.as_str()), (1, "one\ntwo\n"));
+    }
+}

@@ -1,0 +1,276 @@
+//! The job path end to end: the fake GitLab, real git over smart HTTP, real bash through the
+//! shell plugin, the manager's pollers, the trace uploader and two-phase commit.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fake_gitlab::{Endpoint, FakeGitLab, InjectedResponse, JobRecord, JobSpec, JobStatus};
+use runway::executor::ResolvedExecutor;
+use runway::gitlab::client::{ClientOptions, GitLabClient, RunnerCredentials};
+use runway::gitlab::retry::RetryPolicy;
+use runway::job::JobEnvironment;
+use runway::manager::{identity, Manager, ManagerSettings, RunnerSettings, Shutdown};
+use runway::plugin::{builtin_plugins, HostSettings, PluginHost};
+use runway::script::ScriptSettings;
+use runway::trace::upload::UploadConfig;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+struct World {
+    fake: FakeGitLab,
+    token: String,
+    root: tempfile::TempDir,
+    plugins: PluginHost,
+}
+
+async fn world() -> World {
+    let fake = FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_millis(500), trace_update_interval: 1 }).await;
+    let runner = fake.create_runner("job-path test");
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hello\n"), ("data.txt", "v1\n")], "first");
+    let plugins = PluginHost::new(HostSettings { builtins: builtin_plugins(), ..HostSettings::default() }).await.expect("plugins");
+    World { fake, token: runner.token, root: tempfile::tempdir().expect("tempdir"), plugins }
+}
+
+impl World {
+    async fn runner(&self, limit: usize, output_limit_kib: u64) -> RunnerSettings {
+        let executor = ResolvedExecutor::resolve(&self.plugins, "shell", "{}").await.expect("shell executor");
+        let short_token: String = self.token.trim_start_matches("glrt-").chars().take(9).collect();
+        let settings = ScriptSettings {
+            builds_dir: self.root.path().join("builds"),
+            cache_dir: self.root.path().join("cache"),
+            shared_builds_dir: true,
+            short_token: short_token.clone(),
+            executor: "shell".into(),
+            shell: "bash".into(),
+            runner_version: "0.1.0".into(),
+            runner_revision: "test".into(),
+            shared_environment: true,
+            ..ScriptSettings::default()
+        };
+        RunnerSettings {
+            credentials: RunnerCredentials { url: self.fake.url(), token: self.token.clone(), system_id: "s_0123456789ab".into() },
+            env: JobEnvironment {
+                plugins: self.plugins.clone(),
+                executor,
+                settings,
+                identity: identity("test runner", &short_token, "s_0123456789ab"),
+            },
+            limit,
+            request_concurrency: 2,
+            output_limit_kib,
+            unhealthy_requests_limit: 3,
+            unhealthy_interval: Duration::from_secs(3600),
+            final_update_retry_limit: 10,
+            strict_check_interval: false,
+        }
+    }
+
+    fn manager(&self, concurrent: usize, runner: RunnerSettings, shutdown: Shutdown) -> Manager {
+        let client = GitLabClient::new(ClientOptions {
+            retry: RetryPolicy { backoff_base: Duration::from_millis(20), backoff_max: Duration::from_millis(200), ..RetryPolicy::default() },
+            hook: None,
+        })
+        .expect("client");
+        let settings = ManagerSettings {
+            concurrent,
+            check_interval: Duration::from_millis(200),
+            shutdown_timeout: Duration::from_secs(10),
+            pending_keepalive: Duration::from_millis(200),
+            upload: UploadConfig {
+                update_interval: Duration::from_millis(200),
+                force_send_interval: Duration::from_secs(30),
+                final_backoff_base: Duration::from_millis(50),
+                final_backoff_max: Duration::from_millis(500),
+                ..UploadConfig::default()
+            },
+        };
+        Manager::new(settings, vec![runner], Arc::new(client), shutdown)
+    }
+
+    async fn finished(&self, id: i64) -> JobRecord {
+        self.fake
+            .wait_for_job_state(id, |j| j.final_state.is_some() && j.status.is_final(), WAIT)
+            .await
+            .unwrap_or_else(|| panic!("job {id} did not finish: {:?}", self.fake.job(id).map(|j| (j.status, j.trace_text()))))
+    }
+}
+
+fn assert_trace_consistent(job: &JobRecord) {
+    assert_eq!(job.checksum.as_deref(), Some(job.trace_checksum().as_str()), "checksum of what the server stored");
+    assert_eq!(job.bytesize, Some(job.trace.len() as u64));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_clone_fetch_mask_and_run_after_script() {
+    let w = world().await;
+    let shutdown = Shutdown::default();
+    let manager = w.manager(2, w.runner(0, 4096).await, shutdown.clone());
+    let running = tokio::spawn(manager.run());
+
+    let spec = JobSpec::new("group/project", "build", &["cat data.txt", "echo \"secret is $MY_SECRET\"", "cat \"$MY_FILE\"", "echo token glpat-abcdefghij1234567890"])
+        .after_script(&["echo \"after with status $CI_JOB_STATUS\""])
+        .masked_variable("MY_SECRET", "s3cr3t-v4lue-xyz");
+    let mut payload = w.fake.job_payload(&spec);
+    payload["variables"].as_array_mut().expect("variables").push(serde_json::json!({"key": "MY_FILE", "value": "file content", "public": false, "file": true}));
+    let first = w.fake.enqueue(payload);
+    let job = w.finished(first).await;
+    let text = job.trace_text();
+    assert_eq!(job.final_state.as_deref(), Some("success"), "{text}");
+    assert!(text.contains("v1\n"), "{text}");
+    assert!(text.contains("secret is [MASKED]") && !text.contains("s3cr3t-v4lue-xyz"), "{text}");
+    assert!(text.contains("file content"), "{text}");
+    assert!(text.contains("glpat-[MASKED]") && !text.contains("abcdefghij1234567890"), "{text}");
+    assert!(text.contains("after with status success"), "{text}");
+    assert!(text.contains("section_start:") && text.contains(":step_script\r\x1b[0K"), "{text}");
+    assert!(job.pending_keepalives <= 1000);
+    assert_trace_consistent(&job);
+
+    // A second job of the same project fetches into the same directory and sees the new commit.
+    w.fake.commit_files("group/project", "main", &[("data.txt", "v2\n")], "second");
+    let second = w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", "test", &["cat data.txt", "git log --oneline | wc -l"]).variable("GIT_STRATEGY", "fetch")));
+    let job = w.finished(second).await;
+    let text = job.trace_text();
+    assert_eq!(job.final_state.as_deref(), Some("success"), "{text}");
+    assert!(text.contains("v2\n"), "{text}");
+    assert!(text.contains("Fetching changes") || text.contains("fetch"), "{text}");
+
+    shutdown.graceful.cancel();
+    running.await.expect("manager stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_timeouts_cancel_and_abort() {
+    let w = world().await;
+    let shutdown = Shutdown::default();
+    let manager = w.manager(4, w.runner(0, 4096).await, shutdown.clone());
+    let running = tokio::spawn(manager.run());
+
+    let failing = w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", "fail", &["echo before", "exit 42", "echo never"])));
+    let mut spec = JobSpec::new("group/project", "slow", &["sleep 30"]);
+    spec.timeout = 2;
+    let slow = w.fake.enqueue(w.fake.job_payload(&spec));
+    let cancel_me = w.fake.enqueue(w.fake.job_payload(
+        &JobSpec::new("group/project", "cancel", &["echo started", "sleep 60"]).after_script(&["echo after_script ran with $CI_JOB_STATUS"]),
+    ));
+    let abort_me = w.fake.enqueue(w.fake.job_payload(
+        &JobSpec::new("group/project", "abort", &["echo started", "sleep 60"]).after_script(&["echo after_script must not run"]),
+    ));
+
+    let job = w.finished(failing).await;
+    assert_eq!((job.final_state.as_deref(), job.failure_reason.as_deref(), job.exit_code), (Some("failed"), Some("script_failure"), Some(42)));
+    assert!(job.trace_text().contains("before") && !job.trace_text().contains("never"));
+    assert!(job.trace_text().contains("ERROR: Job failed: exit code 42"), "{}", job.trace_text());
+
+    let job = w.finished(slow).await;
+    assert_eq!(job.failure_reason.as_deref(), Some("job_execution_timeout"), "{}", job.trace_text());
+
+    for id in [cancel_me, abort_me] {
+        w.fake.wait_for_job_state(id, |j| j.trace_text().contains("started"), WAIT).await.expect("job started");
+    }
+    w.fake.cancel(cancel_me);
+    w.fake.force_cancel(abort_me);
+    let job = w.finished(cancel_me).await;
+    assert_eq!(job.status, JobStatus::Canceled);
+    assert!(job.trace_text().contains("after_script ran with canceled"), "{}", job.trace_text());
+    // The aborted job: no after_script, and its processes are gone (the job task ended).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let job = w.fake.job(abort_me).expect("job");
+    assert_eq!(job.status, JobStatus::Canceled);
+    assert!(!job.trace_text().contains("after_script must not run"));
+
+    shutdown.graceful.cancel();
+    running.await.expect("manager stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_survives_416_412_and_5xx_and_masks_across_patches() {
+    let w = world().await;
+    let shutdown = Shutdown::default();
+    let manager = w.manager(1, w.runner(0, 2).await, shutdown.clone());
+    let running = tokio::spawn(manager.run());
+
+    // The secret is printed in two halves with a pause longer than the update interval, so
+    // each half goes out in a different PATCH.
+    let spec = JobSpec::new(
+        "group/project",
+        "mask",
+        &[
+            "printf 'split: %s' \"${MY_SECRET:0:6}\"; sleep 1.5; printf '%s\\n' \"${MY_SECRET:6}\"",
+            "echo \"whole: $MY_SECRET\"",
+            "head -c 5000 /dev/zero | tr '\\0' 'x'",
+        ],
+    )
+    .masked_variable("MY_SECRET", "abcdef123456");
+    w.fake.inject(Endpoint::PatchTrace, 2, InjectedResponse::status(502));
+    w.fake.inject(Endpoint::UpdateJob, 1, InjectedResponse::status(500));
+    w.fake.set_final_update_backoff(2);
+    let id = w.fake.enqueue(w.fake.job_payload(&spec));
+    // Once the job runs: one 416 that claims the server has nothing (the runner must resend
+    // from 0 and then resync on the real 416 that overlap causes), and a 412 on the final
+    // update (the runner must re-upload the whole trace).
+    w.fake.wait_for_job_state(id, |j| j.trace_text().contains("split:"), WAIT).await.expect("job runs");
+    w.fake.inject(Endpoint::PatchTrace, 1, InjectedResponse::status(416).header("Range", "0-0"));
+    w.fake.inject(Endpoint::UpdateJob, 1, InjectedResponse::status(412));
+    let job = w.finished(id).await;
+    let text = job.trace_text();
+    let from_zero = w.fake.requests_to("PATCH", &format!("/api/v4/jobs/{id}/trace")).iter().filter(|r| r.header("content-range").is_some_and(|c| c.starts_with("0-"))).count();
+    assert!(from_zero >= 3, "expected re-uploads from offset 0 after 416 and 412, saw {from_zero}");
+    assert!(!text.contains("abcdef123456"), "{text}");
+    assert!(text.contains("split: [MASKED]\n") && text.contains("whole: [MASKED]"), "{text}");
+    assert!(text.contains("Job's log exceeded limit of 2048 bytes."), "{text}");
+    assert_trace_consistent(&job);
+    assert!(job.patches.len() >= 2);
+
+    shutdown.graceful.cancel();
+    running.await.expect("manager stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_4_with_8_jobs_never_runs_more_than_4() {
+    let w = world().await;
+    let shutdown = Shutdown::default();
+    let mut runner = w.runner(0, 4096).await;
+    runner.request_concurrency = 4;
+    let manager = w.manager(4, runner, shutdown.clone());
+    let stats = manager.stats();
+    let running = tokio::spawn(manager.run());
+    let ids: Vec<i64> = (0..8).map(|i| w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", &format!("job{i}"), &["sleep 1"])))).collect();
+    for id in ids {
+        let job = w.finished(id).await;
+        assert_eq!(job.final_state.as_deref(), Some("success"), "{}", job.trace_text());
+    }
+    let max = stats.max_running.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(max <= 4, "{max} jobs ran at once");
+    assert!(max >= 2, "jobs did not run in parallel at all ({max})");
+    shutdown.graceful.cancel();
+    running.await.expect("manager stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_payload_fails_that_job_and_polling_goes_on() {
+    let w = world().await;
+    let shutdown = Shutdown::default();
+    let manager = w.manager(1, w.runner(0, 4096).await, shutdown.clone());
+    let running = tokio::spawn(manager.run());
+    let mut bad = w.fake.job_payload(&JobSpec::new("group/project", "bad", &["true"]));
+    bad["steps"][0]["script"] = serde_json::json!("not a list");
+    let bad_id = w.fake.enqueue(bad);
+    let mut missing = w.fake.job_payload(&JobSpec::new("group/project", "missing", &["true"]));
+    missing.as_object_mut().expect("object").remove("steps");
+    let missing_id = w.fake.enqueue(missing);
+    let good = w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", "good", &["echo fine"])));
+    for id in [bad_id, missing_id] {
+        let job = w.finished(id).await;
+        assert_eq!(job.failure_reason.as_deref(), Some("runner_system_failure"), "{}", job.trace_text());
+        assert!(job.trace_text().contains("invalid job payload"), "{}", job.trace_text());
+    }
+    assert_eq!(w.finished(good).await.final_state.as_deref(), Some("success"));
+    shutdown.graceful.cancel();
+    running.await.expect("manager stops");
+}
+
+#[allow(dead_code)]
+fn unused(_: &Path, _: BTreeMap<String, String>) {}
