@@ -7,6 +7,7 @@
 
 pub mod capability;
 pub mod cli;
+pub mod config;
 pub mod executor;
 pub mod gitlab;
 pub mod job;

@@ -9,8 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 /// `[plugins.NAME]`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 pub struct PluginGrant {
     /// Plugin file, relative to `plugins_dir`; default `<name>.wasm`.
     #[serde(default)]
@@ -33,7 +32,7 @@ pub struct PluginGrant {
     pub memory_mb: u64,
     /// Wasm execution time allowed per call (time spent waiting in host capabilities such as
     /// a running job script does not count), e.g. `"30s"`, `"2m"`.
-    #[serde(default = "default_call_timeout", with = "duration_str")]
+    #[serde(default = "default_call_timeout", deserialize_with = "duration_str::deserialize", serialize_with = "duration_str::serialize")]
     pub call_timeout: Duration,
     /// Most bytes one call may make the host buffer (trace chunks, captured output, kv
     /// values, HTTP bodies), in MiB.
@@ -105,6 +104,11 @@ pub mod duration_str {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer};
+
+    /// Serialize as whole seconds (`"30s"`).
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}s", d.as_secs()))
+    }
 
     /// Deserialize a duration.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {

@@ -1,0 +1,495 @@
+//! config.toml in GitLab Runner's format (protocol reference §5), plus Runway's plugin keys.
+//!
+//! Owns the model and its defaults, loading with errors that name file, line and key,
+//! warnings for unknown keys, `$VAR` expansion in `url`/`token`, atomic saving (mode 0600),
+//! the default config path and `.runner_system_id`. Loading is pure and cheap so SIGHUP can
+//! simply load again.
+
+mod system_id;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plugin::grant::duration_str;
+use crate::plugin::PluginGrant;
+pub use system_id::{short_token, system_id};
+
+/// Executor config sections kept as tables and handed to the plugin as JSON.
+pub const EXECUTOR_SECTIONS: &[&str] = &["shell", "docker", "ssh", "custom", "instance", "kubernetes", "virtualbox", "parallels"];
+
+/// The whole file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Config {
+    /// Most jobs running at once across all runners (required, > 0).
+    pub concurrent: usize,
+    /// Seconds between job requests of a runner when idle (≤ 0 means 3).
+    #[serde(default = "default_check_interval")]
+    pub check_interval: i64,
+    #[serde(default = "default_log_level")]
+    pub log_level: String,
+    #[serde(default = "default_log_format")]
+    pub log_format: String,
+    /// `host:port` for `/metrics` and `/health/*`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen_address: Option<String>,
+    /// Seconds a forceful shutdown waits for aborted jobs.
+    #[serde(default = "default_shutdown_timeout")]
+    pub shutdown_timeout: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_max_age: Option<String>,
+    /// Directory of plugin `.wasm` files (default `<config dir>/plugins`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugins_dir: Option<PathBuf>,
+    /// Compiled plugin cache (default `<config dir>/.plugin-cache`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_cache_dir: Option<PathBuf>,
+    /// Runway's own state: plugin key-value data (default `<config dir>/.runway-state`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    /// Default labels of every runner.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// `[plugins.NAME]` sandbox grants.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub plugins: BTreeMap<String, PluginGrant>,
+    #[serde(default)]
+    pub runners: Vec<RunnerConfig>,
+}
+
+fn default_check_interval() -> i64 {
+    3
+}
+fn default_log_level() -> String {
+    "info".into()
+}
+fn default_log_format() -> String {
+    "runner".into()
+}
+fn default_shutdown_timeout() -> u64 {
+    30
+}
+fn default_request_concurrency() -> usize {
+    1
+}
+fn default_output_limit() -> u64 {
+    4096
+}
+fn default_unhealthy_requests_limit() -> u32 {
+    3
+}
+fn default_unhealthy_interval() -> Duration {
+    Duration::from_secs(3600)
+}
+fn default_final_update_retry_limit() -> u32 {
+    10
+}
+fn is_default_unhealthy_interval(d: &Duration) -> bool {
+    *d == default_unhealthy_interval()
+}
+
+mod duration_out {
+    use std::time::Duration;
+
+    use serde::Serializer;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}s", d.as_secs()))
+    }
+}
+
+/// One `[[runners]]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunnerConfig {
+    #[serde(default)]
+    pub name: String,
+    pub url: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub id: i64,
+    pub token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_obtained_at: Option<chrono::DateTime<chrono::Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    #[serde(rename = "tls-ca-file", default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
+    #[serde(rename = "tls-cert-file", default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(rename = "tls-key-file", default, skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
+    /// `shell` runs the shell plugin; any other name runs the plugin of that name.
+    pub executor: String,
+    /// The shell scripts are generated for (`bash`). In config.toml `shell` may instead be
+    /// the `[runners.shell]` table of the shell executor plugin; that lands in `sections`.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "shell_name_or_section")]
+    pub shell: Option<String>,
+    /// Most jobs of this runner at once (0 = unlimited).
+    #[serde(default)]
+    pub limit: usize,
+    #[serde(default = "default_request_concurrency")]
+    pub request_concurrency: usize,
+    #[serde(default)]
+    pub strict_check_interval: bool,
+    /// Trace size limit in KiB.
+    #[serde(default = "default_output_limit")]
+    pub output_limit: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub builds_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub environment: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_get_sources_script: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_get_sources_script: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_build_script: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_build_script: Option<String>,
+    #[serde(default)]
+    pub debug_trace_disabled: bool,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub feature_flags: BTreeMap<String, bool>,
+    #[serde(default = "default_unhealthy_requests_limit")]
+    pub unhealthy_requests_limit: u32,
+    #[serde(
+        default = "default_unhealthy_interval",
+        deserialize_with = "duration_str::deserialize",
+        serialize_with = "duration_out::serialize",
+        skip_serializing_if = "is_default_unhealthy_interval"
+    )]
+    pub unhealthy_interval: Duration,
+    #[serde(default = "default_final_update_retry_limit")]
+    pub job_status_final_update_retry_limit: u32,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// `[runners.autoscaler]`: kept as written; modelled by the autoscaler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaler: Option<toml::Value>,
+    /// Legacy `[runners.machine]`: kept as written; modelled by the autoscaler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<toml::Value>,
+    /// Executor sections: `[runners.shell]`, `[runners.docker]`, `[runners.<plugin>]`, ...
+    #[serde(flatten)]
+    pub sections: BTreeMap<String, toml::Value>,
+}
+
+thread_local! {
+    /// `[runners.shell]` tables met while deserializing, by runner order.
+    static SHELL_SECTIONS: std::cell::RefCell<Vec<Option<toml::Value>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn shell_name_or_section<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Shell {
+        Name(String),
+        Section(toml::Value),
+    }
+    match Shell::deserialize(d)? {
+        Shell::Name(name) => Ok(Some(name)),
+        Shell::Section(table) => {
+            SHELL_SECTIONS.with(|s| s.borrow_mut().push(Some(table)));
+            Ok(None)
+        }
+    }
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
+}
+
+impl RunnerConfig {
+    /// A runner entry with defaults.
+    pub fn new(name: &str, url: &str, token: &str, executor: &str) -> Self {
+        RunnerConfig {
+            name: name.into(),
+            url: url.into(),
+            id: 0,
+            token: token.into(),
+            token_obtained_at: None,
+            token_expires_at: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            executor: executor.into(),
+            shell: None,
+            limit: 0,
+            request_concurrency: 1,
+            strict_check_interval: false,
+            output_limit: default_output_limit(),
+            builds_dir: None,
+            cache_dir: None,
+            clone_url: None,
+            environment: Vec::new(),
+            pre_get_sources_script: None,
+            post_get_sources_script: None,
+            pre_build_script: None,
+            post_build_script: None,
+            debug_trace_disabled: false,
+            feature_flags: BTreeMap::new(),
+            unhealthy_requests_limit: default_unhealthy_requests_limit(),
+            unhealthy_interval: default_unhealthy_interval(),
+            job_status_final_update_retry_limit: default_final_update_retry_limit(),
+            labels: BTreeMap::new(),
+            autoscaler: None,
+            machine: None,
+            sections: BTreeMap::new(),
+        }
+    }
+
+    /// The executor's section (`[runners.<executor>]`) as JSON, `{}` when absent.
+    pub fn executor_config_json(&self) -> String {
+        self.sections
+            .get(&self.executor)
+            .and_then(|v| serde_json::to_string(v).ok())
+            .unwrap_or_else(|| "{}".to_string())
+    }
+}
+
+/// A config file that loaded, with what it warned about.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    pub warnings: Vec<String>,
+    pub path: PathBuf,
+}
+
+impl Loaded {
+    /// Directory of the config file (base of relative defaults).
+    pub fn dir(&self) -> PathBuf {
+        self.path.parent().map(Path::to_path_buf).filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| PathBuf::from("."))
+    }
+    /// `check_interval` as a duration (≤ 0 → 3 s).
+    pub fn check_interval(&self) -> Duration {
+        Duration::from_secs(if self.config.check_interval <= 0 { 3 } else { self.config.check_interval as u64 })
+    }
+    pub fn plugins_dir(&self) -> PathBuf {
+        self.config.plugins_dir.clone().unwrap_or_else(|| self.dir().join("plugins"))
+    }
+    pub fn plugin_cache_dir(&self) -> PathBuf {
+        self.config.plugin_cache_dir.clone().unwrap_or_else(|| self.dir().join(".plugin-cache"))
+    }
+    pub fn state_dir(&self) -> PathBuf {
+        self.config.state_dir.clone().unwrap_or_else(|| self.dir().join(".runway-state"))
+    }
+}
+
+/// A config file that did not load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub path: PathBuf,
+    pub line: Option<usize>,
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.path.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ": {key}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// `./config.toml`, else `~/.runway/config.toml`.
+pub fn default_path() -> PathBuf {
+    let local = PathBuf::from("config.toml");
+    if local.exists() {
+        return local;
+    }
+    match std::env::var_os("HOME") {
+        Some(home) => PathBuf::from(home).join(".runway").join("config.toml"),
+        None => local,
+    }
+}
+
+fn line_of_offset(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Best-effort line of a key path like `runners[1].limit` or `runners.1.foo`.
+fn line_of_key(text: &str, path: &str) -> Option<usize> {
+    let parts: Vec<String> = path
+        .replace('[', ".")
+        .replace(']', "")
+        .split('.')
+        .filter(|p| !p.is_empty() && *p != "?")
+        .map(str::to_string)
+        .collect();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut start = 0;
+    let mut i = 0;
+    while i < parts.len() {
+        let part = &parts[i];
+        if let Some(Ok(index)) = parts.get(i + 1).map(|n| n.parse::<usize>()) {
+            let header = format!("[[{part}]]");
+            let found = lines.iter().enumerate().skip(start).filter(|(_, l)| l.trim() == header).nth(index);
+            start = found.map(|(n, _)| n + 1)?;
+            i += 2;
+            continue;
+        }
+        let is_last = i == parts.len() - 1;
+        let hit = lines.iter().enumerate().skip(start).find(|(_, l)| {
+            let t = l.trim_start();
+            let key_match = t.strip_prefix(part.as_str()).or_else(|| t.strip_prefix(&format!("\"{part}\""))).is_some_and(|rest| rest.trim_start().starts_with('='));
+            key_match || (!is_last && t.starts_with('[') && t.trim_end_matches(']').trim_start_matches('[').ends_with(part.as_str()))
+        });
+        match hit {
+            Some((n, _)) => {
+                if is_last {
+                    return Some(n + 1);
+                }
+                start = n + 1;
+            }
+            None => return None,
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Does the `index`-th `[[runners]]` entry have a `[runners.shell]` table?
+fn text_has_shell_section(text: &str, index: usize) -> bool {
+    let mut current: Option<usize> = None;
+    let mut count = 0;
+    for line in text.lines() {
+        let t = line.trim();
+        if t == "[[runners]]" {
+            current = Some(count);
+            count += 1;
+        } else if t == "[runners.shell]" && current == Some(index) {
+            return true;
+        }
+    }
+    false
+}
+
+fn expand_env(value: &str) -> String {
+    crate::script::variables::expand(value, &|k| std::env::var(k).ok())
+}
+
+/// Parse config text; `path` is used in messages only.
+pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
+    let mut unknown = Vec::new();
+    let deserializer = toml::Deserializer::new(text);
+    let mut track = |p: serde_ignored::Path<'_>| unknown.push(p.to_string());
+    let ignored = serde_ignored::Deserializer::new(deserializer, &mut track);
+    SHELL_SECTIONS.with(|s| s.borrow_mut().clear());
+    let result: Result<Config, _> = serde_path_to_error::deserialize(ignored);
+    let shell_sections: Vec<Option<toml::Value>> = SHELL_SECTIONS.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let mut config = match result {
+        Ok(c) => c,
+        Err(e) => {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            let line = inner.span().map(|s| line_of_offset(text, s.start)).or_else(|| line_of_key(text, &key));
+            let message = inner.message().to_string();
+            let key = if key == "." || key.is_empty() { None } else { Some(key) };
+            return Err(ConfigError { path: path.to_path_buf(), line, key, message });
+        }
+    };
+    let mut warnings: Vec<String> = unknown
+        .iter()
+        .map(|k| match line_of_key(text, k) {
+            Some(line) => format!("{}:{line}: {k}: unknown key (ignored)", path.display()),
+            None => format!("{}: {k}: unknown key (ignored)", path.display()),
+        })
+        .collect();
+    let err = |key: String, message: String| {
+        let line = line_of_key(text, &key);
+        ConfigError { path: path.to_path_buf(), line, key: Some(key), message }
+    };
+    if config.concurrent == 0 {
+        return Err(err("concurrent".into(), "must be greater than 0".into()));
+    }
+    if !["debug", "info", "warn", "warning", "error", "fatal", "panic"].contains(&config.log_level.as_str()) {
+        return Err(err("log_level".into(), format!("{:?} is not one of debug, info, warn, error, fatal, panic", config.log_level)));
+    }
+    if !["runner", "text", "json"].contains(&config.log_format.as_str()) {
+        return Err(err("log_format".into(), format!("{:?} is not one of runner, text, json", config.log_format)));
+    }
+    // Re-attach `[runners.shell]` tables to their runners (the `shell` key is both GitLab's
+    // shell name and, in Runway, the shell executor's section).
+    let mut sections = shell_sections.into_iter();
+    for (i, runner) in config.runners.iter_mut().enumerate() {
+        if runner.shell.is_none() && text_has_shell_section(text, i) {
+            if let Some(Some(table)) = sections.next() {
+                runner.sections.insert("shell".into(), table);
+            }
+        }
+    }
+    for (i, runner) in config.runners.iter_mut().enumerate() {
+        runner.url = expand_env(&runner.url);
+        runner.token = expand_env(&runner.token);
+        let trimmed = runner.url.trim_end_matches('/');
+        runner.url = trimmed.strip_suffix("/ci").unwrap_or(trimmed).to_string();
+        if !(runner.url.starts_with("http://") || runner.url.starts_with("https://")) {
+            return Err(err(format!("runners[{i}].url"), format!("{:?} must be an http:// or https:// URL", runner.url)));
+        }
+        if runner.token.is_empty() {
+            return Err(err(format!("runners[{i}].token"), "must not be empty".into()));
+        }
+        if runner.executor.is_empty() {
+            return Err(err(format!("runners[{i}].executor"), "must name an executor plugin (e.g. \"shell\")".into()));
+        }
+        if runner.request_concurrency == 0 {
+            return Err(err(format!("runners[{i}].request_concurrency"), "must be at least 1".into()));
+        }
+        for (name, value) in &runner.sections {
+            if !value.is_table() {
+                let key = format!("runners[{i}].{name}");
+                warnings.push(match line_of_key(text, &key) {
+                    Some(line) => format!("{}:{line}: {key}: unknown key (ignored)", path.display()),
+                    None => format!("{}: {key}: unknown key (ignored)", path.display()),
+                });
+            }
+        }
+        runner.sections.retain(|_, v| v.is_table());
+    }
+    if config.concurrent < config.runners.len() {
+        warnings.push(format!(
+            "{}: CONFIGURATION: Long polling issues detected: concurrent ({}) is lower than the number of runners ({}); some runners' long polls will wait for capacity",
+            path.display(),
+            config.concurrent,
+            config.runners.len()
+        ));
+    }
+    Ok(Loaded { config, warnings, path: path.to_path_buf() })
+}
+
+/// Read and parse a config file.
+pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError { path: path.to_path_buf(), line: None, key: None, message: e.to_string() })?;
+    parse(&text, path)
+}
+
+/// Write `config` to `path` atomically with mode 0600 (it holds tokens).
+pub fn save(path: &Path, config: &Config) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let text = toml::to_string_pretty(config)?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(text.as_bytes())?;
+    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    tmp.persist(path)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,90 @@
+//! `.runner_system_id` beside config.toml and the short runner token (protocol reference
+//! §1.2).
+
+use std::path::Path;
+
+use hmac::{Hmac, Mac};
+use rand::Rng;
+use sha2::Sha256;
+
+fn valid(id: &str) -> bool {
+    id.len() == 14 && (id.starts_with("s_") || id.starts_with("r_")) && id[2..].chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+fn generate() -> String {
+    if let Ok(machine_id) = std::fs::read_to_string("/etc/machine-id") {
+        let machine_id = machine_id.trim();
+        if !machine_id.is_empty() {
+            if let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(machine_id.as_bytes()) {
+                mac.update(b"gitlab-runner");
+                let digest = hex::encode(mac.finalize().into_bytes());
+                return format!("s_{}", &digest[..12]);
+            }
+        }
+    }
+    let mut rng = rand::rng();
+    let suffix: String = (0..12).map(|_| rng.sample(rand::distr::Alphanumeric) as char).collect();
+    format!("r_{suffix}")
+}
+
+/// The system ID stored in `<config dir>/.runner_system_id`, created when missing or invalid.
+pub fn system_id(config_dir: &Path) -> anyhow::Result<String> {
+    let path = config_dir.join(".runner_system_id");
+    if let Ok(existing) = std::fs::read_to_string(&path) {
+        let existing = existing.trim();
+        if valid(existing) {
+            return Ok(existing.to_string());
+        }
+    }
+    let id = generate();
+    std::fs::create_dir_all(config_dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(config_dir)?;
+    std::io::Write::write_all(&mut tmp, format!("{id}\n").as_bytes())?;
+    tmp.persist(&path)?;
+    Ok(id)
+}
+
+/// The short token shown in logs and `CI_RUNNER_SHORT_TOKEN`: prefixes stripped, 9 characters.
+pub fn short_token(token: &str) -> String {
+    let mut rest = token;
+    for prefix in ["glrt-", "glrtr-", "glcbt-"] {
+        if let Some(r) = rest.strip_prefix(prefix) {
+            rest = r;
+            break;
+        }
+    }
+    for partition in ["t1_", "t2_", "t3_"] {
+        if let Some(r) = rest.strip_prefix(partition) {
+            rest = r;
+            break;
+        }
+    }
+    if rest.len() > 9 && rest.starts_with("GR") && rest[2..9].chars().all(|c| c.is_ascii_hexdigit()) {
+        rest = &rest[9..];
+    }
+    rest.chars().take(9).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_tokens() {
+        assert_eq!(short_token("glrt-t1_abcdefghijklmnop"), "abcdefghi");
+        assert_eq!(short_token("glrt-xyz123456789"), "xyz123456");
+        assert_eq!(short_token("GR1348941abcdefghijk"), "abcdefghi");
+        assert_eq!(short_token("short"), "short");
+    }
+
+    #[test]
+    fn system_id_is_created_once_and_reused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = system_id(dir.path()).expect("create");
+        assert!(valid(&first), "{first}");
+        assert_eq!(system_id(dir.path()).expect("reuse"), first);
+        std::fs::write(dir.path().join(".runner_system_id"), "garbage").expect("write");
+        let replaced = system_id(dir.path()).expect("replace");
+        assert!(valid(&replaced));
+    }
+}

@@ -1,0 +1,89 @@
+use super::*;
+
+fn parse_str(text: &str) -> Result<Loaded, ConfigError> {
+    parse(text, Path::new("/etc/runway/config.toml"))
+}
+
+#[test]
+fn defaults_match_gitlab_runner() {
+    let loaded = parse_str("concurrent = 2\n[[runners]]\nurl = \"https://gitlab.example.com/\"\ntoken = \"glrt-abc\"\nexecutor = \"shell\"\n").expect("loads");
+    let c = &loaded.config;
+    assert_eq!((c.check_interval, c.log_level.as_str(), c.log_format.as_str(), c.shutdown_timeout), (3, "info", "runner", 30));
+    let r = &c.runners[0];
+    assert_eq!(r.url, "https://gitlab.example.com");
+    assert_eq!((r.limit, r.request_concurrency, r.output_limit), (0, 1, 4096));
+    assert_eq!((r.unhealthy_requests_limit, r.unhealthy_interval, r.job_status_final_update_retry_limit), (3, Duration::from_secs(3600), 10));
+    assert_eq!(r.executor_config_json(), "{}");
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    assert_eq!(loaded.plugins_dir(), PathBuf::from("/etc/runway/plugins"));
+}
+
+#[test]
+fn unknown_keys_warn_with_file_line_and_key() {
+    let text = "concurrent = 1\nbogus = true\n[[runners]]\nurl = \"https://x\"\ntoken = \"t\"\nexecutor = \"shell\"\nmystery = 1\n[runners.shell]\nlogin = false\n";
+    let loaded = parse_str(text).expect("loads");
+    assert!(loaded.warnings.iter().any(|w| w == "/etc/runway/config.toml:2: bogus: unknown key (ignored)"), "{:?}", loaded.warnings);
+    assert!(loaded.warnings.iter().any(|w| w.contains(":7: runners[0].mystery")), "{:?}", loaded.warnings);
+    assert_eq!(loaded.config.runners[0].executor_config_json(), "{\"login\":false}");
+}
+
+#[test]
+fn invalid_values_fail_with_file_line_and_key() {
+    let text = "concurrent = 1\n\n[[runners]]\nurl = \"https://x\"\ntoken = \"t\"\nexecutor = \"shell\"\nlimit = \"lots\"\n";
+    let err = parse_str(text).expect_err("bad limit");
+    assert_eq!((err.line, err.key.as_deref()), (Some(7), Some("runners[0].limit")), "{err}");
+    assert!(err.to_string().starts_with("/etc/runway/config.toml:7: runners[0].limit: "), "{err}");
+    let err = parse_str("concurrent = 0\n").expect_err("zero");
+    assert_eq!(err.to_string(), "/etc/runway/config.toml:1: concurrent: must be greater than 0");
+    let err = parse_str("concurrent = 1\n[[runners]]\nurl = \"ftp://x\"\ntoken = \"t\"\nexecutor = \"shell\"\n").expect_err("scheme");
+    assert_eq!((err.line, err.key.as_deref()), (Some(3), Some("runners[0].url")));
+    let err = parse_str("concurrent = 1\n[plugins.shell]\nmemory_mb = \"big\"\n").expect_err("grant");
+    assert_eq!(err.line, Some(3), "{err}");
+}
+
+#[test]
+fn env_expansion_and_legacy_ci_suffix() {
+    std::env::set_var("RUNWAY_TEST_TOKEN", "glrt-from-env");
+    let loaded = parse_str("concurrent = 1\n[[runners]]\nurl = \"https://gitlab.example.com/ci\"\ntoken = \"${RUNWAY_TEST_TOKEN}\"\nexecutor = \"shell\"\n").expect("loads");
+    assert_eq!(loaded.config.runners[0].token, "glrt-from-env");
+    assert_eq!(loaded.config.runners[0].url, "https://gitlab.example.com");
+}
+
+#[test]
+fn save_round_trips_with_mode_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("config.toml");
+    let mut runner = RunnerConfig::new("r1", "https://gitlab.example.com", "glrt-abc", "shell");
+    runner.environment = vec!["A=1".into()];
+    runner.sections.insert("shell".into(), toml::Value::Table(toml::map::Map::from_iter([("login".to_string(), toml::Value::Boolean(false))])));
+    let config = Config {
+        concurrent: 4,
+        check_interval: 3,
+        log_level: "info".into(),
+        log_format: "runner".into(),
+        listen_address: Some("127.0.0.1:9252".into()),
+        shutdown_timeout: 30,
+        connection_max_age: None,
+        plugins_dir: None,
+        plugin_cache_dir: None,
+        state_dir: None,
+        labels: BTreeMap::new(),
+        plugins: BTreeMap::from([("shell".to_string(), PluginGrant { allow_process: true, ..PluginGrant::default() })]),
+        runners: vec![runner],
+    };
+    save(&path, &config).expect("save");
+    let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let loaded = load(&path).expect("load");
+    assert_eq!(loaded.config, config);
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+}
+
+#[test]
+fn the_example_config_loads_without_warnings() {
+    std::env::set_var("RUNWAY_RUNNER_TOKEN", "glrt-example");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/config.toml");
+    let loaded = load(&path).expect("example config loads");
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+}
