@@ -12,6 +12,7 @@ pub mod executor;
 pub mod gitlab;
 pub mod job;
 pub mod manager;
+pub mod metrics;
 pub mod plugin;
 pub mod script;
 pub mod trace;

@@ -2,6 +2,8 @@
 //! `plugins` and `simulate`. Each verb lives in its own file and calls into the library.
 
 mod plugins;
+mod run;
+mod runners;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,6 +26,20 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Run the runner manager: poll GitLab and run jobs until stopped.
+    Run,
+    /// Register a runner with GitLab and add it to config.toml.
+    Register(runners::RegisterArgs),
+    /// Check that the runners in config.toml are known to GitLab.
+    Verify {
+        /// Remove runners GitLab no longer knows from config.toml.
+        #[arg(long)]
+        delete: bool,
+    },
+    /// Remove runners from GitLab and config.toml.
+    Unregister(runners::UnregisterArgs),
+    /// List the runners in config.toml.
+    List,
     /// Inspect executor and fleeting plugins.
     Plugins {
         #[command(subcommand)]
@@ -48,8 +64,14 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let config_path = cli.config.clone().unwrap_or_else(crate::config::default_path);
     let result = runtime.block_on(async move {
         match cli.command {
+            Command::Run => run::run(config_path).await,
+            Command::Register(args) => runners::register(args, &config_path).await,
+            Command::Verify { delete } => runners::verify(&config_path, delete).await,
+            Command::Unregister(args) => runners::unregister(args, &config_path).await,
+            Command::List => runners::list(&config_path),
             Command::Plugins { command } => plugins::run(command, cli.config.as_deref()).await,
         }
     });

@@ -22,7 +22,16 @@ pub enum PluginsCommand {
     },
 }
 
-async fn host(plugins_dir: Option<PathBuf>, _config: Option<&Path>) -> anyhow::Result<PluginHost> {
+async fn host(plugins_dir: Option<PathBuf>, config: Option<&Path>) -> anyhow::Result<PluginHost> {
+    // With a config file, show exactly what `runway run` would load (its dir and grants).
+    let path = config.map(Path::to_path_buf).unwrap_or_else(crate::config::default_path);
+    if path.exists() {
+        let mut loaded = super::run::load_config(&path)?;
+        if let Some(dir) = plugins_dir {
+            loaded.config.plugins_dir = Some(dir);
+        }
+        return super::run::plugin_host(&loaded).await;
+    }
     PluginHost::new(HostSettings {
         plugins_dir,
         cache_dir: None,

@@ -135,6 +135,12 @@ impl Manager {
     /// A manager for `runners` talking through `client`.
     pub fn new(settings: ManagerSettings, runners: Vec<RunnerSettings>, client: Arc<GitLabClient>, shutdown: Shutdown) -> Self {
         let global = Arc::new(Semaphore::new(settings.concurrent.max(1)));
+        Self::with_capacity(settings, runners, client, shutdown, global)
+    }
+
+    /// A manager sharing `global` capacity with others (a config reload starts a new manager
+    /// while the old one's jobs finish; together they still respect `concurrent`).
+    pub fn with_capacity(settings: ManagerSettings, runners: Vec<RunnerSettings>, client: Arc<GitLabClient>, shutdown: Shutdown, global: Arc<Semaphore>) -> Self {
         let runners = runners
             .into_iter()
             .map(|r| {

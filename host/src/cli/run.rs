@@ -1,0 +1,198 @@
+//! `runway run`: the runner manager as a service — config, plugins (hot reload), pollers,
+//! signals (SIGQUIT graceful, SIGTERM/SIGINT forceful, SIGHUP reload) and the metrics and
+//! health endpoints.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::sync::Semaphore;
+
+use crate::config::{self, Loaded};
+use crate::executor::ResolvedExecutor;
+use crate::gitlab::client::{ClientOptions, GitLabClient, RunnerCredentials};
+use crate::job::JobEnvironment;
+use crate::manager::{identity, signals, Manager, ManagerSettings, RunnerSettings, Shutdown};
+use crate::metrics::Metrics;
+use crate::plugin::{builtin_plugins, HostSettings, PluginHost};
+use crate::script::ScriptSettings;
+
+/// Load and report a config file.
+pub fn load_config(path: &Path) -> anyhow::Result<Loaded> {
+    let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for warning in &loaded.warnings {
+        tracing::warn!("{warning}");
+    }
+    Ok(loaded)
+}
+
+/// The plugin host for a config.
+pub async fn plugin_host(loaded: &Loaded) -> anyhow::Result<PluginHost> {
+    PluginHost::new(HostSettings {
+        plugins_dir: Some(loaded.plugins_dir()),
+        cache_dir: Some(loaded.plugin_cache_dir()),
+        state_dir: Some(loaded.state_dir()),
+        grants: loaded.config.plugins.clone(),
+        builtins: builtin_plugins(),
+    })
+    .await
+}
+
+/// Resolve every `[[runners]]` entry into what the manager needs.
+pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &str) -> anyhow::Result<Vec<RunnerSettings>> {
+    let cwd = std::env::current_dir().context("reading the working directory")?;
+    let mut out = Vec::new();
+    for (i, runner) in loaded.config.runners.iter().enumerate() {
+        let executor = ResolvedExecutor::resolve(plugins, &runner.executor, &runner.executor_config_json())
+            .await
+            .map_err(|e| anyhow::anyhow!("{}: runners[{i}] ({}): executor {:?}: {e}", loaded.path.display(), runner.name, runner.executor))?;
+        let short = config::short_token(&runner.token);
+        let shell = runner.shell.clone().unwrap_or_else(|| executor.info.default_shell.clone());
+        let settings = ScriptSettings {
+            builds_dir: executor.builds_dir(runner.builds_dir.as_deref(), &cwd),
+            cache_dir: executor.cache_dir(runner.cache_dir.as_deref(), &cwd),
+            shared_builds_dir: executor.shared(),
+            short_token: short.clone(),
+            executor: runner.executor.clone(),
+            shell,
+            clone_url: runner.clone_url.clone(),
+            environment: runner.environment.clone(),
+            pre_get_sources_script: runner.pre_get_sources_script.clone(),
+            post_get_sources_script: runner.post_get_sources_script.clone(),
+            pre_build_script: runner.pre_build_script.clone(),
+            post_build_script: runner.post_build_script.clone(),
+            feature_flags: runner.feature_flags.clone(),
+            debug_trace_disabled: runner.debug_trace_disabled,
+            runner_version: env!("CARGO_PKG_VERSION").into(),
+            runner_revision: option_env!("RUNWAY_REVISION").unwrap_or("unknown").into(),
+            project_dir_override: None,
+            shared_environment: executor.shared(),
+            ..ScriptSettings::default()
+        };
+        out.push(RunnerSettings {
+            credentials: RunnerCredentials { url: runner.url.clone(), token: runner.token.clone(), system_id: system_id.to_string() },
+            env: JobEnvironment { plugins: plugins.clone(), executor, settings, identity: identity(&runner.name, &short, system_id) },
+            limit: runner.limit,
+            request_concurrency: runner.request_concurrency,
+            output_limit_kib: runner.output_limit,
+            unhealthy_requests_limit: runner.unhealthy_requests_limit,
+            unhealthy_interval: runner.unhealthy_interval,
+            final_update_retry_limit: runner.job_status_final_update_retry_limit,
+            strict_check_interval: runner.strict_check_interval,
+        });
+    }
+    Ok(out)
+}
+
+fn manager_settings(loaded: &Loaded) -> ManagerSettings {
+    ManagerSettings {
+        concurrent: loaded.config.concurrent,
+        check_interval: loaded.check_interval(),
+        shutdown_timeout: Duration::from_secs(loaded.config.shutdown_timeout),
+        ..ManagerSettings::default()
+    }
+}
+
+/// Run until stopped by a signal.
+pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
+    let mut loaded = load_config(&config_path)?;
+    let system_id = config::system_id(&loaded.dir())?;
+    let mut plugins = plugin_host(&loaded).await?;
+    plugins.watch()?;
+    let metrics = Metrics::new(loaded.config.concurrent, &system_id);
+    let client = Arc::new(GitLabClient::new(ClientOptions { hook: Some(metrics.api_hook()), ..ClientOptions::default() })?);
+    let _server = match &loaded.config.listen_address {
+        Some(address) => Some(crate::metrics::serve(address, metrics.clone()).await?),
+        None => None,
+    };
+
+    let shutdown = Shutdown::default();
+    let (reload_tx, mut reload_rx) = tokio::sync::mpsc::unbounded_channel();
+    signals::install(shutdown.clone(), reload_tx)?;
+    let global = Arc::new(Semaphore::new(loaded.config.concurrent.max(1)));
+    tracing::info!(config = %config_path.display(), runners = loaded.config.runners.len(), system_id, "runway started");
+
+    let mut generation = Shutdown::default();
+    let mut current = {
+        let runners = runner_settings(&loaded, &plugins, &system_id).await?;
+        let manager = Manager::with_capacity(manager_settings(&loaded), runners, client.clone(), generation.clone(), global.clone());
+        metrics.attach(manager.stats(), &loaded);
+        tokio::spawn(manager.run())
+    };
+    let mut retiring = Vec::new();
+    metrics.set_ready(true);
+    loop {
+        tokio::select! {
+            _ = shutdown.graceful.cancelled() => {
+                generation.graceful.cancel();
+                break;
+            }
+            _ = shutdown.forceful.cancelled() => {
+                generation.forceful.cancel();
+                break;
+            }
+            Some(()) = reload_rx.recv() => {
+                let next = match load_config(&config_path) {
+                    Ok(next) => next,
+                    Err(e) => {
+                        tracing::error!("config reload failed, keeping the running configuration: {e:#}");
+                        continue;
+                    }
+                };
+                plugins.set_grants(next.config.plugins.clone()).await;
+                if next.config.concurrent != loaded.config.concurrent {
+                    tracing::warn!("changing `concurrent` takes effect after a restart");
+                }
+                match runner_settings(&next, &plugins, &system_id).await {
+                    Ok(runners) => {
+                        // The old manager stops requesting; its jobs finish in the background
+                        // while the new one serves, sharing the same capacity.
+                        let old = std::mem::take(&mut generation);
+                        old.graceful.cancel();
+                        retiring.push((old, current));
+                        let manager = Manager::with_capacity(manager_settings(&next), runners, client.clone(), generation.clone(), global.clone());
+                        metrics.attach(manager.stats(), &next);
+                        current = tokio::spawn(manager.run());
+                        tracing::info!("configuration reloaded");
+                        loaded = next;
+                    }
+                    Err(e) => tracing::error!("config reload failed, keeping the running configuration: {e:#}"),
+                }
+            }
+        }
+    }
+    metrics.set_ready(false);
+    let old_shutdowns: Vec<Shutdown> = retiring.iter().map(|(s, _)| s.clone()).collect();
+    let abort_all = |generation: &Shutdown| {
+        generation.forceful.cancel();
+        for old in &old_shutdowns {
+            old.forceful.cancel();
+        }
+    };
+    if shutdown.forceful.is_cancelled() {
+        abort_all(&generation);
+    }
+    let waiting = async {
+        let _ = current.await;
+        for (_, handle) in retiring {
+            let _ = handle.await;
+        }
+    };
+    tokio::pin!(waiting);
+    let forceful = shutdown.forceful.clone();
+    tokio::select! {
+        _ = &mut waiting => {}
+        // SIGQUIT, then SIGTERM while waiting: switch to a forceful stop.
+        _ = forceful.cancelled() => {
+            abort_all(&generation);
+            let grace = Duration::from_secs(loaded.config.shutdown_timeout) + Duration::from_secs(5);
+            if tokio::time::timeout(grace, &mut waiting).await.is_err() {
+                tracing::warn!("jobs still running after shutdown_timeout; exiting");
+            }
+        }
+    }
+    tracing::info!("runway stopped");
+    Ok(ExitCode::SUCCESS)
+}

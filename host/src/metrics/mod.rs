@@ -1,0 +1,158 @@
+//! Prometheus metrics with GitLab Runner's names (protocol reference §7) and the health
+//! endpoints, served on `listen_address`: `/metrics`, `/health/live`, `/health/ready`,
+//! `/debug/jobs/list`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+
+use crate::config::Loaded;
+use crate::gitlab::client::{Endpoint, RequestHook};
+use crate::manager::ManagerStats;
+
+#[derive(Default)]
+struct Inner {
+    concurrent: usize,
+    system_id: String,
+    limits: Vec<(String, usize)>,
+    stats: Vec<Arc<ManagerStats>>,
+    /// (endpoint, status, method) → count
+    api_requests: BTreeMap<(String, String, String), u64>,
+    /// endpoint → (sum seconds, count)
+    api_durations: BTreeMap<String, (f64, u64)>,
+}
+
+/// Shared metrics state. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Metrics {
+    inner: Arc<Mutex<Inner>>,
+    ready: Arc<AtomicBool>,
+}
+
+impl Metrics {
+    /// Metrics of a manager with `concurrent` slots.
+    pub fn new(concurrent: usize, system_id: &str) -> Self {
+        let metrics = Metrics::default();
+        if let Ok(mut inner) = metrics.inner.lock() {
+            inner.concurrent = concurrent;
+            inner.system_id = system_id.to_string();
+        }
+        metrics
+    }
+
+    /// Count jobs of this manager (a reload attaches the new one; counters add up).
+    pub fn attach(&self, stats: Arc<ManagerStats>, loaded: &Loaded) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.stats.push(stats);
+            inner.limits = loaded.config.runners.iter().map(|r| (crate::config::short_token(&r.token), r.limit)).collect();
+        }
+    }
+
+    /// `/health/ready` answers 200 once set.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// A client hook counting API requests by endpoint, status and method.
+    pub fn api_hook(&self) -> RequestHook {
+        let inner = self.inner.clone();
+        Arc::new(move |endpoint: Endpoint, method: &reqwest::Method, status: Option<u16>, duration: Duration| {
+            if let Ok(mut inner) = inner.lock() {
+                let status = status.map(|s| s.to_string()).unwrap_or_else(|| "error".into());
+                *inner.api_requests.entry((endpoint.as_str().to_string(), status, method.to_string())).or_default() += 1;
+                let entry = inner.api_durations.entry(endpoint.as_str().to_string()).or_default();
+                entry.0 += duration.as_secs_f64();
+                entry.1 += 1;
+            }
+        })
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let Ok(inner) = self.inner.lock() else { return String::new() };
+        let mut out = String::new();
+        let sid = &inner.system_id;
+        let _ = writeln!(out, "# HELP gitlab_runner_version_info Runner version information.\n# TYPE gitlab_runner_version_info gauge");
+        let _ = writeln!(
+            out,
+            "gitlab_runner_version_info{{name=\"runway\",version=\"{}\",os=\"{}\",architecture=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::OS,
+            crate::gitlab::client::go_arch()
+        );
+        let _ = writeln!(out, "# HELP gitlab_runner_concurrent The current value of concurrent setting\n# TYPE gitlab_runner_concurrent gauge");
+        let _ = writeln!(out, "gitlab_runner_concurrent{{system_id=\"{sid}\"}} {}", inner.concurrent);
+        let _ = writeln!(out, "# HELP gitlab_runner_limit The current value of limit setting\n# TYPE gitlab_runner_limit gauge");
+        for (runner, limit) in &inner.limits {
+            let _ = writeln!(out, "gitlab_runner_limit{{runner=\"{runner}\",system_id=\"{sid}\"}} {limit}");
+        }
+        let running: usize = inner.stats.iter().map(|s| s.running.load(Ordering::SeqCst)).sum();
+        let finished: usize = inner.stats.iter().map(|s| s.finished.load(Ordering::SeqCst)).sum();
+        let _ = writeln!(out, "# HELP gitlab_runner_jobs The current number of running builds.\n# TYPE gitlab_runner_jobs gauge");
+        let _ = writeln!(out, "gitlab_runner_jobs{{state=\"running\",system_id=\"{sid}\"}} {running}");
+        let _ = writeln!(out, "# HELP gitlab_runner_jobs_total Total number of handled jobs\n# TYPE gitlab_runner_jobs_total counter");
+        let _ = writeln!(out, "gitlab_runner_jobs_total{{system_id=\"{sid}\"}} {}", finished + running);
+        let _ = writeln!(
+            out,
+            "# HELP gitlab_runner_api_request_statuses_total The total number of api requests, partitioned by runner, endpoint, status and method.\n# TYPE gitlab_runner_api_request_statuses_total counter"
+        );
+        for ((endpoint, status, method), count) in &inner.api_requests {
+            let _ = writeln!(
+                out,
+                "gitlab_runner_api_request_statuses_total{{system_id=\"{sid}\",endpoint=\"{endpoint}\",status=\"{status}\",method=\"{method}\"}} {count}"
+            );
+        }
+        let _ = writeln!(out, "# HELP gitlab_runner_api_request_duration_seconds Latency of API requests.\n# TYPE gitlab_runner_api_request_duration_seconds summary");
+        for (endpoint, (sum, count)) in &inner.api_durations {
+            let _ = writeln!(out, "gitlab_runner_api_request_duration_seconds_sum{{system_id=\"{sid}\",endpoint=\"{endpoint}\"}} {sum}");
+            let _ = writeln!(out, "gitlab_runner_api_request_duration_seconds_count{{system_id=\"{sid}\",endpoint=\"{endpoint}\"}} {count}");
+        }
+        out
+    }
+}
+
+/// The running HTTP server; dropped when the runner stops.
+pub struct ServerHandle {
+    pub address: std::net::SocketAddr,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+/// Serve metrics and health on `address` (`host:port`).
+pub async fn serve(address: &str, metrics: Metrics) -> anyhow::Result<ServerHandle> {
+    let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| anyhow::anyhow!("listen_address {address}: {e}"))?;
+    let local = listener.local_addr()?;
+    let app = axum::Router::new()
+        .route("/metrics", get(|State(m): State<Metrics>| async move { ([("content-type", "text/plain; version=0.0.4")], m.render()) }))
+        .route("/health/live", get(|| async { (StatusCode::OK, "ok\n") }))
+        .route(
+            "/health/ready",
+            get(|State(m): State<Metrics>| async move {
+                if m.ready.load(Ordering::SeqCst) {
+                    (StatusCode::OK, "ready\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                }
+            }),
+        )
+        .route(
+            "/debug/jobs/list",
+            get(|State(m): State<Metrics>| async move {
+                let running: usize = m.inner.lock().map(|i| i.stats.iter().map(|s| s.running.load(Ordering::SeqCst)).sum()).unwrap_or(0);
+                format!("running={running}\n")
+            }),
+        )
+        .with_state(metrics);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("metrics server stopped: {e}");
+        }
+    });
+    tracing::info!(address = %local, "metrics and health listening");
+    Ok(ServerHandle { address: local, _task: task })
+}
