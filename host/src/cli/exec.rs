@@ -1,0 +1,166 @@
+//! `runway exec JOB...`: run `.gitlab-ci.yml` jobs locally through the same job path,
+//! script generation and executor plugins as GitLab jobs, with a GitLab-like terminal log.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::executor::ResolvedExecutor;
+use crate::job::{run_job, JobControl, JobEnvironment, NoHooks};
+use crate::local::terminal::{TerminalOptions, TerminalSink};
+use crate::local::{self, Pipeline, PlannedJob};
+use crate::manager::identity;
+use crate::plugin::{builtin_plugins, HostSettings, PluginHost};
+use crate::script::ScriptSettings;
+
+/// `runway exec` flags.
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// Jobs to run (as named in .gitlab-ci.yml; parallel jobs as `name 1/3` or `name: [a]`).
+    pub jobs: Vec<String>,
+    /// List the jobs with their stage, when and needs, and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Also run the jobs the named jobs need, first, in stage order.
+    #[arg(long)]
+    pub needs: bool,
+    /// Set a variable (overrides YAML and predefined ones); repeatable.
+    #[arg(long = "var", value_name = "KEY=VALUE")]
+    pub vars: Vec<String>,
+    /// The pipeline file (default: .gitlab-ci.yml in the project directory).
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Executor plugin to run the jobs with.
+    #[arg(long, default_value = "shell")]
+    pub executor: String,
+    /// Project directory (default: the current directory).
+    #[arg(long)]
+    pub cwd: Option<PathBuf>,
+    /// Copy the tracked files into a scratch directory and run there.
+    #[arg(long)]
+    pub isolate: bool,
+    /// Expand collapsed sections.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|d| d.join("runway").join("plugins"))
+}
+
+async fn plugins(config: Option<&Path>) -> anyhow::Result<PluginHost> {
+    if let Some(path) = config {
+        let loaded = super::run::load_config(path)?;
+        return super::run::plugin_host(&loaded).await;
+    }
+    PluginHost::new(HostSettings { cache_dir: cache_dir(), builtins: builtin_plugins(), ..HostSettings::default() }).await
+}
+
+fn parse_vars(vars: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    vars.iter()
+        .map(|v| match v.split_once('=') {
+            Some((k, val)) if !k.is_empty() => Ok((k.to_string(), val.to_string())),
+            _ => Err(anyhow::anyhow!("--var {v:?}: expected KEY=VALUE")),
+        })
+        .collect()
+}
+
+/// Did this failure count as allowed (`allow_failure: true` or a listed exit code)?
+fn failure_allowed(job: &PlannedJob, exit_code: Option<i32>) -> bool {
+    if job.allow_failure_exit_codes.is_empty() {
+        job.allow_failure
+    } else {
+        exit_code.is_some_and(|c| job.allow_failure_exit_codes.contains(&c))
+    }
+}
+
+pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let project_dir = match &args.cwd {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir()?,
+    };
+    let project_dir = project_dir.canonicalize().map_err(|e| anyhow::anyhow!("{}: {e}", project_dir.display()))?;
+    let file = args.file.clone().unwrap_or_else(|| project_dir.join(".gitlab-ci.yml"));
+    let overrides = parse_vars(&args.vars)?;
+    let pipeline = Pipeline::load(&project_dir, &file, &overrides).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if args.list {
+        print!("{}", local::list_table(&pipeline));
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.jobs.is_empty() {
+        anyhow::bail!("name a job to run (`runway exec --list` shows them)");
+    }
+    let jobs: Vec<&PlannedJob> = if args.needs {
+        pipeline.with_needs(&args.jobs).map_err(|e| anyhow::anyhow!("{e}"))?
+    } else {
+        args.jobs
+            .iter()
+            .map(|name| pipeline.job(name).ok_or_else(|| anyhow::anyhow!("{}: unknown job {name:?} (`runway exec --list` shows them)", file.display())))
+            .collect::<anyhow::Result<_>>()?
+    };
+
+    let plugins = plugins(config).await?;
+    // Local runs use the user's already-loaded environment: no login shell.
+    let executor_config = if args.executor == "shell" { r#"{"login":false}"# } else { "{}" };
+    let executor = ResolvedExecutor::resolve(&plugins, &args.executor, executor_config).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let scratch = if args.isolate { Some(local::isolate::copy_tracked(&project_dir).map_err(|e| anyhow::anyhow!("{e}"))?) } else { None };
+    let run_dir = scratch.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| project_dir.clone());
+
+    let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let control = JobControl::default();
+    {
+        let control = control.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                control.cancel.cancel();
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    control.abort.cancel();
+                }
+            }
+        });
+    }
+    let mut exit = ExitCode::SUCCESS;
+    for job in jobs {
+        let settings = ScriptSettings {
+            builds_dir: run_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| run_dir.clone()),
+            cache_dir: run_dir.join(".runway-cache"),
+            shared_builds_dir: false,
+            short_token: "local".into(),
+            executor: args.executor.clone(),
+            shell: executor.info.default_shell.clone(),
+            runner_version: env!("CARGO_PKG_VERSION").into(),
+            runner_revision: option_env!("RUNWAY_REVISION").unwrap_or("unknown").into(),
+            project_dir_override: Some(run_dir.clone()),
+            shared_environment: true,
+            ..ScriptSettings::default()
+        };
+        let env = JobEnvironment { plugins: plugins.clone(), executor: executor.clone(), settings, identity: identity("local", "exec", "local") };
+        let sink = Arc::new(TerminalSink::new(
+            Box::new(std::io::stdout()),
+            TerminalOptions { color, verbose: args.verbose, silence_notice_after: color.then_some(Duration::from_secs(10)) },
+        ));
+        let outcome = run_job(&job.payload, &env, sink.clone(), &control, &NoHooks).await;
+        drop(sink);
+        if !outcome.succeeded() {
+            if failure_allowed(job, outcome.exit_code) {
+                eprintln!("{}: failed, but allow_failure is set", job.name);
+            } else {
+                let code = outcome.exit_code.and_then(|c| u8::try_from(c).ok()).filter(|c| *c != 0).unwrap_or(1);
+                exit = ExitCode::from(code);
+                break;
+            }
+        }
+        if control.abort.is_cancelled() {
+            exit = ExitCode::from(130);
+            break;
+        }
+    }
+    Ok(exit)
+}
