@@ -228,6 +228,9 @@ pub enum RequestJobResult {
     Job(Box<ReceivedJob>),
     /// 204: healthy, nothing to do.
     NoJob,
+    /// 204 that ended a server-side wait (Workhorse long poll) or moved the queue value on:
+    /// ask again at once instead of after `check_interval`.
+    PollAgain,
     /// 403 or a transport error: counts toward `unhealthy_requests_limit`.
     Unhealthy(String),
     /// Anything else (409, 422, 429/5xx after retries): healthy, no job.
@@ -509,8 +512,9 @@ impl GitLabClient {
         if !creds.system_id.is_empty() {
             body["system_id"] = creds.system_id.clone().into();
         }
-        if let Some(last_update) = self.stored_last_update(&base, &creds.token) {
-            body["last_update"] = last_update.into();
+        let sent_last_update = self.stored_last_update(&base, &creds.token);
+        if let Some(last_update) = &sent_last_update {
+            body["last_update"] = last_update.clone().into();
         }
         let response = match self.execute(endpoint, Method::POST, &url, Self::runner_token_request(&creds.token, &body)).await {
             Ok(r) => r,
@@ -535,7 +539,19 @@ impl GitLabClient {
                     },
                 }
             }
-            StatusCode::NO_CONTENT => RequestJobResult::NoJob,
+            StatusCode::NO_CONTENT => {
+                let long_polled = header_str(response.headers(), "gitlab-ci-builds-polling") == Some("yes");
+                let new_value = header_str(response.headers(), "x-gitlab-last-update").filter(|v| !v.is_empty());
+                // Ask again at once when Workhorse ended a long poll (the server already
+                // waited), or when the queue value moved on: the next request long-polls on the
+                // new value server-side, so this costs one request per queue change, never a loop.
+                let moved_on = new_value.is_some_and(|v| sent_last_update.as_deref() != Some(v)) && sent_last_update.is_some();
+                if (long_polled && new_value.is_none()) || moved_on {
+                    RequestJobResult::PollAgain
+                } else {
+                    RequestJobResult::NoJob
+                }
+            }
             StatusCode::FORBIDDEN => RequestJobResult::Unhealthy(format!("request_job: forbidden (403): {}", error_message(response).await)),
             status => RequestJobResult::Failed(format!("request_job: HTTP {}: {}", status.as_u16(), error_message(response).await)),
         }

@@ -267,6 +267,7 @@ async fn poll(runner: Arc<Runner>, shared: Arc<Shared>, jobs: tokio::sync::mpsc:
                     return;
                 }
             }
+            RequestJobResult::PollAgain => unhealthy = 0,
             RequestJobResult::NoJob => {
                 unhealthy = 0;
                 if !sleep_or_stop(check, &stop_requesting).await {
