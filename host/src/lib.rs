@@ -11,6 +11,7 @@ pub mod config;
 pub mod executor;
 pub mod gitlab;
 pub mod job;
+pub mod local;
 pub mod manager;
 pub mod metrics;
 pub mod plugin;

@@ -1,6 +1,7 @@
 //! The `runway` command line: verbs and flags as gitlab-runner has them, plus `exec`,
 //! `plugins` and `simulate`. Each verb lives in its own file and calls into the library.
 
+mod exec;
 mod plugins;
 mod run;
 mod runners;
@@ -28,6 +29,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the runner manager: poll GitLab and run jobs until stopped.
     Run,
+    /// Run .gitlab-ci.yml jobs locally through the same job path and plugins.
+    Exec(exec::ExecArgs),
     /// Register a runner with GitLab and add it to config.toml.
     Register(runners::RegisterArgs),
     /// Check that the runners in config.toml are known to GitLab.
@@ -68,6 +71,7 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Run => run::run(config_path).await,
+            Command::Exec(args) => exec::run(args, cli.config.as_deref()).await,
             Command::Register(args) => runners::register(args, &config_path).await,
             Command::Verify { delete } => runners::verify(&config_path, delete).await,
             Command::Unregister(args) => runners::unregister(args, &config_path).await,

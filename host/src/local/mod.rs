@@ -1,0 +1,755 @@
+//! `runway exec`: `.gitlab-ci.yml` to the job payloads GitLab would send (protocol reference
+//! §2), the job list, `--isolate`, and the terminal rendering of the job log.
+//!
+//! Covers what gitlab-ci-local users rely on: stages (with `.pre`/`.post`), `default:`,
+//! `workflow:rules`, variables (plain and `{value, description}`), scripts as strings or
+//! nested lists, `extends` (deep merge), anchors and merge keys, `!reference`, local
+//! `include:` (with wildcards), `rules` (`if`, `exists`, `when`, `variables`,
+//! `allow_failure`), `when`, `allow_failure` with `exit_codes`, `timeout`, `needs`,
+//! `dependencies`, `parallel: N` and `parallel: matrix`. Errors name file, line and key.
+
+pub mod isolate;
+pub mod rules;
+pub mod terminal;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_yaml::{Mapping, Value};
+
+use crate::gitlab::payload::{GitInfo, JobFeatures, JobInfo, JobResponse, JobVariable, RunnerInfo, Step, StepWhen};
+
+/// Keys at the top level that are not jobs.
+const RESERVED: &[&str] = &["stages", "types", "variables", "default", "include", "workflow", "image", "services", "cache", "before_script", "after_script", "spec"];
+/// Keys a job inherits from `default:` when it does not set them.
+const DEFAULTABLE: &[&str] = &["before_script", "after_script", "image", "services", "cache", "timeout", "tags", "interruptible", "retry", "artifacts"];
+
+/// A pipeline file problem, naming file, line and key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for LocalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for LocalError {}
+
+/// One job ready to run.
+#[derive(Debug, Clone)]
+pub struct PlannedJob {
+    pub name: String,
+    pub stage: String,
+    /// `on_success`, `on_failure`, `always`, `manual`, `delayed`.
+    pub when: String,
+    pub allow_failure: bool,
+    /// `allow_failure: exit_codes`; when non-empty only these codes are allowed.
+    pub allow_failure_exit_codes: Vec<i32>,
+    pub needs: Vec<String>,
+    pub payload: JobResponse,
+}
+
+/// The jobs of a `.gitlab-ci.yml`, in stage order.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    pub stages: Vec<String>,
+    jobs: Vec<PlannedJob>,
+    /// Set when `workflow:rules` keep the pipeline from running.
+    pub workflow_blocked: bool,
+}
+
+struct Sources {
+    files: Vec<(PathBuf, String)>,
+}
+
+impl Sources {
+    /// File and line where top-level key `key` (and optionally its child `child`) is written.
+    fn locate(&self, key: &str, child: Option<&str>) -> (PathBuf, Option<usize>) {
+        for (file, text) in self.files.iter().rev() {
+            let lines: Vec<&str> = text.lines().collect();
+            let top = lines.iter().position(|l| {
+                l.strip_prefix(key).is_some_and(|r| r.starts_with(':')) || l.strip_prefix(&format!("\"{key}\"")).is_some_and(|r| r.starts_with(':'))
+            });
+            if let Some(top) = top {
+                if let Some(child) = child {
+                    let found = lines.iter().enumerate().skip(top + 1).take_while(|(_, l)| l.is_empty() || l.starts_with(' ') || l.starts_with('#')).find(|(_, l)| {
+                        l.trim_start().strip_prefix(child).is_some_and(|r| r.starts_with(':'))
+                    });
+                    if let Some((n, _)) = found {
+                        return (file.clone(), Some(n + 1));
+                    }
+                }
+                return (file.clone(), Some(top + 1));
+            }
+        }
+        (self.files.first().map(|f| f.0.clone()).unwrap_or_default(), None)
+    }
+
+    fn error(&self, key: &str, child: Option<&str>, message: impl Into<String>) -> LocalError {
+        let (file, line) = self.locate(key, child);
+        let key = match child {
+            Some(c) => format!("{key}.{c}"),
+            None => key.to_string(),
+        };
+        LocalError { file, line, key, message: message.into() }
+    }
+}
+
+fn parse_yaml(file: &Path, text: &str) -> Result<Value, LocalError> {
+    let mut value: Value = serde_yaml::from_str(text).map_err(|e| LocalError {
+        file: file.to_path_buf(),
+        line: e.location().map(|l| l.line()),
+        key: String::new(),
+        message: format!("YAML syntax error: {e}"),
+    })?;
+    value.apply_merge().map_err(|e| LocalError { file: file.to_path_buf(), line: None, key: "<<".into(), message: format!("merge key: {e}") })?;
+    Ok(value)
+}
+
+/// Hashes merge, everything else is replaced (GitLab's `extends`/`include` merge).
+fn deep_merge(base: &mut Value, over: &Value) {
+    match (base, over) {
+        (Value::Mapping(b), Value::Mapping(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(existing) if existing.is_mapping() && v.is_mapping() => deep_merge(existing, v),
+                    _ => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+fn str_key(k: &Value) -> Option<&str> {
+    k.as_str()
+}
+
+fn scalar_string(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Null => Some(String::new()),
+        _ => None,
+    }
+}
+
+fn list_of_strings(v: &Value) -> Vec<String> {
+    match v {
+        Value::Sequence(items) => items.iter().flat_map(list_of_strings).collect(),
+        other => scalar_string(other).map(|s| vec![s]).unwrap_or_default(),
+    }
+}
+
+/// Replace `!reference [a, b, ...]` tags by what they point at.
+fn resolve_references(value: &mut Value, root: &Value, sources: &Sources, depth: usize) -> Result<(), LocalError> {
+    if depth > 10 {
+        return Err(sources.error("!reference", None, "references nest more than 10 levels deep"));
+    }
+    match value {
+        Value::Tagged(tagged) if tagged.tag == "reference" => {
+            let path = list_of_strings(&tagged.value);
+            let mut target = root;
+            for part in &path {
+                target = target.get(part.as_str()).ok_or_else(|| {
+                    sources.error(path.first().map(String::as_str).unwrap_or(""), None, format!("!reference {path:?} points at nothing"))
+                })?;
+            }
+            let mut resolved = target.clone();
+            resolve_references(&mut resolved, root, sources, depth + 1)?;
+            *value = resolved;
+        }
+        Value::Sequence(items) => {
+            let mut out = Vec::new();
+            for mut item in std::mem::take(items) {
+                let was_reference = matches!(&item, Value::Tagged(t) if t.tag == "reference");
+                resolve_references(&mut item, root, sources, depth + 1)?;
+                // A referenced list inside a script list is spliced in.
+                match item {
+                    Value::Sequence(inner) if was_reference => out.extend(inner),
+                    other => out.push(other),
+                }
+            }
+            *items = out;
+        }
+        Value::Mapping(map) => {
+            for (_, v) in map.iter_mut() {
+                resolve_references(v, root, sources, depth + 1)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn load_includes(project_dir: &Path, root: &mut Value, sources: &mut Sources, depth: usize) -> Result<(), LocalError> {
+    let Some(include) = root.as_mapping_mut().and_then(|m| m.remove("include")) else { return Ok(()) };
+    if depth > 10 {
+        return Err(sources.error("include", None, "includes nest more than 10 levels deep"));
+    }
+    let entries: Vec<Value> = match include {
+        Value::Sequence(items) => items,
+        other => vec![other],
+    };
+    let mut merged = Value::Mapping(Mapping::new());
+    for entry in entries {
+        let pattern = match &entry {
+            Value::String(s) => s.clone(),
+            Value::Mapping(m) => match m.get("local").and_then(Value::as_str) {
+                Some(s) => s.to_string(),
+                None => return Err(sources.error("include", None, "only `local:` includes can be run locally (remote, project and template includes need GitLab)")),
+            },
+            _ => return Err(sources.error("include", None, "an include must be a path or {local: path}")),
+        };
+        if pattern.starts_with("http://") || pattern.starts_with("https://") {
+            return Err(sources.error("include", None, format!("{pattern}: remote includes need the network; Runway's exec only includes local files")));
+        }
+        let full = project_dir.join(pattern.trim_start_matches('/'));
+        let full_text = full.display().to_string();
+        let mut paths: Vec<PathBuf> = if full_text.contains(['*', '?', '[']) {
+            glob::glob(&full_text).map_err(|e| sources.error("include", None, format!("{pattern}: {e}")))?.filter_map(Result::ok).collect()
+        } else {
+            vec![full.clone()]
+        };
+        paths.sort();
+        if paths.is_empty() || paths.iter().any(|p| !p.is_file()) {
+            return Err(sources.error("include", None, format!("included file {pattern} does not exist")));
+        }
+        for path in paths {
+            let text = std::fs::read_to_string(&path).map_err(|e| sources.error("include", None, format!("{}: {e}", path.display())))?;
+            let mut included = parse_yaml(&path, &text)?;
+            sources.files.insert(0, (path.clone(), text));
+            load_includes(project_dir, &mut included, sources, depth + 1)?;
+            deep_merge(&mut merged, &included);
+        }
+    }
+    // The including file wins over what it includes.
+    deep_merge(&mut merged, root);
+    *root = merged;
+    Ok(())
+}
+
+fn variables_of(value: Option<&Value>) -> Vec<(String, String)> {
+    let Some(Value::Mapping(map)) = value else { return Vec::new() };
+    map.iter()
+        .filter_map(|(k, v)| {
+            let key = str_key(k)?.to_string();
+            let value = match v {
+                Value::Mapping(m) => m.get("value").and_then(scalar_string).unwrap_or_default(),
+                other => scalar_string(other)?,
+            };
+            Some((key, value))
+        })
+        .collect()
+}
+
+/// Parse `timeout:` ("1h 30m", "90 minutes", "3600").
+pub fn parse_timeout(text: &str) -> Option<u64> {
+    let text = text.trim().to_lowercase();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Some(secs);
+    }
+    let mut total = 0u64;
+    let mut number: Option<u64> = None;
+    for word in text.replace(',', " ").split_whitespace().flat_map(split_number_unit) {
+        if let Ok(n) = word.parse::<u64>() {
+            number = Some(n);
+            continue;
+        }
+        if word == "and" {
+            continue;
+        }
+        let n = number.take()?;
+        let unit = match word.as_str() {
+            "s" | "sec" | "secs" | "second" | "seconds" => 1,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60,
+            "h" | "hr" | "hrs" | "hour" | "hours" => 3600,
+            "d" | "day" | "days" => 86400,
+            _ => return None,
+        };
+        total += n * unit;
+    }
+    if number.is_some() {
+        return None;
+    }
+    (total > 0).then_some(total)
+}
+
+fn split_number_unit(word: &str) -> Vec<String> {
+    let digits: String = word.chars().take_while(|c| c.is_ascii_digit()).collect();
+    if digits.is_empty() || digits.len() == word.len() {
+        vec![word.to_string()]
+    } else {
+        vec![digits.clone(), word[digits.len()..].to_string()]
+    }
+}
+
+struct GitFacts {
+    sha: String,
+    branch: String,
+    message: String,
+}
+
+fn git_facts(project_dir: &Path) -> GitFacts {
+    let run = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(project_dir)
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+    };
+    let log = run(&["log", "-1", "--format=%H%n%B"]).unwrap_or_default();
+    let (sha, message) = log.split_once('\n').map(|(a, b)| (a.trim().to_string(), b.trim_end().to_string())).unwrap_or_default();
+    let branch = run(&["rev-parse", "--abbrev-ref", "HEAD"]).map(|s| s.trim().to_string()).filter(|b| !b.is_empty() && b != "HEAD").unwrap_or_else(|| "main".into());
+    let sha = if sha.is_empty() { "0000000000000000000000000000000000000000".to_string() } else { sha };
+    GitFacts { sha, branch, message }
+}
+
+fn slug(name: &str) -> String {
+    let mut out: String = name.to_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    out.truncate(63);
+    out.trim_matches('-').to_string()
+}
+
+/// One concrete job before rules: name, config and extra variables (parallel).
+struct Expanded {
+    name: String,
+    base: String,
+    config: Mapping,
+    extra: Vec<(String, String)>,
+}
+
+fn expand_parallel(name: &str, config: &Mapping, sources: &Sources) -> Result<Vec<Expanded>, LocalError> {
+    let one = || vec![Expanded { name: name.to_string(), base: name.to_string(), config: config.clone(), extra: Vec::new() }];
+    let Some(parallel) = config.get("parallel") else { return Ok(one()) };
+    if let Some(n) = parallel.as_u64() {
+        if !(1..=200).contains(&n) {
+            return Err(sources.error(name, Some("parallel"), "must be between 1 and 200"));
+        }
+        return Ok((1..=n)
+            .map(|i| Expanded {
+                name: format!("{name} {i}/{n}"),
+                base: name.to_string(),
+                config: config.clone(),
+                extra: vec![("CI_NODE_INDEX".into(), i.to_string()), ("CI_NODE_TOTAL".into(), n.to_string())],
+            })
+            .collect());
+    }
+    let Some(Value::Sequence(matrix)) = parallel.get("matrix") else {
+        return Err(sources.error(name, Some("parallel"), "must be a number or {matrix: [...]}"));
+    };
+    let mut combos: Vec<Vec<(String, String)>> = Vec::new();
+    for entry in matrix {
+        let Value::Mapping(entry) = entry else { return Err(sources.error(name, Some("parallel"), "matrix entries must be maps")) };
+        let mut partial: Vec<Vec<(String, String)>> = vec![Vec::new()];
+        for (k, v) in entry {
+            let key = str_key(k).unwrap_or_default().to_string();
+            let values = list_of_strings(v);
+            let mut next = Vec::new();
+            for p in &partial {
+                for val in &values {
+                    let mut q = p.clone();
+                    q.push((key.clone(), val.clone()));
+                    next.push(q);
+                }
+            }
+            partial = next;
+        }
+        combos.extend(partial);
+    }
+    let total = combos.len();
+    Ok(combos
+        .into_iter()
+        .enumerate()
+        .map(|(i, vars)| {
+            let label = vars.iter().map(|(_, v)| v.as_str()).collect::<Vec<_>>().join(", ");
+            let mut extra = vars.clone();
+            extra.push(("CI_NODE_INDEX".into(), (i + 1).to_string()));
+            extra.push(("CI_NODE_TOTAL".into(), total.to_string()));
+            Expanded { name: format!("{name}: [{label}]"), base: name.to_string(), config: config.clone(), extra }
+        })
+        .collect())
+}
+
+/// Outcome of `rules:` for a job.
+struct RuleResult {
+    when: String,
+    allow_failure: Option<Value>,
+    variables: Vec<(String, String)>,
+}
+
+fn apply_rules(rules: &Value, vars: &BTreeMap<String, String>, project_dir: &Path, sources: &Sources, job: &str) -> Result<Option<RuleResult>, LocalError> {
+    let Value::Sequence(rules) = rules else { return Err(sources.error(job, Some("rules"), "must be a list")) };
+    for rule in rules {
+        let Value::Mapping(rule) = rule else { return Err(sources.error(job, Some("rules"), "each rule must be a map")) };
+        let mut matched = true;
+        if let Some(cond) = rule.get("if") {
+            let expr = cond.as_str().ok_or_else(|| sources.error(job, Some("rules"), "`if` must be a string"))?;
+            matched = rules::evaluate(expr, vars).map_err(|e| sources.error(job, Some("rules"), format!("invalid `if: {expr}`: {e}")))?;
+        }
+        if matched {
+            if let Some(exists) = rule.get("exists") {
+                let patterns = match exists {
+                    Value::Mapping(m) => m.get("paths").map(list_of_strings).unwrap_or_default(),
+                    other => list_of_strings(other),
+                };
+                matched = patterns.iter().any(|p| {
+                    glob::glob(&project_dir.join(p).display().to_string()).map(|mut g| g.any(|e| e.is_ok())).unwrap_or(false)
+                });
+            }
+        }
+        if matched {
+            return Ok(Some(RuleResult {
+                when: rule.get("when").and_then(Value::as_str).unwrap_or("on_success").to_string(),
+                allow_failure: rule.get("allow_failure").cloned(),
+                variables: variables_of(rule.get("variables")),
+            }));
+        }
+    }
+    Ok(None)
+}
+
+fn allow_failure_of(value: Option<&Value>, when: &str) -> (bool, Vec<i32>) {
+    match value {
+        Some(Value::Bool(b)) => (*b, Vec::new()),
+        Some(Value::Mapping(m)) => {
+            let codes = m.get("exit_codes").map(|c| list_of_strings(c).iter().filter_map(|s| s.parse().ok()).collect()).unwrap_or_default();
+            (true, codes)
+        }
+        // Manual jobs may fail by default.
+        _ => (when == "manual", Vec::new()),
+    }
+}
+
+impl Pipeline {
+    /// Read `file` (with its includes) for the project in `project_dir`; `overrides` are
+    /// `--var` values, which win over everything.
+    pub fn load(project_dir: &Path, file: &Path, overrides: &[(String, String)]) -> Result<Pipeline, LocalError> {
+        let text = std::fs::read_to_string(file).map_err(|e| LocalError { file: file.to_path_buf(), line: None, key: String::new(), message: e.to_string() })?;
+        let mut root = parse_yaml(file, &text)?;
+        let mut sources = Sources { files: vec![(file.to_path_buf(), text)] };
+        if !root.is_mapping() {
+            return Err(LocalError { file: file.to_path_buf(), line: Some(1), key: String::new(), message: "the pipeline file must be a map of keys to jobs".into() });
+        }
+        load_includes(project_dir, &mut root, &mut sources, 0)?;
+        let snapshot = root.clone();
+        resolve_references(&mut root, &snapshot, &sources, 0)?;
+        let Value::Mapping(top) = &root else { return Err(sources.error("", None, "not a map")) };
+
+        let mut stages: Vec<String> = top.get("stages").or_else(|| top.get("types")).map(list_of_strings).unwrap_or_else(|| vec!["build".into(), "test".into(), "deploy".into()]);
+        stages.retain(|s| s != ".pre" && s != ".post");
+        stages.insert(0, ".pre".into());
+        stages.push(".post".into());
+
+        let facts = git_facts(project_dir);
+        let project_name = project_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "project".into());
+        let project_path = format!("local/{project_name}");
+        let title = facts.message.lines().next().unwrap_or("").to_string();
+        let predefined: Vec<(String, String)> = vec![
+            ("CI".into(), "true".into()),
+            ("GITLAB_CI".into(), "true".into()),
+            ("CI_SERVER_NAME".into(), "GitLab".into()),
+            ("CI_SERVER_URL".into(), "https://gitlab.example.com".into()),
+            ("CI_PIPELINE_ID".into(), "1".into()),
+            ("CI_PIPELINE_IID".into(), "1".into()),
+            ("CI_PIPELINE_SOURCE".into(), "push".into()),
+            ("CI_COMMIT_SHA".into(), facts.sha.clone()),
+            ("CI_COMMIT_SHORT_SHA".into(), facts.sha.chars().take(8).collect()),
+            ("CI_COMMIT_REF_NAME".into(), facts.branch.clone()),
+            ("CI_COMMIT_REF_SLUG".into(), slug(&facts.branch)),
+            ("CI_COMMIT_BRANCH".into(), facts.branch.clone()),
+            ("CI_COMMIT_MESSAGE".into(), facts.message.clone()),
+            ("CI_COMMIT_TITLE".into(), title),
+            ("CI_DEFAULT_BRANCH".into(), "main".into()),
+            ("CI_PROJECT_DIR".into(), project_dir.display().to_string()),
+            ("CI_PROJECT_NAME".into(), project_name.clone()),
+            ("CI_PROJECT_NAMESPACE".into(), "local".into()),
+            ("CI_PROJECT_PATH".into(), project_path.clone()),
+            ("CI_PROJECT_PATH_SLUG".into(), slug(&project_path)),
+        ];
+        let global_vars = variables_of(top.get("variables"));
+        let mut base_vars: BTreeMap<String, String> = predefined.iter().cloned().collect();
+        base_vars.extend(global_vars.iter().cloned());
+        base_vars.extend(overrides.iter().cloned());
+
+        // workflow:rules
+        let mut workflow_blocked = false;
+        if let Some(rules) = top.get("workflow").and_then(|w| w.get("rules")) {
+            match apply_rules(rules, &base_vars, project_dir, &sources, "workflow")? {
+                Some(r) if r.when != "never" => {
+                    for (k, v) in r.variables {
+                        base_vars.insert(k, v);
+                    }
+                }
+                _ => workflow_blocked = true,
+            }
+        }
+
+        // default: (and the legacy top-level keys)
+        let mut defaults = Mapping::new();
+        for key in ["image", "services", "cache", "before_script", "after_script"] {
+            if let Some(v) = top.get(key) {
+                defaults.insert(key.into(), v.clone());
+            }
+        }
+        if let Some(Value::Mapping(d)) = top.get("default") {
+            for (k, v) in d {
+                defaults.insert(k.clone(), v.clone());
+            }
+        }
+
+        let names: Vec<String> = top.iter().filter_map(|(k, v)| {
+            let name = str_key(k)?;
+            (!RESERVED.contains(&name) && !name.starts_with('.') && v.is_mapping()).then(|| name.to_string())
+        }).collect();
+        let mut jobs = Vec::new();
+        let mut next_id = 1;
+        for name in names {
+            let mut config = resolve_extends(top, &name, &sources, &mut Vec::new())?;
+            config.remove("extends");
+            for key in DEFAULTABLE {
+                if !config.contains_key(*key) {
+                    if let Some(v) = defaults.get(*key) {
+                        config.insert((*key).into(), v.clone());
+                    }
+                }
+            }
+            if config.get("trigger").is_some() {
+                continue; // Bridge jobs trigger other pipelines; nothing runs locally.
+            }
+            let script = config.get("script").map(list_of_strings).unwrap_or_default();
+            if script.is_empty() {
+                return Err(sources.error(&name, None, "job has no script"));
+            }
+            let stage = config.get("stage").and_then(Value::as_str).unwrap_or("test").to_string();
+            if !stages.contains(&stage) {
+                return Err(sources.error(&name, Some("stage"), format!("stage {stage:?} is not in stages ({})", stages.join(", "))));
+            }
+            for expanded in expand_parallel(&name, &config, &sources)? {
+                let mut vars = base_vars.clone();
+                let job_vars = variables_of(expanded.config.get("variables"));
+                vars.extend(job_vars.iter().cloned());
+                vars.extend(expanded.extra.iter().cloned());
+                vars.insert("CI_JOB_NAME".into(), expanded.name.clone());
+                vars.insert("CI_JOB_NAME_SLUG".into(), slug(&expanded.name));
+                vars.insert("CI_JOB_STAGE".into(), stage.clone());
+                vars.extend(overrides.iter().cloned());
+                let mut when = expanded.config.get("when").and_then(Value::as_str).unwrap_or("on_success").to_string();
+                let mut allow_failure_value = expanded.config.get("allow_failure").cloned();
+                let mut rule_vars = Vec::new();
+                if let Some(rules) = expanded.config.get("rules") {
+                    match apply_rules(rules, &vars, project_dir, &sources, &name)? {
+                        Some(r) => {
+                            when = r.when;
+                            if r.allow_failure.is_some() {
+                                allow_failure_value = r.allow_failure;
+                            }
+                            rule_vars = r.variables;
+                        }
+                        None => when = "never".into(),
+                    }
+                }
+                if !["on_success", "on_failure", "always", "manual", "delayed", "never"].contains(&when.as_str()) {
+                    return Err(sources.error(&name, Some("when"), format!("unknown when: {when:?}")));
+                }
+                if when == "never" {
+                    continue;
+                }
+                let (allow_failure, allow_failure_exit_codes) = allow_failure_of(allow_failure_value.as_ref(), &when);
+                let needs: Vec<String> = expanded
+                    .config
+                    .get("needs")
+                    .and_then(Value::as_sequence)
+                    .map(|items| items.iter().filter_map(|n| n.as_str().map(str::to_string).or_else(|| n.get("job").and_then(Value::as_str).map(str::to_string))).collect())
+                    .unwrap_or_default();
+                let timeout = match expanded.config.get("timeout") {
+                    Some(t) => {
+                        let text = scalar_string(t).unwrap_or_default();
+                        parse_timeout(&text).ok_or_else(|| sources.error(&name, Some("timeout"), format!("cannot read {text:?} as a duration (e.g. \"1h 30m\")")))? as i64
+                    }
+                    None => 3600,
+                };
+                // Variables in GitLab's payload order: predefined, global, job, rules, --var.
+                let mut list: Vec<JobVariable> = Vec::new();
+                let mut push = |k: &str, v: &str| list.push(JobVariable::public(k, v));
+                for (k, v) in &vars {
+                    if !overrides.iter().any(|(o, _)| o == k) {
+                        push(k, v);
+                    }
+                }
+                for (k, v) in &rule_vars {
+                    push(k, v);
+                }
+                if !vars.contains_key("GIT_STRATEGY") && !rule_vars.iter().any(|(k, _)| k == "GIT_STRATEGY") {
+                    push("GIT_STRATEGY", "none");
+                }
+                push("CI_JOB_ID", &next_id.to_string());
+                for (k, v) in overrides {
+                    push(k, v);
+                }
+                let mut script_lines = expanded.config.get("before_script").map(list_of_strings).unwrap_or_default();
+                script_lines.extend(list_of_strings(expanded.config.get("script").unwrap_or(&Value::Null)));
+                let mut steps = vec![Step { name: "script".into(), script: script_lines, timeout, when: StepWhen::OnSuccess, allow_failure: false }];
+                let after = expanded.config.get("after_script").map(list_of_strings).unwrap_or_default();
+                if !after.is_empty() {
+                    steps.push(Step { name: "after_script".into(), script: after, timeout, when: StepWhen::Always, allow_failure: true });
+                }
+                let payload = JobResponse {
+                    id: next_id,
+                    token: "local".into(),
+                    allow_git_fetch: false,
+                    job_info: JobInfo {
+                        id: next_id,
+                        name: expanded.name.clone(),
+                        stage: stage.clone(),
+                        pipeline_id: 1,
+                        project_id: 1,
+                        project_name: project_name.clone(),
+                        project_full_path: project_path.clone(),
+                        time_in_queue_seconds: 0.0,
+                    },
+                    git_info: GitInfo { repo_url: String::new(), git_ref: facts.branch.clone(), sha: facts.sha.clone(), ref_type: "branch".into(), ..GitInfo::default() },
+                    runner_info: RunnerInfo { timeout },
+                    variables: list,
+                    steps,
+                    features: JobFeatures {
+                        trace_sections: true,
+                        token_mask_prefixes: Vec::new(),
+                        failure_reasons: ["script_failure", "runner_system_failure", "job_execution_timeout", "runner_configuration_error", "job_canceled"].map(String::from).to_vec(),
+                    },
+                    ..JobResponse::default()
+                };
+                next_id += 1;
+                let _ = &expanded.base;
+                jobs.push(PlannedJob { name: expanded.name, stage: stage.clone(), when, allow_failure, allow_failure_exit_codes, needs, payload });
+            }
+        }
+        // Stage order, file order within a stage.
+        jobs.sort_by_key(|j| stages.iter().position(|s| *s == j.stage).unwrap_or(usize::MAX));
+        let known: BTreeSet<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        for job in &jobs {
+            for need in &job.needs {
+                let base_known = known.contains(need) || jobs.iter().any(|j| j.name.starts_with(&format!("{need} ")) || j.name.starts_with(&format!("{need}: ")));
+                if !base_known {
+                    return Err(sources.error(job.name.split([' ', ':']).next().unwrap_or(&job.name), Some("needs"), format!("needs unknown job {need:?}")));
+                }
+            }
+        }
+        Ok(Pipeline { stages, jobs: if workflow_blocked { Vec::new() } else { jobs }, workflow_blocked })
+    }
+
+    /// Jobs in stage order.
+    pub fn jobs(&self) -> &[PlannedJob] {
+        &self.jobs
+    }
+
+    /// A job by name.
+    pub fn job(&self, name: &str) -> Option<&PlannedJob> {
+        self.jobs.iter().find(|j| j.name == name)
+    }
+
+    fn expand_name(&self, name: &str) -> Vec<&PlannedJob> {
+        match self.job(name) {
+            Some(j) => vec![j],
+            None => self.jobs.iter().filter(|j| j.name.starts_with(&format!("{name} ")) || j.name.starts_with(&format!("{name}: "))).collect(),
+        }
+    }
+
+    /// `names` plus everything they need, needed jobs first, in stage order.
+    pub fn with_needs(&self, names: &[String]) -> Result<Vec<&PlannedJob>, LocalError> {
+        let mut chosen: BTreeSet<String> = BTreeSet::new();
+        let mut stack: Vec<(String, Vec<String>)> = names.iter().map(|n| (n.clone(), Vec::new())).collect();
+        while let Some((name, path)) = stack.pop() {
+            if path.contains(&name) {
+                return Err(LocalError { file: PathBuf::new(), line: None, key: name.clone(), message: format!("needs form a cycle: {} -> {name}", path.join(" -> ")) });
+            }
+            let found = self.expand_name(&name);
+            if found.is_empty() {
+                return Err(LocalError { file: PathBuf::new(), line: None, key: name.clone(), message: "unknown job (`runway exec --list` shows them)".into() });
+            }
+            for job in found {
+                if chosen.insert(job.name.clone()) || path.is_empty() {
+                    let mut next = path.clone();
+                    next.push(name.clone());
+                    for need in &job.needs {
+                        stack.push((need.clone(), next.clone()));
+                    }
+                }
+            }
+        }
+        Ok(self.jobs.iter().filter(|j| chosen.contains(&j.name)).collect())
+    }
+}
+
+fn resolve_extends(top: &Mapping, name: &str, sources: &Sources, chain: &mut Vec<String>) -> Result<Mapping, LocalError> {
+    if chain.iter().any(|c| c == name) {
+        return Err(sources.error(chain.first().map(String::as_str).unwrap_or(name), Some("extends"), format!("circular extends: {} -> {name}", chain.join(" -> "))));
+    }
+    if chain.len() > 11 {
+        return Err(sources.error(name, Some("extends"), "extends nests more than 11 levels"));
+    }
+    let Some(Value::Mapping(job)) = top.get(name) else {
+        let from = chain.last().cloned().unwrap_or_default();
+        return Err(sources.error(&from, Some("extends"), format!("extends unknown job or template {name:?}")));
+    };
+    let parents = job.get("extends").map(list_of_strings).unwrap_or_default();
+    let mut merged = Value::Mapping(Mapping::new());
+    chain.push(name.to_string());
+    for parent in parents {
+        let resolved = resolve_extends(top, &parent, sources, chain)?;
+        deep_merge(&mut merged, &Value::Mapping(resolved));
+    }
+    chain.pop();
+    deep_merge(&mut merged, &Value::Mapping(job.clone()));
+    match merged {
+        Value::Mapping(m) => Ok(m),
+        _ => Ok(Mapping::new()),
+    }
+}
+
+/// `runway exec --list`.
+pub fn list_table(pipeline: &Pipeline) -> String {
+    if pipeline.workflow_blocked {
+        return "workflow:rules keep this pipeline from running; no jobs\n".into();
+    }
+    let mut rows = vec![["NAME".to_string(), "STAGE".into(), "WHEN".into(), "ALLOW FAILURE".into(), "NEEDS".into()]];
+    for j in pipeline.jobs() {
+        let allow = if !j.allow_failure_exit_codes.is_empty() {
+            format!("exit codes {:?}", j.allow_failure_exit_codes)
+        } else {
+            j.allow_failure.to_string()
+        };
+        rows.push([j.name.clone(), j.stage.clone(), j.when.clone(), allow, j.needs.join(", ")]);
+    }
+    let widths: Vec<usize> = (0..5).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+    rows.iter()
+        .map(|r| {
+            let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+            format!("{}\n", line.join("  ").trim_end())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

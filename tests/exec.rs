@@ -1,0 +1,77 @@
+//! `runway exec` as a user runs it: the binary on real projects, real bash and git.
+
+use std::path::Path;
+use std::process::Command;
+
+const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
+
+fn exec(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(RUNWAY).arg("exec").arg("--cwd").arg(dir).args(args).env_remove("NO_COLOR").output().expect("runway exec runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn demo() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/demo")
+}
+
+fn project(yaml: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join(".gitlab-ci.yml"), yaml).expect("write");
+    std::fs::write(dir.path().join("tracked.txt"), "tracked\n").expect("write");
+    for args in [&["init", "-q", "-b", "main"][..], &["add", "."], &["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "init"]] {
+        Command::new("git").arg("-C").arg(dir.path()).args(args).output().expect("git");
+    }
+    dir
+}
+
+#[test]
+fn the_demo_job_runs_and_the_log_reads_like_gitlab() {
+    let (code, out, err) = exec(&demo(), &["test"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    for expected in ["Running with runway", "Preparing the \"shell\" executor", "$ echo \"greeting ok\"", "greeting ok", "test finished with status success", "Job succeeded"] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+    assert!(!out.contains('\x1b'), "colour codes on a non-TTY");
+    assert!(out.contains("step_script "), "section durations: {out}");
+}
+
+#[test]
+fn list_needs_allow_failure_and_exit_codes() {
+    let (code, out, _) = exec(&demo(), &["--list"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("matrix: [bash]") && out.contains("lint") && out.contains("build"), "{out}");
+    let (code, out, err) = exec(&demo(), &["lint"]);
+    assert_eq!(code, 0, "allow_failure job: {out}{err}");
+    assert!(out.contains("ERROR: Job failed: exit code 2") && err.contains("allow_failure"), "{out}{err}");
+    let (code, out, _) = exec(&demo(), &["--needs", "test"]);
+    assert_eq!(code, 0);
+    assert!(out.find("Hello, runway!").expect("build ran") < out.find("greeting ok").expect("test ran"));
+
+    let dir = project("fails:\n  script:\n    - echo before\n    - exit 7\n    - echo never\n");
+    let (code, out, _) = exec(dir.path(), &["fails"]);
+    assert_eq!(code, 7, "{out}");
+    assert!(out.contains("before") && !out.contains("never"));
+}
+
+#[test]
+fn vars_isolate_and_errors() {
+    let yaml = "variables:\n  WHO: yaml\nwho:\n  script:\n    - echo \"who=$WHO\"\n    - touch created-by-job\n    - cat tracked.txt\n";
+    let dir = project(yaml);
+    let (code, out, _) = exec(dir.path(), &["--var", "WHO=cli", "who"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("who=cli"));
+    assert!(dir.path().join("created-by-job").exists(), "jobs run in the project directory by default");
+    std::fs::remove_file(dir.path().join("created-by-job")).expect("rm");
+    let (code, out, _) = exec(dir.path(), &["--isolate", "who"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("tracked"), "{out}");
+    assert!(!dir.path().join("created-by-job").exists(), "--isolate ran elsewhere");
+
+    let (code, _, err) = exec(dir.path(), &["nope"]);
+    assert_eq!(code, 1);
+    assert!(err.contains(".gitlab-ci.yml") && err.contains("unknown job \"nope\""), "{err}");
+    let bad = project("job:\n  stage: missing\n  script: x\n");
+    let (code, _, err) = exec(bad.path(), &["job"]);
+    assert_eq!(code, 1);
+    assert!(err.contains(".gitlab-ci.yml:2: job.stage"), "{err}");
+}
