@@ -102,8 +102,9 @@ async fn request_job_echoes_last_update_through_the_long_poll() {
     let first = fake.requests_to("POST", "/api/v4/jobs/request").pop().expect("logged").json().expect("json");
     assert!(first.get("last_update").is_none());
 
-    // Second: sends it back, blocks in the long poll, times out with a bare 204.
-    assert!(matches!(client.request_job(&creds, &info()).await, RequestJobResult::NoJob));
+    // Second: sends it back, blocks in the long poll, times out with a bare 204 — the server
+    // already waited, so the client is told to ask again at once.
+    assert!(matches!(client.request_job(&creds, &info()).await, RequestJobResult::PollAgain));
     let second = fake.requests_to("POST", "/api/v4/jobs/request").pop().expect("logged");
     assert_eq!(second.json().expect("json")["last_update"], version.as_str());
     assert!(second.header("runner-token") == Some(runner.token.as_str()));
@@ -139,7 +140,11 @@ async fn request_job_echoes_last_update_through_the_long_poll() {
         _ = tokio::time::sleep(Duration::from_millis(100)) => {}
     }
     fake.set_long_poll(Duration::from_millis(100));
-    assert!(matches!(client.request_job(&creds, &info()).await, RequestJobResult::NoJob));
+    // The queue moved on when the job was taken: a 204 with the new value, ask again at once.
+    assert!(matches!(client.request_job(&creds, &info()).await, RequestJobResult::PollAgain));
+    // Asking with the new value long-polls and times out: again at once, never a hot loop
+    // because each such answer took the server's full wait.
+    assert!(matches!(client.request_job(&creds, &info()).await, RequestJobResult::PollAgain));
 }
 
 #[tokio::test]

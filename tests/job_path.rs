@@ -274,3 +274,70 @@ async fn a_malformed_payload_fails_that_job_and_polling_goes_on() {
 
 #[allow(dead_code)]
 fn unused(_: &Path, _: BTreeMap<String, String>) {}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_cache_submodules_and_strategies() {
+    let w = world().await;
+    // A submodule served by the same fake, referenced relative to the project.
+    w.fake.create_repo("group/lib");
+    w.fake.commit_files("group/lib", "main", &[("lib.txt", "library\n")], "lib");
+    let lib_sha = w.fake.commit_files("group/lib", "main", &[("lib.txt", "library v2\n")], "lib v2");
+    w.fake.commit_files_raw(
+        "group/project",
+        "main",
+        &[(".gitmodules", b"[submodule \"lib\"]\n\tpath = lib\n\turl = ../lib.git\n", false)],
+        "add submodule config",
+    );
+    // Record the gitlink with plain git in the bare repository.
+    let repo = w.fake.repo_path("group/project");
+    let work = w.root.path().join("seed");
+    let git = |dir: &Path, args: &[&str]| {
+        let out = std::process::Command::new("git").arg("-C").arg(dir).args(args).output().expect("git");
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    git(w.root.path(), &["clone", "-q", repo.to_str().expect("utf8"), work.to_str().expect("utf8")]);
+    git(&work, &["update-index", "--add", "--cacheinfo", &format!("160000,{lib_sha},lib")]);
+    git(&work, &["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "gitlink"]);
+    git(&work, &["push", "-q", "origin", "HEAD:main"]);
+
+    let shutdown = Shutdown::default();
+    let mut runner = w.runner(0, 4096).await;
+    runner.env.settings.pre_get_sources_script = Some("echo config-pre-get-sources".into());
+    runner.env.settings.post_build_script = Some("echo config-post-build".into());
+    runner.env.settings.environment = vec!["FROM_CONFIG=cfg".into()];
+    let manager = w.manager(1, runner, shutdown.clone());
+    let running = tokio::spawn(manager.run());
+
+    let with_cache = |name: &str, script: &[&str]| {
+        let mut payload = w.fake.job_payload(&JobSpec::new("group/project", name, script).variable("GIT_SUBMODULE_STRATEGY", "normal"));
+        payload["cache"] = serde_json::json!([{"key": "deps-$CI_COMMIT_REF_NAME", "paths": ["vendor/"], "policy": "pull-push", "when": "on_success"}]);
+        payload
+    };
+    let first = w.fake.enqueue(with_cache("fill", &["cat lib/lib.txt", "echo \"env $FROM_CONFIG\"", "mkdir -p vendor && echo cached-bytes > vendor/dep.txt"]));
+    let job = w.finished(first).await;
+    let text = job.trace_text();
+    assert_eq!(job.final_state.as_deref(), Some("success"), "{text}");
+    let order = ["config-pre-get-sources", "library v2", "env cfg", "config-post-build", "Created cache"];
+    let positions: Vec<usize> = order.iter().map(|s| text.find(s).unwrap_or_else(|| panic!("{s:?} missing:\n{text}"))).collect();
+    assert!(positions.windows(2).all(|p| p[0] < p[1]), "out of order: {positions:?}\n{text}");
+
+    // A clone starts from nothing; the cache brings vendor/ back.
+    let second = w.fake.enqueue({
+        let mut p = with_cache("use", &["cat vendor/dep.txt"]);
+        p["variables"].as_array_mut().expect("vars").push(serde_json::json!({"key": "GIT_STRATEGY", "value": "clone", "public": true}));
+        p
+    });
+    let job = w.finished(second).await;
+    assert!(job.trace_text().contains("Successfully extracted cache") && job.trace_text().contains("cached-bytes"), "{}", job.trace_text());
+
+    // GIT_STRATEGY=empty: no sources at all; GIT_CHECKOUT=false: fetched but not checked out.
+    let empty = w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", "empty", &["ls -A | wc -l"]).variable("GIT_STRATEGY", "empty")));
+    let job = w.finished(empty).await;
+    assert!(job.trace_text().contains("creating an empty build directory") && job.trace_text().contains("\n0\n"), "{}", job.trace_text());
+    let no_checkout = w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", "nocheckout", &["test ! -e README.md && echo no-worktree"]).variable("GIT_CHECKOUT", "false").variable("GIT_STRATEGY", "clone")));
+    let job = w.finished(no_checkout).await;
+    assert!(job.trace_text().contains("Skipping Git checkout") && job.trace_text().contains("no-worktree"), "{}", job.trace_text());
+
+    shutdown.graceful.cancel();
+    running.await.expect("manager stops");
+}

@@ -577,9 +577,10 @@ impl Pipeline {
                     continue;
                 }
                 let (allow_failure, allow_failure_exit_codes) = allow_failure_of(allow_failure_value.as_ref(), &when);
-                let needs: Vec<String> = expanded
-                    .config
-                    .get("needs")
+                // `needs` orders jobs; without it, `dependencies` (jobs of earlier stages whose
+                // artifacts the job uses) order them the same way for `--needs`.
+                let ordering = expanded.config.get("needs").or_else(|| expanded.config.get("dependencies"));
+                let needs: Vec<String> = ordering
                     .and_then(Value::as_sequence)
                     .map(|items| items.iter().filter_map(|n| n.as_str().map(str::to_string).or_else(|| n.get("job").and_then(Value::as_str).map(str::to_string))).collect())
                     .unwrap_or_default();

@@ -106,7 +106,9 @@ fn parallel_and_matrix_names() {
     let (_dir, p) = load("parallel.yml");
     let p = p.expect("loads");
     let names: Vec<&str> = p.jobs().iter().map(|j| j.name.as_str()).collect();
-    assert_eq!(names, vec!["numbered 1/3", "numbered 2/3", "numbered 3/3", "matrix: [aws, monitoring]", "matrix: [aws, app]", "matrix: [gcp, data]"]);
+    assert_eq!(names, vec!["numbered 1/3", "numbered 2/3", "numbered 3/3", "matrix: [aws, monitoring]", "matrix: [aws, app]", "matrix: [gcp, data]", "uses-artifacts"]);
+    let ordered: Vec<&str> = p.with_needs(&["uses-artifacts".into()]).expect("dependencies order").iter().map(|j| j.name.as_str()).collect();
+    assert_eq!(ordered, vec!["numbered 1/3", "numbered 2/3", "numbered 3/3", "uses-artifacts"]);
     let gcp = p.job("matrix: [gcp, data]").expect("gcp");
     assert_eq!((var(gcp, "PROVIDER"), var(gcp, "STACK"), var(gcp, "CI_NODE_TOTAL")), (Some("gcp"), Some("data"), Some("3")));
     assert_eq!(var(p.job("numbered 2/3").expect("n2"), "CI_NODE_INDEX"), Some("2"));
