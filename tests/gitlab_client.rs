@@ -22,6 +22,7 @@ fn client() -> (Arc<GitLabClient>, Seen) {
         hook: Some(Arc::new(move |endpoint, method, status, _duration| {
             log.lock().expect("hook log").push((endpoint, method.to_string(), status));
         })),
+        ..ClientOptions::default()
     };
     (Arc::new(GitLabClient::new(options).expect("client")), seen)
 }
@@ -319,4 +320,32 @@ async fn checksum_round_trip_after_a_412_reupload() {
     assert_eq!(record.exit_code, None);
     let last = record.updates.last().expect("updates");
     assert!(last.get("exit_code").is_none() && last.get("failure_reason").is_none());
+}
+
+#[test]
+fn tls_files_are_loaded_or_refused_with_the_file_named() {
+    use runway::gitlab::client::{ApiError, ClientOptions, GitLabClient};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
+    let status = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=runway-test-ca", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    let ok = GitLabClient::new(ClientOptions { tls_ca_file: Some(cert.clone()), tls_client_cert: Some((cert.clone(), key.clone())), ..ClientOptions::default() });
+    assert!(ok.is_ok(), "a PEM CA and client identity load");
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate").expect("write");
+    match GitLabClient::new(ClientOptions { tls_ca_file: Some(garbage.clone()), ..ClientOptions::default() }) {
+        Err(ApiError::ClientSetup(message)) => assert!(message.contains("garbage.pem"), "{message}"),
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("a CA file without certificates was accepted"),
+    }
+    match GitLabClient::new(ClientOptions { tls_ca_file: Some(dir.path().join("missing.crt")), ..ClientOptions::default() }) {
+        Err(ApiError::ClientSetup(message)) => assert!(message.contains("missing.crt"), "{message}"),
+        _ => panic!("a missing CA file was accepted"),
+    }
 }

@@ -51,6 +51,7 @@ impl World {
             ..ScriptSettings::default()
         };
         RunnerSettings {
+            client: None,
             credentials: RunnerCredentials { url: self.fake.url(), token: self.token.clone(), system_id: "s_0123456789ab".into() },
             env: JobEnvironment {
                 plugins: self.plugins.clone(),
@@ -72,6 +73,7 @@ impl World {
         let client = GitLabClient::new(ClientOptions {
             retry: RetryPolicy { backoff_base: Duration::from_millis(20), backoff_max: Duration::from_millis(200), ..RetryPolicy::default() },
             hook: None,
+            ..ClientOptions::default()
         })
         .expect("client");
         let settings = ManagerSettings {

@@ -43,6 +43,7 @@ async fn setup(concurrent: usize) -> Setup {
         ..ScriptSettings::default()
     };
     let runner_settings = RunnerSettings {
+        client: None,
         credentials: RunnerCredentials { url: fake.url(), token: runner.token.clone(), system_id: "s_000000000000".into() },
         env: JobEnvironment { plugins, executor, settings: settings.clone(), identity: identity("bench", "bench", "s_000000000000") },
         limit: 0,

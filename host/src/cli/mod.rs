@@ -4,7 +4,7 @@
 mod exec;
 mod plugins;
 mod run;
-mod runners;
+pub(crate) mod runners;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -71,8 +71,13 @@ pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &
             shared_environment: executor.shared(),
             ..ScriptSettings::default()
         };
+        let client = match (&runner.tls_ca_file, &runner.tls_cert_file, &runner.tls_key_file) {
+            (None, None, None) => None,
+            _ => Some(Arc::new(super::runners::client_for(runner, None)?)),
+        };
         out.push(RunnerSettings {
             credentials: RunnerCredentials { url: runner.url.clone(), token: runner.token.clone(), system_id: system_id.to_string() },
+            client,
             env: JobEnvironment { plugins: plugins.clone(), executor, settings, identity: identity(&runner.name, &short, system_id) },
             limit: runner.limit,
             request_concurrency: runner.request_concurrency,

@@ -76,6 +76,16 @@ fn client() -> anyhow::Result<GitLabClient> {
     Ok(GitLabClient::new(ClientOptions::default())?)
 }
 
+/// A client honouring a runner's `tls-ca-file` and client certificate.
+pub fn client_for(runner: &RunnerConfig, hook: Option<crate::gitlab::client::RequestHook>) -> anyhow::Result<GitLabClient> {
+    let tls_client_cert = match (&runner.tls_cert_file, &runner.tls_key_file) {
+        (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+        (None, None) => None,
+        _ => anyhow::bail!("runner {:?}: tls-cert-file and tls-key-file go together", runner.name),
+    };
+    Ok(GitLabClient::new(ClientOptions { hook, tls_ca_file: runner.tls_ca_file.clone(), tls_client_cert, ..ClientOptions::default() })?)
+}
+
 fn load_or_new(path: &Path) -> anyhow::Result<Config> {
     if path.exists() {
         Ok(config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?.config)
@@ -155,12 +165,12 @@ impl TruncateNanos for chrono::DateTime<chrono::Utc> {
 pub async fn verify(path: &Path, delete: bool) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let system_id = config::system_id(&loaded.dir())?;
-    let client = client()?;
     let mut cfg = loaded.config.clone();
     let mut failed = false;
     let mut keep = Vec::new();
     for runner in &loaded.config.runners {
         let creds = RunnerCredentials { url: runner.url.clone(), token: runner.token.clone(), system_id: system_id.clone() };
+        let client = client_for(runner, None)?;
         match client.verify(&creds, &info()).await {
             Ok(_) => {
                 println!("Verifying runner... is valid  runner={}", config::short_token(&runner.token));
@@ -192,7 +202,6 @@ pub async fn verify(path: &Path, delete: bool) -> anyhow::Result<ExitCode> {
 pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let system_id = config::system_id(&loaded.dir())?;
-    let client = client()?;
     let mut cfg = loaded.config.clone();
     let selected: Vec<usize> = cfg
         .runners
@@ -212,6 +221,7 @@ pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<Exi
     for i in selected {
         let runner = &cfg.runners[i];
         let creds = RunnerCredentials { url: runner.url.clone(), token: runner.token.clone(), system_id: system_id.clone() };
+        let client = client_for(runner, None)?;
         let result = if runner.token.starts_with("glrt-") { client.unregister_manager(&creds).await } else { client.unregister_runner(&creds).await };
         match result {
             Ok(()) => {

@@ -272,6 +272,11 @@ pub struct ClientOptions {
     pub retry: RetryPolicy,
     /// Optional metrics hook, called per HTTP attempt.
     pub hook: Option<RequestHook>,
+    /// `tls-ca-file`: extra PEM CA certificates to trust (self-managed GitLab with a
+    /// private CA).
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// `tls-cert-file` + `tls-key-file`: a PEM client certificate and key.
+    pub tls_client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// The runner API client. Cheap to share (`Arc`); one per process is enough.
@@ -332,13 +337,30 @@ async fn error_message(response: Response) -> String {
 
 impl GitLabClient {
     pub fn new(options: ClientOptions) -> Result<Self, ApiError> {
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(30))
             .tcp_keepalive(Duration::from_secs(30))
             .pool_idle_timeout(Duration::from_secs(90))
-            .timeout(Duration::from_secs(60 * 60))
-            .build()
-            .map_err(|e| ApiError::ClientSetup(describe_reqwest_error(&e)))?;
+            .timeout(Duration::from_secs(60 * 60));
+        let read = |path: &std::path::Path| std::fs::read(path).map_err(|e| ApiError::ClientSetup(format!("{}: {e}", path.display())));
+        if let Some(ca) = &options.tls_ca_file {
+            let pem = read(ca)?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ApiError::ClientSetup(format!("tls-ca-file {}: {e}", ca.display())))?;
+            if certs.is_empty() {
+                return Err(ApiError::ClientSetup(format!("tls-ca-file {}: no PEM certificates in it", ca.display())));
+            }
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        if let Some((cert, key)) = &options.tls_client_cert {
+            let mut pem = read(cert)?;
+            pem.push(b'\n');
+            pem.extend(read(key)?);
+            let identity = reqwest::Identity::from_pem(&pem).map_err(|e| ApiError::ClientSetup(format!("tls-cert-file/tls-key-file: {e}")))?;
+            builder = builder.identity(identity);
+        }
+        let http = builder.build().map_err(|e| ApiError::ClientSetup(describe_reqwest_error(&e)))?;
         Ok(GitLabClient {
             http,
             retry: options.retry,

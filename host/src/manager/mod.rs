@@ -31,6 +31,9 @@ use slots::SlotAllocator;
 #[derive(Clone)]
 pub struct RunnerSettings {
     pub credentials: RunnerCredentials,
+    /// A client of its own when the runner has TLS settings (`tls-ca-file`, client
+    /// certificate); otherwise the manager's shared client is used.
+    pub client: Option<Arc<GitLabClient>>,
     /// Job environment template (executor, plugin host, script settings, identity).
     pub env: JobEnvironment,
     /// `limit`: 0 = unlimited.
@@ -85,7 +88,6 @@ pub struct ManagerStats {
 }
 
 struct Shared {
-    client: Arc<GitLabClient>,
     settings: ManagerSettings,
     global: Arc<Semaphore>,
     shutdown: Shutdown,
@@ -94,6 +96,7 @@ struct Shared {
 
 struct Runner {
     settings: RunnerSettings,
+    client: Arc<GitLabClient>,
     info: VersionInfo,
     limit: Arc<Semaphore>,
     slots: Arc<SlotAllocator>,
@@ -147,10 +150,11 @@ impl Manager {
                 let executor = &r.env.executor;
                 let info = VersionInfo::this_runner(&executor.info.name, &r.env.settings.shell, features(executor.info.features));
                 let limit = if r.limit == 0 { Semaphore::MAX_PERMITS } else { r.limit };
-                Arc::new(Runner { info, limit: Arc::new(Semaphore::new(limit)), slots: Arc::default(), settings: r })
+                let runner_client = r.client.clone().unwrap_or_else(|| client.clone());
+                Arc::new(Runner { info, client: runner_client, limit: Arc::new(Semaphore::new(limit)), slots: Arc::default(), settings: r })
             })
             .collect();
-        Manager { shared: Arc::new(Shared { client, settings, global, shutdown, stats: Arc::default() }), runners }
+        Manager { shared: Arc::new(Shared { settings, global, shutdown, stats: Arc::default() }), runners }
     }
 
     /// Counters of running and finished jobs.
@@ -246,7 +250,7 @@ async fn poll(runner: Arc<Runner>, shared: Arc<Shared>, jobs: tokio::sync::mpsc:
         };
         drop((capacity, limit));
         let result = tokio::select! {
-            r = shared.client.request_job(&runner.settings.credentials, &runner.info) => r,
+            r = runner.client.request_job(&runner.settings.credentials, &runner.info) => r,
             _ = stop_requesting.cancelled() => return,
         };
         match result {
@@ -373,7 +377,7 @@ fn start_pending_keepalive(api: Arc<dyn JobApi>, every: Duration, stop: Cancella
 
 async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse) {
     let settings = &runner.settings;
-    let api: Arc<dyn JobApi> = match JobClient::new(shared.client.clone(), &settings.credentials.url, job.id, &job.token, runner.info.clone()) {
+    let api: Arc<dyn JobApi> = match JobClient::new(runner.client.clone(), &settings.credentials.url, job.id, &job.token, runner.info.clone()) {
         Ok(c) => Arc::new(c.with_debug_trace(job.variable("CI_DEBUG_TRACE") == Some("true"))),
         Err(e) => {
             tracing::error!(job = job.id, "cannot talk to GitLab about job: {e}");
@@ -469,7 +473,7 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
 /// `runner_system_failure` — never leave it running until GitLab's timeout.
 async fn fail_bad_payload(runner: Arc<Runner>, shared: Arc<Shared>, bad: BadJob) {
     let settings = &runner.settings;
-    let api: Arc<dyn JobApi> = match JobClient::new(shared.client.clone(), &settings.credentials.url, bad.id, &bad.token, runner.info.clone()) {
+    let api: Arc<dyn JobApi> = match JobClient::new(runner.client.clone(), &settings.credentials.url, bad.id, &bad.token, runner.info.clone()) {
         Ok(c) => Arc::new(c),
         Err(e) => {
             tracing::error!(job = bad.id, "cannot report bad job payload: {e}");
