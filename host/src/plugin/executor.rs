@@ -8,7 +8,7 @@ use wasmtime::Store;
 
 use crate::plugin::bindings::executor::exports::runway::executor::executor::{ExecutorError, Job, ProviderInfo, StageScript};
 use crate::plugin::bindings::executor::ExecutorPlugin;
-use crate::plugin::call::{classify, guarded, PluginError, PluginErrorKind};
+use crate::plugin::call::{classify, guarded, PluginError, PluginErrorKind, RawFailure};
 use crate::plugin::registry::{LoadedPlugin, PluginPre};
 use crate::plugin::state::{CallContext, PluginState, StopSignal};
 use crate::plugin::PluginHost;
@@ -97,7 +97,7 @@ impl ExecutorSession {
         &self.plugin
     }
 
-    fn fail(&mut self, failure: crate::plugin::call::RawFailure) -> ExecutorFailure {
+    fn fail(&mut self, failure: RawFailure) -> ExecutorFailure {
         let error = classify(&self.plugin.meta.name, failure, self.store.data());
         self.poisoned = Some(error.clone());
         ExecutorFailure::Plugin(error)
@@ -115,14 +115,7 @@ impl ExecutorSession {
         self.check_usable()?;
         let budget = self.store.data().budget.clone();
         let result = guarded(budget, self.bindings.runway_executor_executor().call_prepare(&mut self.store, job)).await;
-        match result {
-            Ok(Ok(env)) => {
-                self.environment = Some(env);
-                Ok(())
-            }
-            Ok(Err(e)) => Err(ExecutorFailure::Executor(e)),
-            Err(f) => Err(self.fail(f)),
-        }
+        self.adopt_environment(result)
     }
 
     /// Rebuild the environment from saved state after a runner restart.
@@ -130,6 +123,11 @@ impl ExecutorSession {
         self.check_usable()?;
         let budget = self.store.data().budget.clone();
         let result = guarded(budget, self.bindings.runway_executor_executor().call_resume(&mut self.store, job, state)).await;
+        self.adopt_environment(result)
+    }
+
+    /// Keep the environment `prepare` or `resume` returned, or turn their failure into ours.
+    fn adopt_environment(&mut self, result: Result<Result<ResourceAny, ExecutorError>, RawFailure>) -> Result<(), ExecutorFailure> {
         match result {
             Ok(Ok(env)) => {
                 self.environment = Some(env);
