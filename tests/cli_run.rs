@@ -91,6 +91,7 @@ async fn register_run_signals_metrics_unregister() {
     assert!(status.success(), "exit status {status:?}");
     let record = fake.job(job).expect("job");
     assert_eq!((record.status, record.final_state.as_deref()), (JobStatus::Success, Some("success")), "{}", record.trace_text());
+    assert!(metrics.contains("gitlab_runner_job_duration_seconds_bucket{"), "{metrics}");
     assert!(record.trace_text().contains("done"));
 
     // SIGTERM: the running job is reported failed with runner_interrupted.

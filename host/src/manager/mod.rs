@@ -85,6 +85,23 @@ pub struct ManagerStats {
     pub running: std::sync::atomic::AtomicUsize,
     pub max_running: std::sync::atomic::AtomicUsize,
     pub finished: std::sync::atomic::AtomicUsize,
+    /// Failed jobs by failure reason (as sent to GitLab).
+    pub failed: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Durations of finished jobs, seconds.
+    pub durations: Mutex<Vec<f64>>,
+}
+
+impl ManagerStats {
+    fn record(&self, failure_reason: Option<&str>, duration: Duration) {
+        if let Some(reason) = failure_reason {
+            if let Ok(mut failed) = self.failed.lock() {
+                *failed.entry(reason.to_string()).or_default() += 1;
+            }
+        }
+        if let Ok(mut durations) = self.durations.lock() {
+            durations.push(duration.as_secs_f64());
+        }
+    }
 }
 
 struct Shared {
@@ -439,7 +456,10 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
     env.settings.concurrent_id = slot.concurrent_id;
     env.settings.concurrent_project_id = slot.concurrent_project_id;
 
+    let started = std::time::Instant::now();
     let outcome = run_job(&job, &env, Arc::new(trace.clone()), &control, &hooks).await;
+    let wire_failure = outcome.failure.map(|r| wire_reason(Some(r), &job.features.failure_reasons));
+    shared.stats.record(wire_failure.as_deref(), started.elapsed());
     drop(slot);
     interrupt.abort();
 
@@ -450,7 +470,7 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
     } else {
         let update = JobUpdate {
             state: if outcome.succeeded() { JobState::Success } else { JobState::Failed },
-            failure_reason: outcome.failure.map(|r| wire_reason(Some(r), &job.features.failure_reasons)),
+            failure_reason: wire_failure,
             exit_code: outcome.exit_code.filter(|c| *c != 0),
             checksum: None,
             bytesize: None,

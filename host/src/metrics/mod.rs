@@ -16,6 +16,9 @@ use crate::config::Loaded;
 use crate::gitlab::client::{Endpoint, RequestHook};
 use crate::manager::ManagerStats;
 
+/// GitLab Runner's job duration buckets, seconds.
+const JOB_DURATION_BUCKETS: &[f64] = &[30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 10800.0, 18000.0, 36000.0];
+
 #[derive(Default)]
 struct Inner {
     concurrent: usize,
@@ -98,6 +101,30 @@ impl Metrics {
         let _ = writeln!(out, "gitlab_runner_jobs{{state=\"running\",system_id=\"{sid}\"}} {running}");
         let _ = writeln!(out, "# HELP gitlab_runner_jobs_total Total number of handled jobs\n# TYPE gitlab_runner_jobs_total counter");
         let _ = writeln!(out, "gitlab_runner_jobs_total{{system_id=\"{sid}\"}} {}", finished + running);
+        let mut failed: BTreeMap<String, u64> = BTreeMap::new();
+        let mut durations: Vec<f64> = Vec::new();
+        for stats in &inner.stats {
+            if let Ok(f) = stats.failed.lock() {
+                for (reason, count) in f.iter() {
+                    *failed.entry(reason.clone()).or_default() += count;
+                }
+            }
+            if let Ok(d) = stats.durations.lock() {
+                durations.extend(d.iter().copied());
+            }
+        }
+        let _ = writeln!(out, "# HELP gitlab_runner_failed_jobs_total Total number of failed jobs\n# TYPE gitlab_runner_failed_jobs_total counter");
+        for (reason, count) in &failed {
+            let _ = writeln!(out, "gitlab_runner_failed_jobs_total{{failure_reason=\"{reason}\",system_id=\"{sid}\"}} {count}");
+        }
+        let _ = writeln!(out, "# HELP gitlab_runner_job_duration_seconds Histogram of job durations\n# TYPE gitlab_runner_job_duration_seconds histogram");
+        for bound in JOB_DURATION_BUCKETS {
+            let n = durations.iter().filter(|d| **d <= *bound).count();
+            let _ = writeln!(out, "gitlab_runner_job_duration_seconds_bucket{{system_id=\"{sid}\",le=\"{bound}\"}} {n}");
+        }
+        let _ = writeln!(out, "gitlab_runner_job_duration_seconds_bucket{{system_id=\"{sid}\",le=\"+Inf\"}} {}", durations.len());
+        let _ = writeln!(out, "gitlab_runner_job_duration_seconds_sum{{system_id=\"{sid}\"}} {}", durations.iter().sum::<f64>());
+        let _ = writeln!(out, "gitlab_runner_job_duration_seconds_count{{system_id=\"{sid}\"}} {}", durations.len());
         let _ = writeln!(
             out,
             "# HELP gitlab_runner_api_request_statuses_total The total number of api requests, partitioned by runner, endpoint, status and method.\n# TYPE gitlab_runner_api_request_statuses_total counter"
