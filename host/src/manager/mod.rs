@@ -394,6 +394,15 @@ fn start_pending_keepalive(api: Arc<dyn JobApi>, every: Duration, stop: Cancella
 
 async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse) {
     let settings = &runner.settings;
+    // Never run a job whose secrets cannot be masked: fail it with only the error in its log.
+    let trace = match JobTrace::new(&TraceOptions::for_job(&job, settings.output_limit_kib)) {
+        Ok(t) => t,
+        Err(e) => {
+            let error = format!("cannot set up masking for this job's log: {e}");
+            let bad = BadJob { id: job.id, token: job.token.clone(), error, failure_reasons: job.features.failure_reasons.clone() };
+            return fail_bad_payload(runner, shared, bad).await;
+        }
+    };
     let api: Arc<dyn JobApi> = match JobClient::new(runner.client.clone(), &settings.credentials.url, job.id, &job.token, runner.info.clone()) {
         Ok(c) => Arc::new(c.with_debug_trace(job.variable("CI_DEBUG_TRACE") == Some("true"))),
         Err(e) => {
@@ -422,17 +431,6 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
 
     let mut upload = shared.settings.upload.clone();
     upload.final_update_retry_limit = settings.final_update_retry_limit;
-    let options = TraceOptions::for_job(&job, settings.output_limit_kib);
-    let trace = match JobTrace::new(&options) {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::warn!(job = job.id, "masking setup failed ({e}); masking only the job token");
-            JobTrace::new(&TraceOptions { masked_phrases: vec![job.token.clone()], ..options }).unwrap_or_else(|_| {
-                JobTrace::new(&TraceOptions { masked_phrases: Vec::new(), token_prefixes: Vec::new(), output_limit_kib: settings.output_limit_kib })
-                    .expect("a trace without masking always builds")
-            })
-        }
-    };
     let control = JobControl::default();
     let forceful = shared.shutdown.forceful.clone();
     let interrupt = {
