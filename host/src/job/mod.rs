@@ -322,10 +322,16 @@ async fn run_stages(plan: &JobPlan, session: &mut ExecutorSession, trace: &dyn T
                     }
                     StopReason::TimedOut => {
                         if outcome.failure.is_none() {
+                            // Name the limit that fired: RUNNER_SCRIPT_TIMEOUT for a step that
+                            // has its own, else the job timeout.
+                            let limit = match stage {
+                                BuildStage::Step(_) if plan.script_timeout() < job_timeout => plan.script_timeout(),
+                                _ => job_timeout,
+                            };
                             outcome = JobOutcome::failed(
                                 FailureReason::JobExecutionTimeout,
                                 None,
-                                format!("execution took longer than {} seconds", job_timeout.as_secs().min(timeout.as_secs().max(1))),
+                                format!("execution took longer than {} seconds", limit.as_secs()),
                             );
                         }
                     }
