@@ -333,3 +333,49 @@ async fn compiled_plugins_are_cached_so_a_restart_does_not_recompile() {
     let third = host_with(&dir, BTreeMap::new()).await;
     assert!(!third.plugins()["versioned"].from_cache, "a corrupt cache entry is recompiled");
 }
+
+#[tokio::test]
+async fn the_static_fleeting_plugin_serves_an_instance_group_and_survives_a_restart() {
+    use runway::plugin::fleeting::{ConnectorConfig, FleetingFailure, FleetingGroup, InstanceState, ProviderError, Protocol};
+    let root = tempfile::tempdir().expect("tempdir");
+    let settings = || HostSettings { state_dir: Some(root.path().join("state")), builtins: runway::plugin::builtin_plugins(), ..HostSettings::default() };
+    let connector = ConnectorConfig {
+        os: "linux".into(),
+        arch: "amd64".into(),
+        protocol: Protocol::Ssh,
+        protocol_port: 22,
+        username: "runner".into(),
+        password: None,
+        key: None,
+        use_static_credentials: true,
+        keepalive_seconds: 30,
+        timeout_seconds: 10,
+    };
+    let config = r#"{"hosts": ["127.0.0.2", "127.0.0.3", "127.0.0.4"]}"#;
+    let host = PluginHost::new(settings()).await.expect("host");
+    let (group, info) = FleetingGroup::start(&host, "static", connector.clone(), config).await.expect("init");
+    assert_eq!(info.max_size, 3);
+    assert_eq!(group.increase(2).await.expect("increase"), 2);
+    let running: Vec<String> = group.update().await.expect("update").into_iter().filter(|i| i.state == InstanceState::Running).map(|i| i.id).collect();
+    assert_eq!(running, vec!["127.0.0.2", "127.0.0.3"]);
+    assert_eq!(group.decrease(vec!["127.0.0.2".into()]).await.expect("decrease"), vec!["127.0.0.2"]);
+    let info = group.connect_info("127.0.0.3").await.expect("connect info");
+    assert_eq!((info.external_addr.as_deref(), info.connector.username.as_str()), (Some("127.0.0.3"), "runner"));
+    assert!(matches!(group.connect_info("10.9.9.9").await, Err(FleetingFailure::Provider(ProviderError::NotFound(_)))));
+    drop(group);
+    drop(host);
+
+    // A restarted runner adopts the hosts in service instead of forgetting them.
+    let host = PluginHost::new(settings()).await.expect("host again");
+    let (group, _) = FleetingGroup::start(&host, "static", connector.clone(), config).await.expect("init again");
+    let ids: Vec<String> = group.update().await.expect("update").into_iter().map(|i| i.id).collect();
+    assert_eq!(ids, vec!["127.0.0.3"]);
+    assert_eq!(group.increase(5).await.expect("the two free hosts"), 2);
+    assert!(matches!(group.increase(1).await, Err(FleetingFailure::Provider(ProviderError::Capacity(_)))));
+    // A bad plugin_config is refused by init with the reason.
+    match FleetingGroup::start(&host, "static", connector, r#"{"hosts": []}"#).await {
+        Err(FleetingFailure::Provider(ProviderError::InvalidConfig(m))) => assert!(m.contains("hosts"), "{m}"),
+        Err(other) => panic!("unexpected {other}"),
+        Ok(_) => panic!("an empty host list was accepted"),
+    }
+}

@@ -17,6 +17,7 @@ pub mod cache;
 pub mod call;
 pub mod engine;
 pub mod executor;
+pub mod fleeting;
 pub mod grant;
 pub mod metadata;
 pub mod registry;
@@ -37,7 +38,10 @@ use registry::Registry;
 
 /// The first-party plugins compiled into the binary by `host/build.rs`.
 pub fn builtin_plugins() -> Vec<(&'static str, &'static [u8])> {
-    vec![("executor-shell.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_shell.wasm")))]
+    vec![
+        ("executor-shell.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_shell.wasm"))),
+        ("fleeting-static.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_static.wasm"))),
+    ]
 }
 
 /// One row of `runway plugins list`.
@@ -98,6 +102,11 @@ impl PluginHost {
             }
             self.registry.rescan().await;
         }
+    }
+
+    /// The engine (for facades creating stores).
+    pub(crate) fn engine(&self) -> &wasmtime::Engine {
+        &self.registry.engine.engine
     }
 
     /// Which instance allocator the engine uses.
