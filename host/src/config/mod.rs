@@ -5,6 +5,7 @@
 //! the default config path and `.runner_system_id`. Loading is pure and cheap so SIGHUP can
 //! simply load again.
 
+pub mod autoscaler;
 mod system_id;
 
 use std::collections::BTreeMap;
@@ -169,12 +170,12 @@ pub struct RunnerConfig {
     pub job_status_final_update_retry_limit: u32,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    /// `[runners.autoscaler]`: kept as written; modelled by the autoscaler.
+    /// `[runners.autoscaler]` (instance executors on an autoscaled fleet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub autoscaler: Option<toml::Value>,
-    /// Legacy `[runners.machine]`: kept as written; modelled by the autoscaler.
+    pub autoscaler: Option<autoscaler::AutoscalerConfig>,
+    /// Legacy `[runners.machine]` (docker+machine keys).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub machine: Option<toml::Value>,
+    pub machine: Option<autoscaler::MachineConfig>,
     /// Executor sections: `[runners.shell]`, `[runners.docker]`, `[runners.<plugin>]`, ...
     #[serde(flatten)]
     pub sections: BTreeMap<String, toml::Value>,
@@ -448,6 +449,22 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         }
         if runner.request_concurrency == 0 {
             return Err(err(format!("runners[{i}].request_concurrency"), "must be at least 1".into()));
+        }
+        if let Some(a) = &runner.autoscaler {
+            if a.plugin.is_empty() {
+                return Err(err(format!("runners[{i}].autoscaler.plugin"), "must name a fleeting plugin".into()));
+            }
+            if a.capacity_per_instance == 0 {
+                return Err(err(format!("runners[{i}].autoscaler.capacity_per_instance"), "must be at least 1".into()));
+            }
+            for (p, policy) in a.policies.iter().enumerate() {
+                autoscaler::check_periods(&policy.periods, 5).map_err(|m| err(format!("runners[{i}].autoscaler.policy[{p}].periods"), m))?;
+            }
+        }
+        if let Some(m) = &runner.machine {
+            for (p, entry) in m.autoscaling.iter().enumerate() {
+                autoscaler::check_periods(&entry.periods, 7).map_err(|msg| err(format!("runners[{i}].machine.autoscaling[{p}].Periods"), msg))?;
+            }
         }
         for (name, value) in &runner.sections {
             if !value.is_table() {

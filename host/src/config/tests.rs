@@ -87,3 +87,52 @@ fn the_example_config_loads_without_warnings() {
     let loaded = load(&path).expect("example config loads");
     assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
 }
+
+#[test]
+fn autoscaler_and_machine_sections_parse_with_defaults() {
+    let text = r#"
+concurrent = 4
+[[runners]]
+url = "https://x"
+token = "t"
+executor = "instance"
+  [runners.autoscaler]
+  plugin = "static"
+  capacity_per_instance = 2
+  max_instances = 5
+  [runners.autoscaler.plugin_config]
+  hosts = ["127.0.0.2", "127.0.0.3"]
+  [runners.autoscaler.connector_config]
+  username = "runner"
+  [[runners.autoscaler.policy]]
+  idle_count = 2
+  idle_time = "20m"
+  [[runners.autoscaler.policy]]
+  periods = ["* 8-18 * * mon-fri"]
+  timezone = "Europe/Berlin"
+  scale_factor = 1.5
+  [runners.machine]
+  IdleCount = 2
+  MaxGrowthRate = 1
+  MaxBuilds = 10
+  [[runners.machine.autoscaling]]
+  Periods = ["* * 9-17 * * mon-fri *"]
+  IdleCount = 5
+"#;
+    let loaded = parse_str(text).expect("loads");
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    let runner = &loaded.config.runners[0];
+    let a = runner.autoscaler.as_ref().expect("autoscaler");
+    assert_eq!((a.capacity_per_instance, a.max_use_count, a.max_instances), (2, 0, 5));
+    assert_eq!((a.instance_acquire_timeout, a.update_interval, a.update_interval_when_expecting), (Duration::from_secs(900), Duration::from_secs(60), Duration::from_secs(2)));
+    assert_eq!((a.failure_threshold, a.shutdown_deletion_retries, a.reservation_throttling), (3, 3, true));
+    assert_eq!(a.plugin_config_json(), r#"{"hosts":["127.0.0.2","127.0.0.3"]}"#);
+    assert_eq!(a.policies[0].periods, vec!["* * * * *"]);
+    assert!(a.policies[0].preemptive() && !a.policies[1].preemptive());
+    assert_eq!(a.policies[0].idle_time, Duration::from_secs(1200));
+    let m = runner.machine.as_ref().expect("machine");
+    assert_eq!((m.idle_count, m.max_growth_rate, m.max_builds, m.autoscaling[0].idle_count), (2, 1, 10, 5));
+    let bad = text.replace("periods = [\"* 8-18 * * mon-fri\"]", "periods = [\"8-18 * *\"]");
+    let e = parse_str(&bad).expect_err("bad cron");
+    assert_eq!(e.key.as_deref(), Some("runners[0].autoscaler.policy[1].periods"), "{e}");
+}

@@ -1,0 +1,245 @@
+//! `[runners.autoscaler]` (taskscaler, protocol reference §5.3) and the legacy
+//! `[runners.machine]` (docker+machine, §5.4): parsed and validated with GitLab's defaults.
+//! The engine that acts on them lives in the autoscaler module.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plugin::grant::duration_str;
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+macro_rules! default_fn {
+    ($name:ident, $ty:ty, $value:expr) => {
+        fn $name() -> $ty {
+            $value
+        }
+    };
+}
+
+default_fn!(d_capacity, u32, 1);
+default_fn!(d_acquire_timeout, Duration, secs(15 * 60));
+default_fn!(d_update_interval, Duration, secs(60));
+default_fn!(d_update_expecting, Duration, secs(2));
+default_fn!(d_deletion_retry, Duration, secs(60));
+default_fn!(d_shutdown_deletion_interval, Duration, secs(10));
+default_fn!(d_shutdown_deletion_retries, u32, 3);
+default_fn!(d_failure_threshold, u32, 3);
+default_fn!(d_true, bool, true);
+default_fn!(d_periods, Vec<String>, vec!["* * * * *".to_string()]);
+
+mod dur {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}s", d.as_secs()))
+    }
+}
+
+/// `[runners.autoscaler]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AutoscalerConfig {
+    /// Fleeting plugin name (a Runway plugin in `plugins_dir`, e.g. `static`).
+    pub plugin: String,
+    #[serde(default = "d_capacity")]
+    pub capacity_per_instance: u32,
+    /// Jobs per instance before it is removed (0 = unlimited).
+    #[serde(default)]
+    pub max_use_count: u32,
+    /// All instances regardless of state (0 = unlimited).
+    #[serde(default)]
+    pub max_instances: u32,
+    #[serde(default)]
+    pub delete_instances_on_shutdown: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instance_ready_command: String,
+    #[serde(default = "d_acquire_timeout", deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    pub instance_acquire_timeout: Duration,
+    #[serde(default = "d_update_interval", deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    pub update_interval: Duration,
+    #[serde(default = "d_update_expecting", deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    pub update_interval_when_expecting: Duration,
+    #[serde(default = "d_deletion_retry", deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    pub deletion_retry_interval: Duration,
+    #[serde(default = "d_shutdown_deletion_interval", deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    pub shutdown_deletion_interval: Duration,
+    #[serde(default = "d_shutdown_deletion_retries")]
+    pub shutdown_deletion_retries: u32,
+    /// Consecutive health failures before an instance is replaced.
+    #[serde(default = "d_failure_threshold")]
+    pub failure_threshold: u32,
+    #[serde(default = "d_true")]
+    pub reservation_throttling: bool,
+    #[serde(default)]
+    pub scale_throttle: ScaleThrottle,
+    /// Given to the plugin's `init` as JSON.
+    #[serde(default)]
+    pub plugin_config: toml::Table,
+    #[serde(default)]
+    pub connector_config: ConnectorConfigToml,
+    #[serde(default)]
+    pub state_storage: StateStorage,
+    /// `[[runners.autoscaler.policy]]`; last matching entry wins. Empty = one default policy.
+    #[serde(default, rename = "policy")]
+    pub policies: Vec<Policy>,
+}
+
+impl AutoscalerConfig {
+    /// `plugin_config` as the JSON the plugin's `init` receives.
+    pub fn plugin_config_json(&self) -> String {
+        serde_json::to_string(&self.plugin_config).unwrap_or_else(|_| "{}".into())
+    }
+}
+
+/// `[runners.autoscaler.scale_throttle]`: token bucket on instance creation.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ScaleThrottle {
+    /// Instances per second (0 → 100/s, -1 = unlimited).
+    #[serde(default)]
+    pub limit: i64,
+    /// Bucket size (0 → max_instances).
+    #[serde(default)]
+    pub burst: u32,
+}
+
+/// `[runners.autoscaler.connector_config]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ConnectorConfigToml {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub os: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub arch: String,
+    /// `ssh`, `winrm`, `winrm+https`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub protocol: String,
+    /// 0 = the protocol's default (ssh 22, winrm 5985, winrm+https 5986).
+    #[serde(default)]
+    pub protocol_port: u16,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub username: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub password: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_path: Option<PathBuf>,
+    #[serde(default)]
+    pub use_static_credentials: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keepalive: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub use_external_addr: bool,
+}
+
+/// `[runners.autoscaler.state_storage]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct StateStorage {
+    #[serde(default)]
+    pub enabled: bool,
+    /// Default `<config dir>/.taskscaler`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+    #[serde(default)]
+    pub keep_instance_with_acquisitions: bool,
+}
+
+/// `[[runners.autoscaler.policy]]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Policy {
+    /// 5-field cron expressions describing when the policy applies.
+    #[serde(default = "d_periods")]
+    pub periods: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// Idle capacity to keep, in job slots.
+    #[serde(default)]
+    pub idle_count: u32,
+    #[serde(default, deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    pub idle_time: Duration,
+    #[serde(default)]
+    pub scale_factor: f64,
+    #[serde(default)]
+    pub scale_factor_limit: u32,
+    /// Default: `idle_count > 0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptive_mode: Option<bool>,
+}
+
+impl Policy {
+    /// Preemptive mode as GitLab defaults it.
+    pub fn preemptive(&self) -> bool {
+        self.preemptive_mode.unwrap_or(self.idle_count > 0)
+    }
+}
+
+/// Legacy `[runners.machine]` (docker+machine keys, CamelCase as GitLab writes them).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "PascalCase")]
+pub struct MachineConfig {
+    /// Idle machines to keep (machines, not slots); 0 = on-demand.
+    #[serde(default)]
+    pub idle_count: u32,
+    /// Lower bound of idle machines when IdleScaleFactor is set (effective minimum 1).
+    #[serde(default)]
+    pub idle_count_min: u32,
+    #[serde(default)]
+    pub idle_scale_factor: f64,
+    /// Seconds an idle machine lives.
+    #[serde(default)]
+    pub idle_time: u64,
+    /// Machines in creation at once (0 = unlimited).
+    #[serde(default)]
+    pub max_growth_rate: u32,
+    /// Jobs per machine (0 = unlimited).
+    #[serde(default)]
+    pub max_builds: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub machine_driver: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub machine_name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machine_options: Vec<String>,
+    #[serde(default)]
+    pub max_removal_attempts: u32,
+    #[serde(default, rename = "autoscaling", skip_serializing_if = "Vec::is_empty")]
+    pub autoscaling: Vec<MachineAutoscaling>,
+    /// Anything else GitLab accepts here (kept, not used).
+    #[serde(flatten)]
+    pub other: BTreeMap<String, toml::Value>,
+}
+
+/// `[[runners.machine.autoscaling]]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "PascalCase")]
+pub struct MachineAutoscaling {
+    /// 7-field cron expressions (seconds, ..., year).
+    #[serde(default)]
+    pub periods: Vec<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub timezone: String,
+    #[serde(default)]
+    pub idle_count: u32,
+    #[serde(default)]
+    pub idle_count_min: u32,
+    #[serde(default)]
+    pub idle_scale_factor: f64,
+    #[serde(default)]
+    pub idle_time: u64,
+}
+
+/// Check cron periods have the right number of fields (`expected` = 5 for taskscaler
+/// policies, 7 for docker+machine).
+pub fn check_periods(periods: &[String], expected: usize) -> Result<(), String> {
+    for period in periods {
+        let fields = period.split_whitespace().count();
+        if fields != expected {
+            return Err(format!("period {period:?} has {fields} fields, expected {expected}"));
+        }
+    }
+    Ok(())
+}
