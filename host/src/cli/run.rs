@@ -48,7 +48,7 @@ pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &
         let executor = ResolvedExecutor::resolve(plugins, &runner.executor, &runner.executor_config_json())
             .await
             .map_err(|e| anyhow::anyhow!("{}: runners[{i}] ({}): executor {:?}: {e}", loaded.path.display(), runner.name, runner.executor))?;
-        let short = config::short_token(&runner.token);
+        let short = config::short_token(&runner.resolved_token());
         let shell = runner.shell.clone().unwrap_or_else(|| executor.info.default_shell.clone());
         let settings = ScriptSettings {
             builds_dir: executor.builds_dir(runner.builds_dir.as_deref(), &cwd),
@@ -76,7 +76,7 @@ pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &
             _ => Some(Arc::new(super::runners::client_for(runner, None)?)),
         };
         out.push(RunnerSettings {
-            credentials: RunnerCredentials { url: runner.url.clone(), token: runner.token.clone(), system_id: system_id.to_string() },
+            credentials: RunnerCredentials { url: runner.resolved_url(), token: runner.resolved_token(), system_id: system_id.to_string() },
             client,
             env: JobEnvironment { plugins: plugins.clone(), executor, settings, identity: identity(&runner.name, &short, system_id) },
             limit: runner.limit,

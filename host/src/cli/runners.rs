@@ -169,22 +169,22 @@ pub async fn verify(path: &Path, delete: bool) -> anyhow::Result<ExitCode> {
     let mut failed = false;
     let mut keep = Vec::new();
     for runner in &loaded.config.runners {
-        let creds = RunnerCredentials { url: runner.url.clone(), token: runner.token.clone(), system_id: system_id.clone() };
+        let creds = RunnerCredentials { url: runner.resolved_url(), token: runner.resolved_token(), system_id: system_id.clone() };
         let client = client_for(runner, None)?;
         match client.verify(&creds, &info()).await {
             Ok(_) => {
-                println!("Verifying runner... is valid  runner={}", config::short_token(&runner.token));
+                println!("Verifying runner... is valid  runner={}", config::short_token(&runner.resolved_token()));
                 keep.push(runner.clone());
             }
             Err(ApiError::Forbidden { .. }) => {
-                println!("Verifying runner... is removed  runner={}", config::short_token(&runner.token));
+                println!("Verifying runner... is removed  runner={}", config::short_token(&runner.resolved_token()));
                 failed = true;
                 if !delete {
                     keep.push(runner.clone());
                 }
             }
             Err(e) => {
-                println!("Verifying runner... failed  runner={}: {e}", config::short_token(&runner.token));
+                println!("Verifying runner... failed  runner={}: {e}", config::short_token(&runner.resolved_token()));
                 failed = true;
                 keep.push(runner.clone());
             }
@@ -210,7 +210,7 @@ pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<Exi
         .filter(|(_, r)| {
             args.all_runners
                 || args.name.as_deref() == Some(r.name.as_str())
-                || (args.url.as_deref().map(|u| u.trim_end_matches('/')) == Some(r.url.as_str()) && args.token.as_deref() == Some(r.token.as_str()))
+                || (args.url.as_deref().map(|u| u.trim_end_matches('/')) == Some(r.resolved_url().as_str()) && args.token.as_deref() == Some(r.resolved_token().as_str()))
         })
         .map(|(i, _)| i)
         .collect();
@@ -220,12 +220,12 @@ pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<Exi
     let mut removed = Vec::new();
     for i in selected {
         let runner = &cfg.runners[i];
-        let creds = RunnerCredentials { url: runner.url.clone(), token: runner.token.clone(), system_id: system_id.clone() };
+        let creds = RunnerCredentials { url: runner.resolved_url(), token: runner.resolved_token(), system_id: system_id.clone() };
         let client = client_for(runner, None)?;
-        let result = if runner.token.starts_with("glrt-") { client.unregister_manager(&creds).await } else { client.unregister_runner(&creds).await };
+        let result = if runner.resolved_token().starts_with("glrt-") { client.unregister_manager(&creds).await } else { client.unregister_runner(&creds).await };
         match result {
             Ok(()) => {
-                println!("Unregistering runner from GitLab succeeded  runner={}", config::short_token(&runner.token));
+                println!("Unregistering runner from GitLab succeeded  runner={}", config::short_token(&runner.resolved_token()));
                 removed.push(i);
             }
             Err(e) => eprintln!("Unregistering runner {} failed: {e}", runner.name),
@@ -246,7 +246,7 @@ pub fn list(path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!("Listing configured runners  ConfigFile={}", path.display());
     for runner in &loaded.config.runners {
-        println!("{:<20} Executor={} Token={} URL={}", runner.name, runner.executor, config::short_token(&runner.token), runner.url);
+        println!("{:<20} Executor={} Token={} URL={}", runner.name, runner.executor, config::short_token(&runner.resolved_token()), runner.resolved_url());
     }
     Ok(ExitCode::SUCCESS)
 }

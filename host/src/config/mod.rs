@@ -245,6 +245,18 @@ impl RunnerConfig {
         }
     }
 
+    /// `url` with `$VAR`/`${VAR}` expanded from the environment and a legacy `/ci` dropped.
+    pub fn resolved_url(&self) -> String {
+        let url = expand_env(&self.url);
+        let trimmed = url.trim_end_matches('/');
+        trimmed.strip_suffix("/ci").unwrap_or(trimmed).to_string()
+    }
+
+    /// `token` with `$VAR`/`${VAR}` expanded from the environment.
+    pub fn resolved_token(&self) -> String {
+        expand_env(&self.token)
+    }
+
     /// The executor's section (`[runners.<executor>]`) as JSON, `{}` when absent.
     pub fn executor_config_json(&self) -> String {
         self.sections
@@ -434,14 +446,13 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         }
     }
     for (i, runner) in config.runners.iter_mut().enumerate() {
-        runner.url = expand_env(&runner.url);
-        runner.token = expand_env(&runner.token);
-        let trimmed = runner.url.trim_end_matches('/');
-        runner.url = trimmed.strip_suffix("/ci").unwrap_or(trimmed).to_string();
-        if !(runner.url.starts_with("http://") || runner.url.starts_with("https://")) {
-            return Err(err(format!("runners[{i}].url"), format!("{:?} must be an http:// or https:// URL", runner.url)));
+        // `url` and `token` keep what the file says (so saving never writes a secret taken
+        // from the environment); `resolved_url`/`resolved_token` expand them for use.
+        let url = runner.resolved_url();
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(err(format!("runners[{i}].url"), format!("{url:?} must be an http:// or https:// URL")));
         }
-        if runner.token.is_empty() {
+        if runner.resolved_token().is_empty() {
             return Err(err(format!("runners[{i}].token"), "must not be empty".into()));
         }
         if runner.executor.is_empty() {

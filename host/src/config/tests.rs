@@ -10,7 +10,7 @@ fn defaults_match_gitlab_runner() {
     let c = &loaded.config;
     assert_eq!((c.check_interval, c.log_level.as_str(), c.log_format.as_str(), c.shutdown_timeout), (3, "info", "runner", 30));
     let r = &c.runners[0];
-    assert_eq!(r.url, "https://gitlab.example.com");
+    assert_eq!(r.resolved_url(), "https://gitlab.example.com");
     assert_eq!((r.limit, r.request_concurrency, r.output_limit), (0, 1, 4096));
     assert_eq!((r.unhealthy_requests_limit, r.unhealthy_interval, r.job_status_final_update_retry_limit), (3, Duration::from_secs(3600), 10));
     assert_eq!(r.executor_config_json(), "{}");
@@ -45,8 +45,14 @@ fn invalid_values_fail_with_file_line_and_key() {
 fn env_expansion_and_legacy_ci_suffix() {
     std::env::set_var("RUNWAY_TEST_TOKEN", "glrt-from-env");
     let loaded = parse_str("concurrent = 1\n[[runners]]\nurl = \"https://gitlab.example.com/ci\"\ntoken = \"${RUNWAY_TEST_TOKEN}\"\nexecutor = \"shell\"\n").expect("loads");
-    assert_eq!(loaded.config.runners[0].token, "glrt-from-env");
-    assert_eq!(loaded.config.runners[0].url, "https://gitlab.example.com");
+    let runner = &loaded.config.runners[0];
+    assert_eq!((runner.resolved_token().as_str(), runner.resolved_url().as_str()), ("glrt-from-env", "https://gitlab.example.com"));
+    // The file's text is kept, so saving the config never writes the secret into it.
+    assert_eq!(runner.token, "${RUNWAY_TEST_TOKEN}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    save(&dir.path().join("c.toml"), &loaded.config).expect("save");
+    let written = std::fs::read_to_string(dir.path().join("c.toml")).expect("read");
+    assert!(written.contains("${RUNWAY_TEST_TOKEN}") && !written.contains("glrt-from-env"), "{written}");
 }
 
 #[test]

@@ -53,7 +53,7 @@ impl Metrics {
     pub fn attach(&self, stats: Arc<ManagerStats>, loaded: &Loaded) {
         if let Ok(mut inner) = self.inner.lock() {
             inner.stats.push(stats);
-            inner.limits = loaded.config.runners.iter().map(|r| (crate::config::short_token(&r.token), r.limit)).collect();
+            inner.limits = loaded.config.runners.iter().map(|r| (crate::config::short_token(&r.resolved_token()), r.limit)).collect();
         }
     }
 
