@@ -1,0 +1,34 @@
+//! The autoscaler (GitLab's taskscaler): job slots on a fleet of instances.
+//!
+//! - [`clock`]: [`clock::Moment`], the [`clock::Clock`] trait, real and virtual clocks;
+//! - [`settings`]: the engine's own settings structs (taskscaler policies and legacy
+//!   Docker Machine keys), validated by `compile`;
+//! - [`cron`]: cron periods and timezones of idle policies;
+//! - [`provider`]: the [`provider::InstanceGroup`] trait the engine scales, and a seeded
+//!   simulated provider;
+//! - [`engine`]: the deterministic state machine ([`engine::Taskscaler`]);
+//! - [`trace`]: job-arrival traces (JSONL) and the seeded generators of autoscaling.md §3.4;
+//! - [`simulate`]: `runway simulate`, the real engine on a virtual clock against the simulated
+//!   provider and a simulated job queue.
+//!
+//! This module does not parse config.toml, run SSH commands or export Prometheus metrics; it
+//! exposes plain settings, events and numbers for the modules that do.
+
+pub mod clock;
+pub mod cron;
+pub mod engine;
+pub mod provider;
+pub mod settings;
+pub mod simulate;
+pub mod trace;
+
+
+pub use clock::{Clock, Moment, RealClock, VirtualClock};
+pub use engine::{
+    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, RemovalReason,
+    ReserveError, Taskscaler,
+};
+pub use provider::{InstanceGroup, InstanceState, ProviderError, SimProvider, SimProviderSettings};
+pub use settings::{AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle};
+pub use simulate::{run_simulation, simulate_command, SimReport};
+pub use trace::JobArrival;
