@@ -22,6 +22,9 @@ pub mod settings;
 pub mod simulate;
 pub mod trace;
 
+#[cfg(test)]
+mod engine_tests;
+
 
 pub use clock::{Clock, Moment, RealClock, VirtualClock};
 pub use engine::{

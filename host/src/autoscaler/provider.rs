@@ -395,6 +395,7 @@ mod tests {
             provisioning: DelayDistribution::Fixed { seconds: 30.0, jitter_s: 0.0 },
             deletion: DelayDistribution::Fixed { seconds: 10.0, jitter_s: 0.0 },
             timeout_rate: 0.0,
+            billing_minimum_s: 0.0,
             ..Default::default()
         };
         let mut p = SimProvider::new(settings, clock.clone());
@@ -409,7 +410,7 @@ mod tests {
         assert!(p.update().expect("update").contains(&(id.clone(), InstanceState::Deleting)));
         clock.advance(Duration::from_secs(10));
         assert_eq!(p.update().expect("update").len(), 1);
-        assert_eq!(p.billed_seconds(clock.now()), 40.0 + 40.0);
+        assert_eq!(p.billed_seconds(clock.now()), 40.0 + 40.0, "one deleted after 40 s, one still running");
     }
 
     #[test]

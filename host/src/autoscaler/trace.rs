@@ -121,7 +121,7 @@ fn jobs_per_pipeline(rng: &mut StdRng) -> u32 {
 /// Emit one pipeline starting at `start`: jobs split over 1–3 sequential stages, parallel
 /// within a stage. A later stage is created when the previous one would end with no queue
 /// wait (traces carry no `needs`, so stage timing is fixed up front).
-fn emit_pipeline(rng: &mut StdRng, start: f64, jobs: u32, extra_parallel: u32, pipeline: u64, out: &mut Vec<JobArrival>) {
+fn emit_pipeline(rng: &mut StdRng, start: f64, jobs: u32, extra_parallel: u32, out: &mut Vec<JobArrival>) {
     let stages = rng.random_range(1..=jobs.min(3));
     let mut per_stage = vec![0u32; stages as usize];
     for j in 0..jobs {
@@ -136,18 +136,18 @@ fn emit_pipeline(rng: &mut StdRng, start: f64, jobs: u32, extra_parallel: u32, p
         for _ in 0..count {
             let duration = job_duration(rng);
             longest = longest.max(duration);
-            out.push(JobArrival { at: (at * 10.0).round() / 10.0, duration, pipeline: Some(pipeline) });
+            out.push(JobArrival { at: (at * 10.0).round() / 10.0, duration, pipeline: None });
         }
         at += longest;
     }
 }
 
 /// Generate a trace of `days` days (28 for the benchmark) from `seed`. Sorted by `at`.
+/// Generated jobs carry no `pipeline` id, which keeps the shipped 4-week files under 5 MB.
 pub fn generate(kind: TraceKind, days: u32, seed: u64) -> Vec<JobArrival> {
     let mut rng = StdRng::seed_from_u64(seed);
     let horizon = f64::from(days) * DAY;
     let mut jobs = Vec::new();
-    let mut pipeline = 0u64;
     // Non-homogeneous Poisson pipelines by thinning.
     let peak_per_second = PEAK_PIPELINES_PER_HOUR / 3600.0;
     let mut t = 0.0;
@@ -160,31 +160,28 @@ pub fn generate(kind: TraceKind, days: u32, seed: u64) -> Vec<JobArrival> {
         if rng.random::<f64>() >= diurnal_rate(t) {
             continue;
         }
-        pipeline += 1;
         let n = jobs_per_pipeline(&mut rng);
         let split = if kind == TraceKind::Bursty && rng.random::<f64>() < 0.05 { 20 } else { 0 };
-        emit_pipeline(&mut rng, t, n, split, pipeline, &mut jobs);
+        emit_pipeline(&mut rng, t, n, split, &mut jobs);
     }
     if kind == TraceKind::Bursty {
         for day in 0..days {
             let day_start = f64::from(day) * DAY;
             // (a) nightly cron spike: 400 jobs at 04:00 (GitLab.com's "4 am" case).
-            pipeline += 1;
             for _ in 0..400 {
                 let at = day_start + 4.0 * 3600.0 + rng.random::<f64>() * 10.0;
                 let duration = job_duration(&mut rng);
-                jobs.push(JobArrival { at: (at * 10.0).round() / 10.0, duration, pipeline: Some(pipeline) });
+                jobs.push(JobArrival { at: (at * 10.0).round() / 10.0, duration, pipeline: None });
             }
             // (b) merge-train bursts: 200–300 jobs within 60 s, three times a weekday.
             if day % 7 < 5 {
                 for _ in 0..3 {
-                    pipeline += 1;
                     let start = day_start + rng.random_range(9.0 * 3600.0..17.0 * 3600.0);
                     let count = rng.random_range(200..=300);
                     for _ in 0..count {
                         let at = start + rng.random::<f64>() * 60.0;
                         let duration = job_duration(&mut rng);
-                        jobs.push(JobArrival { at: (at * 10.0).round() / 10.0, duration, pipeline: Some(pipeline) });
+                        jobs.push(JobArrival { at: (at * 10.0).round() / 10.0, duration, pipeline: None });
                     }
                 }
             }
@@ -239,6 +236,21 @@ mod tests {
         std::fs::write(&path, "{\"at\":1,\"duration\":2}\n{\"at\":\"x\"}\n").expect("write");
         let err = format!("{:#}", read_trace(&path).expect_err("bad line"));
         assert!(err.contains("t.jsonl:2"), "{err}");
+    }
+
+    /// Regenerate the shipped traces: `cargo test -p runway --lib write_shipped_traces -- --ignored`.
+    #[test]
+    #[ignore]
+    fn write_shipped_traces() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/traces");
+        std::fs::create_dir_all(&dir).expect("traces dir");
+        for (name, kind, seed) in
+            [("diurnal-4w.jsonl", TraceKind::Diurnal, DIURNAL_SEED), ("bursty-4w.jsonl", TraceKind::Bursty, BURSTY_SEED)]
+        {
+            let mut out = std::io::BufWriter::new(std::fs::File::create(dir.join(name)).expect("create trace"));
+            write_trace(&mut out, &generate(kind, 28, seed)).expect("write trace");
+            out.flush().expect("flush");
+        }
     }
 
     /// The traces shipped in examples/traces/ are exactly the generators' output.
