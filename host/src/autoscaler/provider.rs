@@ -234,7 +234,10 @@ pub struct SimProvider {
     clock: Arc<dyn Clock>,
     rng: StdRng,
     next_id: u64,
+    /// Instances not yet known to be deleted.
     instances: BTreeMap<String, SimInstance>,
+    /// Deleted instances, kept for billing.
+    gone: Vec<(String, SimInstance)>,
     /// `increase` calls and instances requested in total.
     pub increase_calls: u64,
     /// Instances created in total.
@@ -245,7 +248,7 @@ impl SimProvider {
     /// A provider reading time from `clock`.
     pub fn new(settings: SimProviderSettings, clock: Arc<dyn Clock>) -> Self {
         let rng = StdRng::seed_from_u64(settings.seed);
-        SimProvider { settings, clock, rng, next_id: 0, instances: BTreeMap::new(), increase_calls: 0, created_total: 0 }
+        SimProvider { settings, clock, rng, next_id: 0, instances: BTreeMap::new(), gone: Vec::new(), increase_calls: 0, created_total: 0 }
     }
 
     /// The settings in use.
@@ -253,9 +256,20 @@ impl SimProvider {
         &self.settings
     }
 
-    /// Every instance ever created, by id.
-    pub fn instances(&self) -> &BTreeMap<String, SimInstance> {
-        &self.instances
+    /// Every instance ever created (live ones first, then deleted ones).
+    pub fn instances(&self) -> impl Iterator<Item = (&String, &SimInstance)> {
+        self.instances.iter().chain(self.gone.iter().map(|(id, i)| (id, i)))
+    }
+
+    /// Move instances deleted by `now` out of the live map (keeps `update()` O(live)).
+    fn prune(&mut self, now: Moment) {
+        let dead: Vec<String> =
+            self.instances.iter().filter(|(_, i)| i.deleted_at.is_some_and(|d| d <= now)).map(|(id, _)| id.clone()).collect();
+        for id in dead {
+            if let Some(i) = self.instances.remove(&id) {
+                self.gone.push((id, i));
+            }
+        }
     }
 
     /// Make heartbeats of `id` fail from now on.
@@ -282,9 +296,8 @@ impl SimProvider {
 
     /// Billed seconds up to `end` (each instance at least `billing_minimum_s`).
     pub fn billed_seconds(&self, end: Moment) -> f64 {
-        self.instances
-            .values()
-            .map(|i| {
+        self.instances()
+            .map(|(_, i)| {
                 let stop = i.deleted_at.map_or(end, |d| d.min(end));
                 let lived = stop.since(i.created_at).as_secs_f64();
                 lived.max(self.settings.billing_minimum_s)
@@ -353,6 +366,7 @@ impl InstanceGroup for SimProvider {
 
     fn update(&mut self) -> Result<Vec<(String, InstanceState)>, ProviderError> {
         let now = self.clock.now();
+        self.prune(now);
         // Like real clouds, deleted instances drop out of the listing.
         Ok(self
             .instances

@@ -645,3 +645,129 @@ pub fn simulate_command(
     }
     Ok(report.to_text())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autoscaler::trace::{generate, TraceKind};
+
+    fn examples() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+    }
+
+    fn quick_cloud() -> SimProviderSettings {
+        SimProviderSettings { seed: 9, ..Default::default() }
+    }
+
+    #[test]
+    fn identical_inputs_give_identical_reports() {
+        let settings = read_sim_config(&examples().join("simulate/p2-scale-factor.toml")).expect("example config");
+        let trace = generate(TraceKind::Bursty, 2, 5);
+        let a = run_simulation(&settings, &quick_cloud(), &trace).expect("runs");
+        let b = run_simulation(&settings, &quick_cloud(), &trace).expect("runs");
+        assert_eq!(a, b);
+        assert_eq!(a.jobs_total, trace.len() as u64);
+        assert_eq!(a.jobs_started + a.jobs_failed_acquire_timeout + a.jobs_never_started, a.jobs_total);
+        assert!(a.instance_hours > 0.0 && a.creations > 0);
+        let c = run_simulation(&settings, &SimProviderSettings { seed: 10, ..quick_cloud() }, &trace).expect("runs");
+        assert_ne!(a, c, "the seed matters");
+    }
+
+    #[test]
+    fn more_idle_capacity_buys_shorter_waits_for_more_instance_hours() {
+        let trace = generate(TraceKind::Diurnal, 3, 11);
+        let policy = |idle_count| AutoscalerSettings {
+            policies: vec![IdlePolicy {
+                idle_count,
+                idle_time: Duration::from_secs(1200),
+                timezone: Some("UTC".into()),
+                ..Default::default()
+            }],
+            instance_ready_command: Some("true".into()),
+            ..Default::default()
+        };
+        let lean = run_simulation(&policy(0), &quick_cloud(), &trace).expect("runs");
+        let rich = run_simulation(&policy(10), &quick_cloud(), &trace).expect("runs");
+        assert!(rich.wait_mean_s < lean.wait_mean_s, "idle instances absorb arrivals: {} vs {}", rich.wait_mean_s, lean.wait_mean_s);
+        assert!(rich.share_wait_over_30s < lean.share_wait_over_30s);
+        assert!(rich.instance_hours > lean.instance_hours);
+        assert!(lean.wait_max_s >= 27.0, "a job that finds no instance waits for one to be provisioned");
+    }
+
+    #[test]
+    fn simulate_command_reads_config_trace_provider_and_writes_svg() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let trace_path = dir.path().join("trace.jsonl");
+        let mut file = std::fs::File::create(&trace_path).expect("create");
+        crate::autoscaler::trace::write_trace(&mut file, &generate(TraceKind::Diurnal, 1, 2)).expect("write");
+        drop(file);
+        let svg = dir.path().join("chart.svg");
+        let text = simulate_command(
+            &examples().join("simulate/docker-machine-seed-001.toml"),
+            &trace_path,
+            Some(&examples().join("simulate/linux-cold.toml")),
+            Some(&svg),
+        )
+        .expect("simulates");
+        assert!(text.contains("queue wait") && text.contains("instance-hours"), "{text}");
+        let chart = std::fs::read_to_string(&svg).expect("svg written");
+        assert!(chart.starts_with("<svg") && chart.contains("queued jobs") && chart.contains("<path d=\"M"));
+    }
+
+    #[test]
+    fn config_errors_name_the_file_and_key() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("config.toml");
+        std::fs::write(&config, "[[runners]]\n[runners.autoscaler]\ncapacity_per_instance = \"two\"\n").expect("write");
+        let err = format!("{:#}", read_sim_config(&config).expect_err("bad type"));
+        assert!(err.contains("config.toml") && err.contains("capacity_per_instance") && err.contains("line 3"), "{err}");
+        std::fs::write(&config, "[[runners]]\nexecutor = \"shell\"\n").expect("write");
+        let err = format!("{:#}", read_sim_config(&config).expect_err("no autoscaler"));
+        assert!(err.contains("no [[runners]] entry"), "{err}");
+        std::fs::write(&config, "[runners.autoscaler]\n[[runners.autoscaler.policy]]\nperiods = [\"* * *\"]\n").expect("write");
+        let err = format!("{:#}", read_sim_config(&config).expect_err("bad cron"));
+        assert!(err.contains("policy[0].periods"), "{err}");
+        let provider = dir.path().join("provider.toml");
+        std::fs::write(&provider, "seed = 1\ntimeout_rate = 2.0\n").expect("write");
+        let err = format!("{:#}", read_provider_settings(&provider).expect_err("bad rate"));
+        assert!(err.contains("provider.toml") && err.contains("timeout_rate"), "{err}");
+        std::fs::write(&provider, "sead = 1\n").expect("write");
+        assert!(read_provider_settings(&provider).is_err(), "unknown keys are rejected");
+    }
+
+    /// The 4-week diurnal trace of §3.4 runs to completion under P0 (no timing assertion).
+    #[test]
+    fn four_week_diurnal_trace_completes() {
+        let settings = read_sim_config(&examples().join("simulate/p0-static-idle.toml")).expect("example config");
+        let trace = read_trace(&examples().join("traces/diurnal-4w.jsonl")).expect("shipped trace");
+        let report = run_simulation(&settings, &SimProviderSettings::default(), &trace).expect("runs");
+        assert_eq!(report.jobs_total, trace.len() as u64);
+        assert_eq!(report.jobs_never_started, 0);
+        assert!(report.simulated_seconds >= 27.0 * 86_400.0);
+        assert!(report.jobs_started + report.jobs_failed_acquire_timeout == report.jobs_total);
+    }
+
+    /// The scaler-bench baseline (P0–P2 on the diurnal and bursty traces) behind
+    /// docs/benchmarks-autoscaler.md. Run with
+    /// `cargo test --release -p runway --lib autoscaler_benchmark -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn autoscaler_benchmark_p0_p2() {
+        let svg_dir = std::env::var_os("RUNWAY_BENCH_SVG_DIR").map(std::path::PathBuf::from);
+        for trace_name in ["diurnal-4w", "bursty-4w"] {
+            let trace = read_trace(&examples().join(format!("traces/{trace_name}.jsonl"))).expect("shipped trace");
+            for policy in ["p0-static-idle", "p1-cron-periods", "p2-scale-factor"] {
+                let settings = read_sim_config(&examples().join(format!("simulate/{policy}.toml"))).expect("config");
+                let provider = read_provider_settings(&examples().join("simulate/linux-cold.toml")).expect("provider");
+                let started = std::time::Instant::now();
+                let report = run_simulation(&settings, &provider, &trace).expect("runs");
+                let elapsed = started.elapsed();
+                println!("== {trace_name} × {policy} ({} jobs, simulated in {:.1} s)\n{}", trace.len(), elapsed.as_secs_f64(), report.to_text());
+                println!("json {}", serde_json::to_string(&report).expect("json"));
+                if let Some(dir) = &svg_dir {
+                    std::fs::write(dir.join(format!("{trace_name}-{policy}.svg")), report.to_svg()).expect("svg");
+                }
+            }
+        }
+    }
+}
