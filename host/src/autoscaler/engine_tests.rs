@@ -640,3 +640,24 @@ fn cron_policies_switch_idle_capacity_with_office_hours() {
     h.run_until(TRACE_START.plus(Duration::from_secs(19 * 3600 + 11 * 60)));
     assert_eq!(h.total(), 0, "evening: idle instances removed after idle_time");
 }
+
+#[test]
+fn legacy_max_builds_removes_a_machine_after_its_jobs() {
+    let settings = AutoscalerSettings::legacy(LegacyMachineSettings {
+        idle_count: 1,
+        idle_time: Duration::from_secs(600),
+        max_builds: 1,
+        limit: 5,
+        ..Default::default()
+    });
+    let mut h = Harness::new(&settings, cloud(10.0));
+    h.step_until(Duration::from_secs(600), "one idle machine", |h| h.metrics().slots_idle == 1);
+    assert!(h.reserve_and_acquire("job"));
+    let machine = h.instance_of("job").expect("acquired");
+    h.run_for(Duration::from_secs(120));
+    h.engine.release("job", h.now()).expect("acquired");
+    h.tick();
+    assert!(h.events.contains(&EngineEvent::InstanceRemoved { instance: machine, reason: RemovalReason::MaxUseCount }));
+    h.step_until(Duration::from_secs(600), "idle machine kept", |h| h.metrics().slots_idle == 1 && h.in_creation() == 0);
+    assert_eq!(h.provider.created_total, 2, "one machine per build, plus the idle one");
+}

@@ -7,6 +7,8 @@
 //! - [`provider`]: the [`provider::InstanceGroup`] trait the engine scales, and a seeded
 //!   simulated provider;
 //! - [`engine`]: the deterministic state machine ([`engine::Taskscaler`]);
+//! - [`driver`]: the production wrapper ([`driver::Autoscaler`]): async `acquire`, a run loop
+//!   sleeping on the clock, concurrent ready checks;
 //! - [`trace`]: job-arrival traces (JSONL) and the seeded generators of autoscaling.md §3.4;
 //! - [`simulate`]: `runway simulate`, the real engine on a virtual clock against the simulated
 //!   provider and a simulated job queue.
@@ -16,6 +18,7 @@
 
 pub mod clock;
 pub mod cron;
+pub mod driver;
 pub mod engine;
 pub mod provider;
 pub mod settings;
@@ -27,6 +30,7 @@ mod engine_tests;
 
 
 pub use clock::{Clock, Moment, RealClock, VirtualClock};
+pub use driver::{Autoscaler, ReadyCommand};
 pub use engine::{
     AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, RemovalReason,
     ReserveError, Taskscaler,

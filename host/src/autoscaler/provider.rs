@@ -420,7 +420,7 @@ mod tests {
         let listed = p.update().expect("update");
         assert!(listed.iter().all(|(_, s)| *s == InstanceState::Running));
         let id = listed[0].0.clone();
-        assert_eq!(p.decrease(&[id.clone()]), Ok(vec![id.clone()]));
+        assert_eq!(p.decrease(std::slice::from_ref(&id)), Ok(vec![id.clone()]));
         assert!(p.update().expect("update").contains(&(id.clone(), InstanceState::Deleting)));
         clock.advance(Duration::from_secs(10));
         assert_eq!(p.update().expect("update").len(), 1);

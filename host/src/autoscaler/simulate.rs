@@ -116,7 +116,7 @@ pub fn run_simulation(
     let clock = Arc::new(VirtualClock::new(TRACE_START));
     let mut engine = Taskscaler::new(settings, clock.now()).map_err(|e| anyhow::anyhow!("autoscaler settings: {e}"))?;
     let mut provider = SimProvider::new(provider_settings.clone(), clock.clone());
-    let mut ready_rng = StdRng::seed_from_u64(provider_settings.seed ^ 0x5eed_0f_7ead);
+    let mut ready_rng = StdRng::seed_from_u64(provider_settings.seed ^ 0x005e_ed0f_7ead);
     let capacity = engine.settings().capacity;
 
     let mut jobs: Vec<JobRecord> = trace
