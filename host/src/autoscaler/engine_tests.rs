@@ -661,3 +661,36 @@ fn legacy_max_builds_removes_a_machine_after_its_jobs() {
     h.step_until(Duration::from_secs(600), "idle machine kept", |h| h.metrics().slots_idle == 1 && h.in_creation() == 0);
     assert_eq!(h.provider.created_total, 2, "one machine per build, plus the idle one");
 }
+
+#[test]
+fn capacity_errors_pause_creation_for_retry_after() {
+    let settings = AutoscalerSettings { policies: vec![utc_policy(5, 600)], ..Default::default() };
+    let provider = SimProviderSettings { max_size: 2, capacity_retry_after_s: 30.0, ..cloud(10.0) };
+    let mut h = Harness::new(&settings, provider);
+    h.run_for(Duration::from_secs(3600));
+    assert_eq!(h.provider.created_total, 2, "the cloud's limit");
+    assert_eq!(h.metrics().slots_idle, 2);
+    let calls = h.provider.increase_calls;
+    assert!(calls <= 3600 / 30 + 3, "retries honour retry-after: {calls} increase calls in an hour");
+    assert!(h.metrics().provider_errors_total >= 100, "it keeps asking every 30 s");
+}
+
+#[test]
+fn shutdown_removes_idle_instances_and_stops_reserving() {
+    let settings = AutoscalerSettings {
+        policies: vec![utc_policy(3, 600)],
+        delete_instances_on_shutdown: true,
+        ..Default::default()
+    };
+    let mut h = Harness::new(&settings, cloud(10.0));
+    h.step_until(Duration::from_secs(600), "three idle", |h| h.metrics().slots_idle == 3);
+    assert!(h.reserve_and_acquire("busy"));
+    let busy_on = h.instance_of("busy").expect("acquired");
+    let now = h.now();
+    h.engine.shutdown(now, &mut h.provider);
+    assert_eq!(h.engine.reserve("late", now), Err(ReserveError::ShuttingDown));
+    assert_eq!(h.metrics().instances_removed_total.get(&RemovalReason::Shutdown), Some(&2));
+    h.run_for(Duration::from_secs(120));
+    let left: Vec<String> = h.engine.instance_summary().into_iter().map(|(id, _, _)| id).collect();
+    assert_eq!(left, vec![busy_on], "the instance running a job stays; nothing is re-created");
+}
