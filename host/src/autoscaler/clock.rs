@@ -81,11 +81,7 @@ impl RealClock {
             .duration_since(UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0);
-        RealClock {
-            origin_wall_ms,
-            origin: std::time::Instant::now(),
-            origin_tokio: tokio::time::Instant::now(),
-        }
+        RealClock { origin_wall_ms, origin: std::time::Instant::now(), origin_tokio: tokio::time::Instant::now() }
     }
 }
 

@@ -27,8 +27,7 @@ struct FieldSet {
 
 impl FieldSet {
     fn matches(&self, value: u32) -> bool {
-        value >= self.min
-            && self.allowed.get((value - self.min) as usize).copied().unwrap_or(false)
+        value >= self.min && self.allowed.get((value - self.min) as usize).copied().unwrap_or(false)
     }
 }
 
@@ -104,7 +103,10 @@ impl CronPeriod {
         let (second, rest, year) = match dialect {
             CronDialect::Unix => {
                 if fields.len() != 5 {
-                    return Err(format!("cron period {expr:?} must have 5 fields (min hour dom mon dow), found {}", fields.len()));
+                    return Err(format!(
+                        "cron period {expr:?} must have 5 fields (min hour dom mon dow), found {}",
+                        fields.len()
+                    ));
                 }
                 (None, &fields[..], None)
             }

@@ -41,7 +41,11 @@ pub struct Autoscaler {
 
 impl Autoscaler {
     /// A new autoscaler over `provider`.
-    pub fn new(settings: &AutoscalerSettings, provider: Box<dyn InstanceGroup>, clock: Arc<dyn Clock>) -> Result<Arc<Self>, String> {
+    pub fn new(
+        settings: &AutoscalerSettings,
+        provider: Box<dyn InstanceGroup>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<Self>, String> {
         let engine = Taskscaler::new(settings, clock.now())?;
         Ok(Self::wrap(engine, provider, clock))
     }
@@ -208,7 +212,11 @@ mod tests {
             clock.clone(),
         );
         let settings = AutoscalerSettings {
-            policies: vec![IdlePolicy { timezone: Some("UTC".into()), idle_time: Duration::from_secs(60), ..Default::default() }],
+            policies: vec![IdlePolicy {
+                timezone: Some("UTC".into()),
+                idle_time: Duration::from_secs(60),
+                ..Default::default()
+            }],
             instance_ready_command: Some("true".into()),
             instance_acquire_timeout: acquire_timeout,
             ..Default::default()

@@ -752,9 +752,7 @@ impl Taskscaler {
                 .instances
                 .iter()
                 .filter(|(_, i)| i.assignable() && i.heartbeat_failures == 0 && i.usable(cap, max_use) > 0)
-                .max_by(|(_, a), (_, b)| {
-                    a.active().cmp(&b.active()).then_with(|| b.ready_at.cmp(&a.ready_at))
-                })
+                .max_by(|(_, a), (_, b)| a.active().cmp(&b.active()).then_with(|| b.ready_at.cmp(&a.ready_at)))
                 .map(|(id, _)| id.clone());
             let Some(id) = best else { break };
             self.pending_order.pop_front();
@@ -905,13 +903,17 @@ impl Taskscaler {
                         },
                     );
                     *self.metrics.instances_removed_total.entry(RemovalReason::Unknown).or_insert(0) += 1;
-                    self.events.push(EngineEvent::InstanceRemoved { instance: id.clone(), reason: RemovalReason::Unknown });
+                    self.events
+                        .push(EngineEvent::InstanceRemoved { instance: id.clone(), reason: RemovalReason::Unknown });
                     continue;
                 }
             }
             let Some(phase) = self.instances.get(id).map(|i| i.phase) else { continue };
             match (phase, state) {
-                (Phase::Deleting { requested_at, reason }, InstanceState::Creating | InstanceState::Running | InstanceState::Timeout) => {
+                (
+                    Phase::Deleting { requested_at, reason },
+                    InstanceState::Creating | InstanceState::Running | InstanceState::Timeout,
+                ) => {
                     // Still there: ask again once the retry interval has passed.
                     if requested_at.is_some_and(|t| t.plus(self.cfg.raw.deletion_retry_interval) <= now) {
                         if let Some(inst) = self.instances.get_mut(id) {
@@ -937,7 +939,9 @@ impl Taskscaler {
                 }
                 (Phase::Ready, InstanceState::Timeout) => self.mark_for_removal(id, RemovalReason::Lost),
                 (Phase::Ready, InstanceState::Running) => self.adopt(id),
-                (Phase::Creating, InstanceState::Creating) | (Phase::ReadyCheck, _) | (Phase::Ready, InstanceState::Creating) => {}
+                (Phase::Creating, InstanceState::Creating)
+                | (Phase::ReadyCheck, _)
+                | (Phase::Ready, InstanceState::Creating) => {}
             }
         }
         let missing: Vec<String> = self.instances.keys().filter(|id| !seen.contains(id.as_str())).cloned().collect();
@@ -951,7 +955,8 @@ impl Taskscaler {
         self.synced = true;
         let expecting = !self.requested.is_empty()
             || self.instances.values().any(|i| i.phase == Phase::Creating || i.is_deleting());
-        let interval = if expecting { self.cfg.raw.update_interval_when_expecting } else { self.cfg.raw.update_interval };
+        let interval =
+            if expecting { self.cfg.raw.update_interval_when_expecting } else { self.cfg.raw.update_interval };
         self.next_update = now.plus(interval);
     }
 
@@ -1041,7 +1046,8 @@ impl Taskscaler {
                         }
                         self.metrics.instances_requested_total += u64::from(granted);
                         if granted > 0 {
-                            self.next_update = self.next_update.min(now.plus(self.cfg.raw.update_interval_when_expecting));
+                            self.next_update =
+                                self.next_update.min(now.plus(self.cfg.raw.update_interval_when_expecting));
                         }
                     }
                     Err(ProviderError::Capacity { retry_after }) => {

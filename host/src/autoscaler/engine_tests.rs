@@ -80,7 +80,11 @@ impl Harness {
 
     fn total(&self) -> u32 {
         let m = self.metrics();
-        m.instances_requested + m.instances_creating + m.instances_ready_checking + m.instances_ready + m.instances_deleting
+        m.instances_requested
+            + m.instances_creating
+            + m.instances_ready_checking
+            + m.instances_ready
+            + m.instances_deleting
     }
 
     /// Machines serving or ready to serve (ready instances).
@@ -90,8 +94,7 @@ impl Harness {
 
     fn tick(&mut self) {
         let now = self.now();
-        let due: Vec<String> =
-            self.ready_due.iter().filter(|(t, _)| *t <= now).map(|(_, id)| id.clone()).collect();
+        let due: Vec<String> = self.ready_due.iter().filter(|(t, _)| *t <= now).map(|(_, id)| id.clone()).collect();
         self.ready_due.retain(|(t, _)| *t > now);
         for id in due {
             let result = if self.ready_ok { Ok(()) } else { Err("cloud-init failed".to_string()) };
@@ -253,7 +256,9 @@ fn seed_001_worked_example_step_by_step() {
 
     // "We now have 1 Idle machine, so GitLab Runner starts another 1 new machine to satisfy
     // IdleCount" … "in total there are seven machines: five running jobs and two idle".
-    h.step_until(Duration::from_secs(600), "two idle machines again", |h| h.metrics().slots_idle == 2 && h.in_creation() == 0);
+    h.step_until(Duration::from_secs(600), "two idle machines again", |h| {
+        h.metrics().slots_idle == 2 && h.in_creation() == 0
+    });
     assert_eq!((h.total(), h.metrics().slots_acquired, h.metrics().slots_idle), (7, 5, 2));
     assert_eq!(h.provider.created_total, 7);
     assert_eq!(h.max_in_creation, 1);
@@ -371,11 +376,7 @@ fn idle_time_scale_down_keeps_the_idle_target_without_churn() {
 
 #[test]
 fn max_use_count_retires_instances() {
-    let settings = AutoscalerSettings {
-        max_use_count: 2,
-        policies: vec![utc_policy(1, 3600)],
-        ..Default::default()
-    };
+    let settings = AutoscalerSettings { max_use_count: 2, policies: vec![utc_policy(1, 3600)], ..Default::default() };
     let mut h = Harness::new(&settings, cloud(10.0));
     h.step_until(Duration::from_secs(600), "one idle", |h| h.metrics().slots_idle == 1);
     let mut first_instance = None;
@@ -488,7 +489,10 @@ fn failing_ready_command_backs_off_instead_of_storming() {
     assert!(created <= 10 + 24 * 6 + 10, "creations bounded by the back-off: {created}");
     let gaps: Vec<Duration> = creations_at.windows(2).map(|w| w[1].since(w[0])).collect();
     let late = &gaps[gaps.len() - 10..];
-    assert!(late.iter().all(|g| *g >= Duration::from_secs(600)), "later creations are spaced by the maximum back-off: {late:?}");
+    assert!(
+        late.iter().all(|g| *g >= Duration::from_secs(600)),
+        "later creations are spaced by the maximum back-off: {late:?}"
+    );
     assert_eq!(h.metrics().slots_idle, 0);
     assert!(h.metrics().ready_failures_total >= 10);
 
@@ -521,11 +525,8 @@ fn heartbeat_failures_replace_an_unhealthy_instance() {
 
 #[test]
 fn instance_lost_mid_job_reports_the_job_keys_and_is_replaced() {
-    let settings = AutoscalerSettings {
-        capacity_per_instance: 2,
-        policies: vec![utc_policy(2, 3600)],
-        ..Default::default()
-    };
+    let settings =
+        AutoscalerSettings { capacity_per_instance: 2, policies: vec![utc_policy(2, 3600)], ..Default::default() };
     let mut h = Harness::new(&settings, cloud(10.0));
     h.step_until(Duration::from_secs(600), "ready", |h| h.metrics().slots_idle == 2);
     assert!(h.reserve_and_acquire("job-a"));
@@ -543,7 +544,10 @@ fn instance_lost_mid_job_reports_the_job_keys_and_is_replaced() {
     });
     let (lost_instance, mut keys, reason) = lost.expect("lost event");
     keys.sort();
-    assert_eq!((lost_instance, keys, reason), (instance, vec!["job-a".to_string(), "job-b".to_string()], RemovalReason::Lost));
+    assert_eq!(
+        (lost_instance, keys, reason),
+        (instance, vec!["job-a".to_string(), "job-b".to_string()], RemovalReason::Lost)
+    );
     assert!(h.engine.release("job-a", h.now()).is_err(), "the acquisition is gone");
     assert_eq!(h.metrics().slots_acquired, 0);
     assert_eq!(h.metrics().instances_lost_total, 1);
@@ -551,11 +555,7 @@ fn instance_lost_mid_job_reports_the_job_keys_and_is_replaced() {
 
 #[test]
 fn snapshot_restore_adopts_instances_with_use_counts() {
-    let settings = AutoscalerSettings {
-        max_use_count: 10,
-        policies: vec![utc_policy(2, 3600)],
-        ..Default::default()
-    };
+    let settings = AutoscalerSettings { max_use_count: 10, policies: vec![utc_policy(2, 3600)], ..Default::default() };
     let mut h = Harness::new(&settings, cloud(10.0));
     h.step_until(Duration::from_secs(600), "ready", |h| h.metrics().slots_idle == 2);
     assert!(h.reserve_and_acquire("running"), "one job still running at the restart");
@@ -580,16 +580,18 @@ fn snapshot_restore_adopts_instances_with_use_counts() {
     let created_before = h.provider.created_total;
     h.run_for(Duration::from_secs(5));
     let after = h.engine.instance_summary();
-    let expected: Vec<(String, u32, u32)> = before
-        .iter()
-        .filter(|(id, _, _)| *id != running_on)
-        .map(|(id, uses, _)| (id.clone(), *uses, 0))
-        .collect();
+    let expected: Vec<(String, u32, u32)> =
+        before.iter().filter(|(id, _, _)| *id != running_on).map(|(id, uses, _)| (id.clone(), *uses, 0)).collect();
     let adopted: Vec<(String, u32, u32)> = after.iter().filter(|(id, _, _)| *id != running_on).cloned().collect();
     assert_eq!(adopted, expected, "adopted with their use counts");
     assert!(expected.iter().map(|(_, uses, _)| uses).sum::<u32>() >= 1, "use counts survived");
-    assert!(h.events.contains(&EngineEvent::AcquisitionsAbandoned { instance: running_on.clone(), keys: vec!["running".into()] }));
-    assert!(h.events.contains(&EngineEvent::InstanceRemoved { instance: running_on, reason: RemovalReason::AbandonedAcquisitions }));
+    assert!(h
+        .events
+        .contains(&EngineEvent::AcquisitionsAbandoned { instance: running_on.clone(), keys: vec!["running".into()] }));
+    assert!(h.events.contains(&EngineEvent::InstanceRemoved {
+        instance: running_on,
+        reason: RemovalReason::AbandonedAcquisitions
+    }));
     assert!(!h.events.iter().any(|e| matches!(e, EngineEvent::InstanceRemoved { reason: RemovalReason::Unknown, .. })));
     assert_eq!(h.provider.created_total, created_before, "idle target still met: nothing created");
     assert_eq!(h.metrics().slots_idle, idle_before, "every idle instance adopted and assignable");
@@ -658,7 +660,9 @@ fn legacy_max_builds_removes_a_machine_after_its_jobs() {
     h.engine.release("job", h.now()).expect("acquired");
     h.tick();
     assert!(h.events.contains(&EngineEvent::InstanceRemoved { instance: machine, reason: RemovalReason::MaxUseCount }));
-    h.step_until(Duration::from_secs(600), "idle machine kept", |h| h.metrics().slots_idle == 1 && h.in_creation() == 0);
+    h.step_until(Duration::from_secs(600), "idle machine kept", |h| {
+        h.metrics().slots_idle == 1 && h.in_creation() == 0
+    });
     assert_eq!(h.provider.created_total, 2, "one machine per build, plus the idle one");
 }
 

@@ -28,12 +28,11 @@ pub mod trace;
 #[cfg(test)]
 mod engine_tests;
 
-
 pub use clock::{Clock, Moment, RealClock, VirtualClock};
 pub use driver::{Autoscaler, ReadyCommand};
 pub use engine::{
-    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, RemovalReason,
-    ReserveError, Taskscaler,
+    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, RemovalReason, ReserveError,
+    Taskscaler,
 };
 pub use provider::{InstanceGroup, InstanceState, ProviderError, SimProvider, SimProviderSettings};
 pub use settings::{AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle};

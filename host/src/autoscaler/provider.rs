@@ -88,9 +88,7 @@ impl DelayDistribution {
             DelayDistribution::Fixed { seconds, jitter_s } => {
                 seconds + if jitter_s > 0.0 { rng.random::<f64>() * jitter_s } else { 0.0 }
             }
-            DelayDistribution::Lognormal { median_s, p95_s, shift_s } => {
-                shift_s + lognormal(rng, median_s, p95_s)
-            }
+            DelayDistribution::Lognormal { median_s, p95_s, shift_s } => shift_s + lognormal(rng, median_s, p95_s),
         };
         Duration::from_secs_f64(seconds.clamp(0.0, 1e9))
     }
@@ -248,7 +246,16 @@ impl SimProvider {
     /// A provider reading time from `clock`.
     pub fn new(settings: SimProviderSettings, clock: Arc<dyn Clock>) -> Self {
         let rng = StdRng::seed_from_u64(settings.seed);
-        SimProvider { settings, clock, rng, next_id: 0, instances: BTreeMap::new(), gone: Vec::new(), increase_calls: 0, created_total: 0 }
+        SimProvider {
+            settings,
+            clock,
+            rng,
+            next_id: 0,
+            instances: BTreeMap::new(),
+            gone: Vec::new(),
+            increase_calls: 0,
+            created_total: 0,
+        }
     }
 
     /// The settings in use.
@@ -263,8 +270,12 @@ impl SimProvider {
 
     /// Move instances deleted by `now` out of the live map (keeps `update()` O(live)).
     fn prune(&mut self, now: Moment) {
-        let dead: Vec<String> =
-            self.instances.iter().filter(|(_, i)| i.deleted_at.is_some_and(|d| d <= now)).map(|(id, _)| id.clone()).collect();
+        let dead: Vec<String> = self
+            .instances
+            .iter()
+            .filter(|(_, i)| i.deleted_at.is_some_and(|d| d <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
         for id in dead {
             if let Some(i) = self.instances.remove(&id) {
                 self.gone.push((id, i));
@@ -341,7 +352,14 @@ impl InstanceGroup for SimProvider {
             let times_out = self.rng.random::<f64>() < self.settings.timeout_rate;
             self.instances.insert(
                 id,
-                SimInstance { created_at: now, up_at, times_out, delete_requested_at: None, deleted_at: None, broken: false },
+                SimInstance {
+                    created_at: now,
+                    up_at,
+                    times_out,
+                    delete_requested_at: None,
+                    deleted_at: None,
+                    broken: false,
+                },
             );
         }
         self.created_total += u64::from(granted);

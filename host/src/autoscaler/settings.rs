@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use super::cron::{CronDialect, CronPeriod, PolicyZone};
 use super::clock::Moment;
+use super::cron::{CronDialect, CronPeriod, PolicyZone};
 
 /// One `[[runners.autoscaler.policy]]` entry.
 #[derive(Clone, Debug, PartialEq)]
@@ -183,7 +183,8 @@ impl AutoscalerSettings {
                 for (i, p) in list.iter().enumerate() {
                     let periods = compile_periods(&p.periods, CronDialect::Unix)
                         .map_err(|e| format!("policy[{i}].periods: {e}"))?;
-                    let zone = PolicyZone::parse(p.timezone.as_deref()).map_err(|e| format!("policy[{i}].timezone: {e}"))?;
+                    let zone =
+                        PolicyZone::parse(p.timezone.as_deref()).map_err(|e| format!("policy[{i}].timezone: {e}"))?;
                     if !(p.scale_factor >= 0.0 && p.scale_factor.is_finite()) {
                         return Err(format!("policy[{i}].scale_factor must be a non-negative number"));
                     }
@@ -210,10 +211,12 @@ impl AutoscalerSettings {
                     idle_time: m.idle_time,
                 };
                 for (i, p) in std::iter::once(&base).chain(m.autoscaling.iter()).enumerate() {
-                    let label = if i == 0 { "[runners.machine]".to_string() } else { format!("autoscaling[{}]", i - 1) };
+                    let label =
+                        if i == 0 { "[runners.machine]".to_string() } else { format!("autoscaling[{}]", i - 1) };
                     let periods = compile_periods(&p.periods, CronDialect::WithSeconds)
                         .map_err(|e| format!("{label}.Periods: {e}"))?;
-                    let zone = PolicyZone::parse(p.timezone.as_deref()).map_err(|e| format!("{label}.Timezone: {e}"))?;
+                    let zone =
+                        PolicyZone::parse(p.timezone.as_deref()).map_err(|e| format!("{label}.Timezone: {e}"))?;
                     if !(p.idle_scale_factor >= 0.0 && p.idle_scale_factor.is_finite()) {
                         return Err(format!("{label}.IdleScaleFactor must be a non-negative number"));
                     }

@@ -149,7 +149,13 @@ pub fn run_simulation(
     let key_of = |idx: usize| idx.to_string();
     let idx_of = |key: &str| key.parse::<usize>().ok();
 
-    fn busy_change(busy: &mut HashMap<String, (u32, Moment)>, total: &mut f64, instance: &str, delta: i32, now: Moment) {
+    fn busy_change(
+        busy: &mut HashMap<String, (u32, Moment)>,
+        total: &mut f64,
+        instance: &str,
+        delta: i32,
+        now: Moment,
+    ) {
         let entry = busy.entry(instance.to_string()).or_insert((0, now));
         if delta > 0 {
             if entry.0 == 0 {
@@ -321,7 +327,13 @@ impl SimReport {
     /// A human-readable summary.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "jobs          {} in trace, {} started over {:.1} simulated days", self.jobs_total, self.jobs_started, self.simulated_seconds / 86_400.0);
+        let _ = writeln!(
+            s,
+            "jobs          {} in trace, {} started over {:.1} simulated days",
+            self.jobs_total,
+            self.jobs_started,
+            self.simulated_seconds / 86_400.0
+        );
         let _ = writeln!(
             s,
             "queue wait    p50 {:.1} s, p95 {:.1} s, p99 {:.1} s, max {:.1} s, mean {:.1} s; >30 s {:.1}%, >120 s {:.1}%",
@@ -349,7 +361,8 @@ impl SimReport {
             self.jobs_failed_acquire_timeout, self.jobs_failed_instance_lost, self.jobs_never_started
         );
         let removals: Vec<String> = self.removals.iter().map(|(r, n)| format!("{r} {n}")).collect();
-        let _ = writeln!(s, "removals      {}", if removals.is_empty() { "none".to_string() } else { removals.join(", ") });
+        let _ =
+            writeln!(s, "removals      {}", if removals.is_empty() { "none".to_string() } else { removals.join(", ") });
         if self.cost > 0.0 {
             let _ = writeln!(s, "cost          {:.2}", self.cost);
         }
@@ -389,7 +402,10 @@ impl SimReport {
             d
         };
         let mut svg = String::new();
-        let _ = writeln!(svg, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">"#);
+        let _ = writeln!(
+            svg,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">"#
+        );
         let _ = writeln!(svg, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
         let days = (span / 86_400.0).ceil() as u32;
         let step = if days > 14 { 7 } else { 1 };
@@ -398,16 +414,33 @@ impl SimReport {
             if x > W - RIGHT + 0.5 {
                 break;
             }
-            let _ = writeln!(svg, r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">day {d}</text>"##, H - BOTTOM, H - BOTTOM + 14.0);
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">day {d}</text>"##,
+                H - BOTTOM,
+                H - BOTTOM + 14.0
+            );
         }
         for frac in [0.0, 0.25, 0.5, 0.75, 1.0] {
             let v = (f64::from(top) * frac).round() as u32;
-            let _ = writeln!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="end">{v}</text>"##, LEFT - 6.0, y(v) + 4.0);
+            let _ =
+                writeln!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="end">{v}</text>"##, LEFT - 6.0, y(v) + 4.0);
         }
         let _ = writeln!(svg, r##"<path d="{}" fill="none" stroke="#1f77b4" stroke-width="1"/>"##, line(&instances));
         let _ = writeln!(svg, r##"<path d="{}" fill="none" stroke="#ff7f0e" stroke-width="1"/>"##, line(&queued));
-        let _ = writeln!(svg, r##"<text x="{LEFT}" y="16" fill="#1f77b4">instances</text><text x="{:.1}" y="16" fill="#ff7f0e">queued jobs</text>"##, LEFT + 80.0);
-        let _ = writeln!(svg, r##"<text x="{:.1}" y="16" text-anchor="end">p95 wait {:.1} s, {:.1} instance-hours, {:.1}% idle</text>"##, W - RIGHT, self.wait_p95_s, self.instance_hours, self.idle_share * 100.0);
+        let _ = writeln!(
+            svg,
+            r##"<text x="{LEFT}" y="16" fill="#1f77b4">instances</text><text x="{:.1}" y="16" fill="#ff7f0e">queued jobs</text>"##,
+            LEFT + 80.0
+        );
+        let _ = writeln!(
+            svg,
+            r##"<text x="{:.1}" y="16" text-anchor="end">p95 wait {:.1} s, {:.1} instance-hours, {:.1}% idle</text>"##,
+            W - RIGHT,
+            self.wait_p95_s,
+            self.instance_hours,
+            self.idle_share * 100.0
+        );
         svg.push_str("</svg>\n");
         svg
     }
@@ -609,10 +642,9 @@ pub fn read_sim_config(path: &Path) -> anyhow::Result<AutoscalerSettings> {
             Err(_) => return Err(anyhow::anyhow!("{}: {array_err}", path.display())),
         },
     };
-    let settings = runners
-        .into_iter()
-        .find_map(SimRunner::into_settings)
-        .with_context(|| format!("{}: no [[runners]] entry has a [runners.autoscaler] or [runners.machine] section", path.display()))?;
+    let settings = runners.into_iter().find_map(SimRunner::into_settings).with_context(|| {
+        format!("{}: no [[runners]] entry has a [runners.autoscaler] or [runners.machine] section", path.display())
+    })?;
     settings.compile().map_err(|e| anyhow::anyhow!("{}: [runners.autoscaler] {e}", path.display()))?;
     Ok(settings)
 }
@@ -620,7 +652,8 @@ pub fn read_sim_config(path: &Path) -> anyhow::Result<AutoscalerSettings> {
 /// Read `provider.toml` (all keys optional; defaults are the linux-cold profile).
 pub fn read_provider_settings(path: &Path) -> anyhow::Result<SimProviderSettings> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let settings: SimProviderSettings = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let settings: SimProviderSettings =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     settings.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok(settings)
 }
@@ -688,7 +721,12 @@ mod tests {
         };
         let lean = run_simulation(&policy(0), &quick_cloud(), &trace).expect("runs");
         let rich = run_simulation(&policy(10), &quick_cloud(), &trace).expect("runs");
-        assert!(rich.wait_mean_s < lean.wait_mean_s, "idle instances absorb arrivals: {} vs {}", rich.wait_mean_s, lean.wait_mean_s);
+        assert!(
+            rich.wait_mean_s < lean.wait_mean_s,
+            "idle instances absorb arrivals: {} vs {}",
+            rich.wait_mean_s,
+            lean.wait_mean_s
+        );
         assert!(rich.share_wait_over_30s < lean.share_wait_over_30s);
         assert!(rich.instance_hours > lean.instance_hours);
         assert!(lean.wait_max_s >= 27.0, "a job that finds no instance waits for one to be provisioned");
@@ -720,11 +758,15 @@ mod tests {
         let config = dir.path().join("config.toml");
         std::fs::write(&config, "[[runners]]\n[runners.autoscaler]\ncapacity_per_instance = \"two\"\n").expect("write");
         let err = format!("{:#}", read_sim_config(&config).expect_err("bad type"));
-        assert!(err.contains("config.toml") && err.contains("capacity_per_instance") && err.contains("line 3"), "{err}");
+        assert!(
+            err.contains("config.toml") && err.contains("capacity_per_instance") && err.contains("line 3"),
+            "{err}"
+        );
         std::fs::write(&config, "[[runners]]\nexecutor = \"shell\"\n").expect("write");
         let err = format!("{:#}", read_sim_config(&config).expect_err("no autoscaler"));
         assert!(err.contains("no [[runners]] entry"), "{err}");
-        std::fs::write(&config, "[runners.autoscaler]\n[[runners.autoscaler.policy]]\nperiods = [\"* * *\"]\n").expect("write");
+        std::fs::write(&config, "[runners.autoscaler]\n[[runners.autoscaler.policy]]\nperiods = [\"* * *\"]\n")
+            .expect("write");
         let err = format!("{:#}", read_sim_config(&config).expect_err("bad cron"));
         assert!(err.contains("policy[0].periods"), "{err}");
         let provider = dir.path().join("provider.toml");
@@ -762,7 +804,12 @@ mod tests {
                 let started = std::time::Instant::now();
                 let report = run_simulation(&settings, &provider, &trace).expect("runs");
                 let elapsed = started.elapsed();
-                println!("== {trace_name} × {policy} ({} jobs, simulated in {:.1} s)\n{}", trace.len(), elapsed.as_secs_f64(), report.to_text());
+                println!(
+                    "== {trace_name} × {policy} ({} jobs, simulated in {:.1} s)\n{}",
+                    trace.len(),
+                    elapsed.as_secs_f64(),
+                    report.to_text()
+                );
                 println!("json {}", serde_json::to_string(&report).expect("json"));
                 if let Some(dir) = &svg_dir {
                     std::fs::write(dir.join(format!("{trace_name}-{policy}.svg")), report.to_svg()).expect("svg");

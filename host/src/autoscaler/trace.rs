@@ -216,7 +216,10 @@ mod tests {
         let a = generate(TraceKind::Diurnal, 7, 1);
         assert_eq!(a, generate(TraceKind::Diurnal, 7, 1));
         assert_ne!(a, generate(TraceKind::Diurnal, 7, 2));
-        let weekday_office = a.iter().filter(|j| j.at < 5.0 * DAY && (j.at % DAY) > 10.0 * 3600.0 && (j.at % DAY) < 12.0 * 3600.0).count();
+        let weekday_office = a
+            .iter()
+            .filter(|j| j.at < 5.0 * DAY && (j.at % DAY) > 10.0 * 3600.0 && (j.at % DAY) < 12.0 * 3600.0)
+            .count();
         let weekday_night = a.iter().filter(|j| j.at < 5.0 * DAY && (j.at % DAY) < 2.0 * 3600.0).count();
         assert!(weekday_office > 10 * weekday_night.max(1), "office {weekday_office} vs night {weekday_night}");
         let bursty = generate(TraceKind::Bursty, 7, 1);
@@ -244,9 +247,10 @@ mod tests {
     fn write_shipped_traces() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/traces");
         std::fs::create_dir_all(&dir).expect("traces dir");
-        for (name, kind, seed) in
-            [("diurnal-4w.jsonl", TraceKind::Diurnal, DIURNAL_SEED), ("bursty-4w.jsonl", TraceKind::Bursty, BURSTY_SEED)]
-        {
+        for (name, kind, seed) in [
+            ("diurnal-4w.jsonl", TraceKind::Diurnal, DIURNAL_SEED),
+            ("bursty-4w.jsonl", TraceKind::Bursty, BURSTY_SEED),
+        ] {
             let mut out = std::io::BufWriter::new(std::fs::File::create(dir.join(name)).expect("create trace"));
             write_trace(&mut out, &generate(kind, 28, seed)).expect("write trace");
             out.flush().expect("flush");
@@ -257,9 +261,10 @@ mod tests {
     #[test]
     fn shipped_traces_match_their_generators() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/traces");
-        for (name, kind, seed) in
-            [("diurnal-4w.jsonl", TraceKind::Diurnal, DIURNAL_SEED), ("bursty-4w.jsonl", TraceKind::Bursty, BURSTY_SEED)]
-        {
+        for (name, kind, seed) in [
+            ("diurnal-4w.jsonl", TraceKind::Diurnal, DIURNAL_SEED),
+            ("bursty-4w.jsonl", TraceKind::Bursty, BURSTY_SEED),
+        ] {
             let shipped = std::fs::read(dir.join(name)).expect("shipped trace exists");
             let mut generated = Vec::new();
             write_trace(&mut generated, &generate(kind, 28, seed)).expect("write");
