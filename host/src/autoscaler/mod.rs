@@ -1,14 +1,40 @@
-//! The autoscaler (taskscaler): instances with job slots, a policy deciding how many
-//! instances there should be, and the actions (create, delete) that get there.
+//! The autoscaler (GitLab's taskscaler): job slots on a fleet of instances.
 //!
-//! [`engine::Engine`] is a deterministic state machine: the runner tells it about jobs
-//! (reserve, acquire, release) and provider events (created, ready, removed), calls `tick`
-//! with the current time, and carries out the actions it returns through a fleeting plugin
-//! ([`crate::plugin::fleeting`]). Both GitLab policies map onto it: taskscaler's
-//! (`idle_count` in slots) and docker+machine's (`IdleCount` in machines, `MaxGrowthRate`).
+//! - [`clock`]: [`clock::Moment`], the [`clock::Clock`] trait, real and virtual clocks;
+//! - [`settings`]: the engine's own settings structs (taskscaler policies and legacy
+//!   Docker Machine keys), validated by `compile`;
+//! - [`cron`]: cron periods and timezones of idle policies;
+//! - [`provider`]: the [`provider::InstanceGroup`] trait the engine scales, and a seeded
+//!   simulated provider;
+//! - [`engine`]: the deterministic state machine ([`engine::Taskscaler`]);
+//! - [`driver`]: the production wrapper ([`driver::Autoscaler`]): async `acquire`, a run loop
+//!   sleeping on the clock, concurrent ready checks;
+//! - [`trace`]: job-arrival traces (JSONL) and the seeded generators of autoscaling.md §3.4;
+//! - [`simulate`]: `runway simulate`, the real engine on a virtual clock against the simulated
+//!   provider and a simulated job queue.
 //!
-//! Not built yet: the loop that drives the engine against a plugin, the SSH connector, the
-//! instance executor and `runway simulate`.
+//! This module does not parse config.toml, run SSH commands or export Prometheus metrics; it
+//! exposes plain settings, events and numbers for the modules that do.
 
 pub mod clock;
+pub mod cron;
+pub mod driver;
 pub mod engine;
+pub mod provider;
+pub mod settings;
+pub mod simulate;
+pub mod trace;
+
+#[cfg(test)]
+mod engine_tests;
+
+pub use clock::{Clock, Moment, RealClock, VirtualClock};
+pub use driver::{Autoscaler, ReadyCommand};
+pub use engine::{
+    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, RemovalReason, ReserveError,
+    Taskscaler,
+};
+pub use provider::{InstanceGroup, InstanceState, ProviderError, SimProvider, SimProviderSettings};
+pub use settings::{AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle};
+pub use simulate::{run_simulation, simulate_command, SimReport};
+pub use trace::JobArrival;

@@ -43,6 +43,19 @@ pub enum Command {
     Unregister(runners::UnregisterArgs),
     /// List the runners in config.toml.
     List,
+    /// Replay a job trace against the autoscaler policy of config.toml on a virtual clock:
+    /// queue wait percentiles, instance-hours, idle share, creations per job.
+    Simulate {
+        /// Job trace: JSONL, one job per line (arrival offset and duration in seconds).
+        #[arg(long)]
+        trace: PathBuf,
+        /// Simulated provider (provisioning delays, failure rates) as TOML.
+        #[arg(long)]
+        provider: Option<PathBuf>,
+        /// Write an SVG chart of queued jobs and instances over time.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+    },
     /// Inspect executor and fleeting plugins.
     Plugins {
         #[command(subcommand)]
@@ -76,6 +89,11 @@ pub fn main() -> ExitCode {
             Command::Verify { delete } => runners::verify(&config_path, delete).await,
             Command::Unregister(args) => runners::unregister(args, &config_path).await,
             Command::List => runners::list(&config_path),
+            Command::Simulate { trace, provider, svg } => {
+                let report = crate::autoscaler::simulate::simulate_command(&config_path, &trace, provider.as_deref(), svg.as_deref())?;
+                print!("{report}");
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Plugins { command } => plugins::run(command, cli.config.as_deref()).await,
         }
     });

@@ -1,0 +1,820 @@
+//! `runway simulate`: replay a job trace against the real [`Taskscaler`] on a virtual clock,
+//! with the seeded [`SimProvider`] as the cloud and a simulated GitLab queue. A runner takes
+//! a queued job whenever `reserve` succeeds (pickup is immediate: no poll interval), calls
+//! `acquire`, and the job starts when the slot is assigned; queue wait = start − arrival.
+//! Reports queue-wait percentiles, instance-hours, idle share, churn, failures, and draws an
+//! SVG of queued jobs and instances over time.
+//!
+//! Until the config module lands, [`simulate_command`] reads a minimal config.toml of its own:
+//! the first `[[runners]]` entry with `[runners.autoscaler]` (+ `[[runners.autoscaler.policy]]`)
+//! or `[runners.machine]` (+ `limit`). A policy without `timezone` uses UTC here (a virtual
+//! clock has no meaningful local time).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use super::clock::{Clock, Moment, VirtualClock};
+use super::engine::{EngineEvent, Taskscaler};
+use super::provider::{SimProvider, SimProviderSettings};
+use super::settings::{AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle};
+use super::trace::{read_trace, JobArrival, TRACE_START};
+use crate::plugin::grant::duration_str;
+
+/// One point of the chart: at `t` seconds after the start, the queue and fleet sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ChartPoint {
+    /// Seconds after trace start.
+    pub t: f64,
+    /// Jobs waiting (in GitLab's queue or for a slot).
+    pub queued: u32,
+    /// Instances in any state.
+    pub instances: u32,
+}
+
+/// Results of one simulation run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimReport {
+    /// Jobs in the trace.
+    pub jobs_total: u64,
+    /// Jobs that got a slot.
+    pub jobs_started: u64,
+    /// Jobs failed by acquire timeout.
+    pub jobs_failed_acquire_timeout: u64,
+    /// Jobs failed because their instance was lost.
+    pub jobs_failed_instance_lost: u64,
+    /// Jobs still waiting when the simulation gave up (2 days after the last arrival).
+    pub jobs_never_started: u64,
+    /// Queue wait percentiles over started jobs, seconds.
+    pub wait_p50_s: f64,
+    /// 95th percentile.
+    pub wait_p95_s: f64,
+    /// 99th percentile.
+    pub wait_p99_s: f64,
+    /// Maximum.
+    pub wait_max_s: f64,
+    /// Mean.
+    pub wait_mean_s: f64,
+    /// Share of started jobs that waited more than 30 s.
+    pub share_wait_over_30s: f64,
+    /// Share that waited more than 120 s.
+    pub share_wait_over_120s: f64,
+    /// Billed instance-hours (with the provider's billing minimum).
+    pub instance_hours: f64,
+    /// Billed instance-hours with no job running.
+    pub idle_instance_hours: f64,
+    /// `idle_instance_hours / instance_hours`.
+    pub idle_share: f64,
+    /// Job-seconds / billed slot-seconds.
+    pub slot_utilisation: f64,
+    /// Instances created.
+    pub creations: u64,
+    /// Creations per job (churn).
+    pub creations_per_job: f64,
+    /// Most instances at once.
+    pub peak_instances: u32,
+    /// Removals by reason.
+    pub removals: BTreeMap<String, u64>,
+    /// Simulated time, seconds.
+    pub simulated_seconds: f64,
+    /// `instance_hours × price_per_hour`.
+    pub cost: f64,
+    /// Chart samples (one per change).
+    #[serde(skip)]
+    pub chart: Vec<ChartPoint>,
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+struct JobRecord {
+    arrival: Moment,
+    duration: Duration,
+}
+
+/// Run the real engine against the simulated provider and queue. Deterministic: identical
+/// inputs give identical reports.
+pub fn run_simulation(
+    settings: &AutoscalerSettings,
+    provider_settings: &SimProviderSettings,
+    trace: &[JobArrival],
+) -> anyhow::Result<SimReport> {
+    provider_settings.validate().map_err(|e| anyhow::anyhow!("provider settings: {e}"))?;
+    let clock = Arc::new(VirtualClock::new(TRACE_START));
+    let mut engine = Taskscaler::new(settings, clock.now()).map_err(|e| anyhow::anyhow!("autoscaler settings: {e}"))?;
+    let mut provider = SimProvider::new(provider_settings.clone(), clock.clone());
+    let mut ready_rng = StdRng::seed_from_u64(provider_settings.seed ^ 0x005e_ed0f_7ead);
+    let capacity = engine.settings().capacity;
+
+    let mut jobs: Vec<JobRecord> = trace
+        .iter()
+        .map(|j| JobRecord {
+            arrival: TRACE_START.plus(Duration::from_secs_f64(j.at)),
+            duration: Duration::from_secs_f64(j.duration),
+        })
+        .collect();
+    jobs.sort_by_key(|j| j.arrival);
+    let last_arrival = jobs.last().map_or(TRACE_START, |j| j.arrival);
+    let give_up_at = last_arrival.plus(Duration::from_secs(2 * 86_400));
+
+    let mut next_arrival = 0usize;
+    let mut queue: VecDeque<usize> = VecDeque::new();
+    let mut waiting_for_slot = 0u32;
+    let mut running: BinaryHeap<Reverse<(Moment, usize)>> = BinaryHeap::new();
+    let mut instance_of: HashMap<usize, String> = HashMap::new();
+    let mut ready_checks: BinaryHeap<Reverse<(Moment, String, bool)>> = BinaryHeap::new();
+    let mut busy: HashMap<String, (u32, Moment)> = HashMap::new();
+    let mut busy_seconds = 0.0f64;
+    let mut job_seconds = 0.0f64;
+    let mut waits: Vec<f64> = Vec::with_capacity(jobs.len());
+    let mut failed_timeout = 0u64;
+    let mut failed_lost = 0u64;
+    let mut done = 0usize;
+    let mut chart: Vec<ChartPoint> = Vec::new();
+    let mut peak_instances = 0u32;
+
+    let key_of = |idx: usize| idx.to_string();
+    let idx_of = |key: &str| key.parse::<usize>().ok();
+
+    fn busy_change(
+        busy: &mut HashMap<String, (u32, Moment)>,
+        total: &mut f64,
+        instance: &str,
+        delta: i32,
+        now: Moment,
+    ) {
+        let entry = busy.entry(instance.to_string()).or_insert((0, now));
+        if delta > 0 {
+            if entry.0 == 0 {
+                entry.1 = now;
+            }
+            entry.0 += 1;
+        } else if entry.0 > 0 {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                *total += now.since(entry.1).as_secs_f64();
+                busy.remove(instance);
+            }
+        }
+    }
+
+    loop {
+        let now = clock.now();
+        while next_arrival < jobs.len() && jobs[next_arrival].arrival <= now {
+            queue.push_back(next_arrival);
+            next_arrival += 1;
+        }
+        while let Some(Reverse((t, idx))) = running.peek().cloned() {
+            if t > now {
+                break;
+            }
+            running.pop();
+            if let Some(instance) = instance_of.remove(&idx) {
+                let _ = engine.release(&key_of(idx), now);
+                busy_change(&mut busy, &mut busy_seconds, &instance, -1, now);
+                job_seconds += jobs[idx].duration.as_secs_f64();
+                done += 1;
+            }
+        }
+        while let Some(Reverse((t, _, _))) = ready_checks.peek() {
+            if *t > now {
+                break;
+            }
+            let Some(Reverse((_, id, ok))) = ready_checks.pop() else { break };
+            let result = if ok { Ok(()) } else { Err("ready command failed".to_string()) };
+            engine.ready_check_finished(&id, result, now);
+        }
+
+        for _ in 0..16 {
+            engine.tick(now, &mut provider);
+            // The runner asks GitLab for a job whenever a reservation succeeds.
+            while let Some(&idx) = queue.front() {
+                if engine.reserve(&key_of(idx), now).is_err() {
+                    break;
+                }
+                queue.pop_front();
+                waiting_for_slot += 1;
+                let _ = engine.acquire(&key_of(idx), now);
+            }
+            for event in engine.take_events() {
+                match event {
+                    EngineEvent::Acquired { key, acquisition } => {
+                        let Some(idx) = idx_of(&key) else { continue };
+                        waiting_for_slot = waiting_for_slot.saturating_sub(1);
+                        waits.push(now.since(jobs[idx].arrival).as_secs_f64());
+                        running.push(Reverse((now.plus(jobs[idx].duration), idx)));
+                        busy_change(&mut busy, &mut busy_seconds, &acquisition.instance, 1, now);
+                        instance_of.insert(idx, acquisition.instance);
+                    }
+                    EngineEvent::AcquireTimedOut { .. } => {
+                        waiting_for_slot = waiting_for_slot.saturating_sub(1);
+                        failed_timeout += 1;
+                        done += 1;
+                    }
+                    EngineEvent::ReadyCheckRequested { instance } => {
+                        let delay = provider_settings.ready.sample(&mut ready_rng);
+                        let ok = ready_rng.random::<f64>() >= provider_settings.ready_failure_rate;
+                        ready_checks.push(Reverse((now.plus(delay), instance, ok)));
+                    }
+                    EngineEvent::InstanceLost { keys, .. } => {
+                        for key in keys {
+                            let Some(idx) = idx_of(&key) else { continue };
+                            if let Some(instance) = instance_of.remove(&idx) {
+                                busy_change(&mut busy, &mut busy_seconds, &instance, -1, now);
+                                failed_lost += 1;
+                                done += 1;
+                            }
+                        }
+                    }
+                    EngineEvent::AcquisitionsAbandoned { .. } | EngineEvent::InstanceRemoved { .. } => {}
+                }
+            }
+            if !engine.needs_tick() {
+                break;
+            }
+        }
+
+        let queued = queue.len() as u32 + waiting_for_slot;
+        let instances = engine.instance_count();
+        peak_instances = peak_instances.max(instances);
+        let point = ChartPoint { t: now.since(TRACE_START).as_secs_f64(), queued, instances };
+        if chart.last().is_none_or(|p| p.queued != queued || p.instances != instances) {
+            chart.push(point);
+        }
+
+        if done == jobs.len() && next_arrival == jobs.len() {
+            break;
+        }
+        let mut next = engine.next_wakeup();
+        if let Some(job) = jobs.get(next_arrival) {
+            next = next.min(job.arrival);
+        }
+        if let Some(Reverse((t, _))) = running.peek() {
+            next = next.min(*t);
+        }
+        if let Some(Reverse((t, _, _))) = ready_checks.peek() {
+            next = next.min(*t);
+        }
+        if next <= now {
+            next = now.plus(Duration::from_millis(1));
+        }
+        if next > give_up_at {
+            break;
+        }
+        clock.set(next);
+    }
+
+    let end = clock.now();
+    for (_, (count, since)) in busy.drain() {
+        if count > 0 {
+            busy_seconds += end.since(since).as_secs_f64();
+        }
+    }
+    waits.sort_by(f64::total_cmp);
+    let billed = provider.billed_seconds(end);
+    let metrics = engine.metrics();
+    let jobs_total = jobs.len() as u64;
+    let started = waits.len() as u64;
+    let share = |limit: f64| {
+        if waits.is_empty() {
+            0.0
+        } else {
+            waits.iter().filter(|w| **w > limit).count() as f64 / waits.len() as f64
+        }
+    };
+    let idle_seconds = (billed - busy_seconds).max(0.0);
+    Ok(SimReport {
+        jobs_total,
+        jobs_started: started,
+        jobs_failed_acquire_timeout: failed_timeout,
+        jobs_failed_instance_lost: failed_lost,
+        jobs_never_started: jobs_total.saturating_sub(started + failed_timeout),
+        wait_p50_s: percentile(&waits, 0.50),
+        wait_p95_s: percentile(&waits, 0.95),
+        wait_p99_s: percentile(&waits, 0.99),
+        wait_max_s: waits.last().copied().unwrap_or(0.0),
+        wait_mean_s: if waits.is_empty() { 0.0 } else { waits.iter().sum::<f64>() / waits.len() as f64 },
+        share_wait_over_30s: share(30.0),
+        share_wait_over_120s: share(120.0),
+        instance_hours: billed / 3600.0,
+        idle_instance_hours: idle_seconds / 3600.0,
+        idle_share: if billed > 0.0 { idle_seconds / billed } else { 0.0 },
+        slot_utilisation: if billed > 0.0 { job_seconds / (billed * f64::from(capacity)) } else { 0.0 },
+        creations: provider.created_total,
+        creations_per_job: if jobs_total > 0 { provider.created_total as f64 / jobs_total as f64 } else { 0.0 },
+        peak_instances,
+        removals: metrics.instances_removed_total.iter().map(|(r, n)| (r.as_str().to_string(), *n)).collect(),
+        simulated_seconds: end.since(TRACE_START).as_secs_f64(),
+        cost: billed / 3600.0 * provider_settings.price_per_hour,
+        chart,
+    })
+}
+
+impl SimReport {
+    /// A human-readable summary.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "jobs          {} in trace, {} started over {:.1} simulated days",
+            self.jobs_total,
+            self.jobs_started,
+            self.simulated_seconds / 86_400.0
+        );
+        let _ = writeln!(
+            s,
+            "queue wait    p50 {:.1} s, p95 {:.1} s, p99 {:.1} s, max {:.1} s, mean {:.1} s; >30 s {:.1}%, >120 s {:.1}%",
+            self.wait_p50_s,
+            self.wait_p95_s,
+            self.wait_p99_s,
+            self.wait_max_s,
+            self.wait_mean_s,
+            self.share_wait_over_30s * 100.0,
+            self.share_wait_over_120s * 100.0
+        );
+        let _ = writeln!(
+            s,
+            "instances     {:.1} instance-hours billed, {:.1} idle ({:.1}% idle), slot utilisation {:.1}%, peak {}",
+            self.instance_hours,
+            self.idle_instance_hours,
+            self.idle_share * 100.0,
+            self.slot_utilisation * 100.0,
+            self.peak_instances
+        );
+        let _ = writeln!(s, "churn         {} creations, {:.3} per job", self.creations, self.creations_per_job);
+        let _ = writeln!(
+            s,
+            "failures      {} acquire timeouts, {} lost with their instance, {} never started",
+            self.jobs_failed_acquire_timeout, self.jobs_failed_instance_lost, self.jobs_never_started
+        );
+        let removals: Vec<String> = self.removals.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        let _ =
+            writeln!(s, "removals      {}", if removals.is_empty() { "none".to_string() } else { removals.join(", ") });
+        if self.cost > 0.0 {
+            let _ = writeln!(s, "cost          {:.2}", self.cost);
+        }
+        s
+    }
+
+    /// An SVG line chart of queued jobs and instances over time (hand-written, no deps).
+    /// Each pixel column shows the maximum of its time bucket, so short bursts stay visible.
+    pub fn to_svg(&self) -> String {
+        const W: f64 = 1200.0;
+        const H: f64 = 360.0;
+        const LEFT: f64 = 56.0;
+        const RIGHT: f64 = 16.0;
+        const TOP: f64 = 28.0;
+        const BOTTOM: f64 = 36.0;
+        let span = self.simulated_seconds.max(1.0);
+        let columns = (W - LEFT - RIGHT) as usize;
+        let mut queued = vec![0u32; columns];
+        let mut instances = vec![0u32; columns];
+        // Carry each sample forward until the next one, keeping per-column maxima.
+        for (i, p) in self.chart.iter().enumerate() {
+            let until = self.chart.get(i + 1).map_or(span, |n| n.t);
+            let first = ((p.t / span) * columns as f64).floor() as usize;
+            let last = (((until / span) * columns as f64).ceil() as usize).max(first + 1).min(columns);
+            for c in first.min(columns.saturating_sub(1))..last {
+                queued[c] = queued[c].max(p.queued);
+                instances[c] = instances[c].max(p.instances);
+            }
+        }
+        let top = queued.iter().chain(instances.iter()).copied().max().unwrap_or(0).max(1);
+        let y = |v: u32| TOP + (H - TOP - BOTTOM) * (1.0 - f64::from(v) / f64::from(top));
+        let line = |values: &[u32]| {
+            let mut d = String::new();
+            for (c, v) in values.iter().enumerate() {
+                let _ = write!(d, "{}{:.1},{:.1} ", if c == 0 { "M" } else { "L" }, LEFT + c as f64, y(*v));
+            }
+            d
+        };
+        let mut svg = String::new();
+        let _ = writeln!(
+            svg,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">"#
+        );
+        let _ = writeln!(svg, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+        let days = (span / 86_400.0).ceil() as u32;
+        let step = if days > 14 { 7 } else { 1 };
+        for d in (0..=days).step_by(step as usize) {
+            let x = LEFT + (f64::from(d) * 86_400.0 / span) * columns as f64;
+            if x > W - RIGHT + 0.5 {
+                break;
+            }
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">day {d}</text>"##,
+                H - BOTTOM,
+                H - BOTTOM + 14.0
+            );
+        }
+        for frac in [0.0, 0.25, 0.5, 0.75, 1.0] {
+            let v = (f64::from(top) * frac).round() as u32;
+            let _ =
+                writeln!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="end">{v}</text>"##, LEFT - 6.0, y(v) + 4.0);
+        }
+        let _ = writeln!(svg, r##"<path d="{}" fill="none" stroke="#1f77b4" stroke-width="1"/>"##, line(&instances));
+        let _ = writeln!(svg, r##"<path d="{}" fill="none" stroke="#ff7f0e" stroke-width="1"/>"##, line(&queued));
+        let _ = writeln!(
+            svg,
+            r##"<text x="{LEFT}" y="16" fill="#1f77b4">instances</text><text x="{:.1}" y="16" fill="#ff7f0e">queued jobs</text>"##,
+            LEFT + 80.0
+        );
+        let _ = writeln!(
+            svg,
+            r##"<text x="{:.1}" y="16" text-anchor="end">p95 wait {:.1} s, {:.1} instance-hours, {:.1}% idle</text>"##,
+            W - RIGHT,
+            self.wait_p95_s,
+            self.instance_hours,
+            self.idle_share * 100.0
+        );
+        svg.push_str("</svg>\n");
+        svg
+    }
+}
+
+// ---- minimal config.toml reading for the simulator --------------------------------------------
+
+fn default_capacity() -> u32 {
+    1
+}
+fn default_failure_threshold() -> u32 {
+    3
+}
+fn default_acquire_timeout() -> Duration {
+    Duration::from_secs(15 * 60)
+}
+fn default_update_interval() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_update_interval_when_expecting() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_all_periods() -> Vec<String> {
+    vec!["* * * * *".into()]
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct SimThrottle {
+    #[serde(default)]
+    limit: f64,
+    #[serde(default)]
+    burst: u32,
+}
+
+#[derive(Debug, Deserialize)]
+struct SimPolicy {
+    #[serde(default = "default_all_periods")]
+    periods: Vec<String>,
+    #[serde(default)]
+    timezone: Option<String>,
+    #[serde(default)]
+    idle_count: u32,
+    #[serde(default, deserialize_with = "duration_str::deserialize")]
+    idle_time: Duration,
+    #[serde(default)]
+    scale_factor: f64,
+    #[serde(default)]
+    scale_factor_limit: u32,
+    #[serde(default)]
+    preemptive_mode: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SimAutoscaler {
+    #[serde(default = "default_capacity")]
+    capacity_per_instance: u32,
+    #[serde(default)]
+    max_use_count: u32,
+    #[serde(default)]
+    max_instances: u32,
+    #[serde(default)]
+    instance_ready_command: Option<String>,
+    #[serde(default = "default_acquire_timeout", deserialize_with = "duration_str::deserialize")]
+    instance_acquire_timeout: Duration,
+    #[serde(default = "default_update_interval", deserialize_with = "duration_str::deserialize")]
+    update_interval: Duration,
+    #[serde(default = "default_update_interval_when_expecting", deserialize_with = "duration_str::deserialize")]
+    update_interval_when_expecting: Duration,
+    #[serde(default = "default_failure_threshold")]
+    failure_threshold: u32,
+    #[serde(default)]
+    scale_throttle: SimThrottle,
+    #[serde(default)]
+    policy: Vec<SimPolicy>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(non_snake_case)]
+struct SimLegacyPeriod {
+    #[serde(default)]
+    Periods: Vec<String>,
+    #[serde(default)]
+    Timezone: Option<String>,
+    #[serde(default)]
+    IdleCount: u32,
+    #[serde(default)]
+    IdleCountMin: u32,
+    #[serde(default)]
+    IdleScaleFactor: f64,
+    #[serde(default, deserialize_with = "duration_str::deserialize")]
+    IdleTime: Duration,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(non_snake_case)]
+struct SimMachine {
+    #[serde(default)]
+    IdleCount: u32,
+    #[serde(default)]
+    IdleCountMin: u32,
+    #[serde(default)]
+    IdleScaleFactor: f64,
+    #[serde(default, deserialize_with = "duration_str::deserialize")]
+    IdleTime: Duration,
+    #[serde(default)]
+    MaxGrowthRate: u32,
+    #[serde(default)]
+    MaxBuilds: u32,
+    #[serde(default)]
+    autoscaling: Vec<SimLegacyPeriod>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SimRunner {
+    #[serde(default)]
+    limit: u32,
+    #[serde(default)]
+    autoscaler: Option<SimAutoscaler>,
+    #[serde(default)]
+    machine: Option<SimMachine>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SimConfigArray {
+    #[serde(default)]
+    runners: Vec<SimRunner>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SimConfigTable {
+    runners: SimRunner,
+}
+
+fn utc_if_unset(tz: Option<String>) -> Option<String> {
+    Some(tz.unwrap_or_else(|| "UTC".into()))
+}
+
+impl SimRunner {
+    fn into_settings(self) -> Option<AutoscalerSettings> {
+        if let Some(a) = self.autoscaler {
+            return Some(AutoscalerSettings {
+                capacity_per_instance: a.capacity_per_instance,
+                max_use_count: a.max_use_count,
+                max_instances: a.max_instances,
+                policies: a
+                    .policy
+                    .into_iter()
+                    .map(|p| IdlePolicy {
+                        periods: p.periods,
+                        timezone: utc_if_unset(p.timezone),
+                        idle_count: p.idle_count,
+                        idle_time: p.idle_time,
+                        scale_factor: p.scale_factor,
+                        scale_factor_limit: p.scale_factor_limit,
+                        preemptive_mode: p.preemptive_mode,
+                    })
+                    .collect(),
+                scale_throttle: ScaleThrottle { limit: a.scale_throttle.limit, burst: a.scale_throttle.burst },
+                failure_threshold: a.failure_threshold,
+                instance_acquire_timeout: a.instance_acquire_timeout,
+                update_interval: a.update_interval,
+                update_interval_when_expecting: a.update_interval_when_expecting,
+                instance_ready_command: a.instance_ready_command.filter(|c| !c.trim().is_empty()),
+                ..Default::default()
+            });
+        }
+        let m = self.machine?;
+        Some(AutoscalerSettings::legacy(LegacyMachineSettings {
+            idle_count: m.IdleCount,
+            idle_count_min: m.IdleCountMin,
+            idle_scale_factor: m.IdleScaleFactor,
+            idle_time: m.IdleTime,
+            max_growth_rate: m.MaxGrowthRate,
+            max_builds: m.MaxBuilds,
+            limit: self.limit,
+            autoscaling: m
+                .autoscaling
+                .into_iter()
+                .map(|p| LegacyPeriod {
+                    periods: p.Periods,
+                    timezone: utc_if_unset(p.Timezone),
+                    idle_count: p.IdleCount,
+                    idle_count_min: p.IdleCountMin,
+                    idle_scale_factor: p.IdleScaleFactor,
+                    idle_time: p.IdleTime,
+                })
+                .collect(),
+        }))
+    }
+}
+
+/// Read autoscaler settings from a minimal config.toml (see the module docs).
+pub fn read_sim_config(path: &Path) -> anyhow::Result<AutoscalerSettings> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let runners = match toml::from_str::<SimConfigArray>(&text) {
+        Ok(doc) => doc.runners,
+        Err(array_err) => match toml::from_str::<SimConfigTable>(&text) {
+            Ok(doc) => vec![doc.runners],
+            Err(_) => return Err(anyhow::anyhow!("{}: {array_err}", path.display())),
+        },
+    };
+    let settings = runners.into_iter().find_map(SimRunner::into_settings).with_context(|| {
+        format!("{}: no [[runners]] entry has a [runners.autoscaler] or [runners.machine] section", path.display())
+    })?;
+    settings.compile().map_err(|e| anyhow::anyhow!("{}: [runners.autoscaler] {e}", path.display()))?;
+    Ok(settings)
+}
+
+/// Read `provider.toml` (all keys optional; defaults are the linux-cold profile).
+pub fn read_provider_settings(path: &Path) -> anyhow::Result<SimProviderSettings> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let settings: SimProviderSettings =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    settings.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(settings)
+}
+
+/// `runway simulate --config config.toml --trace trace.jsonl [--provider provider.toml]
+/// [--svg out.svg]`: run the simulation and return the report text.
+pub fn simulate_command(
+    config_path: &Path,
+    trace_path: &Path,
+    provider_path: Option<&Path>,
+    out_svg: Option<&Path>,
+) -> anyhow::Result<String> {
+    let settings = read_sim_config(config_path)?;
+    let provider = match provider_path {
+        Some(p) => read_provider_settings(p)?,
+        None => SimProviderSettings::default(),
+    };
+    let trace = read_trace(trace_path)?;
+    let report = run_simulation(&settings, &provider, &trace)?;
+    if let Some(svg) = out_svg {
+        std::fs::write(svg, report.to_svg()).with_context(|| format!("cannot write {}", svg.display()))?;
+    }
+    Ok(report.to_text())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autoscaler::trace::{generate, TraceKind};
+
+    fn examples() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+    }
+
+    fn quick_cloud() -> SimProviderSettings {
+        SimProviderSettings { seed: 9, ..Default::default() }
+    }
+
+    #[test]
+    fn identical_inputs_give_identical_reports() {
+        let settings = read_sim_config(&examples().join("simulate/p2-scale-factor.toml")).expect("example config");
+        let trace = generate(TraceKind::Bursty, 2, 5);
+        let a = run_simulation(&settings, &quick_cloud(), &trace).expect("runs");
+        let b = run_simulation(&settings, &quick_cloud(), &trace).expect("runs");
+        assert_eq!(a, b);
+        assert_eq!(a.jobs_total, trace.len() as u64);
+        assert_eq!(a.jobs_started + a.jobs_failed_acquire_timeout + a.jobs_never_started, a.jobs_total);
+        assert!(a.instance_hours > 0.0 && a.creations > 0);
+        let c = run_simulation(&settings, &SimProviderSettings { seed: 10, ..quick_cloud() }, &trace).expect("runs");
+        assert_ne!(a, c, "the seed matters");
+    }
+
+    #[test]
+    fn more_idle_capacity_buys_shorter_waits_for_more_instance_hours() {
+        let trace = generate(TraceKind::Diurnal, 3, 11);
+        let policy = |idle_count| AutoscalerSettings {
+            policies: vec![IdlePolicy {
+                idle_count,
+                idle_time: Duration::from_secs(1200),
+                timezone: Some("UTC".into()),
+                ..Default::default()
+            }],
+            instance_ready_command: Some("true".into()),
+            ..Default::default()
+        };
+        let lean = run_simulation(&policy(0), &quick_cloud(), &trace).expect("runs");
+        let rich = run_simulation(&policy(10), &quick_cloud(), &trace).expect("runs");
+        assert!(
+            rich.wait_mean_s < lean.wait_mean_s,
+            "idle instances absorb arrivals: {} vs {}",
+            rich.wait_mean_s,
+            lean.wait_mean_s
+        );
+        assert!(rich.share_wait_over_30s < lean.share_wait_over_30s);
+        assert!(rich.instance_hours > lean.instance_hours);
+        assert!(lean.wait_max_s >= 27.0, "a job that finds no instance waits for one to be provisioned");
+    }
+
+    #[test]
+    fn simulate_command_reads_config_trace_provider_and_writes_svg() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let trace_path = dir.path().join("trace.jsonl");
+        let mut file = std::fs::File::create(&trace_path).expect("create");
+        crate::autoscaler::trace::write_trace(&mut file, &generate(TraceKind::Diurnal, 1, 2)).expect("write");
+        drop(file);
+        let svg = dir.path().join("chart.svg");
+        let text = simulate_command(
+            &examples().join("simulate/docker-machine-seed-001.toml"),
+            &trace_path,
+            Some(&examples().join("simulate/linux-cold.toml")),
+            Some(&svg),
+        )
+        .expect("simulates");
+        assert!(text.contains("queue wait") && text.contains("instance-hours"), "{text}");
+        let chart = std::fs::read_to_string(&svg).expect("svg written");
+        assert!(chart.starts_with("<svg") && chart.contains("queued jobs") && chart.contains("<path d=\"M"));
+    }
+
+    #[test]
+    fn config_errors_name_the_file_and_key() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("config.toml");
+        std::fs::write(&config, "[[runners]]\n[runners.autoscaler]\ncapacity_per_instance = \"two\"\n").expect("write");
+        let err = format!("{:#}", read_sim_config(&config).expect_err("bad type"));
+        assert!(
+            err.contains("config.toml") && err.contains("capacity_per_instance") && err.contains("line 3"),
+            "{err}"
+        );
+        std::fs::write(&config, "[[runners]]\nexecutor = \"shell\"\n").expect("write");
+        let err = format!("{:#}", read_sim_config(&config).expect_err("no autoscaler"));
+        assert!(err.contains("no [[runners]] entry"), "{err}");
+        std::fs::write(&config, "[runners.autoscaler]\n[[runners.autoscaler.policy]]\nperiods = [\"* * *\"]\n")
+            .expect("write");
+        let err = format!("{:#}", read_sim_config(&config).expect_err("bad cron"));
+        assert!(err.contains("policy[0].periods"), "{err}");
+        let provider = dir.path().join("provider.toml");
+        std::fs::write(&provider, "seed = 1\ntimeout_rate = 2.0\n").expect("write");
+        let err = format!("{:#}", read_provider_settings(&provider).expect_err("bad rate"));
+        assert!(err.contains("provider.toml") && err.contains("timeout_rate"), "{err}");
+        std::fs::write(&provider, "sead = 1\n").expect("write");
+        assert!(read_provider_settings(&provider).is_err(), "unknown keys are rejected");
+    }
+
+    /// The 4-week diurnal trace of §3.4 runs to completion under P0 (no timing assertion).
+    #[test]
+    fn four_week_diurnal_trace_completes() {
+        let settings = read_sim_config(&examples().join("simulate/p0-static-idle.toml")).expect("example config");
+        let trace = read_trace(&examples().join("traces/diurnal-4w.jsonl")).expect("shipped trace");
+        let report = run_simulation(&settings, &SimProviderSettings::default(), &trace).expect("runs");
+        assert_eq!(report.jobs_total, trace.len() as u64);
+        assert_eq!(report.jobs_never_started, 0);
+        assert!(report.simulated_seconds >= 27.0 * 86_400.0);
+        assert!(report.jobs_started + report.jobs_failed_acquire_timeout == report.jobs_total);
+    }
+
+    /// The scaler-bench baseline (P0–P2 on the diurnal and bursty traces) behind
+    /// docs/benchmarks-autoscaler.md. Run with
+    /// `cargo test --release -p runway --lib autoscaler_benchmark -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn autoscaler_benchmark_p0_p2() {
+        let svg_dir = std::env::var_os("RUNWAY_BENCH_SVG_DIR").map(std::path::PathBuf::from);
+        for trace_name in ["diurnal-4w", "bursty-4w"] {
+            let trace = read_trace(&examples().join(format!("traces/{trace_name}.jsonl"))).expect("shipped trace");
+            for policy in ["p0-static-idle", "p1-cron-periods", "p2-scale-factor"] {
+                let settings = read_sim_config(&examples().join(format!("simulate/{policy}.toml"))).expect("config");
+                let provider = read_provider_settings(&examples().join("simulate/linux-cold.toml")).expect("provider");
+                let started = std::time::Instant::now();
+                let report = run_simulation(&settings, &provider, &trace).expect("runs");
+                let elapsed = started.elapsed();
+                println!(
+                    "== {trace_name} × {policy} ({} jobs, simulated in {:.1} s)\n{}",
+                    trace.len(),
+                    elapsed.as_secs_f64(),
+                    report.to_text()
+                );
+                println!("json {}", serde_json::to_string(&report).expect("json"));
+                if let Some(dir) = &svg_dir {
+                    std::fs::write(dir.join(format!("{trace_name}-{policy}.svg")), report.to_svg()).expect("svg");
+                }
+            }
+        }
+    }
+}
