@@ -211,6 +211,21 @@ struct Instance {
 }
 
 impl Instance {
+    /// An instance first seen at `now` in the provider's listing, with no history.
+    fn discovered(phase: Phase, now: Moment, capacity: u32) -> Self {
+        Instance {
+            phase,
+            created_at: now,
+            ready_at: None,
+            idle_since: now,
+            use_count: 0,
+            slots: vec![None; capacity as usize],
+            heartbeat_failures: 0,
+            next_heartbeat: now,
+            awaiting_adoption: None,
+        }
+    }
+
     fn active(&self) -> u32 {
         self.slots.iter().filter(|s| s.is_some()).count() as u32
     }
@@ -874,33 +889,13 @@ impl Taskscaler {
                 if self.requested.pop_front().is_some() {
                     self.instances.insert(
                         id.clone(),
-                        Instance {
-                            phase: Phase::Creating,
-                            created_at: now,
-                            ready_at: None,
-                            idle_since: now,
-                            use_count: 0,
-                            slots: vec![None; self.cfg.capacity as usize],
-                            heartbeat_failures: 0,
-                            next_heartbeat: now,
-                            awaiting_adoption: None,
-                        },
+                        Instance::discovered(Phase::Creating, now, self.cfg.capacity),
                     );
                 } else {
                     // No saved state for it: remove for safety.
                     self.instances.insert(
                         id.clone(),
-                        Instance {
-                            phase: Phase::Deleting { reason: RemovalReason::Unknown, requested_at: None },
-                            created_at: now,
-                            ready_at: None,
-                            idle_since: now,
-                            use_count: 0,
-                            slots: vec![None; self.cfg.capacity as usize],
-                            heartbeat_failures: 0,
-                            next_heartbeat: now,
-                            awaiting_adoption: None,
-                        },
+                        Instance::discovered(Phase::Deleting { reason: RemovalReason::Unknown, requested_at: None }, now, self.cfg.capacity),
                     );
                     *self.metrics.instances_removed_total.entry(RemovalReason::Unknown).or_insert(0) += 1;
                     self.events
