@@ -58,6 +58,7 @@ impl World {
                 executor,
                 settings,
                 identity: identity("test runner", &short_token, "s_0123456789ab"),
+                instance: None,
             },
             limit,
             request_concurrency: 2,
@@ -66,6 +67,7 @@ impl World {
             unhealthy_interval: Duration::from_secs(3600),
             final_update_retry_limit: 10,
             strict_check_interval: false,
+            fleet: None,
         }
     }
 

@@ -45,7 +45,7 @@ async fn setup(concurrent: usize) -> Setup {
     let runner_settings = RunnerSettings {
         client: None,
         credentials: RunnerCredentials { url: fake.url(), token: runner.token.clone(), system_id: "s_000000000000".into() },
-        env: JobEnvironment { plugins, executor, settings: settings.clone(), identity: identity("bench", "bench", "s_000000000000") },
+        env: JobEnvironment { plugins, executor, settings: settings.clone(), identity: identity("bench", "bench", "s_000000000000"), instance: None },
         limit: 0,
         request_concurrency: concurrent.min(4),
         output_limit_kib: 4096,
@@ -53,6 +53,7 @@ async fn setup(concurrent: usize) -> Setup {
         unhealthy_interval: Duration::from_secs(60),
         final_update_retry_limit: 10,
         strict_check_interval: false,
+        fleet: None,
     };
     let shutdown = Shutdown::default();
     let manager = Manager::new(

@@ -9,6 +9,7 @@ pub mod autoscaler;
 pub mod capability;
 pub mod cli;
 pub mod config;
+pub mod connector;
 pub mod executor;
 pub mod gitlab;
 pub mod job;

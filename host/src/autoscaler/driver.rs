@@ -121,6 +121,12 @@ impl Autoscaler {
         result
     }
 
+    /// An instance failed its probes after a job lost its connection: replace it.
+    pub fn instance_unhealthy(&self, instance: &str) {
+        self.lock().engine.instance_unhealthy(instance);
+        self.changed.notify_one();
+    }
+
     /// Gauges and counters.
     pub fn metrics(&self) -> EngineMetrics {
         self.lock().engine.metrics()
@@ -140,13 +146,13 @@ impl Autoscaler {
         cancel: CancellationToken,
     ) {
         loop {
-            let (wake, batch) = {
+            let (wake, batch) = blocking(|| {
                 let mut inner = self.lock();
                 let now = self.clock.now();
                 let Inner { engine, provider } = &mut *inner;
                 engine.tick(now, provider.as_mut());
                 (engine.next_wakeup(), engine.take_events())
-            };
+            });
             for event in batch {
                 match event {
                     EngineEvent::ReadyCheckRequested { instance } => {
@@ -170,15 +176,26 @@ impl Autoscaler {
                 _ = self.changed.notified() => {}
             }
         }
-        let mut inner = self.lock();
-        let now = self.clock.now();
-        let Inner { engine, provider } = &mut *inner;
-        engine.shutdown(now, provider.as_mut());
-        for event in engine.take_events() {
+        let batch = blocking(|| {
+            let mut inner = self.lock();
+            let now = self.clock.now();
+            let Inner { engine, provider } = &mut *inner;
+            engine.shutdown(now, provider.as_mut());
+            engine.take_events()
+        });
+        for event in batch {
             let _ = events.send(event);
         }
-        drop(inner);
         self.progressed.notify_waiters();
+    }
+}
+
+/// Provider calls may block (a plugin answering from its own thread): on a multi-threaded
+/// runtime, let the other tasks move off this worker meanwhile.
+fn blocking<R>(step: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(step),
+        _ => step(),
     }
 }
 

@@ -571,6 +571,16 @@ impl Taskscaler {
         self.dirty = true;
     }
 
+    /// The connector found an instance unreachable (a job's connection dropped and a probe
+    /// failed `failure_threshold` times): remove it and report jobs still on it as lost.
+    pub fn instance_unhealthy(&mut self, instance: &str) {
+        if self.instances.get(instance).is_some_and(|i| !i.is_deleting()) {
+            self.metrics.heartbeat_failures_total += 1;
+            self.mark_for_removal(instance, RemovalReason::Unhealthy);
+            self.dirty = true;
+        }
+    }
+
     /// Stop reserving and creating; with `delete_instances_on_shutdown`, remove every instance
     /// without running jobs.
     pub fn shutdown(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {

@@ -6,6 +6,8 @@
 //! - [`cron`]: cron periods and timezones of idle policies;
 //! - [`provider`]: the [`provider::InstanceGroup`] trait the engine scales, and a seeded
 //!   simulated provider;
+//! - [`plugin_provider`]: the [`provider::InstanceGroup`] over a `runway:fleeting` plugin,
+//!   served from a thread of its own so the engine's synchronous calls never stall the runtime;
 //! - [`engine`]: the deterministic state machine ([`engine::Taskscaler`]);
 //! - [`driver`]: the production wrapper ([`driver::Autoscaler`]): async `acquire`, a run loop
 //!   sleeping on the clock, concurrent ready checks;
@@ -20,6 +22,7 @@ pub mod clock;
 pub mod cron;
 pub mod driver;
 pub mod engine;
+pub mod plugin_provider;
 pub mod provider;
 pub mod settings;
 pub mod simulate;
@@ -34,6 +37,7 @@ pub use engine::{
     AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, RemovalReason, ReserveError,
     Taskscaler,
 };
+pub use plugin_provider::PluginProvider;
 pub use provider::{InstanceGroup, InstanceState, ProviderError, SimProvider, SimProviderSettings};
 pub use settings::{AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle};
 pub use simulate::{run_simulation, simulate_command, SimReport};

@@ -141,7 +141,7 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
             shared_environment: true,
             ..ScriptSettings::default()
         };
-        let env = JobEnvironment { plugins: plugins.clone(), executor: executor.clone(), settings, identity: identity("local", "exec", "local") };
+        let env = JobEnvironment { plugins: plugins.clone(), executor: executor.clone(), settings, identity: identity("local", "exec", "local"), instance: None };
         let sink = Arc::new(TerminalSink::new(
             Box::new(std::io::stdout()),
             TerminalOptions { color, verbose: args.verbose, silence_notice_after: color.then_some(Duration::from_secs(10)) },

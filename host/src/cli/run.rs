@@ -2,6 +2,7 @@
 //! signals (SIGQUIT graceful, SIGTERM/SIGINT forceful, SIGHUP reload) and the metrics and
 //! health endpoints.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -14,6 +15,8 @@ use crate::config::{self, Loaded};
 use crate::executor::ResolvedExecutor;
 use crate::gitlab::client::{ClientOptions, GitLabClient, RunnerCredentials};
 use crate::job::JobEnvironment;
+use crate::config::autoscaler::AutoscalerConfig;
+use crate::manager::fleet::{self, Fleet};
 use crate::manager::{identity, signals, Manager, ManagerSettings, RunnerSettings, Shutdown};
 use crate::metrics::Metrics;
 use crate::plugin::{builtin_plugins, HostSettings, PluginHost};
@@ -40,8 +43,45 @@ pub async fn plugin_host(loaded: &Loaded) -> anyhow::Result<PluginHost> {
     .await
 }
 
+/// The autoscaled fleets, by runner short token. A fleet outlives config reloads: its
+/// instances and jobs carry over to the new manager.
+#[derive(Default)]
+pub struct Fleets {
+    by_runner: HashMap<String, (AutoscalerConfig, Arc<Fleet>)>,
+}
+
+impl Fleets {
+    async fn get_or_start(&mut self, loaded: &Loaded, plugins: &PluginHost, runner: &config::RunnerConfig, short: &str, system_id: &str) -> anyhow::Result<Arc<Fleet>> {
+        let Some(autoscaler) = &runner.autoscaler else { anyhow::bail!("runner {} has no [runners.autoscaler]", runner.name) };
+        if let Some((running, fleet)) = self.by_runner.get(short) {
+            if running != autoscaler {
+                tracing::warn!(runner = %runner.name, "changes to [runners.autoscaler] take effect after a restart");
+            }
+            return Ok(fleet.clone());
+        }
+        let state = fleet::state_file(autoscaler, &loaded.dir(), short);
+        let fleet = Fleet::start(plugins, short, autoscaler, runner.machine.as_ref(), runner.limit, state, system_id)
+            .await
+            .map_err(|e| anyhow::anyhow!("{}: runner {:?}: {e}", loaded.path.display(), runner.name))?;
+        self.by_runner.insert(short.to_string(), (autoscaler.clone(), fleet.clone()));
+        Ok(fleet)
+    }
+
+    /// Stop every fleet (after the managers' jobs have ended).
+    pub async fn shutdown(self) {
+        for (_, fleet) in self.by_runner.into_values() {
+            fleet.shutdown().await;
+        }
+    }
+
+    /// The running fleets.
+    pub fn all(&self) -> Vec<Arc<Fleet>> {
+        self.by_runner.values().map(|(_, f)| f.clone()).collect()
+    }
+}
+
 /// Resolve every `[[runners]]` entry into what the manager needs.
-pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &str) -> anyhow::Result<Vec<RunnerSettings>> {
+pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &str, fleets: &mut Fleets) -> anyhow::Result<Vec<RunnerSettings>> {
     let cwd = std::env::current_dir().context("reading the working directory")?;
     let mut out = Vec::new();
     for (i, runner) in loaded.config.runners.iter().enumerate() {
@@ -50,9 +90,23 @@ pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &
             .map_err(|e| anyhow::anyhow!("{}: runners[{i}] ({}): executor {:?}: {e}", loaded.path.display(), runner.name, runner.executor))?;
         let short = config::short_token(&runner.resolved_token());
         let shell = runner.shell.clone().unwrap_or_else(|| executor.info.default_shell.clone());
+        let fleet = match runner.autoscaler {
+            Some(_) => Some(fleets.get_or_start(loaded, plugins, runner, &short, system_id).await?),
+            None => None,
+        };
+        // On a fleet, directories are the instance's: relative ones stay relative to the
+        // login user's home there.
+        let (builds_dir, cache_dir) = if fleet.is_some() {
+            (
+                PathBuf::from(runner.builds_dir.clone().unwrap_or_else(|| executor.info.default_builds_dir.clone())),
+                PathBuf::from(runner.cache_dir.clone().unwrap_or_else(|| executor.info.default_cache_dir.clone())),
+            )
+        } else {
+            (executor.builds_dir(runner.builds_dir.as_deref(), &cwd), executor.cache_dir(runner.cache_dir.as_deref(), &cwd))
+        };
         let settings = ScriptSettings {
-            builds_dir: executor.builds_dir(runner.builds_dir.as_deref(), &cwd),
-            cache_dir: executor.cache_dir(runner.cache_dir.as_deref(), &cwd),
+            builds_dir,
+            cache_dir,
             shared_builds_dir: executor.shared(),
             short_token: short.clone(),
             executor: runner.executor.clone(),
@@ -78,7 +132,7 @@ pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &
         out.push(RunnerSettings {
             credentials: RunnerCredentials { url: runner.resolved_url(), token: runner.resolved_token(), system_id: system_id.to_string() },
             client,
-            env: JobEnvironment { plugins: plugins.clone(), executor, settings, identity: identity(&runner.name, &short, system_id) },
+            env: JobEnvironment { plugins: plugins.clone(), executor, settings, identity: identity(&runner.name, &short, system_id), instance: None },
             limit: runner.limit,
             request_concurrency: runner.request_concurrency,
             output_limit_kib: runner.output_limit,
@@ -86,6 +140,7 @@ pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &
             unhealthy_interval: runner.unhealthy_interval,
             final_update_retry_limit: runner.job_status_final_update_retry_limit,
             strict_check_interval: runner.strict_check_interval,
+            fleet,
         });
     }
     Ok(out)
@@ -120,10 +175,12 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
     tracing::info!(config = %config_path.display(), runners = loaded.config.runners.len(), system_id, "runway started");
 
     let mut generation = Shutdown::default();
+    let mut fleets = Fleets::default();
     let mut current = {
-        let runners = runner_settings(&loaded, &plugins, &system_id).await?;
+        let runners = runner_settings(&loaded, &plugins, &system_id, &mut fleets).await?;
         let manager = Manager::with_capacity(manager_settings(&loaded), runners, client.clone(), generation.clone(), global.clone());
         metrics.attach(manager.stats(), &loaded);
+        metrics.set_fleets(fleets.all());
         tokio::spawn(manager.run())
     };
     let mut retiring = Vec::new();
@@ -150,7 +207,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
                 if next.config.concurrent != loaded.config.concurrent {
                     tracing::warn!("changing `concurrent` takes effect after a restart");
                 }
-                match runner_settings(&next, &plugins, &system_id).await {
+                match runner_settings(&next, &plugins, &system_id, &mut fleets).await {
                     Ok(runners) => {
                         // The old manager stops requesting; its jobs finish in the background
                         // while the new one serves, sharing the same capacity.
@@ -159,6 +216,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
                         retiring.push((old, current));
                         let manager = Manager::with_capacity(manager_settings(&next), runners, client.clone(), generation.clone(), global.clone());
                         metrics.attach(manager.stats(), &next);
+                        metrics.set_fleets(fleets.all());
                         current = tokio::spawn(manager.run());
                         tracing::info!("configuration reloaded");
                         loaded = next;
@@ -198,6 +256,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    fleets.shutdown().await;
     tracing::info!("runway stopped");
     Ok(ExitCode::SUCCESS)
 }

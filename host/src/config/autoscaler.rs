@@ -1,6 +1,7 @@
 //! `[runners.autoscaler]` (taskscaler, protocol reference §5.3) and the legacy
 //! `[runners.machine]` (docker+machine, §5.4): parsed and validated with GitLab's defaults.
-//! The engine that acts on them lives in the autoscaler module.
+//! The engine that acts on them lives in the autoscaler module; [`AutoscalerConfig::settings`]
+//! maps these keys onto its settings.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -8,6 +9,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::autoscaler::settings::{
+    AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle as EngineThrottle,
+};
 use crate::plugin::grant::duration_str;
 
 fn secs(s: u64) -> Duration {
@@ -90,6 +94,42 @@ pub struct AutoscalerConfig {
 }
 
 impl AutoscalerConfig {
+    /// The engine's settings. With a `[runners.machine]` section the legacy Docker Machine
+    /// semantics apply (idle counts in machines, `MaxGrowthRate`, `MaxBuilds`, the runner's
+    /// `limit` as the machine limit); the taskscaler keys here still give the timings.
+    pub fn settings(&self, machine: Option<&MachineConfig>, runner_limit: usize) -> AutoscalerSettings {
+        let throttle = &self.scale_throttle;
+        AutoscalerSettings {
+            capacity_per_instance: self.capacity_per_instance,
+            max_use_count: self.max_use_count,
+            max_instances: self.max_instances,
+            policies: self
+                .policies
+                .iter()
+                .map(|p| IdlePolicy {
+                    periods: p.periods.clone(),
+                    timezone: p.timezone.clone(),
+                    idle_count: p.idle_count,
+                    idle_time: p.idle_time,
+                    scale_factor: p.scale_factor,
+                    scale_factor_limit: p.scale_factor_limit,
+                    preemptive_mode: p.preemptive_mode,
+                })
+                .collect(),
+            scale_throttle: EngineThrottle { limit: throttle.limit as f64, burst: throttle.burst },
+            failure_threshold: self.failure_threshold,
+            instance_acquire_timeout: self.instance_acquire_timeout,
+            update_interval: self.update_interval,
+            update_interval_when_expecting: self.update_interval_when_expecting,
+            deletion_retry_interval: self.deletion_retry_interval,
+            instance_ready_command: Some(self.instance_ready_command.clone()).filter(|c| !c.trim().is_empty()),
+            keep_instance_with_acquisitions: self.state_storage.keep_instance_with_acquisitions,
+            delete_instances_on_shutdown: self.delete_instances_on_shutdown,
+            legacy: machine.map(|m| m.legacy_settings(runner_limit)),
+            ..AutoscalerSettings::default()
+        }
+    }
+
     /// `plugin_config` as the JSON the plugin's `init` receives.
     pub fn plugin_config_json(&self) -> String {
         serde_json::to_string(&self.plugin_config).unwrap_or_else(|_| "{}".into())
@@ -136,16 +176,23 @@ pub struct ConnectorConfigToml {
     pub use_external_addr: bool,
 }
 
-/// `[runners.autoscaler.state_storage]`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// `[runners.autoscaler.state_storage]`. Unlike GitLab (default off), Runway keeps state by
+/// default, so a restart adopts the fleet instead of deleting it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StateStorage {
-    #[serde(default)]
+    #[serde(default = "d_true")]
     pub enabled: bool,
     /// Default `<config dir>/.taskscaler`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<PathBuf>,
     #[serde(default)]
     pub keep_instance_with_acquisitions: bool,
+}
+
+impl Default for StateStorage {
+    fn default() -> Self {
+        StateStorage { enabled: true, dir: None, keep_instance_with_acquisitions: false }
+    }
 }
 
 /// `[[runners.autoscaler.policy]]`.
@@ -211,6 +258,34 @@ pub struct MachineConfig {
     /// Anything else GitLab accepts here (kept, not used).
     #[serde(flatten)]
     pub other: BTreeMap<String, toml::Value>,
+}
+
+impl MachineConfig {
+    /// The engine's legacy settings; `runner_limit` is the runner's `limit` (machines in all
+    /// states, 0 = unlimited).
+    pub fn legacy_settings(&self, runner_limit: usize) -> LegacyMachineSettings {
+        LegacyMachineSettings {
+            idle_count: self.idle_count,
+            idle_count_min: self.idle_count_min,
+            idle_scale_factor: self.idle_scale_factor,
+            idle_time: secs(self.idle_time),
+            max_growth_rate: self.max_growth_rate,
+            max_builds: self.max_builds,
+            limit: u32::try_from(runner_limit).unwrap_or(u32::MAX),
+            autoscaling: self
+                .autoscaling
+                .iter()
+                .map(|a| LegacyPeriod {
+                    periods: a.periods.clone(),
+                    timezone: Some(a.timezone.clone()).filter(|t| !t.is_empty()),
+                    idle_count: a.idle_count,
+                    idle_count_min: a.idle_count_min,
+                    idle_scale_factor: a.idle_scale_factor,
+                    idle_time: secs(a.idle_time),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// `[[runners.machine.autoscaling]]`.

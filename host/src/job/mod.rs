@@ -12,6 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use crate::capability::remote::RemoteSession;
 use crate::executor::{run_stage, wit_job, ResolvedExecutor, StageOutcome};
 use crate::gitlab::payload::{JobResponse, StepWhen};
 use crate::plugin::bindings::executor::exports::runway::executor::executor::StageScript;
@@ -65,6 +66,35 @@ impl JobHooks for NoHooks {
     }
 }
 
+/// An instance of an autoscaled fleet, connected for one job.
+pub struct ConnectedInstance {
+    /// The provider's instance ID.
+    pub id: String,
+    /// Commands and files on it, for the executor plugin's `remote` capability.
+    pub remote: Arc<dyn RemoteSession>,
+    /// The login user's home directory there; relative builds and cache directories are
+    /// resolved against it.
+    pub home: Option<String>,
+}
+
+/// Where jobs of a fleet runner get their instance (the manager's fleet).
+#[async_trait]
+pub trait InstanceSource: Send + Sync {
+    /// Wait for the slot reserved under `key` (bounded by `instance_acquire_timeout`) and
+    /// connect to its instance, writing progress to `trace`. An error fails the job with
+    /// `runner_system_failure`.
+    async fn connect(&self, key: &str, trace: &dyn TraceSink, abort: &CancellationToken) -> Result<ConnectedInstance, String>;
+}
+
+/// A job's claim on a fleet slot: where to connect and under which reservation key.
+#[derive(Clone)]
+pub struct InstanceLease {
+    /// The fleet.
+    pub source: Arc<dyn InstanceSource>,
+    /// The reservation key the manager made before asking GitLab for the job.
+    pub key: String,
+}
+
 /// What the runner needs to run jobs of one `[[runners]]` entry.
 #[derive(Clone)]
 pub struct JobEnvironment {
@@ -72,6 +102,8 @@ pub struct JobEnvironment {
     pub executor: ResolvedExecutor,
     pub settings: ScriptSettings,
     pub identity: RunnerIdentity,
+    /// Set per job for runners with `[runners.autoscaler]`.
+    pub instance: Option<InstanceLease>,
 }
 
 /// How the job ended.
@@ -142,19 +174,32 @@ pub async fn run_job(job: &JobResponse, env: &JobEnvironment, trace: Arc<dyn Tra
         trace.error(message);
         return finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message));
     }
+    // prepare_executor
+    trace.section_start("prepare_executor", SectionOptions::default());
+    trace.write_str(&section_header_line(&format!("Preparing the \"{}\" executor", env.executor.info.name)));
+    let (env, remote) = match &env.instance {
+        None => (std::borrow::Cow::Borrowed(env), None),
+        Some(lease) => match lease.source.connect(&lease.key, &*trace, &control.abort).await {
+            Ok(instance) => (std::borrow::Cow::Owned(on_instance(env, &instance)), Some(instance.remote)),
+            Err(e) => {
+                let message = format!("preparing the instance: {e}");
+                trace.error(&message);
+                trace.section_end("prepare_executor");
+                return finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message));
+            }
+        },
+    };
+    let env = &*env;
     let plan = match JobPlan::new(job, &env.settings) {
         Ok(plan) => plan,
         Err(e) => {
             let reason = if e.is_configuration_error() { FailureReason::RunnerConfigurationError } else { FailureReason::RunnerSystemFailure };
             trace.error(&e.to_string());
+            trace.section_end("prepare_executor");
             return finish(&*trace, JobOutcome::failed(reason, None, e.to_string()));
         }
     };
-
-    // prepare_executor
-    trace.section_start("prepare_executor", SectionOptions::default());
-    trace.write_str(&section_header_line(&format!("Preparing the \"{}\" executor", env.executor.info.name)));
-    let session = prepare(job, env, &plan, trace.clone(), control).await;
+    let session = prepare(job, env, &plan, trace.clone(), control, remote).await;
     trace.section_end("prepare_executor");
     let mut session = match session {
         Ok(s) => s,
@@ -176,14 +221,37 @@ pub async fn run_job(job: &JobResponse, env: &JobEnvironment, trace: Arc<dyn Tra
     finish(&*trace, outcome)
 }
 
-async fn prepare(job: &JobResponse, env: &JobEnvironment, plan: &JobPlan, trace: Arc<dyn TraceSink>, control: &JobControl) -> Result<ExecutorSession, JobOutcome> {
+/// The job environment on a connected instance: relative builds and cache directories are
+/// the login user's (`~/builds`), as SSH sessions start in the home directory.
+fn on_instance(env: &JobEnvironment, instance: &ConnectedInstance) -> JobEnvironment {
+    let mut env = env.clone();
+    if let Some(home) = &instance.home {
+        let home = std::path::Path::new(home);
+        for dir in [&mut env.settings.builds_dir, &mut env.settings.cache_dir] {
+            let relative = dir.strip_prefix("~").map(std::path::Path::to_path_buf).unwrap_or_else(|_| dir.clone());
+            if relative.is_relative() {
+                *dir = home.join(relative);
+            }
+        }
+    }
+    env
+}
+
+async fn prepare(
+    job: &JobResponse,
+    env: &JobEnvironment,
+    plan: &JobPlan,
+    trace: Arc<dyn TraceSink>,
+    control: &JobControl,
+    remote: Option<Arc<dyn RemoteSession>>,
+) -> Result<ExecutorSession, JobOutcome> {
     let wit = wit_job(job, &env.executor, &env.settings.shell, plan.builds_dir(), plan.project_dir(), plan.cache_dir(), plan.job_timeout());
     let mut last_error = String::new();
     for attempt in 1..=PREPARATION_ATTEMPTS {
         if control.abort.is_cancelled() {
             break;
         }
-        let call = CallContext { trace: Some(trace.clone()), stop: StopSignal::new(), remote: None };
+        let call = CallContext { trace: Some(trace.clone()), stop: StopSignal::new(), remote: remote.clone() };
         let mut session = match env.plugins.start_executor(&env.executor.plugin, call).await {
             Ok(s) => s,
             Err(e) => {

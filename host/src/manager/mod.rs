@@ -7,6 +7,7 @@
 //! job that arrives when capacity was taken meanwhile stays `pending` at GitLab (two-phase
 //! commit, with keep-alives) until a slot frees up.
 
+pub mod fleet;
 pub mod signals;
 pub mod slots;
 
@@ -21,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 use crate::gitlab::api::{JobApi, JobState, JobUpdate, UpdateOutcome};
 use crate::gitlab::client::{BadJob, FeaturesInfo, GitLabClient, JobClient, RequestJobResult, RunnerCredentials, VersionInfo};
 use crate::gitlab::payload::JobResponse;
-use crate::job::{fail_unplannable, run_job, JobControl, JobEnvironment, JobHooks};
+use crate::autoscaler::ReserveError;
+use crate::job::{fail_unplannable, run_job, InstanceLease, JobControl, JobEnvironment, JobHooks};
 use crate::trace::format::RunnerIdentity;
 use crate::trace::upload::{TraceUploader, UploadConfig};
 use crate::trace::{wire_reason, FailureReason, JobTrace, TraceOptions};
@@ -44,6 +46,8 @@ pub struct RunnerSettings {
     pub unhealthy_interval: Duration,
     pub final_update_retry_limit: u32,
     pub strict_check_interval: bool,
+    /// The autoscaled fleet jobs run on (`[runners.autoscaler]`).
+    pub fleet: Option<Arc<fleet::Fleet>>,
 }
 
 /// Global settings.
@@ -266,14 +270,40 @@ async fn poll(runner: Arc<Runner>, shared: Arc<Shared>, jobs: tokio::sync::mpsc:
             _ = stop_requesting.cancelled() => return,
         };
         drop((capacity, limit));
+        // A fleet runner asks only with a slot reserved (in preemptive mode: an idle slot
+        // on a ready instance), and gives it back when GitLab has nothing.
+        let reservation = match &runner.settings.fleet {
+            None => None,
+            Some(fleet) => {
+                let key = fleet.next_key();
+                match fleet.reserve(&key) {
+                    Ok(()) => Some(Reservation::new(fleet.clone(), key)),
+                    Err(ReserveError::ShuttingDown) => return,
+                    Err(e) => {
+                        tracing::debug!(runner = %runner.settings.env.identity.short_token, "not requesting a job: {e}");
+                        if !sleep_or_stop(check.min(Duration::from_secs(1)), &stop_requesting).await {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+            }
+        };
         let result = tokio::select! {
             r = runner.client.request_job(&runner.settings.credentials, &runner.info) => r,
             _ = stop_requesting.cancelled() => return,
         };
+        let reservation = match result {
+            RequestJobResult::Job(_) => reservation,
+            _ => {
+                drop(reservation);
+                None
+            }
+        };
         match result {
             RequestJobResult::Job(received) => {
                 unhealthy = 0;
-                let handle = tokio::spawn(run_received(runner.clone(), shared.clone(), received.job));
+                let handle = tokio::spawn(run_received(runner.clone(), shared.clone(), received.job, reservation));
                 if jobs.send(handle).is_err() {
                     return;
                 }
@@ -392,7 +422,34 @@ fn start_pending_keepalive(api: Arc<dyn JobApi>, every: Duration, stop: Cancella
     });
 }
 
-async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse) {
+/// A fleet slot reserved for a job request; given back on drop unless the job finished it.
+struct Reservation {
+    fleet: Arc<fleet::Fleet>,
+    key: String,
+    open: bool,
+}
+
+impl Reservation {
+    fn new(fleet: Arc<fleet::Fleet>, key: String) -> Self {
+        Reservation { fleet, key, open: true }
+    }
+
+    /// The job ended: free the slot (after probing the instance on a system failure).
+    async fn finish(mut self, system_failure: bool) {
+        self.open = false;
+        self.fleet.finish(&self.key, system_failure).await;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.open {
+            self.fleet.unreserve(&self.key);
+        }
+    }
+}
+
+async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse, reservation: Option<Reservation>) {
     let settings = &runner.settings;
     // Never run a job whose secrets cannot be masked: fail it with only the error in its log.
     let trace = match JobTrace::new(&TraceOptions::for_job(&job, settings.output_limit_kib)) {
@@ -453,6 +510,10 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
     let mut env = settings.env.clone();
     env.settings.concurrent_id = slot.concurrent_id;
     env.settings.concurrent_project_id = slot.concurrent_project_id;
+    if let Some(reservation) = &reservation {
+        reservation.fleet.track(&reservation.key, control.clone());
+        env.instance = Some(InstanceLease { source: reservation.fleet.clone(), key: reservation.key.clone() });
+    }
 
     let started = std::time::Instant::now();
     let outcome = run_job(&job, &env, Arc::new(trace.clone()), &control, &hooks).await;
@@ -482,6 +543,9 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
         }
     }
     keepalive.cancel();
+    if let Some(reservation) = reservation {
+        reservation.finish(outcome.failure == Some(FailureReason::RunnerSystemFailure)).await;
+    }
     shared.stats.running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     shared.stats.finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     drop((global, limit));

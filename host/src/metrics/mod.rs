@@ -14,6 +14,8 @@ use axum::routing::get;
 
 use crate::config::Loaded;
 use crate::gitlab::client::{Endpoint, RequestHook};
+use crate::autoscaler::RemovalReason;
+use crate::manager::fleet::Fleet;
 use crate::manager::ManagerStats;
 
 /// GitLab Runner's job duration buckets, seconds.
@@ -29,6 +31,7 @@ struct Inner {
     api_requests: BTreeMap<(String, String, String), u64>,
     /// endpoint → (sum seconds, count)
     api_durations: BTreeMap<String, (f64, u64)>,
+    fleets: Vec<Arc<Fleet>>,
 }
 
 /// Shared metrics state. Cheap to clone.
@@ -54,6 +57,13 @@ impl Metrics {
         if let Ok(mut inner) = self.inner.lock() {
             inner.stats.push(stats);
             inner.limits = loaded.config.runners.iter().map(|r| (crate::config::short_token(&r.resolved_token()), r.limit)).collect();
+        }
+    }
+
+    /// Export the fleeting metrics of these fleets (replacing the previous list).
+    pub fn set_fleets(&self, fleets: Vec<Arc<Fleet>>) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.fleets = fleets;
         }
     }
 
@@ -140,7 +150,85 @@ impl Metrics {
             let _ = writeln!(out, "gitlab_runner_api_request_duration_seconds_sum{{system_id=\"{sid}\",endpoint=\"{endpoint}\"}} {sum}");
             let _ = writeln!(out, "gitlab_runner_api_request_duration_seconds_count{{system_id=\"{sid}\",endpoint=\"{endpoint}\"}} {count}");
         }
+        render_fleets(&mut out, sid, &inner.fleets);
         out
+    }
+}
+
+/// `fleeting_provisioner_*` and `fleeting_taskscaler_*` for each fleet, with GitLab's names
+/// and a `reason` label on removals.
+fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
+    if fleets.is_empty() {
+        return;
+    }
+    let all: Vec<(String, crate::autoscaler::EngineMetrics)> = fleets.iter().map(|f| (f.name().to_string(), f.metrics())).collect();
+    let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    family(out, "fleeting_provisioner_instances", "gauge", "Instances of the fleet by state.");
+    for (runner, m) in &all {
+        for (state, n) in [
+            ("requested", m.instances_requested),
+            ("creating", m.instances_creating + m.instances_ready_checking),
+            ("running", m.instances_ready),
+            ("deleting", m.instances_deleting),
+        ] {
+            let _ = writeln!(out, "fleeting_provisioner_instances{{runner=\"{runner}\",system_id=\"{sid}\",state=\"{state}\"}} {n}");
+        }
+    }
+    family(out, "fleeting_provisioner_desired_instances", "gauge", "Instances the active policy wants.");
+    for (runner, m) in &all {
+        let _ = writeln!(out, "fleeting_provisioner_desired_instances{{runner=\"{runner}\",system_id=\"{sid}\"}} {}", m.desired_instances);
+    }
+    family(out, "fleeting_provisioner_instance_operations_total", "counter", "Instance creations requested and removals by reason.");
+    for (runner, m) in &all {
+        let _ = writeln!(
+            out,
+            "fleeting_provisioner_instance_operations_total{{runner=\"{runner}\",system_id=\"{sid}\",operation=\"create\",reason=\"\"}} {}",
+            m.instances_requested_total
+        );
+        for reason in RemovalReason::ALL {
+            let n = m.instances_removed_total.get(&reason).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "fleeting_provisioner_instance_operations_total{{runner=\"{runner}\",system_id=\"{sid}\",operation=\"remove\",reason=\"{}\"}} {n}",
+                reason.as_str()
+            );
+        }
+    }
+    family(out, "fleeting_provisioner_failures_total", "counter", "Provisioning, readiness, heartbeat and provider failures.");
+    for (runner, m) in &all {
+        for (kind, n) in [
+            ("provisioning", m.provisioning_failures_total),
+            ("ready_command", m.ready_failures_total),
+            ("heartbeat", m.heartbeat_failures_total),
+            ("provider", m.provider_errors_total),
+            ("instance_lost", m.instances_lost_total),
+        ] {
+            let _ = writeln!(out, "fleeting_provisioner_failures_total{{runner=\"{runner}\",system_id=\"{sid}\",kind=\"{kind}\"}} {n}");
+        }
+    }
+    family(out, "fleeting_taskscaler_tasks", "gauge", "Job slots by state.");
+    for (runner, m) in &all {
+        for (state, n) in [
+            ("idle", m.slots_idle),
+            ("reserved", m.slots_reserved),
+            ("pending", m.slots_pending),
+            ("acquired", m.slots_acquired),
+            ("unavailable", m.slots_unavailable),
+            ("unhealthy", m.slots_unhealthy),
+        ] {
+            let _ = writeln!(out, "fleeting_taskscaler_tasks{{runner=\"{runner}\",system_id=\"{sid}\",state=\"{state}\"}} {n}");
+        }
+    }
+    family(out, "fleeting_taskscaler_idle_target", "gauge", "Idle slots the active policy keeps.");
+    for (runner, m) in &all {
+        let _ = writeln!(out, "fleeting_taskscaler_idle_target{{runner=\"{runner}\",system_id=\"{sid}\"}} {}", m.idle_target);
+    }
+    family(out, "fleeting_taskscaler_acquisitions_total", "counter", "Slots acquired by jobs, and acquisitions that timed out.");
+    for (runner, m) in &all {
+        let _ = writeln!(out, "fleeting_taskscaler_acquisitions_total{{runner=\"{runner}\",system_id=\"{sid}\",result=\"acquired\"}} {}", m.acquisitions_total);
+        let _ = writeln!(out, "fleeting_taskscaler_acquisitions_total{{runner=\"{runner}\",system_id=\"{sid}\",result=\"timeout\"}} {}", m.acquisition_timeouts_total);
     }
 }
 

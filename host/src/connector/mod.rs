@@ -1,0 +1,9 @@
+//! Connections to fleet instances. [`ssh`] is the SSH connector (russh): key and password
+//! authentication, keepalive, connect timeouts, commands with streamed output, file upload
+//! and download, and detached commands that survive the connection. It backs the
+//! `runway:host/remote` capability of instance executors and the autoscaler's
+//! `instance_ready_command` and health probes.
+
+pub mod ssh;
+
+pub use ssh::{ConnectError, ConnectSpec, SshAuth, SshSession};

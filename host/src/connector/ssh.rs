@@ -1,0 +1,409 @@
+//! The SSH connector: one authenticated russh client connection to an instance, and the
+//! remote operations jobs need on it.
+//!
+//! Every operation is an `exec` channel on the connection. Detached commands are started
+//! under `setsid` with their output in a log file, their process-group ID in `<exit>.pid`
+//! and their exit code written to the exit file when they end, so they survive the
+//! connection and can be followed again from any byte offset ([`SshSession::attach`]).
+//! Host keys: fleeting providers do not publish host keys (GitLab's connector ignores them
+//! as well), so the first key seen is accepted, reported by [`SshSession::host_key`], and
+//! can be pinned for later connections through [`ConnectSpec::host_key`].
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use russh::client;
+use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
+use russh::ChannelMsg;
+
+use crate::capability::remote::RemoteSession;
+use crate::plugin::bindings::executor::runway::host::process::ExitStatus;
+use crate::plugin::bindings::executor::runway::host::remote::RemoteError;
+use crate::plugin::state::StopSignal;
+use crate::trace::TraceSink;
+
+/// How a detached command is stopped: SIGTERM to its process group, SIGKILL after this.
+const KILL_GRACE_TENTHS: u32 = 50;
+
+/// Where and how to connect.
+#[derive(Clone, Debug)]
+pub struct ConnectSpec {
+    /// Host name or address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Login user.
+    pub username: String,
+    /// Credentials.
+    pub auth: SshAuth,
+    /// Keepalive interval; three unanswered keepalives drop the connection.
+    pub keepalive: Option<Duration>,
+    /// Bound on connecting and authenticating.
+    pub timeout: Duration,
+    /// Expected host key fingerprint (`SHA256:…`); `None` accepts the first key seen.
+    pub host_key: Option<String>,
+}
+
+/// Credentials.
+#[derive(Clone)]
+pub enum SshAuth {
+    /// An OpenSSH or PEM private key.
+    Key {
+        /// The key file's contents.
+        pem: Vec<u8>,
+        /// Its passphrase, when encrypted.
+        passphrase: Option<String>,
+    },
+    /// Password authentication.
+    Password(String),
+}
+
+impl std::fmt::Debug for SshAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SshAuth::Key { .. } => f.write_str("Key(…)"),
+            SshAuth::Password(_) => f.write_str("Password(…)"),
+        }
+    }
+}
+
+/// Why a connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// TCP or SSH handshake failure.
+    #[error("ssh {target}: {message}")]
+    Connect { target: String, message: String },
+    /// The server refused the credentials.
+    #[error("ssh {target}: authentication as {user} failed")]
+    Auth { target: String, user: String },
+    /// The private key could not be read.
+    #[error("ssh {target}: unreadable private key: {message}")]
+    Key { target: String, message: String },
+    /// Connecting took longer than the timeout.
+    #[error("ssh {target}: no connection within {0:?}", .timeout)]
+    Timeout { target: String, timeout: Duration },
+    /// The server's host key is not the pinned one.
+    #[error("ssh {target}: host key {seen} does not match the expected {expected}")]
+    HostKey { target: String, seen: String, expected: String },
+}
+
+struct Client {
+    expected: Option<String>,
+    seen: Arc<Mutex<Option<String>>>,
+}
+
+impl client::Handler for Client {
+    type Error = russh::Error;
+
+    async fn check_server_key(&mut self, key: &PublicKeyOrCertificate) -> Result<bool, Self::Error> {
+        let public = match key {
+            PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
+            PublicKeyOrCertificate::Certificate(cert) => cert.public_key().clone().into(),
+        };
+        let fingerprint = public.fingerprint(HashAlg::Sha256).to_string();
+        if let Ok(mut seen) = self.seen.lock() {
+            *seen = Some(fingerprint.clone());
+        }
+        Ok(self.expected.as_ref().is_none_or(|e| *e == fingerprint))
+    }
+}
+
+/// An authenticated connection to one instance.
+pub struct SshSession {
+    handle: client::Handle<Client>,
+    target: String,
+    host_key: String,
+}
+
+fn connection(e: impl std::fmt::Display) -> RemoteError {
+    RemoteError::Connection(e.to_string())
+}
+
+/// POSIX shell single-quoting.
+pub fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+impl SshSession {
+    /// Connect and authenticate, within `spec.timeout`.
+    pub async fn connect(spec: &ConnectSpec) -> Result<SshSession, ConnectError> {
+        let target = format!("{}@{}:{}", spec.username, spec.host, spec.port);
+        match tokio::time::timeout(spec.timeout, Self::connect_inner(spec, &target)).await {
+            Ok(result) => result,
+            Err(_) => Err(ConnectError::Timeout { target, timeout: spec.timeout }),
+        }
+    }
+
+    async fn connect_inner(spec: &ConnectSpec, target: &str) -> Result<SshSession, ConnectError> {
+        let config = client::Config {
+            keepalive_interval: spec.keepalive,
+            keepalive_max: 3,
+            inactivity_timeout: None,
+            ..client::Config::default()
+        };
+        let seen = Arc::new(Mutex::new(None));
+        let handler = Client { expected: spec.host_key.clone(), seen: seen.clone() };
+        let connected = client::connect(Arc::new(config), (spec.host.as_str(), spec.port), handler).await;
+        let seen_key = || seen.lock().ok().and_then(|s| s.clone()).unwrap_or_default();
+        let mut handle = match connected {
+            Ok(handle) => handle,
+            Err(russh::Error::UnknownKey) => {
+                return Err(ConnectError::HostKey {
+                    target: target.to_string(),
+                    seen: seen_key(),
+                    expected: spec.host_key.clone().unwrap_or_default(),
+                })
+            }
+            Err(e) => return Err(ConnectError::Connect { target: target.to_string(), message: e.to_string() }),
+        };
+        let authenticated = match &spec.auth {
+            SshAuth::Key { pem, passphrase } => {
+                let text = String::from_utf8_lossy(pem);
+                let key = russh::keys::decode_secret_key(&text, passphrase.as_deref())
+                    .map_err(|e| ConnectError::Key { target: target.to_string(), message: e.to_string() })?;
+                let hash = if key.algorithm().is_rsa() {
+                    handle.best_supported_rsa_hash().await.ok().flatten().flatten()
+                } else {
+                    None
+                };
+                handle.authenticate_publickey(&spec.username, PrivateKeyWithHashAlg::new(Arc::new(key), hash)).await
+            }
+            SshAuth::Password(password) => handle.authenticate_password(&spec.username, password).await,
+        };
+        match authenticated {
+            Ok(result) if result.success() => {}
+            Ok(_) => return Err(ConnectError::Auth { target: target.to_string(), user: spec.username.clone() }),
+            Err(e) => return Err(ConnectError::Connect { target: target.to_string(), message: e.to_string() }),
+        }
+        Ok(SshSession { handle, target: target.to_string(), host_key: seen_key() })
+    }
+
+    /// `user@host:port`.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// The server's host key fingerprint (`SHA256:…`), to pin for later connections.
+    pub fn host_key(&self) -> &str {
+        &self.host_key
+    }
+
+    /// Has the connection dropped?
+    pub fn is_closed(&self) -> bool {
+        self.handle.is_closed()
+    }
+
+    /// Say goodbye.
+    pub async fn close(&self) {
+        let _ = self.handle.disconnect(russh::Disconnect::ByApplication, "", "en").await;
+    }
+
+    /// Run `command`; output (stdout and stderr, in arrival order) goes to `output`. Returns
+    /// the exit code (`128 + n` for a signal). When `stop` fires the channel is closed and
+    /// the result is `Canceled`.
+    pub async fn exec(
+        &self,
+        command: &str,
+        stdin: Option<&[u8]>,
+        output: &(dyn Fn(&[u8]) + Send + Sync),
+        stop: &StopSignal,
+    ) -> Result<i32, RemoteError> {
+        let mut channel = self.handle.channel_open_session().await.map_err(|e| connection(format!("{}: {e}", self.target)))?;
+        channel.exec(true, command).await.map_err(connection)?;
+        if let Some(data) = stdin {
+            channel.data(data).await.map_err(connection)?;
+        }
+        channel.eof().await.map_err(connection)?;
+        let mut code = None;
+        loop {
+            tokio::select! {
+                message = channel.wait() => match message {
+                    Some(ChannelMsg::Data { data }) | Some(ChannelMsg::ExtendedData { data, .. }) => output(&data),
+                    Some(ChannelMsg::ExitStatus { exit_status }) => code = Some(i32::try_from(exit_status).unwrap_or(i32::MAX)),
+                    Some(ChannelMsg::ExitSignal { signal_name, .. }) => code = Some(128 + signal_number(&signal_name)),
+                    Some(_) => {}
+                    None => break,
+                },
+                _ = stop.stopped() => {
+                    let _ = channel.close().await;
+                    return Err(RemoteError::Canceled);
+                }
+            }
+        }
+        code.ok_or_else(|| connection(format!("{}: the connection closed before the command exited", self.target)))
+    }
+
+    /// Run `command` with its output collected (at most `limit` bytes kept).
+    pub async fn output(&self, command: &str, stdin: Option<&[u8]>, limit: usize) -> Result<(i32, Vec<u8>), RemoteError> {
+        let collected = Mutex::new(Vec::new());
+        let sink = |bytes: &[u8]| {
+            if let Ok(mut c) = collected.lock() {
+                let room = (limit + 1).saturating_sub(c.len());
+                c.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }
+        };
+        let code = self.exec(command, stdin, &sink, &StopSignal::new()).await?;
+        Ok((code, collected.into_inner().unwrap_or_default()))
+    }
+
+    /// Run `command` without input or captured output, bounded by `timeout`.
+    pub async fn probe(&self, command: &str, timeout: Duration) -> Result<i32, RemoteError> {
+        let stop = StopSignal::new();
+        match tokio::time::timeout(timeout, self.exec(command, None, &|_| {}, &stop)).await {
+            Ok(result) => result,
+            Err(_) => {
+                stop.stop(crate::plugin::StopReason::TimedOut);
+                Err(RemoteError::Other(format!("{command:?} did not finish within {timeout:?}")))
+            }
+        }
+    }
+
+    /// SIGTERM the process group of the detached command whose pid file is `pid_path`,
+    /// SIGKILL it if still alive after the grace period.
+    async fn kill_detached(&self, pid_path: &str) {
+        let script = format!(
+            "p=$(cat {pid} 2>/dev/null) || exit 0; kill -TERM -- -$p 2>/dev/null || exit 0; \
+             i=0; while [ $i -lt {KILL_GRACE_TENTHS} ]; do kill -0 -- -$p 2>/dev/null || exit 0; sleep 0.1; i=$((i+1)); done; \
+             kill -KILL -- -$p 2>/dev/null; exit 0",
+            pid = quote(pid_path)
+        );
+        let _ = self.probe(&script, Duration::from_secs(30)).await;
+    }
+}
+
+fn signal_number(signal: &russh::Sig) -> i32 {
+    use russh::Sig;
+    match signal {
+        Sig::HUP => 1,
+        Sig::INT => 2,
+        Sig::QUIT => 3,
+        Sig::ILL => 4,
+        Sig::ABRT => 6,
+        Sig::FPE => 8,
+        Sig::KILL => 9,
+        Sig::USR1 => 10,
+        Sig::SEGV => 11,
+        Sig::PIPE => 13,
+        Sig::ALRM => 14,
+        Sig::TERM => 15,
+        _ => 1,
+    }
+}
+
+/// An exit status from a shell-style code (`128 + n` means signal `n`).
+fn status(code: i32) -> ExitStatus {
+    ExitStatus { code, signal: (129..=128 + 64).contains(&code).then_some(code - 128) }
+}
+
+fn other(what: &str, code: i32, output: &[u8]) -> RemoteError {
+    RemoteError::Other(format!("{what} failed (exit code {code}): {}", String::from_utf8_lossy(output).trim()))
+}
+
+#[async_trait]
+impl RemoteSession for SshSession {
+    async fn run(&self, command: &str, stdin: Option<&[u8]>, trace: &dyn TraceSink, stop: &StopSignal) -> Result<ExitStatus, RemoteError> {
+        let code = self.exec(command, stdin, &|bytes| trace.write(bytes), stop).await?;
+        Ok(status(code))
+    }
+
+    async fn start_detached(&self, command: &str, stdin: Option<&[u8]>, log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
+        let stdin_path = match stdin {
+            Some(data) => {
+                let path = format!("{log_path}.stdin");
+                self.upload(&path, data, 0o600).await?;
+                path
+            }
+            None => "/dev/null".to_string(),
+        };
+        // $0 = command, $1 = log, $2 = pid file, $3 = stdin, $4 = exit file.
+        let body = r#"echo $$ > "$2"; sh -c "$0" > "$1" 2>&1 < "$3"; echo $? > "$4.tmp" && mv -f "$4.tmp" "$4""#;
+        let (log, exit, pid) = (quote(log_path), quote(exit_path), quote(&format!("{exit_path}.pid")));
+        let launcher = format!(
+            "mkdir -p \"$(dirname -- {log})\" \"$(dirname -- {exit})\" && rm -f {exit} {pid} && : > {log} && \
+             nohup setsid sh -c {body} {command} {log} {pid} {stdin} {exit} > /dev/null 2>&1 < /dev/null &",
+            body = quote(body),
+            command = quote(command),
+            stdin = quote(&stdin_path),
+        );
+        let (code, output) = self.output(&launcher, None, 4096).await?;
+        if code != 0 {
+            return Err(other("starting the detached command", code, &output));
+        }
+        Ok(())
+    }
+
+    async fn attach(&self, log_path: &str, exit_path: &str, offset: u64, trace: &dyn TraceSink, stop: &StopSignal) -> Result<ExitStatus, RemoteError> {
+        let (log, exit) = (quote(log_path), quote(exit_path));
+        let pid = quote(&format!("{exit_path}.pid"));
+        // Follow until the exit file appears or the command's process group is gone.
+        let follow = format!(
+            "tail -c +{from} -F -- {log} 2>/dev/null & t=$!; \
+             while [ ! -e {exit} ]; do \
+               if [ -s {pid} ] && ! kill -0 -- -$(cat {pid}) 2>/dev/null; then break; fi; \
+               sleep 0.1; \
+             done; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0",
+            from = offset + 1
+        );
+        let received = std::sync::atomic::AtomicU64::new(0);
+        let forward = |bytes: &[u8]| {
+            received.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            trace.write(bytes);
+        };
+        match self.exec(&follow, None, &forward, stop).await {
+            Ok(_) => {}
+            Err(RemoteError::Canceled) => {
+                self.kill_detached(&format!("{exit_path}.pid")).await;
+                return Err(RemoteError::Canceled);
+            }
+            Err(e) => return Err(e),
+        }
+        // What `tail -f` had not shown yet when it was stopped.
+        let done = offset + received.load(std::sync::atomic::Ordering::Relaxed);
+        let drain = format!("tail -c +{} -- {log}", done + 1);
+        self.exec(&drain, None, &|bytes| trace.write(bytes), &StopSignal::new()).await?;
+        let (code, text) = self.output(&format!("cat -- {exit}"), None, 64).await?;
+        if code != 0 {
+            return Err(RemoteError::Other(format!("{exit_path}: the command ended without an exit code (killed or the instance restarted)")));
+        }
+        let text = String::from_utf8_lossy(&text);
+        let code = text.trim().parse::<i32>().map_err(|_| RemoteError::Other(format!("{exit_path}: unreadable exit code {text:?}")))?;
+        Ok(status(code))
+    }
+
+    async fn upload(&self, path: &str, data: &[u8], mode: u32) -> Result<(), RemoteError> {
+        let target = quote(path);
+        let script = format!(
+            "d=$(dirname -- {target}) && mkdir -p \"$d\" && t={target}.runway-tmp.$$ && cat > \"$t\" && chmod {mode:o} \"$t\" && mv -f \"$t\" {target}"
+        );
+        let (code, output) = self.output(&script, Some(data), 4096).await?;
+        if code != 0 {
+            return Err(other(&format!("writing {path}"), code, &output));
+        }
+        Ok(())
+    }
+
+    async fn download(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, RemoteError> {
+        let script = format!("cat -- {} | head -c {}", quote(path), max_bytes + 1);
+        let script = format!("[ -r {p} ] || {{ echo 'no such readable file' >&2; exit 1; }}; {script}", p = quote(path));
+        let (code, data) = self.output(&script, None, max_bytes + 1).await?;
+        if code != 0 {
+            return Err(other(&format!("reading {path}"), code, &data));
+        }
+        if data.len() > max_bytes {
+            return Err(RemoteError::TooLarge(u32::try_from(max_bytes).unwrap_or(u32::MAX)));
+        }
+        Ok(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quote;
+
+    #[test]
+    fn quoting_survives_single_quotes() {
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+}
