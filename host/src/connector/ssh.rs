@@ -303,7 +303,9 @@ fn other(what: &str, code: i32, output: &[u8]) -> RemoteError {
 #[async_trait]
 impl RemoteSession for SshSession {
     async fn run(&self, command: &str, stdin: Option<&[u8]>, trace: &dyn TraceSink, stop: &StopSignal) -> Result<ExitStatus, RemoteError> {
-        let code = self.exec(command, stdin, &|bytes| trace.write(bytes), stop).await?;
+        // One stream, so stdout and stderr keep their order in the job log.
+        let command = format!("exec 2>&1\n{command}");
+        let code = self.exec(&command, stdin, &|bytes| trace.write(bytes), stop).await?;
         Ok(status(code))
     }
 
@@ -320,7 +322,7 @@ impl RemoteSession for SshSession {
         let body = r#"echo $$ > "$2"; sh -c "$0" > "$1" 2>&1 < "$3"; echo $? > "$4.tmp" && mv -f "$4.tmp" "$4""#;
         let (log, exit, pid) = (quote(log_path), quote(exit_path), quote(&format!("{exit_path}.pid")));
         let launcher = format!(
-            "mkdir -p \"$(dirname -- {log})\" \"$(dirname -- {exit})\" && rm -f {exit} {pid} && : > {log} && \
+            "mkdir -p \"$(dirname -- {log})\" \"$(dirname -- {exit})\" && rm -f {exit} {pid} && : > {log} || exit 1\n\
              nohup setsid sh -c {body} {command} {log} {pid} {stdin} {exit} > /dev/null 2>&1 < /dev/null &",
             body = quote(body),
             command = quote(command),
