@@ -1007,7 +1007,11 @@ impl Taskscaler {
 
         let policy = self.cfg.active_policy(now);
         let c = self.census();
-        let in_use = c.acquired + c.reserved + c.pending;
+        // A reservation is only a job request in flight. In preemptive mode it holds an idle
+        // slot; otherwise it must not create demand, or an idle runner polling GitLab would
+        // keep an instance forever and never scale to zero.
+        let held = if policy.preemptive() { c.reserved } else { 0 };
+        let in_use = c.acquired + held + c.pending;
         let idle_target = if self.shutting_down { 0 } else { self.cfg.idle_target(&policy, in_use) };
         let needed_slots = in_use + c.unavailable + idle_target;
         let mut required = ceil_div(needed_slots, cap);

@@ -4,6 +4,9 @@
 //! `n` idle hosts into service, `decrease(ids)` takes them out; `update` reports the hosts in
 //! service as running. Which hosts are in service is kept in the plugin's key-value store, so
 //! a runner restart (or a plugin reload) adopts them instead of forgetting them.
+//!
+//! `increase` prefers hosts never taken out of service, then the ones released longest ago:
+//! a host just removed (failed its ready command, went unhealthy) is the last to come back.
 
 use runway_sdk::fleeting::*;
 
@@ -19,6 +22,7 @@ struct StaticGroup {
 }
 
 const IN_SERVICE: &str = "in-service";
+const RELEASED: &str = "released";
 
 fn kv_error(e: runway_sdk::kv::KvError) -> ProviderError {
     ProviderError::Transient(format!("plugin state: {e:?}"))
@@ -34,6 +38,16 @@ impl StaticGroup {
 
     fn store(&self, hosts: &[String]) -> Result<(), ProviderError> {
         runway_sdk::kv::set(IN_SERVICE, hosts.join("\n").as_bytes()).map_err(kv_error)
+    }
+
+    /// Hosts taken out of service, oldest release first.
+    fn released(&self) -> Result<Vec<String>, ProviderError> {
+        let stored = runway_sdk::kv::get(RELEASED).map_err(kv_error)?.unwrap_or_default();
+        Ok(String::from_utf8_lossy(&stored).lines().map(str::to_string).collect())
+    }
+
+    fn store_released(&self, hosts: &[String]) -> Result<(), ProviderError> {
+        runway_sdk::kv::set(RELEASED, hosts.join("\n").as_bytes()).map_err(kv_error)
     }
 }
 
@@ -58,7 +72,11 @@ impl InstanceGroup for StaticGroup {
 
     fn increase(&mut self, n: u32) -> Result<u32, ProviderError> {
         let mut used = self.in_service()?;
-        let free: Vec<String> = self.hosts.iter().filter(|h| !used.contains(h)).take(n as usize).cloned().collect();
+        let released = self.released()?;
+        let mut free: Vec<&String> = self.hosts.iter().filter(|h| !used.contains(h)).collect();
+        // Never released first (config order), then by release time, oldest first.
+        free.sort_by_key(|h| released.iter().position(|r| r == *h).map_or((0, 0), |i| (1, i)));
+        let free: Vec<String> = free.into_iter().take(n as usize).cloned().collect();
         if free.is_empty() && n > 0 {
             return Err(ProviderError::Capacity(CapacityError { message: "every static host is in service".into(), retry_after_seconds: 60 }));
         }
@@ -72,6 +90,9 @@ impl InstanceGroup for StaticGroup {
         let used = self.in_service()?;
         let (removed, kept): (Vec<String>, Vec<String>) = used.into_iter().partition(|h| ids.contains(h));
         self.store(&kept)?;
+        let mut released: Vec<String> = self.released()?.into_iter().filter(|h| !removed.contains(h)).collect();
+        released.extend(removed.iter().cloned());
+        self.store_released(&released)?;
         Ok(removed)
     }
 
