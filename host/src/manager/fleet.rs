@@ -21,8 +21,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::autoscaler::{
-    AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, PluginProvider, ReadyCommand, RealClock,
-    ReserveError,
+    AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, PluginProvider,
+    ReadyCommand, RealClock, ReserveError,
 };
 use crate::config::autoscaler::{AutoscalerConfig, ConnectorConfigToml, MachineConfig};
 use crate::connector::{ConnectSpec, SshAuth, SshSession};
@@ -58,7 +58,10 @@ impl ConnectorDefaults {
     /// Read the section (and the key file it names).
     pub fn from_config(config: &ConnectorConfigToml) -> Result<Self, String> {
         let key = match &config.key_path {
-            Some(path) => Some(std::fs::read(path).map_err(|e| format!("connector_config.key_path {}: {e}", path.display()))?),
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| format!("connector_config.key_path {}: {e}", path.display()))?,
+            ),
             None => None,
         };
         let duration = |value: &Option<String>, key: &str, default: Duration| match value {
@@ -66,14 +69,21 @@ impl ConnectorDefaults {
             None => Ok(default),
         };
         if !matches!(config.protocol.as_str(), "" | "ssh") {
-            return Err(format!("connector_config.protocol: {:?} is not supported; Runway connects over ssh", config.protocol));
+            return Err(format!(
+                "connector_config.protocol: {:?} is not supported; Runway connects over ssh",
+                config.protocol
+            ));
         }
         let keepalive = duration(&config.keepalive, "keepalive", Duration::from_secs(30))?;
         Ok(ConnectorDefaults {
             username: config.username.clone(),
             password: Some(config.password.clone()).filter(|p| !p.is_empty()),
             key,
-            port: if config.protocol_port == 0 { 22 } else { config.protocol_port },
+            port: if config.protocol_port == 0 {
+                22
+            } else {
+                config.protocol_port
+            },
             keepalive: Some(keepalive).filter(|k| !k.is_zero()),
             timeout: duration(&config.timeout, "timeout", Duration::from_secs(30))?,
             use_external_addr: config.use_external_addr,
@@ -83,15 +93,25 @@ impl ConnectorDefaults {
     /// What the plugin's `init` receives.
     fn plugin_view(&self, config: &ConnectorConfigToml) -> ConnectorConfig {
         ConnectorConfig {
-            os: if config.os.is_empty() { "linux".into() } else { config.os.clone() },
-            arch: if config.arch.is_empty() { "amd64".into() } else { config.arch.clone() },
+            os: if config.os.is_empty() {
+                "linux".into()
+            } else {
+                config.os.clone()
+            },
+            arch: if config.arch.is_empty() {
+                "amd64".into()
+            } else {
+                config.arch.clone()
+            },
             protocol: Protocol::Ssh,
             protocol_port: self.port,
             username: self.username.clone(),
             password: self.password.clone(),
             key: self.key.clone(),
             use_static_credentials: config.use_static_credentials,
-            keepalive_seconds: self.keepalive.map_or(0, |k| u32::try_from(k.as_secs()).unwrap_or(u32::MAX)),
+            keepalive_seconds: self
+                .keepalive
+                .map_or(0, |k| u32::try_from(k.as_secs()).unwrap_or(u32::MAX)),
             timeout_seconds: u32::try_from(self.timeout.as_secs()).unwrap_or(u32::MAX),
         }
     }
@@ -108,16 +128,35 @@ impl ConnectorDefaults {
             .or(second.as_deref())
             .filter(|a| !a.is_empty())
             .ok_or_else(|| format!("the provider gave no address for instance {}", info.id))?;
-        let port = if info.connector.protocol_port == 0 { self.port } else { info.connector.protocol_port };
+        let port = if info.connector.protocol_port == 0 {
+            self.port
+        } else {
+            info.connector.protocol_port
+        };
         let (host, port) = split_host_port(address, port)?;
-        let username = if info.connector.username.is_empty() { self.username.clone() } else { info.connector.username.clone() };
+        let username = if info.connector.username.is_empty() {
+            self.username.clone()
+        } else {
+            info.connector.username.clone()
+        };
         if username.is_empty() {
             return Err("no SSH user: set [runners.autoscaler.connector_config] username".into());
         }
-        let auth = match (info.connector.key.clone().or_else(|| self.key.clone()), info.connector.password.clone().or_else(|| self.password.clone())) {
-            (Some(pem), _) => SshAuth::Key { pem, passphrase: None },
+        let auth = match (
+            info.connector.key.clone().or_else(|| self.key.clone()),
+            info.connector
+                .password
+                .clone()
+                .or_else(|| self.password.clone()),
+        ) {
+            (Some(pem), _) => SshAuth::Key {
+                pem,
+                passphrase: None,
+            },
             (None, Some(password)) => SshAuth::Password(password),
-            (None, None) => return Err("no SSH credentials: set connector_config key_path or password".into()),
+            (None, None) => {
+                return Err("no SSH credentials: set connector_config key_path or password".into())
+            }
         };
         let keepalive = match info.connector.keepalive_seconds {
             0 => self.keepalive,
@@ -127,14 +166,24 @@ impl ConnectorDefaults {
             0 => self.timeout,
             s => Duration::from_secs(u64::from(s)),
         };
-        Ok(ConnectSpec { host, port, username, auth, keepalive, timeout, host_key: None })
+        Ok(ConnectSpec {
+            host,
+            port,
+            username,
+            auth,
+            keepalive,
+            timeout,
+            host_key: None,
+        })
     }
 }
 
 /// `host`, `host:port`, `[v6]:port`.
 fn split_host_port(address: &str, default_port: u16) -> Result<(String, u16), String> {
     if let Some(rest) = address.strip_prefix('[') {
-        let (host, tail) = rest.split_once(']').ok_or_else(|| format!("bad address {address:?}"))?;
+        let (host, tail) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("bad address {address:?}"))?;
         let port = match tail.strip_prefix(':') {
             Some(p) => p.parse().map_err(|_| format!("bad port in {address:?}"))?,
             None => default_port,
@@ -142,7 +191,11 @@ fn split_host_port(address: &str, default_port: u16) -> Result<(String, u16), St
         return Ok((host.to_string(), port));
     }
     match address.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') => Ok((host.to_string(), port.parse().map_err(|_| format!("bad port in {address:?}"))?)),
+        Some((host, port)) if !host.contains(':') => Ok((
+            host.to_string(),
+            port.parse()
+                .map_err(|_| format!("bad port in {address:?}"))?,
+        )),
         _ => Ok((address.to_string(), default_port)),
     }
 }
@@ -161,7 +214,11 @@ struct Connector {
 
 impl Connector {
     async fn connect(&self, instance: &str) -> Result<SshSession, String> {
-        let info = self.provider.connect_info(instance).await.map_err(|e| format!("connect info for {instance}: {e}"))?;
+        let info = self
+            .provider
+            .connect_info(instance)
+            .await
+            .map_err(|e| format!("connect info for {instance}: {e}"))?;
         let spec = self.defaults.spec(&info)?;
         SshSession::connect(&spec).await.map_err(|e| e.to_string())
     }
@@ -225,11 +282,19 @@ pub struct Fleet {
 }
 
 /// Where a runner's fleet state lives: `<dir>/<runner short token>.json`.
-pub fn state_file(config: &AutoscalerConfig, config_dir: &Path, short_token: &str) -> Option<PathBuf> {
+pub fn state_file(
+    config: &AutoscalerConfig,
+    config_dir: &Path,
+    short_token: &str,
+) -> Option<PathBuf> {
     let storage = &config.state_storage;
-    storage
-        .enabled
-        .then(|| storage.dir.clone().unwrap_or_else(|| config_dir.join(".taskscaler")).join(format!("{short_token}.json")))
+    storage.enabled.then(|| {
+        storage
+            .dir
+            .clone()
+            .unwrap_or_else(|| config_dir.join(".taskscaler"))
+            .join(format!("{short_token}.json"))
+    })
 }
 
 impl Fleet {
@@ -257,10 +322,16 @@ impl Fleet {
         tracing::info!(runner = name, plugin = %config.plugin, group = %provider.info.id, "fleet provider ready");
         let settings = config.settings(machine, runner_limit);
         let clock = Arc::new(RealClock::new());
-        let saved = state_file.as_deref().and_then(|path| load_state(path, manager_id));
+        let saved = state_file
+            .as_deref()
+            .and_then(|path| load_state(path, manager_id));
         let scaler = match &saved {
             Some(snapshot) => {
-                tracing::info!(runner = name, instances = snapshot.instances.len(), "adopting the instances recorded in the fleet state");
+                tracing::info!(
+                    runner = name,
+                    instances = snapshot.instances.len(),
+                    "adopting the instances recorded in the fleet state"
+                );
                 Autoscaler::restore(&settings, snapshot, Box::new(provider.clone()), clock)
             }
             None => Autoscaler::new(&settings, Box::new(provider.clone()), clock),
@@ -272,7 +343,10 @@ impl Fleet {
             scaler: scaler.clone(),
             connector: connector.clone(),
             failure_threshold: config.failure_threshold.max(1),
-            shutdown_deletion: (config.shutdown_deletion_interval, config.shutdown_deletion_retries),
+            shutdown_deletion: (
+                config.shutdown_deletion_interval,
+                config.shutdown_deletion_retries,
+            ),
             delete_on_shutdown: config.delete_instances_on_shutdown,
             jobs: Mutex::default(),
             acquired: Mutex::default(),
@@ -282,11 +356,17 @@ impl Fleet {
             cancel: CancellationToken::new(),
             tasks: Mutex::default(),
         });
-        let ready: Arc<dyn ReadyCommand> = Arc::new(ReadyOverSsh { connector, command: config.instance_ready_command.clone() });
+        let ready: Arc<dyn ReadyCommand> = Arc::new(ReadyOverSsh {
+            connector,
+            command: config.instance_ready_command.clone(),
+        });
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let run = tokio::spawn(scaler.run(ready, events_tx, fleet.cancel.clone()));
         let events = tokio::spawn(handle_events(Arc::downgrade(&fleet), events_rx));
-        let saver = tokio::spawn(save_periodically(Arc::downgrade(&fleet), fleet.cancel.clone()));
+        let saver = tokio::spawn(save_periodically(
+            Arc::downgrade(&fleet),
+            fleet.cancel.clone(),
+        ));
         if let Ok(mut tasks) = fleet.tasks.lock() {
             tasks.extend([run, events, saver]);
         }
@@ -295,7 +375,11 @@ impl Fleet {
 
     /// A fresh reservation key.
     pub fn next_key(&self) -> String {
-        format!("{}/{}", self.name, self.sequence.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "{}/{}",
+            self.name,
+            self.sequence.fetch_add(1, Ordering::Relaxed)
+        )
     }
 
     /// Claim a slot before asking GitLab for a job.
@@ -351,7 +435,9 @@ impl Fleet {
         for attempt in 1..=self.failure_threshold {
             match self.connector.probe(instance).await {
                 Ok(()) => return true,
-                Err(e) => tracing::warn!(runner = %self.name, instance, attempt, "instance probe failed: {e}"),
+                Err(e) => {
+                    tracing::warn!(runner = %self.name, instance, attempt, "instance probe failed: {e}")
+                }
             }
             if attempt < self.failure_threshold {
                 tokio::time::sleep(PROBE_INTERVAL).await;
@@ -364,14 +450,24 @@ impl Fleet {
     /// them to go (`shutdown_deletion_interval` × `shutdown_deletion_retries`); save the state.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
-        let tasks: Vec<_> = self.tasks.lock().map(|mut t| std::mem::take(&mut *t)).unwrap_or_default();
+        let tasks: Vec<_> = self
+            .tasks
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default();
         for task in tasks {
             let _ = task.await;
         }
         if self.delete_on_shutdown {
             let (interval, retries) = self.shutdown_deletion;
             for _ in 0..retries.max(1) {
-                let remaining = self.connector.provider.call(|g| Box::pin(g.update())).await.map(|l| l.len()).unwrap_or(0);
+                let remaining = self
+                    .connector
+                    .provider
+                    .call(|g| Box::pin(g.update()))
+                    .await
+                    .map(|l| l.len())
+                    .unwrap_or(0);
                 if remaining == 0 {
                     break;
                 }
@@ -384,7 +480,10 @@ impl Fleet {
 
     fn save(&self) {
         let Some(path) = &self.state_file else { return };
-        let state = SavedState { manager: self.manager_id.clone(), snapshot: self.scaler.snapshot() };
+        let state = SavedState {
+            manager: self.manager_id.clone(),
+            snapshot: self.scaler.snapshot(),
+        };
         if let Err(e) = write_state(path, &state) {
             tracing::warn!(runner = %self.name, path = %path.display(), "cannot save the fleet state: {e}");
         }
@@ -393,7 +492,12 @@ impl Fleet {
 
 #[async_trait]
 impl InstanceSource for Fleet {
-    async fn connect(&self, key: &str, trace: &dyn TraceSink, abort: &CancellationToken) -> Result<ConnectedInstance, String> {
+    async fn connect(
+        &self,
+        key: &str,
+        trace: &dyn TraceSink,
+        abort: &CancellationToken,
+    ) -> Result<ConnectedInstance, String> {
         trace.println("Waiting for an instance from the fleet...");
         let started = std::time::Instant::now();
         let acquisition = tokio::select! {
@@ -417,8 +521,15 @@ impl InstanceSource for Fleet {
             _ = abort.cancelled() => return Err("the job was aborted while connecting to its instance".into()),
         };
         let home = remote_home(&session, self.connector.defaults.timeout).await;
-        trace.println(&format!("Connected to instance {} over SSH", acquisition.instance));
-        Ok(ConnectedInstance { id: acquisition.instance, remote: Arc::new(session), home })
+        trace.println(&format!(
+            "Connected to instance {} over SSH",
+            acquisition.instance
+        ));
+        Ok(ConnectedInstance {
+            id: acquisition.instance,
+            remote: Arc::new(session),
+            home,
+        })
     }
 }
 
@@ -437,20 +548,38 @@ async fn remote_home(session: &SshSession, timeout: Duration) -> Option<String> 
     let run = session.exec("printf %s \"$HOME\"", None, &sink, &stop);
     match tokio::time::timeout(timeout, run).await {
         Ok(Ok(0)) => {
-            let text = output.lock().ok().map(|o| String::from_utf8_lossy(&o).trim().to_string())?;
+            let text = output
+                .lock()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o).trim().to_string())?;
             Some(text).filter(|h| h.starts_with('/'))
         }
         _ => None,
     }
 }
 
-async fn handle_events(fleet: std::sync::Weak<Fleet>, mut events: mpsc::UnboundedReceiver<EngineEvent>) {
+async fn handle_events(
+    fleet: std::sync::Weak<Fleet>,
+    mut events: mpsc::UnboundedReceiver<EngineEvent>,
+) {
     while let Some(event) = events.recv().await {
         let Some(fleet) = fleet.upgrade() else { return };
         match event {
-            EngineEvent::InstanceLost { instance, keys, reason } => {
+            EngineEvent::InstanceLost {
+                instance,
+                keys,
+                reason,
+            } => {
                 tracing::warn!(runner = %fleet.name, instance, reason = reason.as_str(), jobs = keys.len(), "instance lost under running jobs");
-                let jobs = fleet.jobs.lock().map(|j| keys.iter().filter_map(|k| j.get(k).cloned()).collect::<Vec<_>>()).unwrap_or_default();
+                let jobs = fleet
+                    .jobs
+                    .lock()
+                    .map(|j| {
+                        keys.iter()
+                            .filter_map(|k| j.get(k).cloned())
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default();
                 for control in jobs {
                     control.abort_with(FailureReason::RunnerSystemFailure);
                 }
@@ -461,7 +590,9 @@ async fn handle_events(fleet: std::sync::Weak<Fleet>, mut events: mpsc::Unbounde
             EngineEvent::AcquisitionsAbandoned { instance, keys } => {
                 tracing::warn!(runner = %fleet.name, instance, jobs = keys.len(), "instance had jobs when the manager stopped");
             }
-            EngineEvent::AcquireTimedOut { key } => tracing::warn!(runner = %fleet.name, key, "instance_acquire_timeout expired"),
+            EngineEvent::AcquireTimedOut { key } => {
+                tracing::warn!(runner = %fleet.name, key, "instance_acquire_timeout expired")
+            }
             EngineEvent::Acquired { .. } | EngineEvent::ReadyCheckRequested { .. } => {}
         }
     }
@@ -475,17 +606,24 @@ async fn save_periodically(fleet: std::sync::Weak<Fleet>, cancel: CancellationTo
             _ = cancel.cancelled() => return,
         }
         let Some(fleet) = fleet.upgrade() else { return };
-        let Some(path) = &fleet.state_file else { return };
+        let Some(path) = &fleet.state_file else {
+            return;
+        };
         // Compare the instance part only: `taken_at` changes every time.
         let snapshot = fleet.scaler.snapshot();
         let key = serde_json::to_string(&snapshot.instances).unwrap_or_default();
         if key == last {
             continue;
         }
-        let state = SavedState { manager: fleet.manager_id.clone(), snapshot };
+        let state = SavedState {
+            manager: fleet.manager_id.clone(),
+            snapshot,
+        };
         match write_state(path, &state) {
             Ok(()) => last = key,
-            Err(e) => tracing::warn!(runner = %fleet.name, path = %path.display(), "cannot save the fleet state: {e}"),
+            Err(e) => {
+                tracing::warn!(runner = %fleet.name, path = %path.display(), "cannot save the fleet state: {e}")
+            }
         }
     }
 }
@@ -526,12 +664,50 @@ fn load_state(path: &Path, manager_id: &str) -> Option<EngineSnapshot> {
 
 #[cfg(test)]
 mod tests {
-    use super::split_host_port;
+    use super::{load_state, split_host_port, write_state, SavedState};
+    use crate::autoscaler::engine::EngineSnapshot;
+    use crate::autoscaler::Moment;
+
+    #[test]
+    fn state_is_adopted_only_by_the_manager_that_wrote_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state/runner.json");
+        assert!(
+            load_state(&path, "s_1").is_none(),
+            "no file: nothing to adopt"
+        );
+        let snapshot = EngineSnapshot {
+            version: 1,
+            taken_at: Moment(42),
+            instances: Vec::new(),
+        };
+        write_state(
+            &path,
+            &SavedState {
+                manager: "s_1".into(),
+                snapshot: snapshot.clone(),
+            },
+        )
+        .expect("write");
+        assert_eq!(load_state(&path, "s_1"), Some(snapshot));
+        assert!(
+            load_state(&path, "s_2").is_none(),
+            "another manager's instances are not ours"
+        );
+        std::fs::write(&path, b"{ truncated").expect("corrupt");
+        assert!(
+            load_state(&path, "s_1").is_none(),
+            "an unreadable file is ignored"
+        );
+    }
 
     #[test]
     fn addresses_split_into_host_and_port() {
         assert_eq!(split_host_port("10.0.0.5", 22), Ok(("10.0.0.5".into(), 22)));
-        assert_eq!(split_host_port("build-2:2222", 22), Ok(("build-2".into(), 2222)));
+        assert_eq!(
+            split_host_port("build-2:2222", 22),
+            Ok(("build-2".into(), 2222))
+        );
         assert_eq!(split_host_port("[::1]:2200", 22), Ok(("::1".into(), 2200)));
         assert_eq!(split_host_port("fe80::1", 22), Ok(("fe80::1".into(), 22)));
         assert!(split_host_port("host:port", 22).is_err());
