@@ -13,16 +13,34 @@ fn main() {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     // Keep guest builds out of the host's target directory lock.
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("guest");
+    let target_dir =
+        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target")).join("guest");
     // The guest workspace, then the SDK example (its own workspace, as an author's would be).
     for workspace in [root.join("plugins"), root.join("examples/executor-hello")] {
         build_guests(&workspace, &target_dir);
     }
     let out = target_dir.join("wasm32-wasip2").join("release");
     println!("cargo:rustc-env=RUNWAY_GUEST_DIR={}", out.display());
+    println!("cargo:rustc-env=RUNWAY_REVISION={}", revision(&root));
+}
+
+/// The commit being built (`git rev-parse --short=8 HEAD`), so the job header names it; `RUNWAY_REVISION` in the environment wins (release
+/// builds from a tarball), and `unknown` outside a checkout.
+fn revision(root: &std::path::Path) -> String {
+    println!("cargo:rerun-if-env-changed=RUNWAY_REVISION");
+    if let Ok(rev) = std::env::var("RUNWAY_REVISION") {
+        return rev;
+    }
+    let git =
+        |args: &[&str]| Command::new("git").current_dir(root).args(args).output().ok().filter(|o| o.status.success());
+    // Rebuild when HEAD moves (a commit, a checkout).
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
+        let dir = root.join(String::from_utf8_lossy(&dir.stdout).trim());
+        println!("cargo:rerun-if-changed={}", dir.join("HEAD").display());
+        println!("cargo:rerun-if-changed={}", dir.join("logs").join("HEAD").display());
+    }
+    let Some(head) = git(&["rev-parse", "--short=8", "HEAD"]) else { return "unknown".into() };
+    String::from_utf8_lossy(&head.stdout).trim().to_string()
 }
 
 fn build_guests(workspace: &std::path::Path, target_dir: &std::path::Path) {

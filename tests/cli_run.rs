@@ -50,14 +50,19 @@ async fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_run_signals_metrics_unregister() {
-    let fake = FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(2), trace_update_interval: 1 }).await;
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(2), trace_update_interval: 1 })
+            .await;
     let runner = fake.create_runner("cli test");
     fake.create_repo("group/project");
     fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("config.toml");
 
-    let out = runway(&config, &["register", "--url", &fake.url(), "--token", &runner.token, "--name", "e2e", "--executor", "shell", "-n"]);
+    let out = runway(
+        &config,
+        &["register", "--url", &fake.url(), "--token", &runner.token, "--name", "e2e", "--executor", "shell", "-n"],
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let system_id = std::fs::read_to_string(dir.path().join(".runner_system_id")).expect("system id written");
     assert!(system_id.trim().starts_with("s_") || system_id.trim().starts_with("r_"));
@@ -70,19 +75,37 @@ async fn register_run_signals_metrics_unregister() {
     // Point builds at the temp dir, speed up polling, expose metrics.
     let port = free_port();
     let text = std::fs::read_to_string(&config).expect("config");
-    let text = text.replacen("concurrent = 1", &format!("concurrent = 2\nlisten_address = \"127.0.0.1:{port}\""), 1).replacen("check_interval = 3", "check_interval = 1", 1);
-    let text = text.replace("executor = \"shell\"", &format!("executor = \"shell\"\nbuilds_dir = \"{}\"", dir.path().join("builds").display()));
+    let text = text
+        .replacen("concurrent = 1", &format!("concurrent = 2\nlisten_address = \"127.0.0.1:{port}\""), 1)
+        .replacen("check_interval = 3", "check_interval = 1", 1);
+    let text = text.replace(
+        "executor = \"shell\"",
+        &format!("executor = \"shell\"\nbuilds_dir = \"{}\"", dir.path().join("builds").display()),
+    );
     std::fs::write(&config, text).expect("write config");
 
     // SIGQUIT: the running job finishes, then the process exits 0.
     let mut child = start(&config, dir.path());
-    let job = fake.enqueue(fake.job_payload(&JobSpec::new("group/project", "graceful", &["echo started", "sleep 2", "echo done"])));
+    let job = fake.enqueue(fake.job_payload(&JobSpec::new(
+        "group/project",
+        "graceful",
+        &["echo started", "sleep 2", "echo done"],
+    )));
     if fake.wait_for_job_state(job, |j| j.trace_text().contains("started"), WAIT).await.is_none() {
         let _ = child.kill();
-        panic!("job did not start; runway log:\n{}\nconfig:\n{}", std::fs::read_to_string(dir.path().join("runway.log")).unwrap_or_default(), std::fs::read_to_string(&config).unwrap_or_default());
+        panic!(
+            "job did not start; runway log:\n{}\nconfig:\n{}",
+            std::fs::read_to_string(dir.path().join("runway.log")).unwrap_or_default(),
+            std::fs::read_to_string(&config).unwrap_or_default()
+        );
     }
-    let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.expect("scrape").text().await.expect("body");
-    assert!(metrics.contains("gitlab_runner_concurrent{system_id=") && metrics.contains("gitlab_runner_jobs{state=\"running\""), "{metrics}");
+    let metrics =
+        reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.expect("scrape").text().await.expect("body");
+    assert!(
+        metrics.contains("gitlab_runner_concurrent{system_id=")
+            && metrics.contains("gitlab_runner_jobs{state=\"running\""),
+        "{metrics}"
+    );
     assert!(metrics.contains("gitlab_runner_api_request_statuses_total{"), "{metrics}");
     let ready = reqwest::get(format!("http://127.0.0.1:{port}/health/ready")).await.expect("ready");
     assert_eq!(ready.status(), 200);
@@ -90,7 +113,12 @@ async fn register_run_signals_metrics_unregister() {
     let status = wait_exit(&mut child).await;
     assert!(status.success(), "exit status {status:?}");
     let record = fake.job(job).expect("job");
-    assert_eq!((record.status, record.final_state.as_deref()), (JobStatus::Success, Some("success")), "{}", record.trace_text());
+    assert_eq!(
+        (record.status, record.final_state.as_deref()),
+        (JobStatus::Success, Some("success")),
+        "{}",
+        record.trace_text()
+    );
     assert!(metrics.contains("gitlab_runner_job_duration_seconds_bucket{"), "{metrics}");
     assert!(record.trace_text().contains("done"));
 

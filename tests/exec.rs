@@ -6,8 +6,19 @@ use std::process::Command;
 const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
 
 fn exec(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(RUNWAY).arg("exec").arg("--cwd").arg(dir).args(args).env_remove("NO_COLOR").output().expect("runway exec runs");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(RUNWAY)
+        .arg("exec")
+        .arg("--cwd")
+        .arg(dir)
+        .args(args)
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("runway exec runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn demo() -> std::path::PathBuf {
@@ -18,7 +29,11 @@ fn project(yaml: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join(".gitlab-ci.yml"), yaml).expect("write");
     std::fs::write(dir.path().join("tracked.txt"), "tracked\n").expect("write");
-    for args in [&["init", "-q", "-b", "main"][..], &["add", "."], &["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "init"]] {
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "."],
+        &["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-q", "-m", "init"],
+    ] {
         Command::new("git").arg("-C").arg(dir.path()).args(args).output().expect("git");
     }
     dir
@@ -28,7 +43,14 @@ fn project(yaml: &str) -> tempfile::TempDir {
 fn the_demo_job_runs_and_the_log_reads_like_gitlab() {
     let (code, out, err) = exec(&demo(), &["test"]);
     assert_eq!(code, 0, "{out}\n{err}");
-    for expected in ["Running with runway", "Preparing the \"shell\" executor", "$ echo \"greeting ok\"", "greeting ok", "test finished with status success", "Job succeeded"] {
+    for expected in [
+        "Running with runway",
+        "Preparing the \"shell\" executor",
+        "$ echo \"greeting ok\"",
+        "greeting ok",
+        "test finished with status success",
+        "Job succeeded",
+    ] {
         assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
     }
     assert!(!out.contains('\x1b'), "colour codes on a non-TTY");

@@ -31,29 +31,16 @@ struct Fleet {
 impl Fleet {
     /// A fake GitLab with a project, and one sshd per address.
     async fn new(addresses: &[u8]) -> Fleet {
-        let fake = FakeGitLab::start_with(fake_gitlab::Config {
-            long_poll: Duration::from_secs(1),
-            trace_update_interval: 1,
-        })
-        .await;
+        let fake =
+            FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+                .await;
         let runner = fake.create_runner("fleet");
         fake.create_repo("group/project");
         fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
         let key = ClientKey::generate();
-        let servers = addresses
-            .iter()
-            .map(|last| SshServer::start(Ipv4Addr::new(127, 0, 0, *last), &key))
-            .collect();
+        let servers = addresses.iter().map(|last| SshServer::start(Ipv4Addr::new(127, 0, 0, *last), &key)).collect();
         let metrics_port = sshd::free_port(Ipv4Addr::LOCALHOST);
-        Fleet {
-            fake,
-            runner,
-            key,
-            servers,
-            dir: tempfile::tempdir().expect("tempdir"),
-            metrics_port,
-            child: None,
-        }
+        Fleet { fake, runner, key, servers, dir: tempfile::tempdir().expect("tempdir"), metrics_port, child: None }
     }
 
     fn config_path(&self) -> PathBuf {
@@ -63,11 +50,7 @@ impl Fleet {
     /// Write config.toml with `autoscaler` lines (keys of `[runners.autoscaler]`) and `policy`
     /// lines (keys of one `[[runners.autoscaler.policy]]`).
     fn write_config(&self, autoscaler: &str, policy: &str) {
-        let hosts: Vec<String> = self
-            .servers
-            .iter()
-            .map(|s| format!("{:?}", s.host_entry()))
-            .collect();
+        let hosts: Vec<String> = self.servers.iter().map(|s| format!("{:?}", s.host_entry())).collect();
         let text = format!(
             r#"concurrent = 4
 check_interval = 1
@@ -154,25 +137,15 @@ keepalive = "2s"
     }
 
     fn enqueue(&self, name: &str, script: &[&str]) -> i64 {
-        self.fake.enqueue(
-            self.fake
-                .job_payload(&JobSpec::new("group/project", name, script)),
-        )
+        self.fake.enqueue(self.fake.job_payload(&JobSpec::new("group/project", name, script)))
     }
 
     async fn finished(&self, job: i64) -> JobRecord {
-        match self
-            .fake
-            .wait_for_job_state(job, |j| j.final_state.is_some(), WAIT)
-            .await
-        {
+        match self.fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await {
             Some(record) => record,
             None => panic!(
                 "job {job} did not finish; trace:\n{}\nrunway log:\n{}",
-                self.fake
-                    .job(job)
-                    .map(|j| j.trace_text())
-                    .unwrap_or_default(),
+                self.fake.job(job).map(|j| j.trace_text()).unwrap_or_default(),
                 self.log()
             ),
         }
@@ -197,13 +170,7 @@ keepalive = "2s"
     }
 
     /// Wait until `name{labels}` satisfies `check`.
-    async fn wait_metric(
-        &self,
-        name: &str,
-        labels: &[&str],
-        check: impl Fn(f64) -> bool,
-        what: &str,
-    ) -> f64 {
+    async fn wait_metric(&self, name: &str, labels: &[&str], check: impl Fn(f64) -> bool, what: &str) -> f64 {
         let deadline = Instant::now() + WAIT;
         loop {
             let text = self.metrics().await;
@@ -212,20 +179,14 @@ keepalive = "2s"
                 return value;
             }
             if Instant::now() > deadline {
-                panic!(
-                    "{what}: {name}{labels:?} = {value}\n{text}\nrunway log:\n{}",
-                    self.log()
-                );
+                panic!("{what}: {name}{labels:?} = {value}\n{text}\nrunway log:\n{}", self.log());
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
 
     fn server_by_entry(&mut self, entry: &str) -> &mut SshServer {
-        self.servers
-            .iter_mut()
-            .find(|s| s.host_entry() == entry)
-            .expect("a server of the fleet")
+        self.servers.iter_mut().find(|s| s.host_entry() == entry).expect("a server of the fleet")
     }
 }
 
@@ -252,12 +213,7 @@ fn instance_of(record: &JobRecord) -> String {
     let trace = record.trace_text();
     trace
         .lines()
-        .find_map(|l| {
-            l.split("Instance ")
-                .nth(1)
-                .and_then(|rest| rest.split(' ').next())
-                .map(str::to_string)
-        })
+        .find_map(|l| l.split("Instance ").nth(1).and_then(|rest| rest.split(' ').next()).map(str::to_string))
         .unwrap_or_else(|| panic!("no instance in the trace:\n{trace}"))
 }
 
@@ -274,60 +230,29 @@ async fn scales_from_zero_runs_jobs_on_instances_and_scales_down_when_idle() {
     );
     fleet.start();
     assert_eq!(
-        fleet
-            .metric("fleeting_provisioner_instances", &["state=\"running\""])
-            .await,
+        fleet.metric("fleeting_provisioner_instances", &["state=\"running\""]).await,
         0.0,
         "nothing before jobs arrive"
     );
 
     // Three jobs that overlap in time need three instances.
     let jobs: Vec<i64> = (0..3)
-        .map(|i| {
-            fleet.enqueue(
-                &format!("job{i}"),
-                &["echo \"ran in $PWD on $SSH_CONNECTION\"", "sleep 4"],
-            )
-        })
+        .map(|i| fleet.enqueue(&format!("job{i}"), &["echo \"ran in $PWD on $SSH_CONNECTION\"", "sleep 4"]))
         .collect();
     let mut instances = BTreeSet::new();
     for job in &jobs {
         let record = fleet.finished(*job).await;
         assert_success(&record);
         let trace = record.trace_text();
-        assert!(
-            trace.contains("Preparing the \"instance\" executor"),
-            "{trace}"
-        );
-        assert!(
-            trace.contains(&format!(
-                "ran in {}",
-                fleet.dir.path().join("builds").display()
-            )),
-            "{trace}"
-        );
+        assert!(trace.contains("Preparing the \"instance\" executor"), "{trace}");
+        assert!(trace.contains(&format!("ran in {}", fleet.dir.path().join("builds").display())), "{trace}");
         let instance = instance_of(&record);
         let address = instance.split(':').next().unwrap_or_default().to_string();
-        assert!(
-            trace.contains(&format!(" {address} ")),
-            "the job ran over SSH on its instance {instance}:\n{trace}"
-        );
+        assert!(trace.contains(&format!(" {address} ")), "the job ran over SSH on its instance {instance}:\n{trace}");
         instances.insert(instance);
     }
-    assert_eq!(
-        instances.len(),
-        3,
-        "jobs ran on three instances: {instances:?}"
-    );
-    assert_eq!(
-        fleet
-            .metric(
-                "fleeting_provisioner_instance_operations_total",
-                &["operation=\"create\""]
-            )
-            .await,
-        3.0
-    );
+    assert_eq!(instances.len(), 3, "jobs ran on three instances: {instances:?}");
+    assert_eq!(fleet.metric("fleeting_provisioner_instance_operations_total", &["operation=\"create\""]).await, 3.0);
 
     // idle_time passes with no jobs: every instance leaves, reason idle.
     fleet
@@ -338,24 +263,14 @@ async fn scales_from_zero_runs_jobs_on_instances_and_scales_down_when_idle() {
             "idle scale-down",
         )
         .await;
-    fleet
-        .wait_metric(
-            "fleeting_provisioner_instances",
-            &["state=\"running\""],
-            |v| v == 0.0,
-            "instances gone",
-        )
-        .await;
+    fleet.wait_metric("fleeting_provisioner_instances", &["state=\"running\""], |v| v == 0.0, "instances gone").await;
     fleet.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_retire_at_max_use_count() {
     let mut fleet = Fleet::new(&[5, 6]).await;
-    fleet.write_config(
-        "max_instances = 2\nmax_use_count = 2",
-        "idle_count = 1\nidle_time = \"1h\"",
-    );
+    fleet.write_config("max_instances = 2\nmax_use_count = 2", "idle_count = 1\nidle_time = \"1h\"");
     fleet.start();
     let mut ran_on = Vec::new();
     for i in 0..4 {
@@ -365,10 +280,7 @@ async fn instances_retire_at_max_use_count() {
         ran_on.push(instance_of(&record));
     }
     // Each instance served at most two jobs before it was retired and replaced.
-    assert!(
-        ran_on.windows(3).all(|w| !(w[0] == w[1] && w[1] == w[2])),
-        "{ran_on:?}"
-    );
+    assert!(ran_on.windows(3).all(|w| !(w[0] == w[1] && w[1] == w[2])), "{ran_on:?}");
     fleet
         .wait_metric(
             "fleeting_provisioner_instance_operations_total",
@@ -384,83 +296,38 @@ async fn instances_retire_at_max_use_count() {
 async fn a_failing_ready_command_replaces_the_instance_without_a_storm() {
     let mut fleet = Fleet::new(&[7, 8]).await;
     // The instance at 127.0.0.7 never becomes ready.
-    let ready =
-        r#"instance_ready_command = "case \"$SSH_CONNECTION\" in *' 127.0.0.7 '*) exit 1;; esac""#;
-    fleet.write_config(
-        &format!("max_instances = 2\n{ready}"),
-        "idle_count = 0\nidle_time = \"1h\"",
-    );
+    let ready = r#"instance_ready_command = "case \"$SSH_CONNECTION\" in *' 127.0.0.7 '*) exit 1;; esac""#;
+    fleet.write_config(&format!("max_instances = 2\n{ready}"), "idle_count = 0\nidle_time = \"1h\"");
     fleet.start();
     let started = Instant::now();
     let job = fleet.enqueue("ready", &["echo hello"]);
     let record = fleet.finished(job).await;
     assert_success(&record);
-    assert!(
-        instance_of(&record).starts_with("127.0.0.8:"),
-        "{}",
-        record.trace_text()
-    );
-    assert!(
-        fleet
-            .metric(
-                "fleeting_provisioner_failures_total",
-                &["kind=\"ready_command\""]
-            )
-            .await
-            >= 1.0
-    );
-    assert!(
-        fleet
-            .metric(
-                "fleeting_provisioner_instance_operations_total",
-                &["reason=\"ready_failed\""]
-            )
-            .await
-            >= 1.0
-    );
+    assert!(instance_of(&record).starts_with("127.0.0.8:"), "{}", record.trace_text());
+    assert!(fleet.metric("fleeting_provisioner_failures_total", &["kind=\"ready_command\""]).await >= 1.0);
+    assert!(fleet.metric("fleeting_provisioner_instance_operations_total", &["reason=\"ready_failed\""]).await >= 1.0);
     // No storm: creations stay few, bounded by the back-off, not by the poll interval.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let creations = fleet
-        .metric(
-            "fleeting_provisioner_instance_operations_total",
-            &["operation=\"create\""],
-        )
-        .await;
+    let creations = fleet.metric("fleeting_provisioner_instance_operations_total", &["operation=\"create\""]).await;
     let seconds = started.elapsed().as_secs_f64();
-    assert!(
-        creations <= 4.0,
-        "{creations} creations in {seconds:.0}s\n{}",
-        fleet.log()
-    );
+    assert!(creations <= 4.0, "{creations} creations in {seconds:.0}s\n{}", fleet.log());
     fleet.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_lost_mid_job_fails_the_job_and_capacity_recovers() {
     let mut fleet = Fleet::new(&[9, 10]).await;
-    fleet.write_config(
-        "max_instances = 2\nfailure_threshold = 2",
-        "idle_count = 0\nidle_time = \"1h\"",
-    );
+    fleet.write_config("max_instances = 2\nfailure_threshold = 2", "idle_count = 0\nidle_time = \"1h\"");
     fleet.start();
     let job = fleet.enqueue("doomed", &["echo started", "sleep 60"]);
-    let record = match fleet
-        .fake
-        .wait_for_job_state(job, |j| j.trace_text().contains("started"), WAIT)
-        .await
-    {
+    let record = match fleet.fake.wait_for_job_state(job, |j| j.trace_text().contains("started"), WAIT).await {
         Some(r) => r,
         None => panic!("the job did not start:\n{}", fleet.log()),
     };
     let instance = instance_of(&record);
     fleet.server_by_entry(&instance).kill();
     let record = fleet.finished(job).await;
-    assert_eq!(
-        record.failure_reason.as_deref(),
-        Some("runner_system_failure"),
-        "{}",
-        record.trace_text()
-    );
+    assert_eq!(record.failure_reason.as_deref(), Some("runner_system_failure"), "{}", record.trace_text());
     fleet
         .wait_metric(
             "fleeting_provisioner_instance_operations_total",
@@ -481,52 +348,30 @@ async fn an_instance_lost_mid_job_fails_the_job_and_capacity_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_manager_adopts_its_instances_and_deletes_none() {
     let mut fleet = Fleet::new(&[11, 12]).await;
-    fleet.write_config(
-        "max_instances = 2\nmax_use_count = 10",
-        "idle_count = 2\nidle_time = \"1h\"",
-    );
+    fleet.write_config("max_instances = 2\nmax_use_count = 10", "idle_count = 2\nidle_time = \"1h\"");
     fleet.start();
     fleet
-        .wait_metric(
-            "fleeting_provisioner_instances",
-            &["state=\"running\""],
-            |v| v == 2.0,
-            "two idle instances",
-        )
+        .wait_metric("fleeting_provisioner_instances", &["state=\"running\""], |v| v == 2.0, "two idle instances")
         .await;
     let job = fleet.enqueue("before", &["echo one"]);
     let first = instance_of(&fleet.finished(job).await);
     fleet.stop().await;
-    let state = std::fs::read_dir(fleet.dir.path().join(".taskscaler"))
-        .expect("fleet state saved")
-        .count();
+    let state = std::fs::read_dir(fleet.dir.path().join(".taskscaler")).expect("fleet state saved").count();
     assert_eq!(state, 1);
 
     fleet.start();
     fleet
-        .wait_metric(
-            "fleeting_provisioner_instances",
-            &["state=\"running\""],
-            |v| v == 2.0,
-            "adopted instances",
-        )
+        .wait_metric("fleeting_provisioner_instances", &["state=\"running\""], |v| v == 2.0, "adopted instances")
         .await;
     let text = fleet.metrics().await;
     assert_eq!(
-        metric_value(
-            &text,
-            "fleeting_provisioner_instance_operations_total",
-            &["operation=\"create\""]
-        ),
+        metric_value(&text, "fleeting_provisioner_instance_operations_total", &["operation=\"create\""]),
         0.0,
         "{text}"
     );
     for reason in ["idle", "unknown", "shutdown", "lost", "unhealthy"] {
-        let removed = metric_value(
-            &text,
-            "fleeting_provisioner_instance_operations_total",
-            &[&format!("reason=\"{reason}\"")],
-        );
+        let removed =
+            metric_value(&text, "fleeting_provisioner_instance_operations_total", &[&format!("reason=\"{reason}\"")]);
         assert_eq!(removed, 0.0, "removed for {reason}:\n{text}");
     }
     let job = fleet.enqueue("after", &["echo two"]);
@@ -534,9 +379,7 @@ async fn a_restarted_manager_adopts_its_instances_and_deletes_none() {
     assert_success(&record);
     let second = instance_of(&record);
     assert!(
-        [first.clone(), second.clone()]
-            .iter()
-            .all(|i| fleet.servers.iter().any(|s| s.host_entry() == *i)),
+        [first.clone(), second.clone()].iter().all(|i| fleet.servers.iter().any(|s| s.host_entry() == *i)),
         "{first} {second}"
     );
     fleet.stop().await;

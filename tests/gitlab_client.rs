@@ -7,8 +7,8 @@ use std::time::Duration;
 use fake_gitlab::{Config, Endpoint as FakeEndpoint, FakeGitLab, InjectedResponse, JobSpec, JobStatus};
 use runway::gitlab::api::{JobApi, JobState, JobUpdate, PatchOutcome, RemoteJobStatus, UpdateOutcome};
 use runway::gitlab::client::{
-    ApiError, ClientOptions, Endpoint, FeaturesInfo, GitLabClient, JobClient, RegisterParams, RequestJobResult, RunnerCredentials,
-    VersionInfo,
+    ApiError, ClientOptions, Endpoint, FeaturesInfo, GitLabClient, JobClient, RegisterParams, RequestJobResult,
+    RunnerCredentials, VersionInfo,
 };
 use runway::gitlab::retry::RetryPolicy;
 
@@ -18,7 +18,11 @@ fn client() -> (Arc<GitLabClient>, Seen) {
     let seen: Seen = Arc::default();
     let log = seen.clone();
     let options = ClientOptions {
-        retry: RetryPolicy { max_attempts: 5, backoff_base: Duration::from_millis(5), backoff_max: Duration::from_secs(2) },
+        retry: RetryPolicy {
+            max_attempts: 5,
+            backoff_base: Duration::from_millis(5),
+            backoff_max: Duration::from_secs(2),
+        },
         hook: Some(Arc::new(move |endpoint, method, status, _duration| {
             log.lock().expect("hook log").push((endpoint, method.to_string(), status));
         })),
@@ -31,7 +35,14 @@ fn info() -> VersionInfo {
     VersionInfo::this_runner(
         "shell",
         "bash",
-        FeaturesInfo { two_phase_job_commit: true, trace_reset: true, trace_checksum: true, trace_size: true, cancelable: true, ..Default::default() },
+        FeaturesInfo {
+            two_phase_job_commit: true,
+            trace_reset: true,
+            trace_checksum: true,
+            trace_size: true,
+            cancelable: true,
+            ..Default::default()
+        },
     )
 }
 
@@ -47,13 +58,21 @@ fn creds(fake: &FakeGitLab, token: &str) -> RunnerCredentials {
 async fn register_verify_and_unregister() {
     let fake = fake(Duration::from_secs(1)).await;
     let (client, _) = client();
-    let params = RegisterParams { description: "ci-1".into(), tags: vec!["a".into(), "b".into()], run_untagged: false, ..Default::default() };
+    let params = RegisterParams {
+        description: "ci-1".into(),
+        tags: vec!["a".into(), "b".into()],
+        run_untagged: false,
+        ..Default::default()
+    };
 
     let err = client.register_legacy(&fake.url(), "wrong", &params, &info()).await.expect_err("bad token");
     assert!(matches!(err, ApiError::Forbidden { .. }), "{err}");
 
     // A legacy `/ci` suffix is stripped.
-    let details = client.register_legacy(&format!("{}/ci", fake.url()), fake_gitlab::REGISTRATION_TOKEN, &params, &info()).await.expect("register");
+    let details = client
+        .register_legacy(&format!("{}/ci", fake.url()), fake_gitlab::REGISTRATION_TOKEN, &params, &info())
+        .await
+        .expect("register");
     assert!(details.id > 0 && !details.token.is_empty());
     assert_eq!(details.token_expires_at, None);
     let request = fake.requests_to("POST", "/api/v4/runners").pop().expect("logged");
@@ -84,9 +103,15 @@ async fn register_verify_and_unregister() {
     assert!(matches!(err, ApiError::Forbidden { .. }), "{err}");
 
     fake.set_registration_enabled(false);
-    let err = client.register_legacy(&fake.url(), fake_gitlab::REGISTRATION_TOKEN, &params, &info()).await.expect_err("disabled");
+    let err = client
+        .register_legacy(&fake.url(), fake_gitlab::REGISTRATION_TOKEN, &params, &info())
+        .await
+        .expect_err("disabled");
     assert!(matches!(err, ApiError::RegistrationDisabled), "{err}");
-    assert!(matches!(client.verify(&RunnerCredentials { url: "ftp://x".into(), ..runner }, &info()).await, Err(ApiError::InvalidUrl { .. })));
+    assert!(matches!(
+        client.verify(&RunnerCredentials { url: "ftp://x".into(), ..runner }, &info()).await,
+        Err(ApiError::InvalidUrl { .. })
+    ));
 }
 
 #[tokio::test]
@@ -159,11 +184,17 @@ async fn retries_429_honouring_retry_after_then_succeeds() {
     assert!(started.elapsed() >= Duration::from_secs(1), "waited for Retry-After");
     let statuses: Vec<u16> = fake.requests_to("POST", "/api/v4/jobs/request").iter().map(|r| r.status).collect();
     assert_eq!(statuses, vec![429, 204]);
-    let ids: Vec<String> =
-        fake.requests_to("POST", "/api/v4/jobs/request").iter().map(|r| r.header("x-request-id").unwrap_or_default().to_string()).collect();
+    let ids: Vec<String> = fake
+        .requests_to("POST", "/api/v4/jobs/request")
+        .iter()
+        .map(|r| r.header("x-request-id").unwrap_or_default().to_string())
+        .collect();
     assert_ne!(ids[0], ids[1], "a fresh X-Request-Id per attempt");
     let hooked: Vec<_> = seen.lock().expect("seen").clone();
-    assert_eq!(hooked, vec![(Endpoint::RequestJob, "POST".into(), Some(429)), (Endpoint::RequestJob, "POST".into(), Some(204))]);
+    assert_eq!(
+        hooked,
+        vec![(Endpoint::RequestJob, "POST".into(), Some(429)), (Endpoint::RequestJob, "POST".into(), Some(204))]
+    );
 
     // Five attempts in total, then "failed" (healthy).
     fake.inject(FakeEndpoint::RequestJob, 10, InjectedResponse::status(500));
@@ -184,7 +215,8 @@ async fn conflict_is_not_unhealthy_but_forbidden_is() {
     let result = client.request_job(&creds(&fake, "glrt-unknown"), &info()).await;
     assert!(matches!(result, RequestJobResult::Unhealthy(_)), "{result:?}");
     // A dead server is a transport error: unhealthy.
-    let dead = RunnerCredentials { url: "http://127.0.0.1:9".into(), token: runner.token.clone(), system_id: String::new() };
+    let dead =
+        RunnerCredentials { url: "http://127.0.0.1:9".into(), token: runner.token.clone(), system_id: String::new() };
     assert!(matches!(client.request_job(&dead, &info()).await, RequestJobResult::Unhealthy(_)));
 }
 
@@ -222,7 +254,10 @@ async fn patch_and_update_map_every_status() {
     let r = job.update_job(&JobUpdate::state(JobState::Pending)).await;
     assert_eq!(r.outcome, UpdateOutcome::Accepted);
     let r = job.update_job(&JobUpdate::state(JobState::Running)).await;
-    assert_eq!((r.outcome, r.remote_status, r.update_interval), (UpdateOutcome::Accepted, RemoteJobStatus::Running, Some(Duration::from_secs(3))));
+    assert_eq!(
+        (r.outcome, r.remote_status, r.update_interval),
+        (UpdateOutcome::Accepted, RemoteJobStatus::Running, Some(Duration::from_secs(3)))
+    );
     assert_eq!(fake.job(id).expect("job").pending_keepalives, 1);
     let r = job.update_job(&JobUpdate::state(JobState::Pending)).await;
     assert_eq!(r.outcome, UpdateOutcome::Conflict, "pending after acceptance is a 409");
@@ -258,7 +293,9 @@ async fn patch_and_update_map_every_status() {
     assert_eq!(r.outcome, UpdateOutcome::AcceptedRetryLater(Duration::from_secs(1)));
     assert_eq!(r.remote_status, RemoteJobStatus::CancelRequested);
 
-    let r = job.update_job(&JobUpdate { checksum: Some("crc32:deadbeef".into()), ..final_update(JobState::Failed, trace) }).await;
+    let r = job
+        .update_job(&JobUpdate { checksum: Some("crc32:deadbeef".into()), ..final_update(JobState::Failed, trace) })
+        .await;
     assert_eq!(r.outcome, UpdateOutcome::TraceValidationFailed);
 
     let r = job.update_job(&final_update(JobState::Failed, trace)).await;
@@ -335,7 +372,11 @@ fn tls_files_are_loaded_or_refused_with_the_file_named() {
         .output()
         .expect("openssl runs");
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
-    let ok = GitLabClient::new(ClientOptions { tls_ca_file: Some(cert.clone()), tls_client_cert: Some((cert.clone(), key.clone())), ..ClientOptions::default() });
+    let ok = GitLabClient::new(ClientOptions {
+        tls_ca_file: Some(cert.clone()),
+        tls_client_cert: Some((cert.clone(), key.clone())),
+        ..ClientOptions::default()
+    });
     assert!(ok.is_ok(), "a PEM CA and client identity load");
     let garbage = dir.path().join("garbage.pem");
     std::fs::write(&garbage, "not a certificate").expect("write");
@@ -344,7 +385,10 @@ fn tls_files_are_loaded_or_refused_with_the_file_named() {
         Err(other) => panic!("unexpected error {other}"),
         Ok(_) => panic!("a CA file without certificates was accepted"),
     }
-    match GitLabClient::new(ClientOptions { tls_ca_file: Some(dir.path().join("missing.crt")), ..ClientOptions::default() }) {
+    match GitLabClient::new(ClientOptions {
+        tls_ca_file: Some(dir.path().join("missing.crt")),
+        ..ClientOptions::default()
+    }) {
         Err(ApiError::ClientSetup(message)) => assert!(message.contains("missing.crt"), "{message}"),
         _ => panic!("a missing CA file was accepted"),
     }

@@ -26,11 +26,15 @@ struct World {
 }
 
 async fn world() -> World {
-    let fake = FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_millis(500), trace_update_interval: 1 }).await;
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_millis(500), trace_update_interval: 1 })
+            .await;
     let runner = fake.create_runner("job-path test");
     fake.create_repo("group/project");
     fake.commit_files("group/project", "main", &[("README.md", "hello\n"), ("data.txt", "v1\n")], "first");
-    let plugins = PluginHost::new(HostSettings { builtins: builtin_plugins(), ..HostSettings::default() }).await.expect("plugins");
+    let plugins = PluginHost::new(HostSettings { builtins: builtin_plugins(), ..HostSettings::default() })
+        .await
+        .expect("plugins");
     World { fake, token: runner.token, root: tempfile::tempdir().expect("tempdir"), plugins }
 }
 
@@ -52,7 +56,11 @@ impl World {
         };
         RunnerSettings {
             client: None,
-            credentials: RunnerCredentials { url: self.fake.url(), token: self.token.clone(), system_id: "s_0123456789ab".into() },
+            credentials: RunnerCredentials {
+                url: self.fake.url(),
+                token: self.token.clone(),
+                system_id: "s_0123456789ab".into(),
+            },
             env: JobEnvironment {
                 plugins: self.plugins.clone(),
                 executor,
@@ -73,7 +81,11 @@ impl World {
 
     fn manager(&self, concurrent: usize, runner: RunnerSettings, shutdown: Shutdown) -> Manager {
         let client = GitLabClient::new(ClientOptions {
-            retry: RetryPolicy { backoff_base: Duration::from_millis(20), backoff_max: Duration::from_millis(200), ..RetryPolicy::default() },
+            retry: RetryPolicy {
+                backoff_base: Duration::from_millis(20),
+                backoff_max: Duration::from_millis(200),
+                ..RetryPolicy::default()
+            },
             hook: None,
             ..ClientOptions::default()
         })
@@ -95,10 +107,9 @@ impl World {
     }
 
     async fn finished(&self, id: i64) -> JobRecord {
-        self.fake
-            .wait_for_job_state(id, |j| j.final_state.is_some() && j.status.is_final(), WAIT)
-            .await
-            .unwrap_or_else(|| panic!("job {id} did not finish: {:?}", self.fake.job(id).map(|j| (j.status, j.trace_text()))))
+        self.fake.wait_for_job_state(id, |j| j.final_state.is_some() && j.status.is_final(), WAIT).await.unwrap_or_else(
+            || panic!("job {id} did not finish: {:?}", self.fake.job(id).map(|j| (j.status, j.trace_text()))),
+        )
     }
 }
 
@@ -114,11 +125,18 @@ async fn jobs_clone_fetch_mask_and_run_after_script() {
     let manager = w.manager(2, w.runner(0, 4096).await, shutdown.clone());
     let running = tokio::spawn(manager.run());
 
-    let spec = JobSpec::new("group/project", "build", &["cat data.txt", "echo \"secret is $MY_SECRET\"", "cat \"$MY_FILE\"", "echo token glpat-abcdefghij1234567890"])
-        .after_script(&["echo \"after with status $CI_JOB_STATUS\""])
-        .masked_variable("MY_SECRET", "s3cr3t-v4lue-xyz");
+    let spec = JobSpec::new(
+        "group/project",
+        "build",
+        &["cat data.txt", "echo \"secret is $MY_SECRET\"", "cat \"$MY_FILE\"", "echo token glpat-abcdefghij1234567890"],
+    )
+    .after_script(&["echo \"after with status $CI_JOB_STATUS\""])
+    .masked_variable("MY_SECRET", "s3cr3t-v4lue-xyz");
     let mut payload = w.fake.job_payload(&spec);
-    payload["variables"].as_array_mut().expect("variables").push(serde_json::json!({"key": "MY_FILE", "value": "file content", "public": false, "file": true}));
+    payload["variables"]
+        .as_array_mut()
+        .expect("variables")
+        .push(serde_json::json!({"key": "MY_FILE", "value": "file content", "public": false, "file": true}));
     let first = w.fake.enqueue(payload);
     let job = w.finished(first).await;
     let text = job.trace_text();
@@ -134,7 +152,12 @@ async fn jobs_clone_fetch_mask_and_run_after_script() {
 
     // A second job of the same project fetches into the same directory and sees the new commit.
     w.fake.commit_files("group/project", "main", &[("data.txt", "v2\n")], "second");
-    let second = w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", "test", &["cat data.txt", "git log --oneline | wc -l"]).variable("GIT_STRATEGY", "fetch")));
+    let second = w.fake.enqueue(
+        w.fake.job_payload(
+            &JobSpec::new("group/project", "test", &["cat data.txt", "git log --oneline | wc -l"])
+                .variable("GIT_STRATEGY", "fetch"),
+        ),
+    );
     let job = w.finished(second).await;
     let text = job.trace_text();
     assert_eq!(job.final_state.as_deref(), Some("success"), "{text}");
@@ -152,19 +175,32 @@ async fn failures_timeouts_cancel_and_abort() {
     let manager = w.manager(4, w.runner(0, 4096).await, shutdown.clone());
     let running = tokio::spawn(manager.run());
 
-    let failing = w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", "fail", &["echo before", "exit 42", "echo never"])));
+    let failing = w.fake.enqueue(w.fake.job_payload(&JobSpec::new(
+        "group/project",
+        "fail",
+        &["echo before", "exit 42", "echo never"],
+    )));
     let mut spec = JobSpec::new("group/project", "slow", &["sleep 30"]);
     spec.timeout = 2;
     let slow = w.fake.enqueue(w.fake.job_payload(&spec));
-    let cancel_me = w.fake.enqueue(w.fake.job_payload(
-        &JobSpec::new("group/project", "cancel", &["echo started", "sleep 60"]).after_script(&["echo after_script ran with $CI_JOB_STATUS"]),
-    ));
-    let abort_me = w.fake.enqueue(w.fake.job_payload(
-        &JobSpec::new("group/project", "abort", &["echo started", "sleep 60"]).after_script(&["echo after_script must not run"]),
-    ));
+    let cancel_me = w.fake.enqueue(
+        w.fake.job_payload(
+            &JobSpec::new("group/project", "cancel", &["echo started", "sleep 60"])
+                .after_script(&["echo after_script ran with $CI_JOB_STATUS"]),
+        ),
+    );
+    let abort_me = w.fake.enqueue(
+        w.fake.job_payload(
+            &JobSpec::new("group/project", "abort", &["echo started", "sleep 60"])
+                .after_script(&["echo after_script must not run"]),
+        ),
+    );
 
     let job = w.finished(failing).await;
-    assert_eq!((job.final_state.as_deref(), job.failure_reason.as_deref(), job.exit_code), (Some("failed"), Some("script_failure"), Some(42)));
+    assert_eq!(
+        (job.final_state.as_deref(), job.failure_reason.as_deref(), job.exit_code),
+        (Some("failed"), Some("script_failure"), Some(42))
+    );
     assert!(job.trace_text().contains("before") && !job.trace_text().contains("never"));
     assert!(job.trace_text().contains("ERROR: Job failed: exit code 42"), "{}", job.trace_text());
 
@@ -220,7 +256,12 @@ async fn trace_survives_416_412_and_5xx_and_masks_across_patches() {
     w.fake.inject(Endpoint::UpdateJob, 1, InjectedResponse::status(412));
     let job = w.finished(id).await;
     let text = job.trace_text();
-    let from_zero = w.fake.requests_to("PATCH", &format!("/api/v4/jobs/{id}/trace")).iter().filter(|r| r.header("content-range").is_some_and(|c| c.starts_with("0-"))).count();
+    let from_zero = w
+        .fake
+        .requests_to("PATCH", &format!("/api/v4/jobs/{id}/trace"))
+        .iter()
+        .filter(|r| r.header("content-range").is_some_and(|c| c.starts_with("0-")))
+        .count();
     assert!(from_zero >= 3, "expected re-uploads from offset 0 after 416 and 412, saw {from_zero}");
     assert!(!text.contains("abcdef123456"), "{text}");
     assert!(text.contains("split: [MASKED]\n") && text.contains("whole: [MASKED]"), "{text}");
@@ -241,7 +282,9 @@ async fn concurrent_4_with_8_jobs_never_runs_more_than_4() {
     let manager = w.manager(4, runner, shutdown.clone());
     let stats = manager.stats();
     let running = tokio::spawn(manager.run());
-    let ids: Vec<i64> = (0..8).map(|i| w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", &format!("job{i}"), &["sleep 1"])))).collect();
+    let ids: Vec<i64> = (0..8)
+        .map(|i| w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", &format!("job{i}"), &["sleep 1"]))))
+        .collect();
     for id in ids {
         let job = w.finished(id).await;
         assert_eq!(job.final_state.as_deref(), Some("success"), "{}", job.trace_text());
@@ -313,34 +356,64 @@ async fn hooks_cache_submodules_and_strategies() {
     let running = tokio::spawn(manager.run());
 
     let with_cache = |name: &str, script: &[&str]| {
-        let mut payload = w.fake.job_payload(&JobSpec::new("group/project", name, script).variable("GIT_SUBMODULE_STRATEGY", "normal"));
+        let mut payload = w
+            .fake
+            .job_payload(&JobSpec::new("group/project", name, script).variable("GIT_SUBMODULE_STRATEGY", "normal"));
         payload["cache"] = serde_json::json!([{"key": "deps-$CI_COMMIT_REF_NAME", "paths": ["vendor/"], "policy": "pull-push", "when": "on_success"}]);
         payload
     };
-    let first = w.fake.enqueue(with_cache("fill", &["cat lib/lib.txt", "echo \"env $FROM_CONFIG\"", "mkdir -p vendor && echo cached-bytes > vendor/dep.txt"]));
+    let first = w.fake.enqueue(with_cache(
+        "fill",
+        &["cat lib/lib.txt", "echo \"env $FROM_CONFIG\"", "mkdir -p vendor && echo cached-bytes > vendor/dep.txt"],
+    ));
     let job = w.finished(first).await;
     let text = job.trace_text();
     assert_eq!(job.final_state.as_deref(), Some("success"), "{text}");
     let order = ["config-pre-get-sources", "library v2", "env cfg", "config-post-build", "Created cache"];
-    let positions: Vec<usize> = order.iter().map(|s| text.find(s).unwrap_or_else(|| panic!("{s:?} missing:\n{text}"))).collect();
+    let positions: Vec<usize> =
+        order.iter().map(|s| text.find(s).unwrap_or_else(|| panic!("{s:?} missing:\n{text}"))).collect();
     assert!(positions.windows(2).all(|p| p[0] < p[1]), "out of order: {positions:?}\n{text}");
 
     // A clone starts from nothing; the cache brings vendor/ back.
     let second = w.fake.enqueue({
         let mut p = with_cache("use", &["cat vendor/dep.txt"]);
-        p["variables"].as_array_mut().expect("vars").push(serde_json::json!({"key": "GIT_STRATEGY", "value": "clone", "public": true}));
+        p["variables"]
+            .as_array_mut()
+            .expect("vars")
+            .push(serde_json::json!({"key": "GIT_STRATEGY", "value": "clone", "public": true}));
         p
     });
     let job = w.finished(second).await;
-    assert!(job.trace_text().contains("Successfully extracted cache") && job.trace_text().contains("cached-bytes"), "{}", job.trace_text());
+    assert!(
+        job.trace_text().contains("Successfully extracted cache") && job.trace_text().contains("cached-bytes"),
+        "{}",
+        job.trace_text()
+    );
 
     // GIT_STRATEGY=empty: no sources at all; GIT_CHECKOUT=false: fetched but not checked out.
-    let empty = w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", "empty", &["ls -A | wc -l"]).variable("GIT_STRATEGY", "empty")));
+    let empty =
+        w.fake.enqueue(w.fake.job_payload(
+            &JobSpec::new("group/project", "empty", &["ls -A | wc -l"]).variable("GIT_STRATEGY", "empty"),
+        ));
     let job = w.finished(empty).await;
-    assert!(job.trace_text().contains("creating an empty build directory") && job.trace_text().contains("\n0\n"), "{}", job.trace_text());
-    let no_checkout = w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", "nocheckout", &["test ! -e README.md && echo no-worktree"]).variable("GIT_CHECKOUT", "false").variable("GIT_STRATEGY", "clone")));
+    assert!(
+        job.trace_text().contains("creating an empty build directory") && job.trace_text().contains("\n0\n"),
+        "{}",
+        job.trace_text()
+    );
+    let no_checkout = w.fake.enqueue(
+        w.fake.job_payload(
+            &JobSpec::new("group/project", "nocheckout", &["test ! -e README.md && echo no-worktree"])
+                .variable("GIT_CHECKOUT", "false")
+                .variable("GIT_STRATEGY", "clone"),
+        ),
+    );
     let job = w.finished(no_checkout).await;
-    assert!(job.trace_text().contains("Skipping Git checkout") && job.trace_text().contains("no-worktree"), "{}", job.trace_text());
+    assert!(
+        job.trace_text().contains("Skipping Git checkout") && job.trace_text().contains("no-worktree"),
+        "{}",
+        job.trace_text()
+    );
 
     shutdown.graceful.cancel();
     running.await.expect("manager stops");

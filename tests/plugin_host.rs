@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use runway::plugin::bindings::executor::exports::runway::executor::executor::{ExecutorError, Job, StageScript};
-use runway::plugin::{CallContext, ExecutorFailure, HostSettings, PluginErrorKind, PluginGrant, PluginHost, StopReason, StopSignal};
+use runway::bindings::executor::exports::runway::executor::executor::{ExecutorError, Job, StageScript};
+use runway::config::grant::PluginGrant;
+use runway::plugin::{CallContext, ExecutorFailure, HostSettings, PluginErrorKind, PluginHost};
+use runway::stop::{StopReason, StopSignal};
 use runway::trace::MemorySink;
 
 const GUEST_DIR: &str = env!("RUNWAY_GUEST_DIR");
@@ -57,7 +59,13 @@ fn stage(name: &str, script: &str) -> StageScript {
 }
 
 /// Run one stage of `plugin` in a fresh session; returns the result and the trace text.
-async fn run_stage(host: &PluginHost, plugin: &str, work: &Path, name: &str, script: &str) -> (Result<i32, ExecutorFailure>, String) {
+async fn run_stage(
+    host: &PluginHost,
+    plugin: &str,
+    work: &Path,
+    name: &str,
+    script: &str,
+) -> (Result<i32, ExecutorFailure>, String) {
     let sink = Arc::new(MemorySink::default());
     let plugin = host.executor(plugin).expect("plugin loaded");
     let call = CallContext { trace: Some(sink.clone()), ..CallContext::default() };
@@ -141,7 +149,11 @@ async fn misbehaving_plugins_are_contained_while_the_host_keeps_serving() {
 
     let (flood, text) = run_stage(&host, "misbehave", &work, "flood:4194304", "").await;
     assert_eq!(flood.expect("flood returns"), 0);
-    assert!(text.ends_with("TooLarge(1048576)\n") && text.contains("oversized write refused"), "{}", &text[text.len().saturating_sub(80)..]);
+    assert!(
+        text.ends_with("TooLarge(1048576)\n") && text.contains("oversized write refused"),
+        "{}",
+        &text[text.len().saturating_sub(80)..]
+    );
     assert_eq!(text.bytes().filter(|b| *b == b'x').count(), 4 * 1024 * 1024);
 
     // After all of that, the same plugin still serves a normal call.
@@ -226,7 +238,8 @@ async fn incompatible_and_ungranted_plugins_are_refused_with_clear_errors() {
     let bytes = std::fs::read(guest("test_versioned_v1.wasm")).expect("read");
     let needle = b"api=0.1.0";
     let mut patched = bytes.clone();
-    let positions: Vec<usize> = bytes.windows(needle.len()).enumerate().filter(|(_, w)| w == needle).map(|(i, _)| i).collect();
+    let positions: Vec<usize> =
+        bytes.windows(needle.len()).enumerate().filter(|(_, w)| w == needle).map(|(i, _)| i).collect();
     assert!(!positions.is_empty(), "metadata present");
     for pos in positions {
         patched[pos..pos + needle.len()].copy_from_slice(b"api=0.9.0");
@@ -336,9 +349,15 @@ async fn compiled_plugins_are_cached_so_a_restart_does_not_recompile() {
 
 #[tokio::test]
 async fn the_static_fleeting_plugin_serves_an_instance_group_and_survives_a_restart() {
-    use runway::plugin::fleeting::{ConnectorConfig, FleetingFailure, FleetingGroup, InstanceState, ProviderError, Protocol};
+    use runway::plugin::fleeting::{
+        ConnectorConfig, FleetingFailure, FleetingGroup, InstanceState, Protocol, ProviderError,
+    };
     let root = tempfile::tempdir().expect("tempdir");
-    let settings = || HostSettings { state_dir: Some(root.path().join("state")), builtins: runway::plugin::builtin_plugins(), ..HostSettings::default() };
+    let settings = || HostSettings {
+        state_dir: Some(root.path().join("state")),
+        builtins: runway::plugin::builtin_plugins(),
+        ..HostSettings::default()
+    };
     let connector = ConnectorConfig {
         os: "linux".into(),
         arch: "amd64".into(),
@@ -356,7 +375,14 @@ async fn the_static_fleeting_plugin_serves_an_instance_group_and_survives_a_rest
     let (group, info) = FleetingGroup::start(&host, "static", connector.clone(), config).await.expect("init");
     assert_eq!(info.max_size, 3);
     assert_eq!(group.increase(2).await.expect("increase"), 2);
-    let running: Vec<String> = group.update().await.expect("update").into_iter().filter(|i| i.state == InstanceState::Running).map(|i| i.id).collect();
+    let running: Vec<String> = group
+        .update()
+        .await
+        .expect("update")
+        .into_iter()
+        .filter(|i| i.state == InstanceState::Running)
+        .map(|i| i.id)
+        .collect();
     assert_eq!(running, vec!["127.0.0.2", "127.0.0.3"]);
     assert_eq!(group.decrease(vec!["127.0.0.2".into()]).await.expect("decrease"), vec!["127.0.0.2"]);
     let info = group.connect_info("127.0.0.3").await.expect("connect info");

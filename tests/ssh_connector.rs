@@ -9,10 +9,10 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use runway::bindings::executor::runway::host::remote::RemoteError;
 use runway::capability::remote::RemoteSession;
 use runway::connector::{ConnectError, ConnectSpec, SshAuth, SshSession};
-use runway::plugin::bindings::executor::runway::host::remote::RemoteError;
-use runway::plugin::{StopReason, StopSignal};
+use runway::stop::{StopReason, StopSignal};
 use runway::trace::MemorySink;
 use sshd::{ClientKey, SshServer};
 
@@ -23,10 +23,7 @@ fn spec(server: &SshServer, key: &ClientKey) -> ConnectSpec {
         host: server.addr.to_string(),
         port: server.port,
         username: server.user.clone(),
-        auth: SshAuth::Key {
-            pem: key.private_pem.clone(),
-            passphrase: None,
-        },
+        auth: SshAuth::Key { pem: key.private_pem.clone(), passphrase: None },
         keepalive: Some(Duration::from_secs(1)),
         timeout: Duration::from_secs(10),
         host_key: None,
@@ -34,9 +31,7 @@ fn spec(server: &SshServer, key: &ClientKey) -> ConnectSpec {
 }
 
 async fn connect(server: &SshServer, key: &ClientKey) -> SshSession {
-    SshSession::connect(&spec(server, key))
-        .await
-        .unwrap_or_else(|e| panic!("connect: {e}\n{}", server.log()))
+    SshSession::connect(&spec(server, key)).await.unwrap_or_else(|e| panic!("connect: {e}\n{}", server.log()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -44,11 +39,7 @@ async fn authentication_and_host_key_pinning() {
     let key = ClientKey::generate();
     let server = SshServer::start(ADDR, &key);
     let session = connect(&server, &key).await;
-    assert!(
-        session.host_key().starts_with("SHA256:"),
-        "{}",
-        session.host_key()
-    );
+    assert!(session.host_key().starts_with("SHA256:"), "{}", session.host_key());
 
     let stranger = ClientKey::generate();
     match SshSession::connect(&spec(&server, &stranger)).await {
@@ -59,14 +50,9 @@ async fn authentication_and_host_key_pinning() {
 
     let mut pinned = spec(&server, &key);
     pinned.host_key = Some(session.host_key().to_string());
-    SshSession::connect(&pinned)
-        .await
-        .expect("the pinned key matches");
+    SshSession::connect(&pinned).await.expect("the pinned key matches");
     pinned.host_key = Some("SHA256:somethingelse".into());
-    let error = SshSession::connect(&pinned)
-        .await
-        .err()
-        .expect("a different host key is refused");
+    let error = SshSession::connect(&pinned).await.err().expect("a different host key is refused");
     assert!(matches!(error, ConnectError::HostKey { .. }), "{error}");
     assert!(error.to_string().contains("does not match"), "{error}");
 }
@@ -77,27 +63,13 @@ async fn commands_stream_output_and_return_exit_codes() {
     let server = SshServer::start(ADDR, &key);
     let session = connect(&server, &key).await;
     let trace = MemorySink::default();
-    let status = session
-        .run(
-            "echo one; echo two >&2; echo three; exit 7",
-            None,
-            &trace,
-            &StopSignal::new(),
-        )
-        .await
-        .expect("run");
+    let status =
+        session.run("echo one; echo two >&2; echo three; exit 7", None, &trace, &StopSignal::new()).await.expect("run");
     assert_eq!(status.code, 7);
     assert_eq!(trace.text(), "one\ntwo\nthree\n");
     let trace = MemorySink::default();
-    let status = session
-        .run(
-            "cat; kill -TERM $$",
-            Some(b"from stdin\n"),
-            &trace,
-            &StopSignal::new(),
-        )
-        .await
-        .expect("run");
+    let status =
+        session.run("cat; kill -TERM $$", Some(b"from stdin\n"), &trace, &StopSignal::new()).await.expect("run");
     assert_eq!((status.code, status.signal), (143, Some(15)));
     assert_eq!(trace.text(), "from stdin\n");
 }
@@ -113,26 +85,10 @@ async fn files_round_trip_with_mode_and_size_limit() {
     let data: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
     session.upload(path, &data, 0o750).await.expect("upload");
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(
-        std::fs::metadata(path)
-            .expect("written")
-            .permissions()
-            .mode()
-            & 0o777,
-        0o750
-    );
-    assert_eq!(
-        session.download(path, 1 << 20).await.expect("download"),
-        data
-    );
-    assert!(matches!(
-        session.download(path, 1000).await,
-        Err(RemoteError::TooLarge(1000))
-    ));
-    assert!(matches!(
-        session.download("/nonexistent/file", 10).await,
-        Err(RemoteError::Other(_))
-    ));
+    assert_eq!(std::fs::metadata(path).expect("written").permissions().mode() & 0o777, 0o750);
+    assert_eq!(session.download(path, 1 << 20).await.expect("download"), data);
+    assert!(matches!(session.download(path, 1000).await, Err(RemoteError::TooLarge(1000))));
+    assert!(matches!(session.download("/nonexistent/file", 10).await, Err(RemoteError::Other(_))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,28 +100,19 @@ async fn detached_commands_survive_the_connection_and_can_be_reattached() {
     let exit = dir.path().join("stage.exit").display().to_string();
     let session = connect(&server, &key).await;
     let script = b"echo first; sleep 1; echo second; exit 3\n";
-    session
-        .start_detached("bash", Some(script), &log, &exit)
-        .await
-        .expect("start");
+    session.start_detached("bash", Some(script), &log, &exit).await.expect("start");
     session.close().await;
     drop(session);
 
     // A new connection follows the whole log and gets the exit code.
     let session = connect(&server, &key).await;
     let trace = MemorySink::default();
-    let status = session
-        .attach(&log, &exit, 0, &trace, &StopSignal::new())
-        .await
-        .expect("attach");
+    let status = session.attach(&log, &exit, 0, &trace, &StopSignal::new()).await.expect("attach");
     assert_eq!(status.code, 3);
     assert_eq!(trace.text(), "first\nsecond\n");
     // From an offset: only the rest, nothing twice.
     let trace = MemorySink::default();
-    session
-        .attach(&log, &exit, 6, &trace, &StopSignal::new())
-        .await
-        .expect("attach again");
+    session.attach(&log, &exit, 6, &trace, &StopSignal::new()).await.expect("attach again");
     assert_eq!(trace.text(), "second\n");
 }
 
@@ -178,50 +125,27 @@ async fn stopping_an_attached_command_kills_its_process_group() {
     let exit = dir.path().join("stage.exit").display().to_string();
     let marker = dir.path().join("child.pid");
     let session = Arc::new(connect(&server, &key).await);
-    let script = format!(
-        "sleep 300 & echo $! > {}; echo started; wait\n",
-        marker.display()
-    );
+    let script = format!("sleep 300 & echo $! > {}; echo started; wait\n", marker.display());
     let started = Instant::now();
-    session
-        .start_detached("bash", Some(script.as_bytes()), &log, &exit)
-        .await
-        .expect("start");
-    assert!(
-        started.elapsed() < Duration::from_secs(60),
-        "start_detached waited for the command"
-    );
+    session.start_detached("bash", Some(script.as_bytes()), &log, &exit).await.expect("start");
+    assert!(started.elapsed() < Duration::from_secs(60), "start_detached waited for the command");
     let stop = StopSignal::new();
     let attached = {
         let (session, stop, log, exit) = (session.clone(), stop.clone(), log.clone(), exit.clone());
-        tokio::spawn(async move {
-            session
-                .attach(&log, &exit, 0, &MemorySink::default(), &stop)
-                .await
-        })
+        tokio::spawn(async move { session.attach(&log, &exit, 0, &MemorySink::default(), &stop).await })
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     while !std::fs::read_to_string(&marker).is_ok_and(|p| !p.trim().is_empty()) {
-        assert!(
-            Instant::now() < deadline,
-            "the detached command did not start"
-        );
+        assert!(Instant::now() < deadline, "the detached command did not start");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let child: i32 = std::fs::read_to_string(&marker)
-        .expect("pid")
-        .trim()
-        .parse()
-        .expect("pid number");
+    let child: i32 = std::fs::read_to_string(&marker).expect("pid").trim().parse().expect("pid number");
     stop.stop(StopReason::Canceled);
     let result = attached.await.expect("task");
     assert!(matches!(result, Err(RemoteError::Canceled)), "{result:?}");
     // SAFETY: probing a pid with signal 0 has no effect.
     let alive = unsafe { libc::kill(child, 0) } == 0;
-    assert!(
-        !alive,
-        "the background process of the stage survived the stop"
-    );
+    assert!(!alive, "the background process of the stage survived the stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,32 +155,16 @@ async fn dead_servers_fail_fast_with_connection_errors() {
     let session = Arc::new(connect(&server, &key).await);
     let running = {
         let session = session.clone();
-        tokio::spawn(async move {
-            session
-                .run(
-                    "echo up; sleep 60",
-                    None,
-                    &MemorySink::default(),
-                    &StopSignal::new(),
-                )
-                .await
-        })
+        tokio::spawn(
+            async move { session.run("echo up; sleep 60", None, &MemorySink::default(), &StopSignal::new()).await },
+        )
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = Instant::now();
     server.kill();
-    let result = tokio::time::timeout(Duration::from_secs(20), running)
-        .await
-        .expect("exec returned")
-        .expect("task");
-    assert!(
-        matches!(result, Err(RemoteError::Connection(_))),
-        "{result:?}"
-    );
+    let result = tokio::time::timeout(Duration::from_secs(20), running).await.expect("exec returned").expect("task");
+    assert!(matches!(result, Err(RemoteError::Connection(_))), "{result:?}");
     assert!(started.elapsed() < Duration::from_secs(20));
-    let error = SshSession::connect(&spec(&server, &key))
-        .await
-        .err()
-        .expect("nothing listens any more");
+    let error = SshSession::connect(&spec(&server, &key)).await.err().expect("nothing listens any more");
     assert!(matches!(error, ConnectError::Connect { .. }), "{error}");
 }

@@ -8,7 +8,9 @@ use criterion::{criterion_group, criterion_main, Criterion};
 fn benches(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join(".gitlab-ci.yml"), "ok:\n  script: echo ok\n").expect("write");
-    for args in [&["init", "-q"][..], &["add", "."], &["-c", "user.email=b@e", "-c", "user.name=b", "commit", "-q", "-m", "x"]] {
+    for args in
+        [&["init", "-q"][..], &["add", "."], &["-c", "user.email=b@e", "-c", "user.name=b", "commit", "-q", "-m", "x"]]
+    {
         Command::new("git").arg("-C").arg(dir.path()).args(args).output().expect("git");
     }
     let cache = dir.path().join("cache");

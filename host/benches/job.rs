@@ -10,9 +10,9 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use fake_gitlab::{FakeGitLab, JobSpec};
 use runway::executor::ResolvedExecutor;
 use runway::gitlab::client::{ClientOptions, GitLabClient, RunnerCredentials};
-use runway::gitlab::payload::JobResponse;
 use runway::job::JobEnvironment;
 use runway::manager::{identity, Manager, ManagerSettings, RunnerSettings, Shutdown};
+use runway::payload::JobResponse;
 use runway::plugin::{builtin_plugins, HostSettings, PluginHost};
 use runway::script::{JobPlan, ScriptSettings};
 use runway::trace::upload::UploadConfig;
@@ -25,12 +25,16 @@ struct Setup {
 }
 
 async fn setup(concurrent: usize) -> Setup {
-    let fake = FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(5), trace_update_interval: 3 }).await;
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(5), trace_update_interval: 3 })
+            .await;
     let runner = fake.create_runner("bench");
     fake.create_repo("group/project");
     fake.commit_files("group/project", "main", &[("README.md", "x\n")], "init");
     let dir = tempfile::tempdir().expect("tempdir");
-    let plugins = PluginHost::new(HostSettings { builtins: builtin_plugins(), ..HostSettings::default() }).await.expect("plugins");
+    let plugins = PluginHost::new(HostSettings { builtins: builtin_plugins(), ..HostSettings::default() })
+        .await
+        .expect("plugins");
     let executor = ResolvedExecutor::resolve(&plugins, "shell", r#"{"login":false}"#).await.expect("shell");
     let settings = ScriptSettings {
         builds_dir: dir.path().join("builds"),
@@ -44,8 +48,18 @@ async fn setup(concurrent: usize) -> Setup {
     };
     let runner_settings = RunnerSettings {
         client: None,
-        credentials: RunnerCredentials { url: fake.url(), token: runner.token.clone(), system_id: "s_000000000000".into() },
-        env: JobEnvironment { plugins, executor, settings: settings.clone(), identity: identity("bench", "bench", "s_000000000000"), instance: None },
+        credentials: RunnerCredentials {
+            url: fake.url(),
+            token: runner.token.clone(),
+            system_id: "s_000000000000".into(),
+        },
+        env: JobEnvironment {
+            plugins,
+            executor,
+            settings: settings.clone(),
+            identity: identity("bench", "bench", "s_000000000000"),
+            instance: None,
+        },
         limit: 0,
         request_concurrency: concurrent.min(4),
         output_limit_kib: 4096,
@@ -57,7 +71,12 @@ async fn setup(concurrent: usize) -> Setup {
     };
     let shutdown = Shutdown::default();
     let manager = Manager::new(
-        ManagerSettings { concurrent, check_interval: Duration::from_millis(50), upload: UploadConfig::default(), ..ManagerSettings::default() },
+        ManagerSettings {
+            concurrent,
+            check_interval: Duration::from_millis(50),
+            upload: UploadConfig::default(),
+            ..ManagerSettings::default()
+        },
         vec![runner_settings],
         Arc::new(GitLabClient::new(ClientOptions::default()).expect("client")),
         shutdown.clone(),
@@ -74,7 +93,10 @@ async fn run_jobs(s: &Setup, n: usize) -> Duration {
     let start = Instant::now();
     let ids: Vec<i64> = (0..n).map(|i| s.fake.enqueue(payload(&s.fake, i))).collect();
     for id in ids {
-        s.fake.wait_for_job_state(id, |j| j.final_state.is_some(), Duration::from_secs(120)).await.expect("job finishes");
+        s.fake
+            .wait_for_job_state(id, |j| j.final_state.is_some(), Duration::from_secs(120))
+            .await
+            .expect("job finishes");
     }
     start.elapsed()
 }

@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use runway::plugin::bindings::executor::exports::runway::executor::executor::{Job, StageScript};
-use runway::plugin::{builtin_plugins, CallContext, HostSettings, PluginHost, StopSignal};
+use runway::bindings::executor::exports::runway::executor::executor::{Job, StageScript};
+use runway::plugin::{builtin_plugins, CallContext, HostSettings, PluginHost};
+use runway::stop::StopSignal;
 use runway::trace::MemorySink;
 
 fn job(dir: &std::path::Path) -> Job {
@@ -34,7 +35,8 @@ fn benches(c: &mut Criterion) {
     println!("allocator: {:?}", host.allocator());
 
     c.bench_function("instantiate shell plugin from InstancePre (fresh store)", |b| {
-        b.to_async(&rt).iter(|| async { host.start_executor(&shell, CallContext::default()).await.expect("instantiate") })
+        b.to_async(&rt)
+            .iter(|| async { host.start_executor(&shell, CallContext::default()).await.expect("instantiate") })
     });
 
     let mut session = rt.block_on(async {

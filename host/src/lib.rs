@@ -6,6 +6,8 @@
 //! that chain. See `DESIGN.md`-style notes in each module's docs for what it owns.
 
 pub mod autoscaler;
+pub mod bindings;
+pub mod buildinfo;
 pub mod capability;
 pub mod cli;
 pub mod config;
@@ -16,6 +18,8 @@ pub mod job;
 pub mod local;
 pub mod manager;
 pub mod metrics;
+pub mod payload;
 pub mod plugin;
 pub mod script;
+pub mod stop;
 pub mod trace;

@@ -4,11 +4,11 @@
 use std::marker::PhantomData;
 
 use crate::bindings::executor::exports::runway::executor::executor as wit;
-use crate::bindings::executor::runway::host::plugin as wit_plugin;
 pub use crate::bindings::executor::exports::runway::executor::executor::{
     ExecutorError, ExitStatus, Job, ProviderInfo, StageScript,
 };
 pub use crate::bindings::executor::runway::executor::types::{Features, Image};
+use crate::bindings::executor::runway::host::plugin as wit_plugin;
 
 /// An executor: how jobs are run. One value of the plugin's type is never created; the
 /// functions are associated, and per-job state lives in [`Executor::Environment`].

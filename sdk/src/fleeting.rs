@@ -5,13 +5,13 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 
 use crate::bindings::fleeting::exports::runway::fleeting::instance_group as wit;
-use crate::bindings::fleeting::runway::host::plugin as wit_plugin;
 pub use crate::bindings::fleeting::exports::runway::fleeting::instance_group::{
     ConnectInfo, ConnectorConfig, Instance, Interruption, ProviderError, ProviderInfo,
 };
 pub use crate::bindings::fleeting::runway::fleeting::types::{
     CapacityError, InstanceState, InterruptionKind, Protocol,
 };
+use crate::bindings::fleeting::runway::host::plugin as wit_plugin;
 
 /// A group of machines at a provider. `init` creates the value; the host then calls the
 /// other methods one at a time for as long as the plugin instance lives.
@@ -55,9 +55,7 @@ thread_local! {
     static GROUP: RefCell<Option<Box<dyn std::any::Any>>> = const { RefCell::new(None) };
 }
 
-fn with_group<T: InstanceGroup, R>(
-    f: impl FnOnce(&mut T) -> Result<R, ProviderError>,
-) -> Result<R, ProviderError> {
+fn with_group<T: InstanceGroup, R>(f: impl FnOnce(&mut T) -> Result<R, ProviderError>) -> Result<R, ProviderError> {
     GROUP.with(|slot| {
         let mut slot = slot.borrow_mut();
         match slot.as_mut().and_then(|g| g.downcast_mut::<T>()) {

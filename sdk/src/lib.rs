@@ -30,6 +30,8 @@
 //! types under friendlier modules and wraps the host capabilities (`log`, `trace`, `process`,
 //! `kv`, `remote`) in small idiomatic APIs.
 
+#![deny(missing_docs)]
+
 // Lets the generated bindings name `::runway_sdk::...` from inside this crate too.
 extern crate self as runway_sdk;
 
@@ -78,11 +80,19 @@ macro_rules! __embed_metadata {
     ($kind:literal, $name:expr, $description:expr) => {
         const __RUNWAY_PLUGIN_META: &str = concat!(
             "runway-plugin-v1\n",
-            "name=", $name, "\n",
-            "kind=", $kind, "\n",
-            "version=", env!("CARGO_PKG_VERSION"), "\n",
+            "name=",
+            $name,
+            "\n",
+            "kind=",
+            $kind,
+            "\n",
+            "version=",
+            env!("CARGO_PKG_VERSION"),
+            "\n",
             "api=0.1.0\n",
-            "description=", $description, "\n",
+            "description=",
+            $description,
+            "\n",
         );
         #[link_section = "runway-plugin"]
         #[used]

@@ -1,7 +1,7 @@
 //! The instance acquired for the current job, reached over the host's SSH connector.
 
-use crate::bindings::executor::runway::host::remote as wit;
 pub use crate::bindings::executor::runway::host::process::ExitStatus;
+use crate::bindings::executor::runway::host::remote as wit;
 pub use crate::bindings::executor::runway::host::remote::RemoteError;
 
 /// Run a shell command on the instance, streaming its output into the job log.

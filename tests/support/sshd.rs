@@ -25,14 +25,8 @@ impl ClientKey {
         let private_path = dir.path().join("id_ed25519");
         keygen(&private_path);
         let private_pem = std::fs::read(&private_path).expect("private key");
-        let public_line =
-            std::fs::read_to_string(dir.path().join("id_ed25519.pub")).expect("public key");
-        ClientKey {
-            _dir: dir,
-            private_path,
-            private_pem,
-            public_line,
-        }
+        let public_line = std::fs::read_to_string(dir.path().join("id_ed25519.pub")).expect("public key");
+        ClientKey { _dir: dir, private_path, private_pem, public_line }
     }
 }
 
@@ -54,11 +48,7 @@ pub fn current_user() -> String {
 
 /// A port free on `addr` right now.
 pub fn free_port(addr: Ipv4Addr) -> u16 {
-    std::net::TcpListener::bind((addr, 0))
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    std::net::TcpListener::bind((addr, 0)).expect("bind").local_addr().expect("addr").port()
 }
 
 /// One running `sshd`.
@@ -109,13 +99,7 @@ impl SshServer {
             .stderr(log)
             .spawn()
             .expect("sshd starts (apt-get install openssh-server)");
-        let server = SshServer {
-            dir,
-            child: Some(child),
-            addr,
-            port,
-            user: current_user(),
-        };
+        let server = SshServer { dir, child: Some(child), addr, port, user: current_user() };
         server.wait_listening();
         server
     }
@@ -123,22 +107,13 @@ impl SshServer {
     fn wait_listening(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if TcpStream::connect_timeout(
-                &SocketAddr::from((self.addr, self.port)),
-                Duration::from_millis(200),
-            )
-            .is_ok()
+            if TcpStream::connect_timeout(&SocketAddr::from((self.addr, self.port)), Duration::from_millis(200)).is_ok()
             {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!(
-            "sshd on {}:{} did not start: {}",
-            self.addr,
-            self.port,
-            self.log()
-        );
+        panic!("sshd on {}:{} did not start: {}", self.addr, self.port, self.log());
     }
 
     /// `addr:port`, as a static fleet host entry.
@@ -156,9 +131,7 @@ impl SshServer {
         if let Some(mut child) = self.child.take() {
             let pid = child.id();
             // Session processes are children of the listener.
-            let _ = Command::new("pkill")
-                .args(["-KILL", "-P", &pid.to_string()])
-                .status();
+            let _ = Command::new("pkill").args(["-KILL", "-P", &pid.to_string()]).status();
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -897,15 +897,16 @@ impl Taskscaler {
                     continue;
                 }
                 if self.requested.pop_front().is_some() {
-                    self.instances.insert(
-                        id.clone(),
-                        Instance::discovered(Phase::Creating, now, self.cfg.capacity),
-                    );
+                    self.instances.insert(id.clone(), Instance::discovered(Phase::Creating, now, self.cfg.capacity));
                 } else {
                     // No saved state for it: remove for safety.
                     self.instances.insert(
                         id.clone(),
-                        Instance::discovered(Phase::Deleting { reason: RemovalReason::Unknown, requested_at: None }, now, self.cfg.capacity),
+                        Instance::discovered(
+                            Phase::Deleting { reason: RemovalReason::Unknown, requested_at: None },
+                            now,
+                            self.cfg.capacity,
+                        ),
                     );
                     *self.metrics.instances_removed_total.entry(RemovalReason::Unknown).or_insert(0) += 1;
                     self.events

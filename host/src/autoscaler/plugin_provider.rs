@@ -14,8 +14,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::provider::{InstanceGroup, InstanceState, ProviderError};
 use crate::plugin::fleeting::{
-    ConnectInfo, ConnectorConfig, FleetingFailure, FleetingGroup, InstanceState as WitState,
-    ProviderError as WitError, ProviderInfo,
+    ConnectInfo, ConnectorConfig, FleetingFailure, FleetingGroup, InstanceState as WitState, ProviderError as WitError,
+    ProviderInfo,
 };
 use crate::plugin::PluginHost;
 
@@ -43,54 +43,40 @@ impl PluginProvider {
         let (requests, mut inbox) = mpsc::unbounded_channel::<Request>();
         let (started_tx, started_rx) = oneshot::channel();
         let (host, name, config_json) = (host.clone(), name.to_string(), config_json.to_string());
-        let spawned = std::thread::Builder::new()
-            .name(format!("fleeting-{name}"))
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
+        let spawned = std::thread::Builder::new().name(format!("fleeting-{name}")).spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = started_tx.send(Err(FleetingFailure::Provider(WitError::Other(format!("runtime: {e}")))));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let group = match FleetingGroup::start(&host, &name, connector, &config_json).await {
+                    Ok((group, info)) => {
+                        let _ = started_tx.send(Ok(info));
+                        group
+                    }
                     Err(e) => {
-                        let _ = started_tx.send(Err(FleetingFailure::Provider(WitError::Other(
-                            format!("runtime: {e}"),
-                        ))));
+                        let _ = started_tx.send(Err(e));
                         return;
                     }
                 };
-                runtime.block_on(async move {
-                    let group =
-                        match FleetingGroup::start(&host, &name, connector, &config_json).await {
-                            Ok((group, info)) => {
-                                let _ = started_tx.send(Ok(info));
-                                group
-                            }
-                            Err(e) => {
-                                let _ = started_tx.send(Err(e));
-                                return;
-                            }
-                        };
-                    while let Some(request) = inbox.recv().await {
-                        request(&group).await;
-                    }
-                    if let Err(e) = group.shutdown().await {
-                        tracing::warn!(plugin = %name, "fleeting plugin shutdown failed: {e}");
-                    }
-                });
+                while let Some(request) = inbox.recv().await {
+                    request(&group).await;
+                }
+                if let Err(e) = group.shutdown().await {
+                    tracing::warn!(plugin = %name, "fleeting plugin shutdown failed: {e}");
+                }
             });
+        });
         if let Err(e) = spawned {
-            return Err(FleetingFailure::Provider(WitError::Other(format!(
-                "cannot start the provider thread: {e}"
-            ))));
+            return Err(FleetingFailure::Provider(WitError::Other(format!("cannot start the provider thread: {e}"))));
         }
-        let info = started_rx.await.map_err(|_| {
-            FleetingFailure::Provider(WitError::Other("provider thread ended during init".into()))
-        })??;
-        Ok(PluginProvider {
-            requests,
-            call_deadline,
-            info,
-        })
+        let info = started_rx
+            .await
+            .map_err(|_| FleetingFailure::Provider(WitError::Other("provider thread ended during init".into())))??;
+        Ok(PluginProvider { requests, call_deadline, info })
     }
 
     fn send<R: Send + 'static>(
@@ -109,9 +95,7 @@ impl PluginProvider {
     /// Run `call` on the provider thread and wait for it (async callers).
     pub async fn call<R: Send + 'static>(
         &self,
-        call: impl for<'a> FnOnce(&'a FleetingGroup) -> BoxFuture<'a, Result<R, FleetingFailure>>
-            + Send
-            + 'static,
+        call: impl for<'a> FnOnce(&'a FleetingGroup) -> BoxFuture<'a, Result<R, FleetingFailure>> + Send + 'static,
     ) -> Result<R, FleetingFailure> {
         let (tx, rx) = oneshot::channel();
         if !self.send(call, move |r| {
@@ -125,9 +109,7 @@ impl PluginProvider {
     /// Run `call` on the provider thread and block until it answers or the deadline passes.
     fn call_blocking<R: Send + 'static>(
         &self,
-        call: impl for<'a> FnOnce(&'a FleetingGroup) -> BoxFuture<'a, Result<R, FleetingFailure>>
-            + Send
-            + 'static,
+        call: impl for<'a> FnOnce(&'a FleetingGroup) -> BoxFuture<'a, Result<R, FleetingFailure>> + Send + 'static,
     ) -> Result<R, ProviderError> {
         let (tx, rx) = std_mpsc::sync_channel(1);
         if !self.send(call, move |r| {
@@ -137,21 +119,17 @@ impl PluginProvider {
         }
         match rx.recv_timeout(self.call_deadline) {
             Ok(result) => result.map_err(engine_error),
-            Err(std_mpsc::RecvTimeoutError::Timeout) => Err(ProviderError::Other(format!(
-                "provider call took longer than {:?}",
-                self.call_deadline
-            ))),
-            Err(std_mpsc::RecvTimeoutError::Disconnected) => {
-                Err(ProviderError::Other(gone().to_string()))
+            Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                Err(ProviderError::Other(format!("provider call took longer than {:?}", self.call_deadline)))
             }
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => Err(ProviderError::Other(gone().to_string())),
         }
     }
 
     /// How to reach one instance.
     pub async fn connect_info(&self, id: &str) -> Result<ConnectInfo, FleetingFailure> {
         let id = id.to_string();
-        self.call(move |g| Box::pin(async move { g.connect_info(&id).await }))
-            .await
+        self.call(move |g| Box::pin(async move { g.connect_info(&id).await })).await
     }
 }
 
@@ -162,9 +140,9 @@ fn gone() -> FleetingFailure {
 /// Capacity errors keep their retry-after; everything else is a plain provider error.
 fn engine_error(failure: FleetingFailure) -> ProviderError {
     match failure {
-        FleetingFailure::Provider(WitError::Capacity(c)) => ProviderError::Capacity {
-            retry_after: Some(Duration::from_secs(u64::from(c.retry_after_seconds))),
-        },
+        FleetingFailure::Provider(WitError::Capacity(c)) => {
+            ProviderError::Capacity { retry_after: Some(Duration::from_secs(u64::from(c.retry_after_seconds))) }
+        }
         other => ProviderError::Other(other.to_string()),
     }
 }
@@ -191,10 +169,7 @@ impl InstanceGroup for PluginProvider {
 
     fn update(&mut self) -> Result<Vec<(String, InstanceState)>, ProviderError> {
         let listed = self.call_blocking(|g| Box::pin(g.update()))?;
-        Ok(listed
-            .into_iter()
-            .map(|i| (i.id, engine_state(i.state)))
-            .collect())
+        Ok(listed.into_iter().map(|i| (i.id, engine_state(i.state))).collect())
     }
 
     fn heartbeat(&mut self, id: &str) -> Result<(), ProviderError> {

@@ -27,7 +27,7 @@ use super::engine::{EngineEvent, Taskscaler};
 use super::provider::{SimProvider, SimProviderSettings};
 use super::settings::{AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle};
 use super::trace::{read_trace, JobArrival, TRACE_START};
-use crate::plugin::grant::duration_str;
+use crate::config::duration::duration_str;
 
 /// One point of the chart: at `t` seconds after the start, the queue and fleet sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]

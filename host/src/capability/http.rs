@@ -45,7 +45,10 @@ impl WasiHttpHooks for HttpPolicy {
         fut: Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send>,
     ) -> Box<
         dyn std::future::Future<
-                Output = Result<(http::Response<WasiBody>, Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send>), HttpError>,
+                Output = Result<
+                    (http::Response<WasiBody>, Box<dyn std::future::Future<Output = Result<(), HttpError>> + Send>),
+                    HttpError,
+                >,
             > + Send,
     > {
         let host = request.uri().host().unwrap_or("").to_string();
@@ -72,7 +75,8 @@ mod tests {
 
     #[test]
     fn matches_hosts_ports_and_wildcards() {
-        let policy = HttpPolicy::new("p".into(), &["api.example.com".into(), "*.amazonaws.com".into(), "127.0.0.1:8080".into()]);
+        let policy =
+            HttpPolicy::new("p".into(), &["api.example.com".into(), "*.amazonaws.com".into(), "127.0.0.1:8080".into()]);
         assert!(policy.allows("api.example.com", None));
         assert!(policy.allows("API.example.com", Some(443)));
         assert!(policy.allows("ec2.us-east-1.amazonaws.com", Some(443)));

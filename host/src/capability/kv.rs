@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use crate::plugin::bindings::executor::runway::host::kv::{Host, KvError};
+use crate::bindings::executor::runway::host::kv::{Host, KvError};
 use crate::plugin::state::PluginState;
 
 /// Longest key.

@@ -1,6 +1,6 @@
 //! `runway:host/log`: plugin log lines into the runner's `tracing` output.
 
-use crate::plugin::bindings::executor::runway::host::log::{Host, Level};
+use crate::bindings::executor::runway::host::log::{Host, Level};
 use crate::plugin::state::PluginState;
 
 /// Longest line kept; the rest is cut.

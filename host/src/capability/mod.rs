@@ -9,7 +9,7 @@ pub mod process;
 pub mod remote;
 pub mod trace;
 
-use crate::plugin::bindings::{executor, fleeting};
+use crate::bindings::{executor, fleeting};
 use crate::plugin::state::PluginState;
 
 // Types-only interfaces have empty host traits.

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::plugin::bindings::executor::runway::host::process::{Command, ExitStatus, Host, Output, ProcessError};
-use crate::plugin::state::{PluginState, StopReason, StopSignal};
+use crate::bindings::executor::runway::host::process::{Command, ExitStatus, Host, Output, ProcessError};
+use crate::plugin::state::PluginState;
+use crate::stop::{StopReason, StopSignal};
 use crate::trace::TraceSink;
 
 /// Time between SIGTERM and SIGKILL when a stage is stopped.
@@ -89,7 +90,11 @@ fn stopped_error(stop: &StopSignal) -> ProcessError {
 }
 
 /// Wait for the child or the stop signal; on stop, TERM then KILL the group.
-async fn wait_or_stop(child: &mut tokio::process::Child, guard: &GroupGuard, stop: &StopSignal) -> Result<ExitStatus, ProcessError> {
+async fn wait_or_stop(
+    child: &mut tokio::process::Child,
+    guard: &GroupGuard,
+    stop: &StopSignal,
+) -> Result<ExitStatus, ProcessError> {
     tokio::select! {
         status = child.wait() => status.map(exit_status).map_err(|e| ProcessError::Other(format!("waiting for process: {e}"))),
         _ = stop.stopped() => {
@@ -114,7 +119,11 @@ async fn write_stdin(child: &mut tokio::process::Child, data: Option<Vec<u8>>) {
 }
 
 /// Run `cmd`, streaming combined stdout/stderr into `trace`, until it exits or `stop` fires.
-pub async fn run_streaming(cmd: Command, trace: Arc<dyn TraceSink>, stop: StopSignal) -> Result<ExitStatus, ProcessError> {
+pub async fn run_streaming(
+    cmd: Command,
+    trace: Arc<dyn TraceSink>,
+    stop: StopSignal,
+) -> Result<ExitStatus, ProcessError> {
     if stop.is_stopped() {
         return Err(stopped_error(&stop));
     }

@@ -4,9 +4,10 @@
 
 use async_trait::async_trait;
 
-use crate::plugin::bindings::executor::runway::host::process::ExitStatus;
-use crate::plugin::bindings::executor::runway::host::remote::{Host, RemoteCommand, RemoteError};
-use crate::plugin::state::{PluginState, StopSignal};
+use crate::bindings::executor::runway::host::process::ExitStatus;
+use crate::bindings::executor::runway::host::remote::{Host, RemoteCommand, RemoteError};
+use crate::plugin::state::PluginState;
+use crate::stop::StopSignal;
 use crate::trace::TraceSink;
 
 /// Most bytes one upload or download may move.
@@ -16,11 +17,30 @@ pub const MAX_TRANSFER: usize = 16 << 20;
 #[async_trait]
 pub trait RemoteSession: Send + Sync {
     /// Run `command`, streaming output into `trace`, until it exits or `stop` fires.
-    async fn run(&self, command: &str, stdin: Option<&[u8]>, trace: &dyn TraceSink, stop: &StopSignal) -> Result<ExitStatus, RemoteError>;
+    async fn run(
+        &self,
+        command: &str,
+        stdin: Option<&[u8]>,
+        trace: &dyn TraceSink,
+        stop: &StopSignal,
+    ) -> Result<ExitStatus, RemoteError>;
     /// Start `command` detached, logging to `log_path`, exit code to `exit_path`.
-    async fn start_detached(&self, command: &str, stdin: Option<&[u8]>, log_path: &str, exit_path: &str) -> Result<(), RemoteError>;
+    async fn start_detached(
+        &self,
+        command: &str,
+        stdin: Option<&[u8]>,
+        log_path: &str,
+        exit_path: &str,
+    ) -> Result<(), RemoteError>;
     /// Follow a detached command from `offset` until it exits.
-    async fn attach(&self, log_path: &str, exit_path: &str, offset: u64, trace: &dyn TraceSink, stop: &StopSignal) -> Result<ExitStatus, RemoteError>;
+    async fn attach(
+        &self,
+        log_path: &str,
+        exit_path: &str,
+        offset: u64,
+        trace: &dyn TraceSink,
+        stop: &StopSignal,
+    ) -> Result<ExitStatus, RemoteError>;
     /// Write a file.
     async fn upload(&self, path: &str, data: &[u8], mode: u32) -> Result<(), RemoteError>;
     /// Read a file (at most `max_bytes`).
@@ -38,7 +58,12 @@ impl Host for PluginState {
         Ok(result)
     }
 
-    async fn start_detached(&mut self, cmd: RemoteCommand, log_path: String, exit_path: String) -> wasmtime::Result<Result<(), RemoteError>> {
+    async fn start_detached(
+        &mut self,
+        cmd: RemoteCommand,
+        log_path: String,
+        exit_path: String,
+    ) -> wasmtime::Result<Result<(), RemoteError>> {
         let Some(remote) = self.call.remote.clone() else { return Ok(Err(RemoteError::NoInstance)) };
         self.budget.enter_host();
         let result = remote.start_detached(&cmd.command, cmd.stdin.as_deref(), &log_path, &exit_path).await;
@@ -46,7 +71,12 @@ impl Host for PluginState {
         Ok(result)
     }
 
-    async fn attach(&mut self, log_path: String, exit_path: String, offset: u64) -> wasmtime::Result<Result<ExitStatus, RemoteError>> {
+    async fn attach(
+        &mut self,
+        log_path: String,
+        exit_path: String,
+        offset: u64,
+    ) -> wasmtime::Result<Result<ExitStatus, RemoteError>> {
         let (Some(remote), Some(trace)) = (self.call.remote.clone(), self.call.trace.clone()) else {
             return Ok(Err(RemoteError::NoInstance));
         };

@@ -1,6 +1,6 @@
 //! `runway:host/trace`: plugin writes into the current job's log.
 
-use crate::plugin::bindings::executor::runway::host::trace::{Host, TraceError};
+use crate::bindings::executor::runway::host::trace::{Host, TraceError};
 use crate::plugin::state::PluginState;
 
 /// Most bytes accepted in one write.

@@ -60,7 +60,8 @@ async fn plugins(config: Option<&Path>) -> anyhow::Result<PluginHost> {
         let loaded = super::run::load_config(path)?;
         return super::run::plugin_host(&loaded).await;
     }
-    PluginHost::new(HostSettings { cache_dir: cache_dir(), builtins: builtin_plugins(), ..HostSettings::default() }).await
+    PluginHost::new(HostSettings { cache_dir: cache_dir(), builtins: builtin_plugins(), ..HostSettings::default() })
+        .await
 }
 
 fn parse_vars(vars: &[String]) -> anyhow::Result<Vec<(String, String)>> {
@@ -102,15 +103,25 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
     } else {
         args.jobs
             .iter()
-            .map(|name| pipeline.job(name).ok_or_else(|| anyhow::anyhow!("{}: unknown job {name:?} (`runway exec --list` shows them)", file.display())))
+            .map(|name| {
+                pipeline.job(name).ok_or_else(|| {
+                    anyhow::anyhow!("{}: unknown job {name:?} (`runway exec --list` shows them)", file.display())
+                })
+            })
             .collect::<anyhow::Result<_>>()?
     };
 
     let plugins = plugins(config).await?;
     // Local runs use the user's already-loaded environment: no login shell.
     let executor_config = if args.executor == "shell" { r#"{"login":false}"# } else { "{}" };
-    let executor = ResolvedExecutor::resolve(&plugins, &args.executor, executor_config).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-    let scratch = if args.isolate { Some(local::isolate::copy_tracked(&project_dir).map_err(|e| anyhow::anyhow!("{e}"))?) } else { None };
+    let executor = ResolvedExecutor::resolve(&plugins, &args.executor, executor_config)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let scratch = if args.isolate {
+        Some(local::isolate::copy_tracked(&project_dir).map_err(|e| anyhow::anyhow!("{e}"))?)
+    } else {
+        None
+    };
     let run_dir = scratch.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| project_dir.clone());
 
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
@@ -135,16 +146,26 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
             short_token: "local".into(),
             executor: args.executor.clone(),
             shell: executor.info.default_shell.clone(),
-            runner_version: env!("CARGO_PKG_VERSION").into(),
-            runner_revision: option_env!("RUNWAY_REVISION").unwrap_or("unknown").into(),
+            runner_version: crate::buildinfo::VERSION.into(),
+            runner_revision: crate::buildinfo::REVISION.into(),
             project_dir_override: Some(run_dir.clone()),
             shared_environment: true,
             ..ScriptSettings::default()
         };
-        let env = JobEnvironment { plugins: plugins.clone(), executor: executor.clone(), settings, identity: identity("local", "exec", "local"), instance: None };
+        let env = JobEnvironment {
+            plugins: plugins.clone(),
+            executor: executor.clone(),
+            settings,
+            identity: identity("local", "exec", "local"),
+            instance: None,
+        };
         let sink = Arc::new(TerminalSink::new(
             Box::new(std::io::stdout()),
-            TerminalOptions { color, verbose: args.verbose, silence_notice_after: color.then_some(Duration::from_secs(10)) },
+            TerminalOptions {
+                color,
+                verbose: args.verbose,
+                silence_notice_after: color.then_some(Duration::from_secs(10)),
+            },
         ));
         let outcome = run_job(&job.payload, &env, sink.clone(), &control, &NoHooks).await;
         drop(sink);

@@ -90,7 +90,12 @@ pub fn main() -> ExitCode {
             Command::Unregister(args) => runners::unregister(args, &config_path).await,
             Command::List => runners::list(&config_path),
             Command::Simulate { trace, provider, svg } => {
-                let report = crate::autoscaler::simulate::simulate_command(&config_path, &trace, provider.as_deref(), svg.as_deref())?;
+                let report = crate::autoscaler::simulate::simulate_command(
+                    &config_path,
+                    &trace,
+                    provider.as_deref(),
+                    svg.as_deref(),
+                )?;
                 print!("{report}");
                 Ok(ExitCode::SUCCESS)
             }

@@ -46,7 +46,17 @@ fn print_table(rows: &[PluginListing]) {
     let header = ["NAME", "KIND", "VERSION", "API", "FILE", "GRANTS", "STATUS"];
     let cells: Vec<[String; 7]> = rows
         .iter()
-        .map(|r| [r.name.clone(), r.kind.clone(), r.version.clone(), r.api_version.clone(), r.source.clone(), r.grants.clone(), r.status.clone()])
+        .map(|r| {
+            [
+                r.name.clone(),
+                r.kind.clone(),
+                r.version.clone(),
+                r.api_version.clone(),
+                r.source.clone(),
+                r.grants.clone(),
+                r.status.clone(),
+            ]
+        })
         .collect();
     let mut widths = header.map(str::len);
     for row in &cells {
@@ -55,7 +65,13 @@ fn print_table(rows: &[PluginListing]) {
         }
     }
     let line = |cols: Vec<&str>| {
-        cols.iter().zip(widths.iter()).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
+        cols.iter()
+            .zip(widths.iter())
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
     };
     println!("{}", line(header.to_vec()));
     for row in &cells {

@@ -11,11 +11,11 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::sync::Semaphore;
 
+use crate::config::autoscaler::AutoscalerConfig;
 use crate::config::{self, Loaded};
 use crate::executor::ResolvedExecutor;
 use crate::gitlab::client::{ClientOptions, GitLabClient, RunnerCredentials};
 use crate::job::JobEnvironment;
-use crate::config::autoscaler::AutoscalerConfig;
 use crate::manager::fleet::{self, Fleet};
 use crate::manager::{identity, signals, Manager, ManagerSettings, RunnerSettings, Shutdown};
 use crate::metrics::Metrics;
@@ -51,8 +51,17 @@ pub struct Fleets {
 }
 
 impl Fleets {
-    async fn get_or_start(&mut self, loaded: &Loaded, plugins: &PluginHost, runner: &config::RunnerConfig, short: &str, system_id: &str) -> anyhow::Result<Arc<Fleet>> {
-        let Some(autoscaler) = &runner.autoscaler else { anyhow::bail!("runner {} has no [runners.autoscaler]", runner.name) };
+    async fn get_or_start(
+        &mut self,
+        loaded: &Loaded,
+        plugins: &PluginHost,
+        runner: &config::RunnerConfig,
+        short: &str,
+        system_id: &str,
+    ) -> anyhow::Result<Arc<Fleet>> {
+        let Some(autoscaler) = &runner.autoscaler else {
+            anyhow::bail!("runner {} has no [runners.autoscaler]", runner.name)
+        };
         if let Some((running, fleet)) = self.by_runner.get(short) {
             if running != autoscaler {
                 tracing::warn!(runner = %runner.name, "changes to [runners.autoscaler] take effect after a restart");
@@ -81,13 +90,25 @@ impl Fleets {
 }
 
 /// Resolve every `[[runners]]` entry into what the manager needs.
-pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &str, fleets: &mut Fleets) -> anyhow::Result<Vec<RunnerSettings>> {
+pub async fn runner_settings(
+    loaded: &Loaded,
+    plugins: &PluginHost,
+    system_id: &str,
+    fleets: &mut Fleets,
+) -> anyhow::Result<Vec<RunnerSettings>> {
     let cwd = std::env::current_dir().context("reading the working directory")?;
     let mut out = Vec::new();
     for (i, runner) in loaded.config.runners.iter().enumerate() {
         let executor = ResolvedExecutor::resolve(plugins, &runner.executor, &runner.executor_config_json())
             .await
-            .map_err(|e| anyhow::anyhow!("{}: runners[{i}] ({}): executor {:?}: {e}", loaded.path.display(), runner.name, runner.executor))?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: runners[{i}] ({}): executor {:?}: {e}",
+                    loaded.path.display(),
+                    runner.name,
+                    runner.executor
+                )
+            })?;
         let short = config::short_token(&runner.resolved_token());
         let shell = runner.shell.clone().unwrap_or_else(|| executor.info.default_shell.clone());
         let fleet = match runner.autoscaler {
@@ -102,7 +123,10 @@ pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &
                 PathBuf::from(runner.cache_dir.clone().unwrap_or_else(|| executor.info.default_cache_dir.clone())),
             )
         } else {
-            (executor.builds_dir(runner.builds_dir.as_deref(), &cwd), executor.cache_dir(runner.cache_dir.as_deref(), &cwd))
+            (
+                executor.builds_dir(runner.builds_dir.as_deref(), &cwd),
+                executor.cache_dir(runner.cache_dir.as_deref(), &cwd),
+            )
         };
         let settings = ScriptSettings {
             builds_dir,
@@ -119,8 +143,8 @@ pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &
             post_build_script: runner.post_build_script.clone(),
             feature_flags: runner.feature_flags.clone(),
             debug_trace_disabled: runner.debug_trace_disabled,
-            runner_version: env!("CARGO_PKG_VERSION").into(),
-            runner_revision: option_env!("RUNWAY_REVISION").unwrap_or("unknown").into(),
+            runner_version: crate::buildinfo::VERSION.into(),
+            runner_revision: crate::buildinfo::REVISION.into(),
             project_dir_override: None,
             shared_environment: executor.shared(),
             ..ScriptSettings::default()
@@ -130,9 +154,19 @@ pub async fn runner_settings(loaded: &Loaded, plugins: &PluginHost, system_id: &
             _ => Some(Arc::new(super::runners::client_for(runner, None)?)),
         };
         out.push(RunnerSettings {
-            credentials: RunnerCredentials { url: runner.resolved_url(), token: runner.resolved_token(), system_id: system_id.to_string() },
+            credentials: RunnerCredentials {
+                url: runner.resolved_url(),
+                token: runner.resolved_token(),
+                system_id: system_id.to_string(),
+            },
             client,
-            env: JobEnvironment { plugins: plugins.clone(), executor, settings, identity: identity(&runner.name, &short, system_id), instance: None },
+            env: JobEnvironment {
+                plugins: plugins.clone(),
+                executor,
+                settings,
+                identity: identity(&runner.name, &short, system_id),
+                instance: None,
+            },
             limit: runner.limit,
             request_concurrency: runner.request_concurrency,
             output_limit_kib: runner.output_limit,
@@ -162,7 +196,8 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
     let mut plugins = plugin_host(&loaded).await?;
     plugins.watch()?;
     let metrics = Metrics::new(loaded.config.concurrent, &system_id);
-    let client = Arc::new(GitLabClient::new(ClientOptions { hook: Some(metrics.api_hook()), ..ClientOptions::default() })?);
+    let client =
+        Arc::new(GitLabClient::new(ClientOptions { hook: Some(metrics.api_hook()), ..ClientOptions::default() })?);
     let _server = match &loaded.config.listen_address {
         Some(address) => Some(crate::metrics::serve(address, metrics.clone()).await?),
         None => None,
@@ -178,7 +213,13 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
     let mut fleets = Fleets::default();
     let mut current = {
         let runners = runner_settings(&loaded, &plugins, &system_id, &mut fleets).await?;
-        let manager = Manager::with_capacity(manager_settings(&loaded), runners, client.clone(), generation.clone(), global.clone());
+        let manager = Manager::with_capacity(
+            manager_settings(&loaded),
+            runners,
+            client.clone(),
+            generation.clone(),
+            global.clone(),
+        );
         metrics.attach(manager.stats(), &loaded);
         metrics.set_fleets(fleets.all());
         tokio::spawn(manager.run())

@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use clap::Args;
 
 use crate::config::{self, Config, RunnerConfig};
-use crate::gitlab::client::{ApiError, ClientOptions, FeaturesInfo, GitLabClient, RegisterParams, RunnerCredentials, VersionInfo};
+use crate::gitlab::client::{
+    ApiError, ClientOptions, FeaturesInfo, GitLabClient, RegisterParams, RunnerCredentials, VersionInfo,
+};
 
 /// `runway register` flags (gitlab-runner's names).
 #[derive(Args, Debug)]
@@ -77,13 +79,21 @@ fn client() -> anyhow::Result<GitLabClient> {
 }
 
 /// A client honouring a runner's `tls-ca-file` and client certificate.
-pub fn client_for(runner: &RunnerConfig, hook: Option<crate::gitlab::client::RequestHook>) -> anyhow::Result<GitLabClient> {
+pub fn client_for(
+    runner: &RunnerConfig,
+    hook: Option<crate::gitlab::client::RequestHook>,
+) -> anyhow::Result<GitLabClient> {
     let tls_client_cert = match (&runner.tls_cert_file, &runner.tls_key_file) {
         (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
         (None, None) => None,
         _ => anyhow::bail!("runner {:?}: tls-cert-file and tls-key-file go together", runner.name),
     };
-    Ok(GitLabClient::new(ClientOptions { hook, tls_ca_file: runner.tls_ca_file.clone(), tls_client_cert, ..ClientOptions::default() })?)
+    Ok(GitLabClient::new(ClientOptions {
+        hook,
+        tls_ca_file: runner.tls_ca_file.clone(),
+        tls_client_cert,
+        ..ClientOptions::default()
+    })?)
 }
 
 fn load_or_new(path: &Path) -> anyhow::Result<Config> {
@@ -118,7 +128,13 @@ pub async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCod
     let client = client()?;
     let url = args.url.trim_end_matches('/').to_string();
     let details = if args.token.starts_with("glrt-") {
-        if args.tag_list.is_some() || args.locked.is_some() || args.access_level.is_some() || args.maximum_timeout.is_some() || args.paused || args.run_untagged {
+        if args.tag_list.is_some()
+            || args.locked.is_some()
+            || args.access_level.is_some()
+            || args.maximum_timeout.is_some()
+            || args.paused
+            || args.run_untagged
+        {
             anyhow::bail!("runner authentication tokens (glrt-) keep tags, locked, access level, maximum timeout and paused on the server: set them in GitLab, not here");
         }
         let creds = RunnerCredentials { url: url.clone(), token: args.token.clone(), system_id: system_id.clone() };
@@ -132,7 +148,15 @@ pub async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCod
         let params = RegisterParams {
             description: args.name.clone(),
             maintenance_note: args.maintenance_note.unwrap_or_default(),
-            tags: args.tag_list.as_deref().unwrap_or("").split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_string).collect(),
+            tags: args
+                .tag_list
+                .as_deref()
+                .unwrap_or("")
+                .split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_string)
+                .collect(),
             run_untagged: args.run_untagged || args.tag_list.as_deref().unwrap_or("").trim().is_empty(),
             locked: args.locked.unwrap_or(true),
             access_level: args.access_level.unwrap_or_default(),
@@ -141,7 +165,12 @@ pub async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCod
         };
         client.register_legacy(&url, &args.token, &params, &info()).await?
     };
-    let mut runner = RunnerConfig::new(&args.name, &url, if details.token.is_empty() { &args.token } else { &details.token }, &args.executor);
+    let mut runner = RunnerConfig::new(
+        &args.name,
+        &url,
+        if details.token.is_empty() { &args.token } else { &details.token },
+        &args.executor,
+    );
     runner.id = details.id;
     runner.token_obtained_at = Some(chrono::Utc::now().with_nanosecond_truncated());
     runner.token_expires_at = details.token_expires_at;
@@ -169,7 +198,11 @@ pub async fn verify(path: &Path, delete: bool) -> anyhow::Result<ExitCode> {
     let mut failed = false;
     let mut keep = Vec::new();
     for runner in &loaded.config.runners {
-        let creds = RunnerCredentials { url: runner.resolved_url(), token: runner.resolved_token(), system_id: system_id.clone() };
+        let creds = RunnerCredentials {
+            url: runner.resolved_url(),
+            token: runner.resolved_token(),
+            system_id: system_id.clone(),
+        };
         let client = client_for(runner, None)?;
         match client.verify(&creds, &info()).await {
             Ok(_) => {
@@ -210,7 +243,8 @@ pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<Exi
         .filter(|(_, r)| {
             args.all_runners
                 || args.name.as_deref() == Some(r.name.as_str())
-                || (args.url.as_deref().map(|u| u.trim_end_matches('/')) == Some(r.resolved_url().as_str()) && args.token.as_deref() == Some(r.resolved_token().as_str()))
+                || (args.url.as_deref().map(|u| u.trim_end_matches('/')) == Some(r.resolved_url().as_str())
+                    && args.token.as_deref() == Some(r.resolved_token().as_str()))
         })
         .map(|(i, _)| i)
         .collect();
@@ -220,12 +254,23 @@ pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<Exi
     let mut removed = Vec::new();
     for i in selected {
         let runner = &cfg.runners[i];
-        let creds = RunnerCredentials { url: runner.resolved_url(), token: runner.resolved_token(), system_id: system_id.clone() };
+        let creds = RunnerCredentials {
+            url: runner.resolved_url(),
+            token: runner.resolved_token(),
+            system_id: system_id.clone(),
+        };
         let client = client_for(runner, None)?;
-        let result = if runner.resolved_token().starts_with("glrt-") { client.unregister_manager(&creds).await } else { client.unregister_runner(&creds).await };
+        let result = if runner.resolved_token().starts_with("glrt-") {
+            client.unregister_manager(&creds).await
+        } else {
+            client.unregister_runner(&creds).await
+        };
         match result {
             Ok(()) => {
-                println!("Unregistering runner from GitLab succeeded  runner={}", config::short_token(&runner.resolved_token()));
+                println!(
+                    "Unregistering runner from GitLab succeeded  runner={}",
+                    config::short_token(&runner.resolved_token())
+                );
                 removed.push(i);
             }
             Err(e) => eprintln!("Unregistering runner {} failed: {e}", runner.name),
@@ -246,7 +291,13 @@ pub fn list(path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!("Listing configured runners  ConfigFile={}", path.display());
     for runner in &loaded.config.runners {
-        println!("{:<20} Executor={} Token={} URL={}", runner.name, runner.executor, config::short_token(&runner.resolved_token()), runner.resolved_url());
+        println!(
+            "{:<20} Executor={} Token={} URL={}",
+            runner.name,
+            runner.executor,
+            config::short_token(&runner.resolved_token()),
+            runner.resolved_url()
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::autoscaler::settings::{
     AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle as EngineThrottle,
 };
-use crate::plugin::grant::duration_str;
+use crate::config::duration::duration_str;
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -62,15 +62,35 @@ pub struct AutoscalerConfig {
     pub delete_instances_on_shutdown: bool,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub instance_ready_command: String,
-    #[serde(default = "d_acquire_timeout", deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    #[serde(
+        default = "d_acquire_timeout",
+        deserialize_with = "duration_str::deserialize",
+        serialize_with = "dur::serialize"
+    )]
     pub instance_acquire_timeout: Duration,
-    #[serde(default = "d_update_interval", deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    #[serde(
+        default = "d_update_interval",
+        deserialize_with = "duration_str::deserialize",
+        serialize_with = "dur::serialize"
+    )]
     pub update_interval: Duration,
-    #[serde(default = "d_update_expecting", deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    #[serde(
+        default = "d_update_expecting",
+        deserialize_with = "duration_str::deserialize",
+        serialize_with = "dur::serialize"
+    )]
     pub update_interval_when_expecting: Duration,
-    #[serde(default = "d_deletion_retry", deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    #[serde(
+        default = "d_deletion_retry",
+        deserialize_with = "duration_str::deserialize",
+        serialize_with = "dur::serialize"
+    )]
     pub deletion_retry_interval: Duration,
-    #[serde(default = "d_shutdown_deletion_interval", deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    #[serde(
+        default = "d_shutdown_deletion_interval",
+        deserialize_with = "duration_str::deserialize",
+        serialize_with = "dur::serialize"
+    )]
     pub shutdown_deletion_interval: Duration,
     #[serde(default = "d_shutdown_deletion_retries")]
     pub shutdown_deletion_retries: u32,

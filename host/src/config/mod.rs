@@ -6,6 +6,8 @@
 //! simply load again.
 
 pub mod autoscaler;
+pub mod duration;
+pub mod grant;
 mod system_id;
 
 use std::collections::BTreeMap;
@@ -15,12 +17,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::plugin::grant::duration_str;
-use crate::plugin::PluginGrant;
+use crate::config::duration::duration_str;
+use crate::config::grant::PluginGrant;
 pub use system_id::{short_token, system_id};
 
 /// Executor config sections kept as tables and handed to the plugin as JSON.
-pub const EXECUTOR_SECTIONS: &[&str] = &["shell", "docker", "ssh", "custom", "instance", "kubernetes", "virtualbox", "parallels"];
+pub const EXECUTOR_SECTIONS: &[&str] =
+    &["shell", "docker", "ssh", "custom", "instance", "kubernetes", "virtualbox", "parallels"];
 
 /// The whole file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -277,7 +280,11 @@ pub struct Loaded {
 impl Loaded {
     /// Directory of the config file (base of relative defaults).
     pub fn dir(&self) -> PathBuf {
-        self.path.parent().map(Path::to_path_buf).filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| PathBuf::from("."))
+        self.path
+            .parent()
+            .map(Path::to_path_buf)
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| PathBuf::from("."))
     }
     /// `check_interval` as a duration (≤ 0 → 3 s).
     pub fn check_interval(&self) -> Duration {
@@ -358,8 +365,14 @@ fn line_of_key(text: &str, path: &str) -> Option<usize> {
         let is_last = i == parts.len() - 1;
         let hit = lines.iter().enumerate().skip(start).find(|(_, l)| {
             let t = l.trim_start();
-            let key_match = t.strip_prefix(part.as_str()).or_else(|| t.strip_prefix(&format!("\"{part}\""))).is_some_and(|rest| rest.trim_start().starts_with('='));
-            key_match || (!is_last && t.starts_with('[') && t.trim_end_matches(']').trim_start_matches('[').ends_with(part.as_str()))
+            let key_match = t
+                .strip_prefix(part.as_str())
+                .or_else(|| t.strip_prefix(&format!("\"{part}\"")))
+                .is_some_and(|rest| rest.trim_start().starts_with('='));
+            key_match
+                || (!is_last
+                    && t.starts_with('[')
+                    && t.trim_end_matches(']').trim_start_matches('[').ends_with(part.as_str()))
         });
         match hit {
             Some((n, _)) => {
@@ -392,7 +405,7 @@ fn text_has_shell_section(text: &str, index: usize) -> bool {
 }
 
 fn expand_env(value: &str) -> String {
-    crate::script::variables::expand(value, &|k| std::env::var(k).ok())
+    crate::payload::variables::expand(value, &|k| std::env::var(k).ok())
 }
 
 /// Parse config text; `path` is used in messages only.
@@ -430,7 +443,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         return Err(err("concurrent".into(), "must be greater than 0".into()));
     }
     if !["debug", "info", "warn", "warning", "error", "fatal", "panic"].contains(&config.log_level.as_str()) {
-        return Err(err("log_level".into(), format!("{:?} is not one of debug, info, warn, error, fatal, panic", config.log_level)));
+        return Err(err(
+            "log_level".into(),
+            format!("{:?} is not one of debug, info, warn, error, fatal, panic", config.log_level),
+        ));
     }
     if !["runner", "text", "json"].contains(&config.log_format.as_str()) {
         return Err(err("log_format".into(), format!("{:?} is not one of runner, text, json", config.log_format)));
@@ -469,12 +485,14 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
                 return Err(err(format!("runners[{i}].autoscaler.capacity_per_instance"), "must be at least 1".into()));
             }
             for (p, policy) in a.policies.iter().enumerate() {
-                autoscaler::check_periods(&policy.periods, 5).map_err(|m| err(format!("runners[{i}].autoscaler.policy[{p}].periods"), m))?;
+                autoscaler::check_periods(&policy.periods, 5)
+                    .map_err(|m| err(format!("runners[{i}].autoscaler.policy[{p}].periods"), m))?;
             }
         }
         if let Some(m) = &runner.machine {
             for (p, entry) in m.autoscaling.iter().enumerate() {
-                autoscaler::check_periods(&entry.periods, 7).map_err(|msg| err(format!("runners[{i}].machine.autoscaling[{p}].Periods"), msg))?;
+                autoscaler::check_periods(&entry.periods, 7)
+                    .map_err(|msg| err(format!("runners[{i}].machine.autoscaling[{p}].Periods"), msg))?;
             }
         }
         for (name, value) in &runner.sections {
@@ -501,7 +519,12 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
 
 /// Read and parse a config file.
 pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError { path: path.to_path_buf(), line: None, key: None, message: e.to_string() })?;
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        path: path.to_path_buf(),
+        line: None,
+        key: None,
+        message: e.to_string(),
+    })?;
     parse(&text, path)
 }
 

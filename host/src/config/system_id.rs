@@ -8,7 +8,9 @@ use rand::Rng;
 use sha2::Sha256;
 
 fn valid(id: &str) -> bool {
-    id.len() == 14 && (id.starts_with("s_") || id.starts_with("r_")) && id[2..].chars().all(|c| c.is_ascii_alphanumeric())
+    id.len() == 14
+        && (id.starts_with("s_") || id.starts_with("r_"))
+        && id[2..].chars().all(|c| c.is_ascii_alphanumeric())
 }
 
 fn generate() -> String {

@@ -8,11 +8,17 @@ fn parse_str(text: &str) -> Result<Loaded, ConfigError> {
 fn defaults_match_gitlab_runner() {
     let loaded = parse_str("concurrent = 2\n[[runners]]\nurl = \"https://gitlab.example.com/\"\ntoken = \"glrt-abc\"\nexecutor = \"shell\"\n").expect("loads");
     let c = &loaded.config;
-    assert_eq!((c.check_interval, c.log_level.as_str(), c.log_format.as_str(), c.shutdown_timeout), (3, "info", "runner", 30));
+    assert_eq!(
+        (c.check_interval, c.log_level.as_str(), c.log_format.as_str(), c.shutdown_timeout),
+        (3, "info", "runner", 30)
+    );
     let r = &c.runners[0];
     assert_eq!(r.resolved_url(), "https://gitlab.example.com");
     assert_eq!((r.limit, r.request_concurrency, r.output_limit), (0, 1, 4096));
-    assert_eq!((r.unhealthy_requests_limit, r.unhealthy_interval, r.job_status_final_update_retry_limit), (3, Duration::from_secs(3600), 10));
+    assert_eq!(
+        (r.unhealthy_requests_limit, r.unhealthy_interval, r.job_status_final_update_retry_limit),
+        (3, Duration::from_secs(3600), 10)
+    );
     assert_eq!(r.executor_config_json(), "{}");
     assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
     assert_eq!(loaded.plugins_dir(), PathBuf::from("/etc/runway/plugins"));
@@ -22,20 +28,26 @@ fn defaults_match_gitlab_runner() {
 fn unknown_keys_warn_with_file_line_and_key() {
     let text = "concurrent = 1\nbogus = true\n[[runners]]\nurl = \"https://x\"\ntoken = \"t\"\nexecutor = \"shell\"\nmystery = 1\n[runners.shell]\nlogin = false\n";
     let loaded = parse_str(text).expect("loads");
-    assert!(loaded.warnings.iter().any(|w| w == "/etc/runway/config.toml:2: bogus: unknown key (ignored)"), "{:?}", loaded.warnings);
+    assert!(
+        loaded.warnings.iter().any(|w| w == "/etc/runway/config.toml:2: bogus: unknown key (ignored)"),
+        "{:?}",
+        loaded.warnings
+    );
     assert!(loaded.warnings.iter().any(|w| w.contains(":7: runners[0].mystery")), "{:?}", loaded.warnings);
     assert_eq!(loaded.config.runners[0].executor_config_json(), "{\"login\":false}");
 }
 
 #[test]
 fn invalid_values_fail_with_file_line_and_key() {
-    let text = "concurrent = 1\n\n[[runners]]\nurl = \"https://x\"\ntoken = \"t\"\nexecutor = \"shell\"\nlimit = \"lots\"\n";
+    let text =
+        "concurrent = 1\n\n[[runners]]\nurl = \"https://x\"\ntoken = \"t\"\nexecutor = \"shell\"\nlimit = \"lots\"\n";
     let err = parse_str(text).expect_err("bad limit");
     assert_eq!((err.line, err.key.as_deref()), (Some(7), Some("runners[0].limit")), "{err}");
     assert!(err.to_string().starts_with("/etc/runway/config.toml:7: runners[0].limit: "), "{err}");
     let err = parse_str("concurrent = 0\n").expect_err("zero");
     assert_eq!(err.to_string(), "/etc/runway/config.toml:1: concurrent: must be greater than 0");
-    let err = parse_str("concurrent = 1\n[[runners]]\nurl = \"ftp://x\"\ntoken = \"t\"\nexecutor = \"shell\"\n").expect_err("scheme");
+    let err = parse_str("concurrent = 1\n[[runners]]\nurl = \"ftp://x\"\ntoken = \"t\"\nexecutor = \"shell\"\n")
+        .expect_err("scheme");
     assert_eq!((err.line, err.key.as_deref()), (Some(3), Some("runners[0].url")));
     let err = parse_str("concurrent = 1\n[plugins.shell]\nmemory_mb = \"big\"\n").expect_err("grant");
     assert_eq!(err.line, Some(3), "{err}");
@@ -46,7 +58,10 @@ fn env_expansion_and_legacy_ci_suffix() {
     std::env::set_var("RUNWAY_TEST_TOKEN", "glrt-from-env");
     let loaded = parse_str("concurrent = 1\n[[runners]]\nurl = \"https://gitlab.example.com/ci\"\ntoken = \"${RUNWAY_TEST_TOKEN}\"\nexecutor = \"shell\"\n").expect("loads");
     let runner = &loaded.config.runners[0];
-    assert_eq!((runner.resolved_token().as_str(), runner.resolved_url().as_str()), ("glrt-from-env", "https://gitlab.example.com"));
+    assert_eq!(
+        (runner.resolved_token().as_str(), runner.resolved_url().as_str()),
+        ("glrt-from-env", "https://gitlab.example.com")
+    );
     // The file's text is kept, so saving the config never writes the secret into it.
     assert_eq!(runner.token, "${RUNWAY_TEST_TOKEN}");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -62,7 +77,10 @@ fn save_round_trips_with_mode_0600() {
     let path = dir.path().join("config.toml");
     let mut runner = RunnerConfig::new("r1", "https://gitlab.example.com", "glrt-abc", "shell");
     runner.environment = vec!["A=1".into()];
-    runner.sections.insert("shell".into(), toml::Value::Table(toml::map::Map::from_iter([("login".to_string(), toml::Value::Boolean(false))])));
+    runner.sections.insert(
+        "shell".into(),
+        toml::Value::Table(toml::map::Map::from_iter([("login".to_string(), toml::Value::Boolean(false))])),
+    );
     let config = Config {
         concurrent: 4,
         check_interval: 3,
@@ -130,7 +148,10 @@ executor = "instance"
     let runner = &loaded.config.runners[0];
     let a = runner.autoscaler.as_ref().expect("autoscaler");
     assert_eq!((a.capacity_per_instance, a.max_use_count, a.max_instances), (2, 0, 5));
-    assert_eq!((a.instance_acquire_timeout, a.update_interval, a.update_interval_when_expecting), (Duration::from_secs(900), Duration::from_secs(60), Duration::from_secs(2)));
+    assert_eq!(
+        (a.instance_acquire_timeout, a.update_interval, a.update_interval_when_expecting),
+        (Duration::from_secs(900), Duration::from_secs(60), Duration::from_secs(2))
+    );
     assert_eq!((a.failure_threshold, a.shutdown_deletion_retries, a.reservation_throttling), (3, 3, true));
     assert_eq!(a.plugin_config_json(), r#"{"hosts":["127.0.0.2","127.0.0.3"]}"#);
     assert_eq!(a.policies[0].periods, vec!["* * * * *"]);

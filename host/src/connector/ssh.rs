@@ -17,10 +17,10 @@ use russh::client;
 use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use russh::ChannelMsg;
 
+use crate::bindings::executor::runway::host::process::ExitStatus;
+use crate::bindings::executor::runway::host::remote::RemoteError;
 use crate::capability::remote::RemoteSession;
-use crate::plugin::bindings::executor::runway::host::process::ExitStatus;
-use crate::plugin::bindings::executor::runway::host::remote::RemoteError;
-use crate::plugin::state::StopSignal;
+use crate::stop::StopSignal;
 use crate::trace::TraceSink;
 
 /// How a detached command is stopped: SIGTERM to its process group, SIGKILL after this.
@@ -85,11 +85,7 @@ pub enum ConnectError {
     Timeout { target: String, timeout: Duration },
     /// The server's host key is not the pinned one.
     #[error("ssh {target}: host key {seen} does not match the expected {expected}")]
-    HostKey {
-        target: String,
-        seen: String,
-        expected: String,
-    },
+    HostKey { target: String, seen: String, expected: String },
 }
 
 struct Client {
@@ -100,10 +96,7 @@ struct Client {
 impl client::Handler for Client {
     type Error = russh::Error;
 
-    async fn check_server_key(
-        &mut self,
-        key: &PublicKeyOrCertificate,
-    ) -> Result<bool, Self::Error> {
+    async fn check_server_key(&mut self, key: &PublicKeyOrCertificate) -> Result<bool, Self::Error> {
         let public = match key {
             PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
             PublicKeyOrCertificate::Certificate(cert) => cert.public_key().clone().into(),
@@ -138,10 +131,7 @@ impl SshSession {
         let target = format!("{}@{}:{}", spec.username, spec.host, spec.port);
         match tokio::time::timeout(spec.timeout, Self::connect_inner(spec, &target)).await {
             Ok(result) => result,
-            Err(_) => Err(ConnectError::Timeout {
-                target,
-                timeout: spec.timeout,
-            }),
+            Err(_) => Err(ConnectError::Timeout { target, timeout: spec.timeout }),
         }
     }
 
@@ -153,12 +143,8 @@ impl SshSession {
             ..client::Config::default()
         };
         let seen = Arc::new(Mutex::new(None));
-        let handler = Client {
-            expected: spec.host_key.clone(),
-            seen: seen.clone(),
-        };
-        let connected =
-            client::connect(Arc::new(config), (spec.host.as_str(), spec.port), handler).await;
+        let handler = Client { expected: spec.host_key.clone(), seen: seen.clone() };
+        let connected = client::connect(Arc::new(config), (spec.host.as_str(), spec.port), handler).await;
         let seen_key = || seen.lock().ok().and_then(|s| s.clone()).unwrap_or_default();
         let mut handle = match connected {
             Ok(handle) => handle,
@@ -169,63 +155,28 @@ impl SshSession {
                     expected: spec.host_key.clone().unwrap_or_default(),
                 })
             }
-            Err(e) => {
-                return Err(ConnectError::Connect {
-                    target: target.to_string(),
-                    message: e.to_string(),
-                })
-            }
+            Err(e) => return Err(ConnectError::Connect { target: target.to_string(), message: e.to_string() }),
         };
-        let authenticated =
-            match &spec.auth {
-                SshAuth::Key { pem, passphrase } => {
-                    let text = String::from_utf8_lossy(pem);
-                    let key = russh::keys::decode_secret_key(&text, passphrase.as_deref())
-                        .map_err(|e| ConnectError::Key {
-                            target: target.to_string(),
-                            message: e.to_string(),
-                        })?;
-                    let hash = if key.algorithm().is_rsa() {
-                        handle
-                            .best_supported_rsa_hash()
-                            .await
-                            .ok()
-                            .flatten()
-                            .flatten()
-                    } else {
-                        None
-                    };
-                    handle
-                        .authenticate_publickey(
-                            &spec.username,
-                            PrivateKeyWithHashAlg::new(Arc::new(key), hash),
-                        )
-                        .await
-                }
-                SshAuth::Password(password) => {
-                    handle.authenticate_password(&spec.username, password).await
-                }
-            };
+        let authenticated = match &spec.auth {
+            SshAuth::Key { pem, passphrase } => {
+                let text = String::from_utf8_lossy(pem);
+                let key = russh::keys::decode_secret_key(&text, passphrase.as_deref())
+                    .map_err(|e| ConnectError::Key { target: target.to_string(), message: e.to_string() })?;
+                let hash = if key.algorithm().is_rsa() {
+                    handle.best_supported_rsa_hash().await.ok().flatten().flatten()
+                } else {
+                    None
+                };
+                handle.authenticate_publickey(&spec.username, PrivateKeyWithHashAlg::new(Arc::new(key), hash)).await
+            }
+            SshAuth::Password(password) => handle.authenticate_password(&spec.username, password).await,
+        };
         match authenticated {
             Ok(result) if result.success() => {}
-            Ok(_) => {
-                return Err(ConnectError::Auth {
-                    target: target.to_string(),
-                    user: spec.username.clone(),
-                })
-            }
-            Err(e) => {
-                return Err(ConnectError::Connect {
-                    target: target.to_string(),
-                    message: e.to_string(),
-                })
-            }
+            Ok(_) => return Err(ConnectError::Auth { target: target.to_string(), user: spec.username.clone() }),
+            Err(e) => return Err(ConnectError::Connect { target: target.to_string(), message: e.to_string() }),
         }
-        Ok(SshSession {
-            handle,
-            target: target.to_string(),
-            host_key: seen_key(),
-        })
+        Ok(SshSession { handle, target: target.to_string(), host_key: seen_key() })
     }
 
     /// `user@host:port`.
@@ -245,10 +196,7 @@ impl SshSession {
 
     /// Say goodbye.
     pub async fn close(&self) {
-        let _ = self
-            .handle
-            .disconnect(russh::Disconnect::ByApplication, "", "en")
-            .await;
+        let _ = self.handle.disconnect(russh::Disconnect::ByApplication, "", "en").await;
     }
 
     /// Run `command`; output (stdout and stderr, in arrival order) goes to `output`. Returns
@@ -261,11 +209,8 @@ impl SshSession {
         output: &(dyn Fn(&[u8]) + Send + Sync),
         stop: &StopSignal,
     ) -> Result<i32, RemoteError> {
-        let mut channel = self
-            .handle
-            .channel_open_session()
-            .await
-            .map_err(|e| connection(format!("{}: {e}", self.target)))?;
+        let mut channel =
+            self.handle.channel_open_session().await.map_err(|e| connection(format!("{}: {e}", self.target)))?;
         channel.exec(true, command).await.map_err(connection)?;
         if let Some(data) = stdin {
             channel.data(data).await.map_err(connection)?;
@@ -287,12 +232,7 @@ impl SshSession {
                 }
             }
         }
-        code.ok_or_else(|| {
-            connection(format!(
-                "{}: the connection closed before the command exited",
-                self.target
-            ))
-        })
+        code.ok_or_else(|| connection(format!("{}: the connection closed before the command exited", self.target)))
     }
 
     /// Run `command` with its output collected (at most `limit` bytes kept).
@@ -319,10 +259,8 @@ impl SshSession {
         match tokio::time::timeout(timeout, self.exec(command, None, &|_| {}, &stop)).await {
             Ok(result) => result,
             Err(_) => {
-                stop.stop(crate::plugin::StopReason::TimedOut);
-                Err(RemoteError::Other(format!(
-                    "{command:?} did not finish within {timeout:?}"
-                )))
+                stop.stop(crate::stop::StopReason::TimedOut);
+                Err(RemoteError::Other(format!("{command:?} did not finish within {timeout:?}")))
             }
         }
     }
@@ -361,17 +299,11 @@ fn signal_number(signal: &russh::Sig) -> i32 {
 
 /// An exit status from a shell-style code (`128 + n` means signal `n`).
 fn status(code: i32) -> ExitStatus {
-    ExitStatus {
-        code,
-        signal: (129..=128 + 64).contains(&code).then_some(code - 128),
-    }
+    ExitStatus { code, signal: (129..=128 + 64).contains(&code).then_some(code - 128) }
 }
 
 fn other(what: &str, code: i32, output: &[u8]) -> RemoteError {
-    RemoteError::Other(format!(
-        "{what} failed (exit code {code}): {}",
-        String::from_utf8_lossy(output).trim()
-    ))
+    RemoteError::Other(format!("{what} failed (exit code {code}): {}", String::from_utf8_lossy(output).trim()))
 }
 
 #[async_trait]
@@ -385,9 +317,7 @@ impl RemoteSession for SshSession {
     ) -> Result<ExitStatus, RemoteError> {
         // One stream, so stdout and stderr keep their order in the job log.
         let command = format!("exec 2>&1\n{command}");
-        let code = self
-            .exec(&command, stdin, &|bytes| trace.write(bytes), stop)
-            .await?;
+        let code = self.exec(&command, stdin, &|bytes| trace.write(bytes), stop).await?;
         Ok(status(code))
     }
 
@@ -408,11 +338,7 @@ impl RemoteSession for SshSession {
         };
         // $0 = command, $1 = log, $2 = pid file, $3 = stdin, $4 = exit file.
         let body = r#"echo $$ > "$2"; sh -c "$0" > "$1" 2>&1 < "$3"; echo $? > "$4.tmp" && mv -f "$4.tmp" "$4""#;
-        let (log, exit, pid) = (
-            quote(log_path),
-            quote(exit_path),
-            quote(&format!("{exit_path}.pid")),
-        );
+        let (log, exit, pid) = (quote(log_path), quote(exit_path), quote(&format!("{exit_path}.pid")));
         let launcher = format!(
             "mkdir -p \"$(dirname -- {log})\" \"$(dirname -- {exit})\" && rm -f {exit} {pid} && : > {log} || exit 1\n\
              nohup setsid sh -c {body} {command} {log} {pid} {stdin} {exit} > /dev/null 2>&1 < /dev/null &",
@@ -462,21 +388,18 @@ impl RemoteSession for SshSession {
         // What `tail -f` had not shown yet when it was stopped.
         let done = offset + received.load(std::sync::atomic::Ordering::Relaxed);
         let drain = format!("tail -c +{} -- {log}", done + 1);
-        self.exec(
-            &drain,
-            None,
-            &|bytes| trace.write(bytes),
-            &StopSignal::new(),
-        )
-        .await?;
+        self.exec(&drain, None, &|bytes| trace.write(bytes), &StopSignal::new()).await?;
         let (code, text) = self.output(&format!("cat -- {exit}"), None, 64).await?;
         if code != 0 {
-            return Err(RemoteError::Other(format!("{exit_path}: the command ended without an exit code (killed or the instance restarted)")));
+            return Err(RemoteError::Other(format!(
+                "{exit_path}: the command ended without an exit code (killed or the instance restarted)"
+            )));
         }
         let text = String::from_utf8_lossy(&text);
-        let code = text.trim().parse::<i32>().map_err(|_| {
-            RemoteError::Other(format!("{exit_path}: unreadable exit code {text:?}"))
-        })?;
+        let code = text
+            .trim()
+            .parse::<i32>()
+            .map_err(|_| RemoteError::Other(format!("{exit_path}: unreadable exit code {text:?}")))?;
         Ok(status(code))
     }
 
@@ -494,18 +417,14 @@ impl RemoteSession for SshSession {
 
     async fn download(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, RemoteError> {
         let script = format!("cat -- {} | head -c {}", quote(path), max_bytes + 1);
-        let script = format!(
-            "[ -r {p} ] || {{ echo 'no such readable file' >&2; exit 1; }}; {script}",
-            p = quote(path)
-        );
+        let script =
+            format!("[ -r {p} ] || {{ echo 'no such readable file' >&2; exit 1; }}; {script}", p = quote(path));
         let (code, data) = self.output(&script, None, max_bytes + 1).await?;
         if code != 0 {
             return Err(other(&format!("reading {path}"), code, &data));
         }
         if data.len() > max_bytes {
-            return Err(RemoteError::TooLarge(
-                u32::try_from(max_bytes).unwrap_or(u32::MAX),
-            ));
+            return Err(RemoteError::TooLarge(u32::try_from(max_bytes).unwrap_or(u32::MAX)));
         }
         Ok(data)
     }

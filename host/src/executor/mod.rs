@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::gitlab::payload::JobResponse;
-use crate::plugin::bindings::executor::exports::runway::executor::executor::{Job, ProviderInfo, StageScript};
+use crate::bindings::executor::exports::runway::executor::executor::{Job, ProviderInfo, StageScript};
+use crate::payload::JobResponse;
 use crate::plugin::executor::Image;
-use crate::plugin::{ExecutorFailure, ExecutorSession, LoadedPlugin, PluginHost, StopReason, StopSignal};
+use crate::plugin::{ExecutorFailure, ExecutorSession, LoadedPlugin, PluginHost};
+use crate::stop::{StopReason, StopSignal};
 
 /// An executor plugin resolved for a runner, with what it said about itself.
 #[derive(Clone)]
@@ -59,7 +60,7 @@ fn resolve_dir(dir: &str, base: &Path) -> PathBuf {
     }
 }
 
-fn image(img: &crate::gitlab::payload::Image) -> Image {
+fn image(img: &crate::payload::Image) -> Image {
     Image {
         name: img.name.clone(),
         entrypoint: img.entrypoint.clone(),
@@ -69,7 +70,15 @@ fn image(img: &crate::gitlab::payload::Image) -> Image {
 }
 
 /// The WIT job record for a plan.
-pub fn wit_job(job: &JobResponse, executor: &ResolvedExecutor, shell: &str, builds_dir: &Path, project_dir: &Path, cache_dir: &Path, timeout: Duration) -> Job {
+pub fn wit_job(
+    job: &JobResponse,
+    executor: &ResolvedExecutor,
+    shell: &str,
+    builds_dir: &Path,
+    project_dir: &Path,
+    cache_dir: &Path,
+    timeout: Duration,
+) -> Job {
     Job {
         id: u64::try_from(job.id).unwrap_or_default(),
         name: job.job_info.name.clone(),
@@ -98,7 +107,12 @@ pub enum StageOutcome {
 
 /// Run `stage` in `session`; `stop` is fired by the caller's controls, and additionally
 /// with `TimedOut` once `timeout` elapses.
-pub async fn run_stage(session: &mut ExecutorSession, stage: StageScript, stop: StopSignal, timeout: Duration) -> StageOutcome {
+pub async fn run_stage(
+    session: &mut ExecutorSession,
+    stage: StageScript,
+    stop: StopSignal,
+    timeout: Duration,
+) -> StageOutcome {
     let timer = {
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -111,9 +125,10 @@ pub async fn run_stage(session: &mut ExecutorSession, stage: StageScript, stop: 
     match (result, stop.reason()) {
         (_, Some(reason)) => StageOutcome::Stopped(reason),
         (Ok(code), None) => StageOutcome::Exited(code),
-        (Err(ExecutorFailure::Executor(crate::plugin::bindings::executor::runway::executor::types::ExecutorError::Canceled)), None) => {
-            StageOutcome::Stopped(StopReason::Canceled)
-        }
+        (
+            Err(ExecutorFailure::Executor(crate::bindings::executor::runway::executor::types::ExecutorError::Canceled)),
+            None,
+        ) => StageOutcome::Stopped(StopReason::Canceled),
         (Err(e), None) => StageOutcome::Failed(e),
     }
 }

@@ -19,9 +19,12 @@ use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::gitlab::api::{JobApi, JobState, JobUpdate, PatchOutcome, PatchResponse, RemoteJobStatus, UpdateOutcome, UpdateResponse};
-use crate::gitlab::payload::JobResponse;
+use crate::buildinfo;
+use crate::gitlab::api::{
+    JobApi, JobState, JobUpdate, PatchOutcome, PatchResponse, RemoteJobStatus, UpdateOutcome, UpdateResponse,
+};
 use crate::gitlab::retry::{is_retryable_status, RetryPolicy};
+use crate::payload::JobResponse;
 
 /// Which API call a request belongs to (for metrics and error messages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -153,27 +156,16 @@ impl VersionInfo {
     pub fn this_runner(executor: &str, shell: &str, features: FeaturesInfo) -> Self {
         VersionInfo {
             name: "runway".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            revision: option_env!("RUNWAY_REVISION").unwrap_or("unknown").into(),
-            platform: std::env::consts::OS.into(),
-            architecture: go_arch().into(),
+            version: buildinfo::VERSION.into(),
+            revision: buildinfo::REVISION.into(),
+            platform: buildinfo::OS.into(),
+            architecture: buildinfo::go_arch().into(),
             executor: executor.into(),
             shell: shell.into(),
             features,
             config: ConfigInfo::default(),
             labels: Default::default(),
         }
-    }
-}
-
-/// `std::env::consts::ARCH` in Go's `GOARCH` spelling, as GitLab expects.
-pub fn go_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "x86" => "386",
-        "aarch64" => "arm64",
-        "powerpc64" => "ppc64le",
-        other => other,
     }
 }
 
@@ -317,7 +309,10 @@ fn remote_status(headers: &HeaderMap) -> RemoteJobStatus {
 
 /// `X-GitLab-Trace-Update-Interval` (whole seconds, > 0).
 fn update_interval(headers: &HeaderMap) -> Option<Duration> {
-    header_str(headers, "x-gitlab-trace-update-interval").and_then(|v| v.parse::<u64>().ok()).filter(|s| *s > 0).map(Duration::from_secs)
+    header_str(headers, "x-gitlab-trace-update-interval")
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
 }
 
 /// The end of a `Range: 0-<size>` header.
@@ -342,10 +337,13 @@ impl GitLabClient {
             .tcp_keepalive(Duration::from_secs(30))
             .pool_idle_timeout(Duration::from_secs(90))
             .timeout(Duration::from_secs(60 * 60));
-        let read = |path: &std::path::Path| std::fs::read(path).map_err(|e| ApiError::ClientSetup(format!("{}: {e}", path.display())));
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| ApiError::ClientSetup(format!("{}: {e}", path.display())))
+        };
         if let Some(ca) = &options.tls_ca_file {
             let pem = read(ca)?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ApiError::ClientSetup(format!("tls-ca-file {}: {e}", ca.display())))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| ApiError::ClientSetup(format!("tls-ca-file {}: {e}", ca.display())))?;
             if certs.is_empty() {
                 return Err(ApiError::ClientSetup(format!("tls-ca-file {}: no PEM certificates in it", ca.display())));
             }
@@ -357,7 +355,8 @@ impl GitLabClient {
             let mut pem = read(cert)?;
             pem.push(b'\n');
             pem.extend(read(key)?);
-            let identity = reqwest::Identity::from_pem(&pem).map_err(|e| ApiError::ClientSetup(format!("tls-cert-file/tls-key-file: {e}")))?;
+            let identity = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| ApiError::ClientSetup(format!("tls-cert-file/tls-key-file: {e}")))?;
             builder = builder.identity(identity);
         }
         let http = builder.build().map_err(|e| ApiError::ClientSetup(describe_reqwest_error(&e)))?;
@@ -365,7 +364,7 @@ impl GitLabClient {
             http,
             retry: options.retry,
             hook: options.hook,
-            user_agent: format!("runway {} ({}/{})", env!("CARGO_PKG_VERSION"), std::env::consts::OS, go_arch()),
+            user_agent: buildinfo::user_agent(),
             last_update: Mutex::new(HashMap::new()),
         })
     }
@@ -409,7 +408,10 @@ impl GitLabClient {
         }
     }
 
-    fn runner_token_request<'a>(token: &'a str, body: &'a Value) -> impl Fn(RequestBuilder) -> RequestBuilder + Send + Sync + 'a {
+    fn runner_token_request<'a>(
+        token: &'a str,
+        body: &'a Value,
+    ) -> impl Fn(RequestBuilder) -> RequestBuilder + Send + Sync + 'a {
         move |rb| rb.header(ACCEPT, "application/json").header("RUNNER-TOKEN", token).json(body)
     }
 
@@ -460,14 +462,21 @@ impl GitLabClient {
             body["maximum_timeout"] = params.maximum_timeout.into();
         }
         let response = self
-            .execute(endpoint, Method::POST, &Self::endpoint_url(&base, "runners")?, Self::runner_token_request(registration_token, &body))
+            .execute(
+                endpoint,
+                Method::POST,
+                &Self::endpoint_url(&base, "runners")?,
+                Self::runner_token_request(registration_token, &body),
+            )
             .await
             .map_err(|message| ApiError::Transport { endpoint, message })?;
         match response.status() {
             StatusCode::CREATED => decode_details(endpoint, response, None).await,
             StatusCode::FORBIDDEN => Err(ApiError::Forbidden { endpoint, message: error_message(response).await }),
             StatusCode::GONE => Err(ApiError::RegistrationDisabled),
-            status => Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await }),
+            status => {
+                Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await })
+            }
         }
     }
 
@@ -481,14 +490,21 @@ impl GitLabClient {
             body["system_id"] = creds.system_id.clone().into();
         }
         let response = self
-            .execute(endpoint, Method::POST, &Self::endpoint_url(&base, "runners/verify")?, Self::runner_token_request(&creds.token, &body))
+            .execute(
+                endpoint,
+                Method::POST,
+                &Self::endpoint_url(&base, "runners/verify")?,
+                Self::runner_token_request(&creds.token, &body),
+            )
             .await
             .map_err(|message| ApiError::Transport { endpoint, message })?;
         self.remember_last_update(&base, &creds.token, response.headers());
         match response.status() {
             StatusCode::OK => decode_details(endpoint, response, Some(&creds.token)).await,
             StatusCode::FORBIDDEN => Err(ApiError::Forbidden { endpoint, message: error_message(response).await }),
-            status => Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await }),
+            status => {
+                Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await })
+            }
         }
     }
 
@@ -504,16 +520,29 @@ impl GitLabClient {
         self.delete(Endpoint::UnregisterRunnerManager, creds, "runners/managers", &body).await
     }
 
-    async fn delete(&self, endpoint: Endpoint, creds: &RunnerCredentials, path: &str, body: &Value) -> Result<(), ApiError> {
+    async fn delete(
+        &self,
+        endpoint: Endpoint,
+        creds: &RunnerCredentials,
+        path: &str,
+        body: &Value,
+    ) -> Result<(), ApiError> {
         let base = api_base_url(&creds.url)?;
         let response = self
-            .execute(endpoint, Method::DELETE, &Self::endpoint_url(&base, path)?, Self::runner_token_request(&creds.token, body))
+            .execute(
+                endpoint,
+                Method::DELETE,
+                &Self::endpoint_url(&base, path)?,
+                Self::runner_token_request(&creds.token, body),
+            )
             .await
             .map_err(|message| ApiError::Transport { endpoint, message })?;
         match response.status() {
             StatusCode::NO_CONTENT => Ok(()),
             StatusCode::FORBIDDEN => Err(ApiError::Forbidden { endpoint, message: error_message(response).await }),
-            status => Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await }),
+            status => {
+                Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await })
+            }
         }
     }
 
@@ -538,17 +567,23 @@ impl GitLabClient {
         if let Some(last_update) = &sent_last_update {
             body["last_update"] = last_update.clone().into();
         }
-        let response = match self.execute(endpoint, Method::POST, &url, Self::runner_token_request(&creds.token, &body)).await {
-            Ok(r) => r,
-            Err(message) => return RequestJobResult::Unhealthy(format!("request_job: {message}")),
-        };
+        let response =
+            match self.execute(endpoint, Method::POST, &url, Self::runner_token_request(&creds.token, &body)).await {
+                Ok(r) => r,
+                Err(message) => return RequestJobResult::Unhealthy(format!("request_job: {message}")),
+            };
         self.remember_last_update(&base, &creds.token, response.headers());
         match response.status() {
             StatusCode::CREATED => {
                 let is_json = header_str(response.headers(), "content-type").is_some_and(|t| t.contains("json"));
                 let raw = match response.bytes().await {
                     Ok(b) => b,
-                    Err(e) => return RequestJobResult::Failed(format!("request_job: reading the job payload: {}", describe_reqwest_error(&e))),
+                    Err(e) => {
+                        return RequestJobResult::Failed(format!(
+                            "request_job: reading the job payload: {}",
+                            describe_reqwest_error(&e)
+                        ))
+                    }
                 };
                 if !is_json {
                     return RequestJobResult::Failed("request_job: 201 response is not JSON".into());
@@ -567,15 +602,22 @@ impl GitLabClient {
                 // Ask again at once when Workhorse ended a long poll (the server already
                 // waited), or when the queue value moved on: the next request long-polls on the
                 // new value server-side, so this costs one request per queue change, never a loop.
-                let moved_on = new_value.is_some_and(|v| sent_last_update.as_deref() != Some(v)) && sent_last_update.is_some();
+                let moved_on =
+                    new_value.is_some_and(|v| sent_last_update.as_deref() != Some(v)) && sent_last_update.is_some();
                 if (long_polled && new_value.is_none()) || moved_on {
                     RequestJobResult::PollAgain
                 } else {
                     RequestJobResult::NoJob
                 }
             }
-            StatusCode::FORBIDDEN => RequestJobResult::Unhealthy(format!("request_job: forbidden (403): {}", error_message(response).await)),
-            status => RequestJobResult::Failed(format!("request_job: HTTP {}: {}", status.as_u16(), error_message(response).await)),
+            StatusCode::FORBIDDEN => {
+                RequestJobResult::Unhealthy(format!("request_job: forbidden (403): {}", error_message(response).await))
+            }
+            status => RequestJobResult::Failed(format!(
+                "request_job: HTTP {}: {}",
+                status.as_u16(),
+                error_message(response).await
+            )),
         }
     }
 
@@ -597,11 +639,13 @@ fn describe_reqwest_error(e: &reqwest::Error) -> String {
     text
 }
 
-async fn decode_details(endpoint: Endpoint, response: Response, plain_token: Option<&str>) -> Result<RunnerDetails, ApiError> {
-    let bytes = response
-        .bytes()
-        .await
-        .map_err(|e| ApiError::Transport { endpoint, message: describe_reqwest_error(&e) })?;
+async fn decode_details(
+    endpoint: Endpoint,
+    response: Response,
+    plain_token: Option<&str>,
+) -> Result<RunnerDetails, ApiError> {
+    let bytes =
+        response.bytes().await.map_err(|e| ApiError::Transport { endpoint, message: describe_reqwest_error(&e) })?;
     match serde_json::from_slice::<RunnerDetails>(&bytes) {
         Ok(details) => Ok(details),
         Err(_) if plain_token.is_some() && !bytes.trim_ascii().starts_with(b"{") => {
@@ -623,8 +667,21 @@ pub struct JobClient {
 
 impl JobClient {
     /// `url` is the runner URL the job came from.
-    pub fn new(client: Arc<GitLabClient>, url: &str, job_id: i64, job_token: &str, info: VersionInfo) -> Result<Self, ApiError> {
-        Ok(JobClient { client, base: api_base_url(url)?, job_id, token: job_token.to_string(), info, debug_trace: false })
+    pub fn new(
+        client: Arc<GitLabClient>,
+        url: &str,
+        job_id: i64,
+        job_token: &str,
+        info: VersionInfo,
+    ) -> Result<Self, ApiError> {
+        Ok(JobClient {
+            client,
+            base: api_base_url(url)?,
+            job_id,
+            token: job_token.to_string(),
+            info,
+            debug_trace: false,
+        })
     }
 
     /// Sets `?debug_trace=` on trace patches (`CI_DEBUG_TRACE` is on).
@@ -664,7 +721,11 @@ impl JobClient {
 #[async_trait::async_trait]
 impl JobApi for JobClient {
     async fn patch_trace(&self, offset: u64, content: &[u8]) -> PatchResponse {
-        let failed = |message: String| PatchResponse { outcome: PatchOutcome::Failed(message), remote_status: RemoteJobStatus::Running, update_interval: None };
+        let failed = |message: String| PatchResponse {
+            outcome: PatchOutcome::Failed(message),
+            remote_status: RemoteJobStatus::Running,
+            update_interval: None,
+        };
         if content.is_empty() {
             return failed("patch_trace: empty patches are not sent".into());
         }
@@ -676,7 +737,10 @@ impl JobApi for JobClient {
         let end = offset + content.len() as u64 - 1;
         let range = format!("{offset}-{end}");
         let decorate = |rb: RequestBuilder| {
-            rb.header("JOB-TOKEN", &self.token).header(CONTENT_TYPE, "text/plain").header("Content-Range", &range).body(content.to_vec())
+            rb.header("JOB-TOKEN", &self.token)
+                .header(CONTENT_TYPE, "text/plain")
+                .header("Content-Range", &range)
+                .body(content.to_vec())
         };
         let response = match self.client.execute(Endpoint::PatchTrace, Method::PATCH, &url, decorate).await {
             Ok(r) => r,
@@ -701,18 +765,27 @@ impl JobApi for JobClient {
             404 => PatchOutcome::NotFound,
             other => PatchOutcome::Failed(format!("patch_trace: HTTP {other}: {}", error_message(response).await)),
         };
-        let outcome = if remote_status == RemoteJobStatus::Abort && outcome != PatchOutcome::NotFound { PatchOutcome::Abort } else { outcome };
+        let outcome = if remote_status == RemoteJobStatus::Abort && outcome != PatchOutcome::NotFound {
+            PatchOutcome::Abort
+        } else {
+            outcome
+        };
         PatchResponse { outcome, remote_status, update_interval: update_interval(&headers) }
     }
 
     async fn update_job(&self, update: &JobUpdate) -> UpdateResponse {
-        let failed = |message: String| UpdateResponse { outcome: UpdateOutcome::Failed(message), remote_status: RemoteJobStatus::Running, update_interval: None };
+        let failed = |message: String| UpdateResponse {
+            outcome: UpdateOutcome::Failed(message),
+            remote_status: RemoteJobStatus::Running,
+            update_interval: None,
+        };
         let url = match GitLabClient::endpoint_url(&self.base, &format!("jobs/{}", self.job_id)) {
             Ok(u) => u,
             Err(e) => return failed(e.to_string()),
         };
         let body = self.update_body(update);
-        let decorate = |rb: RequestBuilder| rb.header("JOB-TOKEN", &self.token).header(ACCEPT, "application/json").json(&body);
+        let decorate =
+            |rb: RequestBuilder| rb.header("JOB-TOKEN", &self.token).header(ACCEPT, "application/json").json(&body);
         let response = match self.client.execute(Endpoint::UpdateJob, Method::PUT, &url, decorate).await {
             Ok(r) => r,
             Err(message) => return failed(format!("update_job: {message}")),
@@ -767,14 +840,23 @@ mod tests {
         assert_eq!(value["cancelable"], true);
         assert_eq!(value["two_phase_job_commit"], false);
         let text = serde_json::to_string(&FeaturesInfo::default()).expect("serializes");
-        assert!(text.starts_with(r#"{"variables":false,"image":false,"services""#) && text.ends_with(r#""two_phase_job_commit":false,"job_inputs":false}"#));
+        assert!(
+            text.starts_with(r#"{"variables":false,"image":false,"services""#)
+                && text.ends_with(r#""two_phase_job_commit":false,"job_inputs":false}"#)
+        );
     }
 
     #[test]
     fn update_body_sends_exit_code_only_for_nonzero_failures() {
         let client = Arc::new(GitLabClient::new(ClientOptions::default()).expect("client"));
         let job = JobClient::new(client, "http://127.0.0.1:1", 7, "jt", VersionInfo::default()).expect("job client");
-        let mut update = JobUpdate { state: JobState::Failed, failure_reason: Some("script_failure".into()), exit_code: Some(2), checksum: Some("crc32:0000abcd".into()), bytesize: Some(5) };
+        let mut update = JobUpdate {
+            state: JobState::Failed,
+            failure_reason: Some("script_failure".into()),
+            exit_code: Some(2),
+            checksum: Some("crc32:0000abcd".into()),
+            bytesize: Some(5),
+        };
         let body = job.update_body(&update);
         assert_eq!(body["exit_code"], 2);
         assert_eq!(body["output"], json!({"checksum": "crc32:0000abcd", "bytesize": 5}));

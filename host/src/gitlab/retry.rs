@@ -38,7 +38,9 @@ impl RetryPolicy {
     /// `Retry-After` (seconds), else exponential backoff with jitter. Server-requested waits are
     /// capped at `backoff_max` so a misconfigured proxy cannot park a job for hours.
     pub fn wait_before_retry(&self, headers: &HeaderMap, attempt: u32, now: DateTime<Utc>) -> Duration {
-        if let Some(reset) = header_str(headers, "ratelimit-resettime").and_then(|v| DateTime::parse_from_rfc2822(v).ok()) {
+        if let Some(reset) =
+            header_str(headers, "ratelimit-resettime").and_then(|v| DateTime::parse_from_rfc2822(v).ok())
+        {
             let wait = (reset.with_timezone(&Utc) - now).to_std().unwrap_or(Duration::ZERO);
             return wait.min(self.backoff_max);
         }

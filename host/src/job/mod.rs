@@ -12,13 +12,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use crate::bindings::executor::exports::runway::executor::executor::StageScript;
+use crate::bindings::executor::runway::executor::types::ExecutorError;
 use crate::capability::remote::RemoteSession;
 use crate::executor::{run_stage, wit_job, ResolvedExecutor, StageOutcome};
-use crate::gitlab::payload::{JobResponse, StepWhen};
-use crate::plugin::bindings::executor::exports::runway::executor::executor::StageScript;
-use crate::plugin::bindings::executor::runway::executor::types::ExecutorError;
-use crate::plugin::{CallContext, ExecutorFailure, ExecutorSession, PluginHost, StopReason, StopSignal};
+use crate::payload::{JobResponse, StepWhen};
+use crate::plugin::{CallContext, ExecutorFailure, ExecutorSession, PluginHost};
 use crate::script::{BuildStage, JobPlan, ScriptSettings};
+use crate::stop::{StopReason, StopSignal};
 use crate::trace::format::{section_header_line, RunnerIdentity, SectionOptions};
 use crate::trace::{FailureReason, TraceLog, TraceSink};
 
@@ -83,7 +84,12 @@ pub trait InstanceSource: Send + Sync {
     /// Wait for the slot reserved under `key` (bounded by `instance_acquire_timeout`) and
     /// connect to its instance, writing progress to `trace`. An error fails the job with
     /// `runner_system_failure`.
-    async fn connect(&self, key: &str, trace: &dyn TraceSink, abort: &CancellationToken) -> Result<ConnectedInstance, String>;
+    async fn connect(
+        &self,
+        key: &str,
+        trace: &dyn TraceSink,
+        abort: &CancellationToken,
+    ) -> Result<ConnectedInstance, String>;
 }
 
 /// A job's claim on a fleet slot: where to connect and under which reservation key.
@@ -162,7 +168,13 @@ pub fn fail_unplannable(trace: &dyn TraceSink, identity: &RunnerIdentity, messag
 }
 
 /// Run `job` to its end.
-pub async fn run_job(job: &JobResponse, env: &JobEnvironment, trace: Arc<dyn TraceSink>, control: &JobControl, hooks: &dyn JobHooks) -> JobOutcome {
+pub async fn run_job(
+    job: &JobResponse,
+    env: &JobEnvironment,
+    trace: Arc<dyn TraceSink>,
+    control: &JobControl,
+    hooks: &dyn JobHooks,
+) -> JobOutcome {
     trace.header(&env.identity);
     if job.run.as_deref().is_some_and(|r| !r.trim().is_empty()) {
         let message = "this job uses `run:` (CI Steps), which Runway does not execute";
@@ -193,7 +205,11 @@ pub async fn run_job(job: &JobResponse, env: &JobEnvironment, trace: Arc<dyn Tra
     let plan = match JobPlan::new(job, &env.settings) {
         Ok(plan) => plan,
         Err(e) => {
-            let reason = if e.is_configuration_error() { FailureReason::RunnerConfigurationError } else { FailureReason::RunnerSystemFailure };
+            let reason = if e.is_configuration_error() {
+                FailureReason::RunnerConfigurationError
+            } else {
+                FailureReason::RunnerSystemFailure
+            };
             trace.error(&e.to_string());
             trace.section_end("prepare_executor");
             return finish(&*trace, JobOutcome::failed(reason, None, e.to_string()));
@@ -245,7 +261,15 @@ async fn prepare(
     control: &JobControl,
     remote: Option<Arc<dyn RemoteSession>>,
 ) -> Result<ExecutorSession, JobOutcome> {
-    let wit = wit_job(job, &env.executor, &env.settings.shell, plan.builds_dir(), plan.project_dir(), plan.cache_dir(), plan.job_timeout());
+    let wit = wit_job(
+        job,
+        &env.executor,
+        &env.settings.shell,
+        plan.builds_dir(),
+        plan.project_dir(),
+        plan.cache_dir(),
+        plan.job_timeout(),
+    );
     let mut last_error = String::new();
     for attempt in 1..=PREPARATION_ATTEMPTS {
         if control.abort.is_cancelled() {
@@ -286,7 +310,10 @@ async fn prepare(
 /// Whether a stage runs, given what happened so far.
 fn should_run(plan: &JobPlan, stage: &BuildStage, failed: bool) -> bool {
     match stage {
-        BuildStage::PrepareScript | BuildStage::GetSources | BuildStage::RestoreCache | BuildStage::DownloadArtifacts => !failed,
+        BuildStage::PrepareScript
+        | BuildStage::GetSources
+        | BuildStage::RestoreCache
+        | BuildStage::DownloadArtifacts => !failed,
         BuildStage::Step(name) => match plan.step(name).map(|s| s.when).unwrap_or_default() {
             StepWhen::OnSuccess => !failed,
             StepWhen::OnFailure => failed,
@@ -312,7 +339,12 @@ fn cancellable(stage: &BuildStage) -> bool {
     )
 }
 
-async fn run_stages(plan: &JobPlan, session: &mut ExecutorSession, trace: &dyn TraceSink, control: &JobControl) -> JobOutcome {
+async fn run_stages(
+    plan: &JobPlan,
+    session: &mut ExecutorSession,
+    trace: &dyn TraceSink,
+    control: &JobControl,
+) -> JobOutcome {
     let started = tokio::time::Instant::now();
     let job_timeout = plan.job_timeout();
     let mut outcome = JobOutcome::success();
@@ -357,7 +389,8 @@ async fn run_stages(plan: &JobPlan, session: &mut ExecutorSession, trace: &dyn T
         let attempts = if matches!(stage, BuildStage::GetSources) { plan.get_sources_attempts().max(1) } else { 1 };
         let mut result = StageOutcome::Exited(0);
         for attempt in 1..=attempts {
-            let script_stage = StageScript { name: name.clone(), script: script.clone(), predefined: stage.predefined() };
+            let script_stage =
+                StageScript { name: name.clone(), script: script.clone(), predefined: stage.predefined() };
             result = run_stage(session, script_stage, stop.clone(), timeout).await;
             if matches!(result, StageOutcome::Exited(0)) || attempt == attempts || stop.is_stopped() {
                 break;
@@ -372,7 +405,10 @@ async fn run_stages(plan: &JobPlan, session: &mut ExecutorSession, trace: &dyn T
             StageOutcome::Exited(code) => {
                 if is_after_script {
                     trace.warning(&format!("after_script failed, but job will continue unaffected: exit code {code}"));
-                } else if matches!(stage, BuildStage::ArchiveCache | BuildStage::ArchiveCacheOnFailure | BuildStage::CleanupFileVariables) {
+                } else if matches!(
+                    stage,
+                    BuildStage::ArchiveCache | BuildStage::ArchiveCacheOnFailure | BuildStage::CleanupFileVariables
+                ) {
                     trace.warning(&format!("{name} failed: exit code {code}"));
                 } else if outcome.failure.is_none() {
                     outcome = JobOutcome::failed(FailureReason::ScriptFailure, Some(code), format!("exit code {code}"));

@@ -18,9 +18,13 @@ pub fn copy_tracked(project_dir: &Path) -> Result<tempfile::TempDir, LocalError>
         .output()
         .map_err(|e| err(project_dir, format!("running git: {e}")))?;
     if !output.status.success() {
-        return Err(err(project_dir, format!("--isolate needs a git repository: {}", String::from_utf8_lossy(&output.stderr).trim())));
+        return Err(err(
+            project_dir,
+            format!("--isolate needs a git repository: {}", String::from_utf8_lossy(&output.stderr).trim()),
+        ));
     }
-    let scratch = tempfile::Builder::new().prefix("runway-exec-").tempdir().map_err(|e| err(project_dir, e.to_string()))?;
+    let scratch =
+        tempfile::Builder::new().prefix("runway-exec-").tempdir().map_err(|e| err(project_dir, e.to_string()))?;
     for name in output.stdout.split(|b| *b == 0).filter(|n| !n.is_empty()) {
         let rel = String::from_utf8_lossy(name).into_owned();
         let from = project_dir.join(&rel);

@@ -18,12 +18,36 @@ use std::path::{Path, PathBuf};
 
 use serde_yaml::{Mapping, Value};
 
-use crate::gitlab::payload::{GitInfo, JobFeatures, JobInfo, JobResponse, JobVariable, RunnerInfo, Step, StepWhen};
+use crate::payload::{GitInfo, JobFeatures, JobInfo, JobResponse, JobVariable, RunnerInfo, Step, StepWhen};
 
 /// Keys at the top level that are not jobs.
-const RESERVED: &[&str] = &["stages", "types", "variables", "default", "include", "workflow", "image", "services", "cache", "before_script", "after_script", "spec"];
+const RESERVED: &[&str] = &[
+    "stages",
+    "types",
+    "variables",
+    "default",
+    "include",
+    "workflow",
+    "image",
+    "services",
+    "cache",
+    "before_script",
+    "after_script",
+    "spec",
+];
 /// Keys a job inherits from `default:` when it does not set them.
-const DEFAULTABLE: &[&str] = &["before_script", "after_script", "image", "services", "cache", "timeout", "tags", "interruptible", "retry", "artifacts"];
+const DEFAULTABLE: &[&str] = &[
+    "before_script",
+    "after_script",
+    "image",
+    "services",
+    "cache",
+    "timeout",
+    "tags",
+    "interruptible",
+    "retry",
+    "artifacts",
+];
 
 /// A pipeline file problem, naming file, line and key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,13 +106,17 @@ impl Sources {
         for (file, text) in self.files.iter().rev() {
             let lines: Vec<&str> = text.lines().collect();
             let top = lines.iter().position(|l| {
-                l.strip_prefix(key).is_some_and(|r| r.starts_with(':')) || l.strip_prefix(&format!("\"{key}\"")).is_some_and(|r| r.starts_with(':'))
+                l.strip_prefix(key).is_some_and(|r| r.starts_with(':'))
+                    || l.strip_prefix(&format!("\"{key}\"")).is_some_and(|r| r.starts_with(':'))
             });
             if let Some(top) = top {
                 if let Some(child) = child {
-                    let found = lines.iter().enumerate().skip(top + 1).take_while(|(_, l)| l.is_empty() || l.starts_with(' ') || l.starts_with('#')).find(|(_, l)| {
-                        l.trim_start().strip_prefix(child).is_some_and(|r| r.starts_with(':'))
-                    });
+                    let found = lines
+                        .iter()
+                        .enumerate()
+                        .skip(top + 1)
+                        .take_while(|(_, l)| l.is_empty() || l.starts_with(' ') || l.starts_with('#'))
+                        .find(|(_, l)| l.trim_start().strip_prefix(child).is_some_and(|r| r.starts_with(':')));
                     if let Some((n, _)) = found {
                         return (file.clone(), Some(n + 1));
                     }
@@ -116,7 +144,12 @@ fn parse_yaml(file: &Path, text: &str) -> Result<Value, LocalError> {
         key: String::new(),
         message: format!("YAML syntax error: {e}"),
     })?;
-    value.apply_merge().map_err(|e| LocalError { file: file.to_path_buf(), line: None, key: "<<".into(), message: format!("merge key: {e}") })?;
+    value.apply_merge().map_err(|e| LocalError {
+        file: file.to_path_buf(),
+        line: None,
+        key: "<<".into(),
+        message: format!("merge key: {e}"),
+    })?;
     Ok(value)
 }
 
@@ -169,7 +202,11 @@ fn resolve_references(value: &mut Value, root: &Value, sources: &Sources, depth:
             let mut target = root;
             for part in &path {
                 target = target.get(part.as_str()).ok_or_else(|| {
-                    sources.error(path.first().map(String::as_str).unwrap_or(""), None, format!("!reference {path:?} points at nothing"))
+                    sources.error(
+                        path.first().map(String::as_str).unwrap_or(""),
+                        None,
+                        format!("!reference {path:?} points at nothing"),
+                    )
                 })?;
             }
             let mut resolved = target.clone();
@@ -210,21 +247,33 @@ fn load_includes(project_dir: &Path, root: &mut Value, sources: &mut Sources, de
     };
     let mut merged = Value::Mapping(Mapping::new());
     for entry in entries {
-        let pattern = match &entry {
-            Value::String(s) => s.clone(),
-            Value::Mapping(m) => match m.get("local").and_then(Value::as_str) {
-                Some(s) => s.to_string(),
-                None => return Err(sources.error("include", None, "only `local:` includes can be run locally (remote, project and template includes need GitLab)")),
-            },
-            _ => return Err(sources.error("include", None, "an include must be a path or {local: path}")),
-        };
+        let pattern =
+            match &entry {
+                Value::String(s) => s.clone(),
+                Value::Mapping(m) => match m.get("local").and_then(Value::as_str) {
+                    Some(s) => s.to_string(),
+                    None => return Err(sources.error(
+                        "include",
+                        None,
+                        "only `local:` includes can be run locally (remote, project and template includes need GitLab)",
+                    )),
+                },
+                _ => return Err(sources.error("include", None, "an include must be a path or {local: path}")),
+            };
         if pattern.starts_with("http://") || pattern.starts_with("https://") {
-            return Err(sources.error("include", None, format!("{pattern}: remote includes need the network; Runway's exec only includes local files")));
+            return Err(sources.error(
+                "include",
+                None,
+                format!("{pattern}: remote includes need the network; Runway's exec only includes local files"),
+            ));
         }
         let full = project_dir.join(pattern.trim_start_matches('/'));
         let full_text = full.display().to_string();
         let mut paths: Vec<PathBuf> = if full_text.contains(['*', '?', '[']) {
-            glob::glob(&full_text).map_err(|e| sources.error("include", None, format!("{pattern}: {e}")))?.filter_map(Result::ok).collect()
+            glob::glob(&full_text)
+                .map_err(|e| sources.error("include", None, format!("{pattern}: {e}")))?
+                .filter_map(Result::ok)
+                .collect()
         } else {
             vec![full.clone()]
         };
@@ -233,7 +282,8 @@ fn load_includes(project_dir: &Path, root: &mut Value, sources: &mut Sources, de
             return Err(sources.error("include", None, format!("included file {pattern} does not exist")));
         }
         for path in paths {
-            let text = std::fs::read_to_string(&path).map_err(|e| sources.error("include", None, format!("{}: {e}", path.display())))?;
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| sources.error("include", None, format!("{}: {e}", path.display())))?;
             let mut included = parse_yaml(&path, &text)?;
             sources.files.insert(0, (path.clone(), text));
             load_includes(project_dir, &mut included, sources, depth + 1)?;
@@ -320,14 +370,19 @@ fn git_facts(project_dir: &Path) -> GitFacts {
             .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
     };
     let log = run(&["log", "-1", "--format=%H%n%B"]).unwrap_or_default();
-    let (sha, message) = log.split_once('\n').map(|(a, b)| (a.trim().to_string(), b.trim_end().to_string())).unwrap_or_default();
-    let branch = run(&["rev-parse", "--abbrev-ref", "HEAD"]).map(|s| s.trim().to_string()).filter(|b| !b.is_empty() && b != "HEAD").unwrap_or_else(|| "main".into());
+    let (sha, message) =
+        log.split_once('\n').map(|(a, b)| (a.trim().to_string(), b.trim_end().to_string())).unwrap_or_default();
+    let branch = run(&["rev-parse", "--abbrev-ref", "HEAD"])
+        .map(|s| s.trim().to_string())
+        .filter(|b| !b.is_empty() && b != "HEAD")
+        .unwrap_or_else(|| "main".into());
     let sha = if sha.is_empty() { "0000000000000000000000000000000000000000".to_string() } else { sha };
     GitFacts { sha, branch, message }
 }
 
 fn slug(name: &str) -> String {
-    let mut out: String = name.to_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let mut out: String =
+        name.to_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
     out.truncate(63);
     out.trim_matches('-').to_string()
 }
@@ -341,7 +396,8 @@ struct Expanded {
 }
 
 fn expand_parallel(name: &str, config: &Mapping, sources: &Sources) -> Result<Vec<Expanded>, LocalError> {
-    let one = || vec![Expanded { name: name.to_string(), base: name.to_string(), config: config.clone(), extra: Vec::new() }];
+    let one =
+        || vec![Expanded { name: name.to_string(), base: name.to_string(), config: config.clone(), extra: Vec::new() }];
     let Some(parallel) = config.get("parallel") else { return Ok(one()) };
     if let Some(n) = parallel.as_u64() {
         if !(1..=200).contains(&n) {
@@ -361,7 +417,9 @@ fn expand_parallel(name: &str, config: &Mapping, sources: &Sources) -> Result<Ve
     };
     let mut combos: Vec<Vec<(String, String)>> = Vec::new();
     for entry in matrix {
-        let Value::Mapping(entry) = entry else { return Err(sources.error(name, Some("parallel"), "matrix entries must be maps")) };
+        let Value::Mapping(entry) = entry else {
+            return Err(sources.error(name, Some("parallel"), "matrix entries must be maps"));
+        };
         let mut partial: Vec<Vec<(String, String)>> = vec![Vec::new()];
         for (k, v) in entry {
             let key = str_key(k).unwrap_or_default().to_string();
@@ -399,14 +457,23 @@ struct RuleResult {
     variables: Vec<(String, String)>,
 }
 
-fn apply_rules(rules: &Value, vars: &BTreeMap<String, String>, project_dir: &Path, sources: &Sources, job: &str) -> Result<Option<RuleResult>, LocalError> {
+fn apply_rules(
+    rules: &Value,
+    vars: &BTreeMap<String, String>,
+    project_dir: &Path,
+    sources: &Sources,
+    job: &str,
+) -> Result<Option<RuleResult>, LocalError> {
     let Value::Sequence(rules) = rules else { return Err(sources.error(job, Some("rules"), "must be a list")) };
     for rule in rules {
-        let Value::Mapping(rule) = rule else { return Err(sources.error(job, Some("rules"), "each rule must be a map")) };
+        let Value::Mapping(rule) = rule else {
+            return Err(sources.error(job, Some("rules"), "each rule must be a map"));
+        };
         let mut matched = true;
         if let Some(cond) = rule.get("if") {
             let expr = cond.as_str().ok_or_else(|| sources.error(job, Some("rules"), "`if` must be a string"))?;
-            matched = rules::evaluate(expr, vars).map_err(|e| sources.error(job, Some("rules"), format!("invalid `if: {expr}`: {e}")))?;
+            matched = rules::evaluate(expr, vars)
+                .map_err(|e| sources.error(job, Some("rules"), format!("invalid `if: {expr}`: {e}")))?;
         }
         if matched {
             if let Some(exists) = rule.get("exists") {
@@ -415,7 +482,9 @@ fn apply_rules(rules: &Value, vars: &BTreeMap<String, String>, project_dir: &Pat
                     other => list_of_strings(other),
                 };
                 matched = patterns.iter().any(|p| {
-                    glob::glob(&project_dir.join(p).display().to_string()).map(|mut g| g.any(|e| e.is_ok())).unwrap_or(false)
+                    glob::glob(&project_dir.join(p).display().to_string())
+                        .map(|mut g| g.any(|e| e.is_ok()))
+                        .unwrap_or(false)
                 });
             }
         }
@@ -434,7 +503,10 @@ fn allow_failure_of(value: Option<&Value>, when: &str) -> (bool, Vec<i32>) {
     match value {
         Some(Value::Bool(b)) => (*b, Vec::new()),
         Some(Value::Mapping(m)) => {
-            let codes = m.get("exit_codes").map(|c| list_of_strings(c).iter().filter_map(|s| s.parse().ok()).collect()).unwrap_or_default();
+            let codes = m
+                .get("exit_codes")
+                .map(|c| list_of_strings(c).iter().filter_map(|s| s.parse().ok()).collect())
+                .unwrap_or_default();
             (true, codes)
         }
         // Manual jobs may fail by default.
@@ -446,24 +518,39 @@ impl Pipeline {
     /// Read `file` (with its includes) for the project in `project_dir`; `overrides` are
     /// `--var` values, which win over everything.
     pub fn load(project_dir: &Path, file: &Path, overrides: &[(String, String)]) -> Result<Pipeline, LocalError> {
-        let text = std::fs::read_to_string(file).map_err(|e| LocalError { file: file.to_path_buf(), line: None, key: String::new(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(file).map_err(|e| LocalError {
+            file: file.to_path_buf(),
+            line: None,
+            key: String::new(),
+            message: e.to_string(),
+        })?;
         let mut root = parse_yaml(file, &text)?;
         let mut sources = Sources { files: vec![(file.to_path_buf(), text)] };
         if !root.is_mapping() {
-            return Err(LocalError { file: file.to_path_buf(), line: Some(1), key: String::new(), message: "the pipeline file must be a map of keys to jobs".into() });
+            return Err(LocalError {
+                file: file.to_path_buf(),
+                line: Some(1),
+                key: String::new(),
+                message: "the pipeline file must be a map of keys to jobs".into(),
+            });
         }
         load_includes(project_dir, &mut root, &mut sources, 0)?;
         let snapshot = root.clone();
         resolve_references(&mut root, &snapshot, &sources, 0)?;
         let Value::Mapping(top) = &root else { return Err(sources.error("", None, "not a map")) };
 
-        let mut stages: Vec<String> = top.get("stages").or_else(|| top.get("types")).map(list_of_strings).unwrap_or_else(|| vec!["build".into(), "test".into(), "deploy".into()]);
+        let mut stages: Vec<String> = top
+            .get("stages")
+            .or_else(|| top.get("types"))
+            .map(list_of_strings)
+            .unwrap_or_else(|| vec!["build".into(), "test".into(), "deploy".into()]);
         stages.retain(|s| s != ".pre" && s != ".post");
         stages.insert(0, ".pre".into());
         stages.push(".post".into());
 
         let facts = git_facts(project_dir);
-        let project_name = project_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "project".into());
+        let project_name =
+            project_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "project".into());
         let project_path = format!("local/{project_name}");
         let title = facts.message.lines().next().unwrap_or("").to_string();
         let predefined: Vec<(String, String)> = vec![
@@ -519,10 +606,13 @@ impl Pipeline {
             }
         }
 
-        let names: Vec<String> = top.iter().filter_map(|(k, v)| {
-            let name = str_key(k)?;
-            (!RESERVED.contains(&name) && !name.starts_with('.') && v.is_mapping()).then(|| name.to_string())
-        }).collect();
+        let names: Vec<String> = top
+            .iter()
+            .filter_map(|(k, v)| {
+                let name = str_key(k)?;
+                (!RESERVED.contains(&name) && !name.starts_with('.') && v.is_mapping()).then(|| name.to_string())
+            })
+            .collect();
         let mut jobs = Vec::new();
         let mut next_id = 1;
         for name in names {
@@ -544,7 +634,11 @@ impl Pipeline {
             }
             let stage = config.get("stage").and_then(Value::as_str).unwrap_or("test").to_string();
             if !stages.contains(&stage) {
-                return Err(sources.error(&name, Some("stage"), format!("stage {stage:?} is not in stages ({})", stages.join(", "))));
+                return Err(sources.error(
+                    &name,
+                    Some("stage"),
+                    format!("stage {stage:?} is not in stages ({})", stages.join(", ")),
+                ));
             }
             for expanded in expand_parallel(&name, &config, &sources)? {
                 let mut vars = base_vars.clone();
@@ -582,12 +676,27 @@ impl Pipeline {
                 let ordering = expanded.config.get("needs").or_else(|| expanded.config.get("dependencies"));
                 let needs: Vec<String> = ordering
                     .and_then(Value::as_sequence)
-                    .map(|items| items.iter().filter_map(|n| n.as_str().map(str::to_string).or_else(|| n.get("job").and_then(Value::as_str).map(str::to_string))).collect())
+                    .map(|items| {
+                        items
+                            .iter()
+                            .filter_map(|n| {
+                                n.as_str()
+                                    .map(str::to_string)
+                                    .or_else(|| n.get("job").and_then(Value::as_str).map(str::to_string))
+                            })
+                            .collect()
+                    })
                     .unwrap_or_default();
                 let timeout = match expanded.config.get("timeout") {
                     Some(t) => {
                         let text = scalar_string(t).unwrap_or_default();
-                        parse_timeout(&text).ok_or_else(|| sources.error(&name, Some("timeout"), format!("cannot read {text:?} as a duration (e.g. \"1h 30m\")")))? as i64
+                        parse_timeout(&text).ok_or_else(|| {
+                            sources.error(
+                                &name,
+                                Some("timeout"),
+                                format!("cannot read {text:?} as a duration (e.g. \"1h 30m\")"),
+                            )
+                        })? as i64
                     }
                     None => 3600,
                 };
@@ -611,10 +720,22 @@ impl Pipeline {
                 }
                 let mut script_lines = expanded.config.get("before_script").map(list_of_strings).unwrap_or_default();
                 script_lines.extend(list_of_strings(expanded.config.get("script").unwrap_or(&Value::Null)));
-                let mut steps = vec![Step { name: "script".into(), script: script_lines, timeout, when: StepWhen::OnSuccess, allow_failure: false }];
+                let mut steps = vec![Step {
+                    name: "script".into(),
+                    script: script_lines,
+                    timeout,
+                    when: StepWhen::OnSuccess,
+                    allow_failure: false,
+                }];
                 let after = expanded.config.get("after_script").map(list_of_strings).unwrap_or_default();
                 if !after.is_empty() {
-                    steps.push(Step { name: "after_script".into(), script: after, timeout, when: StepWhen::Always, allow_failure: true });
+                    steps.push(Step {
+                        name: "after_script".into(),
+                        script: after,
+                        timeout,
+                        when: StepWhen::Always,
+                        allow_failure: true,
+                    });
                 }
                 let payload = JobResponse {
                     id: next_id,
@@ -630,20 +751,42 @@ impl Pipeline {
                         project_full_path: project_path.clone(),
                         time_in_queue_seconds: 0.0,
                     },
-                    git_info: GitInfo { repo_url: String::new(), git_ref: facts.branch.clone(), sha: facts.sha.clone(), ref_type: "branch".into(), ..GitInfo::default() },
+                    git_info: GitInfo {
+                        repo_url: String::new(),
+                        git_ref: facts.branch.clone(),
+                        sha: facts.sha.clone(),
+                        ref_type: "branch".into(),
+                        ..GitInfo::default()
+                    },
                     runner_info: RunnerInfo { timeout },
                     variables: list,
                     steps,
                     features: JobFeatures {
                         trace_sections: true,
                         token_mask_prefixes: Vec::new(),
-                        failure_reasons: ["script_failure", "runner_system_failure", "job_execution_timeout", "runner_configuration_error", "job_canceled"].map(String::from).to_vec(),
+                        failure_reasons: [
+                            "script_failure",
+                            "runner_system_failure",
+                            "job_execution_timeout",
+                            "runner_configuration_error",
+                            "job_canceled",
+                        ]
+                        .map(String::from)
+                        .to_vec(),
                     },
                     ..JobResponse::default()
                 };
                 next_id += 1;
                 let _ = &expanded.base;
-                jobs.push(PlannedJob { name: expanded.name, stage: stage.clone(), when, allow_failure, allow_failure_exit_codes, needs, payload });
+                jobs.push(PlannedJob {
+                    name: expanded.name,
+                    stage: stage.clone(),
+                    when,
+                    allow_failure,
+                    allow_failure_exit_codes,
+                    needs,
+                    payload,
+                });
             }
         }
         // Stage order, file order within a stage.
@@ -651,9 +794,16 @@ impl Pipeline {
         let known: BTreeSet<String> = jobs.iter().map(|j| j.name.clone()).collect();
         for job in &jobs {
             for need in &job.needs {
-                let base_known = known.contains(need) || jobs.iter().any(|j| j.name.starts_with(&format!("{need} ")) || j.name.starts_with(&format!("{need}: ")));
+                let base_known = known.contains(need)
+                    || jobs
+                        .iter()
+                        .any(|j| j.name.starts_with(&format!("{need} ")) || j.name.starts_with(&format!("{need}: ")));
                 if !base_known {
-                    return Err(sources.error(job.name.split([' ', ':']).next().unwrap_or(&job.name), Some("needs"), format!("needs unknown job {need:?}")));
+                    return Err(sources.error(
+                        job.name.split([' ', ':']).next().unwrap_or(&job.name),
+                        Some("needs"),
+                        format!("needs unknown job {need:?}"),
+                    ));
                 }
             }
         }
@@ -673,7 +823,11 @@ impl Pipeline {
     fn expand_name(&self, name: &str) -> Vec<&PlannedJob> {
         match self.job(name) {
             Some(j) => vec![j],
-            None => self.jobs.iter().filter(|j| j.name.starts_with(&format!("{name} ")) || j.name.starts_with(&format!("{name}: "))).collect(),
+            None => self
+                .jobs
+                .iter()
+                .filter(|j| j.name.starts_with(&format!("{name} ")) || j.name.starts_with(&format!("{name}: ")))
+                .collect(),
         }
     }
 
@@ -683,11 +837,21 @@ impl Pipeline {
         let mut stack: Vec<(String, Vec<String>)> = names.iter().map(|n| (n.clone(), Vec::new())).collect();
         while let Some((name, path)) = stack.pop() {
             if path.contains(&name) {
-                return Err(LocalError { file: PathBuf::new(), line: None, key: name.clone(), message: format!("needs form a cycle: {} -> {name}", path.join(" -> ")) });
+                return Err(LocalError {
+                    file: PathBuf::new(),
+                    line: None,
+                    key: name.clone(),
+                    message: format!("needs form a cycle: {} -> {name}", path.join(" -> ")),
+                });
             }
             let found = self.expand_name(&name);
             if found.is_empty() {
-                return Err(LocalError { file: PathBuf::new(), line: None, key: name.clone(), message: "unknown job (`runway exec --list` shows them)".into() });
+                return Err(LocalError {
+                    file: PathBuf::new(),
+                    line: None,
+                    key: name.clone(),
+                    message: "unknown job (`runway exec --list` shows them)".into(),
+                });
             }
             for job in found {
                 if chosen.insert(job.name.clone()) || path.is_empty() {
@@ -703,9 +867,18 @@ impl Pipeline {
     }
 }
 
-fn resolve_extends(top: &Mapping, name: &str, sources: &Sources, chain: &mut Vec<String>) -> Result<Mapping, LocalError> {
+fn resolve_extends(
+    top: &Mapping,
+    name: &str,
+    sources: &Sources,
+    chain: &mut Vec<String>,
+) -> Result<Mapping, LocalError> {
     if chain.iter().any(|c| c == name) {
-        return Err(sources.error(chain.first().map(String::as_str).unwrap_or(name), Some("extends"), format!("circular extends: {} -> {name}", chain.join(" -> "))));
+        return Err(sources.error(
+            chain.first().map(String::as_str).unwrap_or(name),
+            Some("extends"),
+            format!("circular extends: {} -> {name}", chain.join(" -> ")),
+        ));
     }
     if chain.len() > 11 {
         return Err(sources.error(name, Some("extends"), "extends nests more than 11 levels"));

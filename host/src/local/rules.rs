@@ -42,7 +42,10 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
                 i = if braced { end + 1 } else { end };
             }
             '"' | '\'' => {
-                let end = chars[i + 1..].iter().position(|&x| x == c).ok_or_else(|| format!("unterminated string at position {i}"))?;
+                let end = chars[i + 1..]
+                    .iter()
+                    .position(|&x| x == c)
+                    .ok_or_else(|| format!("unterminated string at position {i}"))?;
                 tokens.push(Token::Str(chars[i + 1..i + 1 + end].iter().collect()));
                 i += end + 2;
             }
@@ -222,7 +225,11 @@ mod tests {
     use super::*;
 
     fn vars() -> BTreeMap<String, String> {
-        BTreeMap::from([("BRANCH".into(), "main".into()), ("EMPTY".into(), String::new()), ("RE".into(), "/^ma/".into())])
+        BTreeMap::from([
+            ("BRANCH".into(), "main".into()),
+            ("EMPTY".into(), String::new()),
+            ("RE".into(), "/^ma/".into()),
+        ])
     }
 
     #[test]

@@ -66,7 +66,14 @@ impl TerminalSink {
     /// Render into `out`.
     pub fn new(out: Box<dyn Write + Send>, options: TerminalOptions) -> Self {
         let now = Instant::now();
-        let state = Arc::new(Mutex::new(State { out, pending: Vec::new(), sections: Vec::new(), last_output: now, started: now, notices: 0 }));
+        let state = Arc::new(Mutex::new(State {
+            out,
+            pending: Vec::new(),
+            sections: Vec::new(),
+            last_output: now,
+            started: now,
+            notices: 0,
+        }));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         if let Some(after) = options.silence_notice_after {
             let (state, stop) = (state.clone(), stop.clone());
@@ -193,7 +200,8 @@ mod tests {
 
     fn render(chunks: &[&str], color: bool, verbose: bool) -> String {
         let buffer = Buffer::default();
-        let sink = TerminalSink::new(Box::new(buffer.clone()), TerminalOptions { color, verbose, silence_notice_after: None });
+        let sink =
+            TerminalSink::new(Box::new(buffer.clone()), TerminalOptions { color, verbose, silence_notice_after: None });
         for c in chunks {
             sink.write(c.as_bytes());
         }
@@ -205,7 +213,12 @@ mod tests {
     #[test]
     fn sections_get_durations_and_colours_can_be_stripped() {
         let out = render(
-            &["section_start:1:step_script\r\x1b[0K", "\x1b[0K\x1b[36;1mExecuting\x1b[0;m\n\x1b[32;1m$ echo hi\x1b[0;m\nh", "i\n", "section_end:2:step_script\r\x1b[0K"],
+            &[
+                "section_start:1:step_script\r\x1b[0K",
+                "\x1b[0K\x1b[36;1mExecuting\x1b[0;m\n\x1b[32;1m$ echo hi\x1b[0;m\nh",
+                "i\n",
+                "section_end:2:step_script\r\x1b[0K",
+            ],
             false,
             false,
         );
@@ -215,7 +228,8 @@ mod tests {
 
     #[test]
     fn collapsed_sections_show_one_line_unless_verbose() {
-        let chunks = ["section_start:1:deps[collapsed=true]\r\x1b[0K", "noise\n", "section_end:2:deps\r\x1b[0K", "after\n"];
+        let chunks =
+            ["section_start:1:deps[collapsed=true]\r\x1b[0K", "noise\n", "section_end:2:deps\r\x1b[0K", "after\n"];
         let out = render(&chunks, false, false);
         assert!(!out.contains("noise") && out.contains("deps (collapsed)") && out.contains("after"), "{out:?}");
         assert!(render(&chunks, false, true).contains("noise"));
@@ -224,12 +238,17 @@ mod tests {
     #[test]
     fn a_silent_command_gets_a_notice() {
         let buffer = Buffer::default();
-        let sink = TerminalSink::new(Box::new(buffer.clone()), TerminalOptions { color: false, verbose: false, silence_notice_after: Some(Duration::from_millis(300)) });
+        let sink = TerminalSink::new(
+            Box::new(buffer.clone()),
+            TerminalOptions { color: false, verbose: false, silence_notice_after: Some(Duration::from_millis(300)) },
+        );
         sink.write(b"start\n");
         let mut seen = false;
         for _ in 0..40 {
             std::thread::sleep(Duration::from_millis(50));
-            if String::from_utf8_lossy(&buffer.0.lock().map(|b| b.clone()).unwrap_or_default()).contains("still running") {
+            if String::from_utf8_lossy(&buffer.0.lock().map(|b| b.clone()).unwrap_or_default())
+                .contains("still running")
+            {
                 seen = true;
                 break;
             }

@@ -14,7 +14,8 @@ fn project(fixture: &str) -> tempfile::TempDir {
     std::fs::copy(fixtures().join(fixture), dir.path().join(".gitlab-ci.yml")).expect("copy fixture");
     std::fs::create_dir_all(dir.path().join("included")).expect("mkdir");
     for name in ["one.yml", "two.yml"] {
-        std::fs::copy(fixtures().join("included").join(name), dir.path().join("included").join(name)).expect("copy include");
+        std::fs::copy(fixtures().join("included").join(name), dir.path().join("included").join(name))
+            .expect("copy include");
     }
     std::fs::write(dir.path().join("README.md"), "hi\n").expect("readme");
     let git = |args: &[&str]| {
@@ -65,7 +66,10 @@ fn basic_stages_variables_defaults_and_scripts() {
     assert_eq!(var(test, "LOCAL"), Some("${GLOBAL}-l"), "expansion happens in the job path, as with GitLab");
     assert_eq!((test.allow_failure, test.allow_failure_exit_codes.clone()), (true, vec![3, 4]));
     assert_eq!(test.needs, vec!["build"]);
-    assert_eq!(p.with_needs(&["test".into()]).expect("needs").iter().map(|j| j.name.as_str()).collect::<Vec<_>>(), vec!["build", "test"]);
+    assert_eq!(
+        p.with_needs(&["test".into()]).expect("needs").iter().map(|j| j.name.as_str()).collect::<Vec<_>>(),
+        vec!["build", "test"]
+    );
     assert!(list_table(&p).contains("test   test   on_success  exit codes [3, 4]  build"), "{}", list_table(&p));
 }
 
@@ -75,7 +79,10 @@ fn extends_anchors_merge_keys_and_references() {
     let p = p.expect("loads");
     let job = p.job("job").expect("job");
     assert_eq!(script(job, "script"), vec!["echo setup-1", "echo setup-2", "echo job"]);
-    assert_eq!((var(job, "A"), var(job, "B"), var(job, "C"), var(job, "D")), (Some("1"), Some("middle"), Some("3"), Some("4")));
+    assert_eq!(
+        (var(job, "A"), var(job, "B"), var(job, "C"), var(job, "D")),
+        (Some("1"), Some("middle"), Some("3"), Some("4"))
+    );
     assert_eq!(script(job, "after_script"), vec!["echo other-after"]);
     assert_eq!(job.payload.image, None, "image is not part of a shell payload from exec");
     let anchored = p.job("anchored").expect("anchored");
@@ -97,7 +104,12 @@ fn rules_when_and_workflow() {
     assert_eq!((with_file.when.as_str(), with_file.allow_failure), ("always", true));
 
     let dir = project("rules.yml");
-    let blocked = Pipeline::load(dir.path(), &dir.path().join(".gitlab-ci.yml"), &[("CI_PIPELINE_SOURCE".into(), "schedule".into())]).expect("loads");
+    let blocked = Pipeline::load(
+        dir.path(),
+        &dir.path().join(".gitlab-ci.yml"),
+        &[("CI_PIPELINE_SOURCE".into(), "schedule".into())],
+    )
+    .expect("loads");
     assert!(blocked.workflow_blocked && blocked.jobs().is_empty());
 }
 
@@ -106,11 +118,26 @@ fn parallel_and_matrix_names() {
     let (_dir, p) = load("parallel.yml");
     let p = p.expect("loads");
     let names: Vec<&str> = p.jobs().iter().map(|j| j.name.as_str()).collect();
-    assert_eq!(names, vec!["numbered 1/3", "numbered 2/3", "numbered 3/3", "matrix: [aws, monitoring]", "matrix: [aws, app]", "matrix: [gcp, data]", "uses-artifacts"]);
-    let ordered: Vec<&str> = p.with_needs(&["uses-artifacts".into()]).expect("dependencies order").iter().map(|j| j.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "numbered 1/3",
+            "numbered 2/3",
+            "numbered 3/3",
+            "matrix: [aws, monitoring]",
+            "matrix: [aws, app]",
+            "matrix: [gcp, data]",
+            "uses-artifacts"
+        ]
+    );
+    let ordered: Vec<&str> =
+        p.with_needs(&["uses-artifacts".into()]).expect("dependencies order").iter().map(|j| j.name.as_str()).collect();
     assert_eq!(ordered, vec!["numbered 1/3", "numbered 2/3", "numbered 3/3", "uses-artifacts"]);
     let gcp = p.job("matrix: [gcp, data]").expect("gcp");
-    assert_eq!((var(gcp, "PROVIDER"), var(gcp, "STACK"), var(gcp, "CI_NODE_TOTAL")), (Some("gcp"), Some("data"), Some("3")));
+    assert_eq!(
+        (var(gcp, "PROVIDER"), var(gcp, "STACK"), var(gcp, "CI_NODE_TOTAL")),
+        (Some("gcp"), Some("data"), Some("3"))
+    );
     assert_eq!(var(p.job("numbered 2/3").expect("n2"), "CI_NODE_INDEX"), Some("2"));
     assert_eq!(p.with_needs(&["matrix".into()]).expect("all matrix jobs").len(), 3);
 }
@@ -134,7 +161,10 @@ fn error_for(yaml: &str) -> LocalError {
 fn errors_name_file_line_and_key() {
     let e = error_for("stages: [build]\n\njob:\n  stage: test\n  script: echo\n");
     assert_eq!((e.line, e.key.as_str()), (Some(4), "job.stage"), "{e}");
-    assert!(e.to_string().ends_with(".gitlab-ci.yml:4: job.stage: stage \"test\" is not in stages (.pre, build, .post)"), "{e}");
+    assert!(
+        e.to_string().ends_with(".gitlab-ci.yml:4: job.stage: stage \"test\" is not in stages (.pre, build, .post)"),
+        "{e}"
+    );
     let e = error_for("a:\n  extends: b\n  script: x\nb:\n  extends: a\n  script: y\n");
     assert!(e.message.contains("circular extends"), "{e}");
     assert_eq!(e.line, Some(2));

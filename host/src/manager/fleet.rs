@@ -21,14 +21,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::autoscaler::{
-    AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, PluginProvider,
-    ReadyCommand, RealClock, ReserveError,
+    AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, PluginProvider, ReadyCommand, RealClock,
+    ReserveError,
 };
 use crate::config::autoscaler::{AutoscalerConfig, ConnectorConfigToml, MachineConfig};
+use crate::config::duration::parse_duration;
 use crate::connector::{ConnectSpec, SshAuth, SshSession};
 use crate::job::{ConnectedInstance, InstanceSource, JobControl};
 use crate::plugin::fleeting::{ConnectInfo, ConnectorConfig, Protocol};
-use crate::plugin::grant::parse_duration;
 use crate::plugin::PluginHost;
 use crate::trace::{FailureReason, TraceLog, TraceSink};
 
@@ -58,10 +58,9 @@ impl ConnectorDefaults {
     /// Read the section (and the key file it names).
     pub fn from_config(config: &ConnectorConfigToml) -> Result<Self, String> {
         let key = match &config.key_path {
-            Some(path) => Some(
-                std::fs::read(path)
-                    .map_err(|e| format!("connector_config.key_path {}: {e}", path.display()))?,
-            ),
+            Some(path) => {
+                Some(std::fs::read(path).map_err(|e| format!("connector_config.key_path {}: {e}", path.display()))?)
+            }
             None => None,
         };
         let duration = |value: &Option<String>, key: &str, default: Duration| match value {
@@ -79,11 +78,7 @@ impl ConnectorDefaults {
             username: config.username.clone(),
             password: Some(config.password.clone()).filter(|p| !p.is_empty()),
             key,
-            port: if config.protocol_port == 0 {
-                22
-            } else {
-                config.protocol_port
-            },
+            port: if config.protocol_port == 0 { 22 } else { config.protocol_port },
             keepalive: Some(keepalive).filter(|k| !k.is_zero()),
             timeout: duration(&config.timeout, "timeout", Duration::from_secs(30))?,
             use_external_addr: config.use_external_addr,
@@ -93,25 +88,15 @@ impl ConnectorDefaults {
     /// What the plugin's `init` receives.
     fn plugin_view(&self, config: &ConnectorConfigToml) -> ConnectorConfig {
         ConnectorConfig {
-            os: if config.os.is_empty() {
-                "linux".into()
-            } else {
-                config.os.clone()
-            },
-            arch: if config.arch.is_empty() {
-                "amd64".into()
-            } else {
-                config.arch.clone()
-            },
+            os: if config.os.is_empty() { "linux".into() } else { config.os.clone() },
+            arch: if config.arch.is_empty() { "amd64".into() } else { config.arch.clone() },
             protocol: Protocol::Ssh,
             protocol_port: self.port,
             username: self.username.clone(),
             password: self.password.clone(),
             key: self.key.clone(),
             use_static_credentials: config.use_static_credentials,
-            keepalive_seconds: self
-                .keepalive
-                .map_or(0, |k| u32::try_from(k.as_secs()).unwrap_or(u32::MAX)),
+            keepalive_seconds: self.keepalive.map_or(0, |k| u32::try_from(k.as_secs()).unwrap_or(u32::MAX)),
             timeout_seconds: u32::try_from(self.timeout.as_secs()).unwrap_or(u32::MAX),
         }
     }
@@ -128,35 +113,20 @@ impl ConnectorDefaults {
             .or(second.as_deref())
             .filter(|a| !a.is_empty())
             .ok_or_else(|| format!("the provider gave no address for instance {}", info.id))?;
-        let port = if info.connector.protocol_port == 0 {
-            self.port
-        } else {
-            info.connector.protocol_port
-        };
+        let port = if info.connector.protocol_port == 0 { self.port } else { info.connector.protocol_port };
         let (host, port) = split_host_port(address, port)?;
-        let username = if info.connector.username.is_empty() {
-            self.username.clone()
-        } else {
-            info.connector.username.clone()
-        };
+        let username =
+            if info.connector.username.is_empty() { self.username.clone() } else { info.connector.username.clone() };
         if username.is_empty() {
             return Err("no SSH user: set [runners.autoscaler.connector_config] username".into());
         }
         let auth = match (
             info.connector.key.clone().or_else(|| self.key.clone()),
-            info.connector
-                .password
-                .clone()
-                .or_else(|| self.password.clone()),
+            info.connector.password.clone().or_else(|| self.password.clone()),
         ) {
-            (Some(pem), _) => SshAuth::Key {
-                pem,
-                passphrase: None,
-            },
+            (Some(pem), _) => SshAuth::Key { pem, passphrase: None },
             (None, Some(password)) => SshAuth::Password(password),
-            (None, None) => {
-                return Err("no SSH credentials: set connector_config key_path or password".into())
-            }
+            (None, None) => return Err("no SSH credentials: set connector_config key_path or password".into()),
         };
         let keepalive = match info.connector.keepalive_seconds {
             0 => self.keepalive,
@@ -166,24 +136,14 @@ impl ConnectorDefaults {
             0 => self.timeout,
             s => Duration::from_secs(u64::from(s)),
         };
-        Ok(ConnectSpec {
-            host,
-            port,
-            username,
-            auth,
-            keepalive,
-            timeout,
-            host_key: None,
-        })
+        Ok(ConnectSpec { host, port, username, auth, keepalive, timeout, host_key: None })
     }
 }
 
 /// `host`, `host:port`, `[v6]:port`.
 fn split_host_port(address: &str, default_port: u16) -> Result<(String, u16), String> {
     if let Some(rest) = address.strip_prefix('[') {
-        let (host, tail) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("bad address {address:?}"))?;
+        let (host, tail) = rest.split_once(']').ok_or_else(|| format!("bad address {address:?}"))?;
         let port = match tail.strip_prefix(':') {
             Some(p) => p.parse().map_err(|_| format!("bad port in {address:?}"))?,
             None => default_port,
@@ -191,11 +151,9 @@ fn split_host_port(address: &str, default_port: u16) -> Result<(String, u16), St
         return Ok((host.to_string(), port));
     }
     match address.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') => Ok((
-            host.to_string(),
-            port.parse()
-                .map_err(|_| format!("bad port in {address:?}"))?,
-        )),
+        Some((host, port)) if !host.contains(':') => {
+            Ok((host.to_string(), port.parse().map_err(|_| format!("bad port in {address:?}"))?))
+        }
         _ => Ok((address.to_string(), default_port)),
     }
 }
@@ -214,11 +172,8 @@ struct Connector {
 
 impl Connector {
     async fn connect(&self, instance: &str) -> Result<SshSession, String> {
-        let info = self
-            .provider
-            .connect_info(instance)
-            .await
-            .map_err(|e| format!("connect info for {instance}: {e}"))?;
+        let info =
+            self.provider.connect_info(instance).await.map_err(|e| format!("connect info for {instance}: {e}"))?;
         let spec = self.defaults.spec(&info)?;
         SshSession::connect(&spec).await.map_err(|e| e.to_string())
     }
@@ -282,18 +237,10 @@ pub struct Fleet {
 }
 
 /// Where a runner's fleet state lives: `<dir>/<runner short token>.json`.
-pub fn state_file(
-    config: &AutoscalerConfig,
-    config_dir: &Path,
-    short_token: &str,
-) -> Option<PathBuf> {
+pub fn state_file(config: &AutoscalerConfig, config_dir: &Path, short_token: &str) -> Option<PathBuf> {
     let storage = &config.state_storage;
     storage.enabled.then(|| {
-        storage
-            .dir
-            .clone()
-            .unwrap_or_else(|| config_dir.join(".taskscaler"))
-            .join(format!("{short_token}.json"))
+        storage.dir.clone().unwrap_or_else(|| config_dir.join(".taskscaler")).join(format!("{short_token}.json"))
     })
 }
 
@@ -322,9 +269,7 @@ impl Fleet {
         tracing::info!(runner = name, plugin = %config.plugin, group = %provider.info.id, "fleet provider ready");
         let settings = config.settings(machine, runner_limit);
         let clock = Arc::new(RealClock::new());
-        let saved = state_file
-            .as_deref()
-            .and_then(|path| load_state(path, manager_id));
+        let saved = state_file.as_deref().and_then(|path| load_state(path, manager_id));
         let scaler = match &saved {
             Some(snapshot) => {
                 tracing::info!(
@@ -343,10 +288,7 @@ impl Fleet {
             scaler: scaler.clone(),
             connector: connector.clone(),
             failure_threshold: config.failure_threshold.max(1),
-            shutdown_deletion: (
-                config.shutdown_deletion_interval,
-                config.shutdown_deletion_retries,
-            ),
+            shutdown_deletion: (config.shutdown_deletion_interval, config.shutdown_deletion_retries),
             delete_on_shutdown: config.delete_instances_on_shutdown,
             jobs: Mutex::default(),
             acquired: Mutex::default(),
@@ -356,17 +298,12 @@ impl Fleet {
             cancel: CancellationToken::new(),
             tasks: Mutex::default(),
         });
-        let ready: Arc<dyn ReadyCommand> = Arc::new(ReadyOverSsh {
-            connector,
-            command: config.instance_ready_command.clone(),
-        });
+        let ready: Arc<dyn ReadyCommand> =
+            Arc::new(ReadyOverSsh { connector, command: config.instance_ready_command.clone() });
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let run = tokio::spawn(scaler.run(ready, events_tx, fleet.cancel.clone()));
         let events = tokio::spawn(handle_events(Arc::downgrade(&fleet), events_rx));
-        let saver = tokio::spawn(save_periodically(
-            Arc::downgrade(&fleet),
-            fleet.cancel.clone(),
-        ));
+        let saver = tokio::spawn(save_periodically(Arc::downgrade(&fleet), fleet.cancel.clone()));
         if let Ok(mut tasks) = fleet.tasks.lock() {
             tasks.extend([run, events, saver]);
         }
@@ -375,11 +312,7 @@ impl Fleet {
 
     /// A fresh reservation key.
     pub fn next_key(&self) -> String {
-        format!(
-            "{}/{}",
-            self.name,
-            self.sequence.fetch_add(1, Ordering::Relaxed)
-        )
+        format!("{}/{}", self.name, self.sequence.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Claim a slot before asking GitLab for a job.
@@ -450,24 +383,15 @@ impl Fleet {
     /// them to go (`shutdown_deletion_interval` × `shutdown_deletion_retries`); save the state.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
-        let tasks: Vec<_> = self
-            .tasks
-            .lock()
-            .map(|mut t| std::mem::take(&mut *t))
-            .unwrap_or_default();
+        let tasks: Vec<_> = self.tasks.lock().map(|mut t| std::mem::take(&mut *t)).unwrap_or_default();
         for task in tasks {
             let _ = task.await;
         }
         if self.delete_on_shutdown {
             let (interval, retries) = self.shutdown_deletion;
             for _ in 0..retries.max(1) {
-                let remaining = self
-                    .connector
-                    .provider
-                    .call(|g| Box::pin(g.update()))
-                    .await
-                    .map(|l| l.len())
-                    .unwrap_or(0);
+                let remaining =
+                    self.connector.provider.call(|g| Box::pin(g.update())).await.map(|l| l.len()).unwrap_or(0);
                 if remaining == 0 {
                     break;
                 }
@@ -480,10 +404,7 @@ impl Fleet {
 
     fn save(&self) {
         let Some(path) = &self.state_file else { return };
-        let state = SavedState {
-            manager: self.manager_id.clone(),
-            snapshot: self.scaler.snapshot(),
-        };
+        let state = SavedState { manager: self.manager_id.clone(), snapshot: self.scaler.snapshot() };
         if let Err(e) = write_state(path, &state) {
             tracing::warn!(runner = %self.name, path = %path.display(), "cannot save the fleet state: {e}");
         }
@@ -521,15 +442,8 @@ impl InstanceSource for Fleet {
             _ = abort.cancelled() => return Err("the job was aborted while connecting to its instance".into()),
         };
         let home = remote_home(&session, self.connector.defaults.timeout).await;
-        trace.println(&format!(
-            "Connected to instance {} over SSH",
-            acquisition.instance
-        ));
-        Ok(ConnectedInstance {
-            id: acquisition.instance,
-            remote: Arc::new(session),
-            home,
-        })
+        trace.println(&format!("Connected to instance {} over SSH", acquisition.instance));
+        Ok(ConnectedInstance { id: acquisition.instance, remote: Arc::new(session), home })
     }
 }
 
@@ -544,41 +458,27 @@ async fn remote_home(session: &SshSession, timeout: Duration) -> Option<String> 
             }
         }
     };
-    let stop = crate::plugin::StopSignal::new();
+    let stop = crate::stop::StopSignal::new();
     let run = session.exec("printf %s \"$HOME\"", None, &sink, &stop);
     match tokio::time::timeout(timeout, run).await {
         Ok(Ok(0)) => {
-            let text = output
-                .lock()
-                .ok()
-                .map(|o| String::from_utf8_lossy(&o).trim().to_string())?;
+            let text = output.lock().ok().map(|o| String::from_utf8_lossy(&o).trim().to_string())?;
             Some(text).filter(|h| h.starts_with('/'))
         }
         _ => None,
     }
 }
 
-async fn handle_events(
-    fleet: std::sync::Weak<Fleet>,
-    mut events: mpsc::UnboundedReceiver<EngineEvent>,
-) {
+async fn handle_events(fleet: std::sync::Weak<Fleet>, mut events: mpsc::UnboundedReceiver<EngineEvent>) {
     while let Some(event) = events.recv().await {
         let Some(fleet) = fleet.upgrade() else { return };
         match event {
-            EngineEvent::InstanceLost {
-                instance,
-                keys,
-                reason,
-            } => {
+            EngineEvent::InstanceLost { instance, keys, reason } => {
                 tracing::warn!(runner = %fleet.name, instance, reason = reason.as_str(), jobs = keys.len(), "instance lost under running jobs");
                 let jobs = fleet
                     .jobs
                     .lock()
-                    .map(|j| {
-                        keys.iter()
-                            .filter_map(|k| j.get(k).cloned())
-                            .collect::<Vec<_>>()
-                    })
+                    .map(|j| keys.iter().filter_map(|k| j.get(k).cloned()).collect::<Vec<_>>())
                     .unwrap_or_default();
                 for control in jobs {
                     control.abort_with(FailureReason::RunnerSystemFailure);
@@ -615,10 +515,7 @@ async fn save_periodically(fleet: std::sync::Weak<Fleet>, cancel: CancellationTo
         if key == last {
             continue;
         }
-        let state = SavedState {
-            manager: fleet.manager_id.clone(),
-            snapshot,
-        };
+        let state = SavedState { manager: fleet.manager_id.clone(), snapshot };
         match write_state(path, &state) {
             Ok(()) => last = key,
             Err(e) => {
@@ -672,42 +569,19 @@ mod tests {
     fn state_is_adopted_only_by_the_manager_that_wrote_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state/runner.json");
-        assert!(
-            load_state(&path, "s_1").is_none(),
-            "no file: nothing to adopt"
-        );
-        let snapshot = EngineSnapshot {
-            version: 1,
-            taken_at: Moment(42),
-            instances: Vec::new(),
-        };
-        write_state(
-            &path,
-            &SavedState {
-                manager: "s_1".into(),
-                snapshot: snapshot.clone(),
-            },
-        )
-        .expect("write");
+        assert!(load_state(&path, "s_1").is_none(), "no file: nothing to adopt");
+        let snapshot = EngineSnapshot { version: 1, taken_at: Moment(42), instances: Vec::new() };
+        write_state(&path, &SavedState { manager: "s_1".into(), snapshot: snapshot.clone() }).expect("write");
         assert_eq!(load_state(&path, "s_1"), Some(snapshot));
-        assert!(
-            load_state(&path, "s_2").is_none(),
-            "another manager's instances are not ours"
-        );
+        assert!(load_state(&path, "s_2").is_none(), "another manager's instances are not ours");
         std::fs::write(&path, b"{ truncated").expect("corrupt");
-        assert!(
-            load_state(&path, "s_1").is_none(),
-            "an unreadable file is ignored"
-        );
+        assert!(load_state(&path, "s_1").is_none(), "an unreadable file is ignored");
     }
 
     #[test]
     fn addresses_split_into_host_and_port() {
         assert_eq!(split_host_port("10.0.0.5", 22), Ok(("10.0.0.5".into(), 22)));
-        assert_eq!(
-            split_host_port("build-2:2222", 22),
-            Ok(("build-2".into(), 2222))
-        );
+        assert_eq!(split_host_port("build-2:2222", 22), Ok(("build-2".into(), 2222)));
         assert_eq!(split_host_port("[::1]:2200", 22), Ok(("::1".into(), 2200)));
         assert_eq!(split_host_port("fe80::1", 22), Ok(("fe80::1".into(), 22)));
         assert!(split_host_port("host:port", 22).is_err());

@@ -19,11 +19,13 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::gitlab::api::{JobApi, JobState, JobUpdate, UpdateOutcome};
-use crate::gitlab::client::{BadJob, FeaturesInfo, GitLabClient, JobClient, RequestJobResult, RunnerCredentials, VersionInfo};
-use crate::gitlab::payload::JobResponse;
 use crate::autoscaler::ReserveError;
+use crate::gitlab::api::{JobApi, JobState, JobUpdate, UpdateOutcome};
+use crate::gitlab::client::{
+    BadJob, FeaturesInfo, GitLabClient, JobClient, RequestJobResult, RunnerCredentials, VersionInfo,
+};
 use crate::job::{fail_unplannable, run_job, InstanceLease, JobControl, JobEnvironment, JobHooks};
+use crate::payload::JobResponse;
 use crate::trace::format::RunnerIdentity;
 use crate::trace::upload::{TraceUploader, UploadConfig};
 use crate::trace::{wire_reason, FailureReason, JobTrace, TraceOptions};
@@ -157,22 +159,43 @@ pub struct Manager {
 
 impl Manager {
     /// A manager for `runners` talking through `client`.
-    pub fn new(settings: ManagerSettings, runners: Vec<RunnerSettings>, client: Arc<GitLabClient>, shutdown: Shutdown) -> Self {
+    pub fn new(
+        settings: ManagerSettings,
+        runners: Vec<RunnerSettings>,
+        client: Arc<GitLabClient>,
+        shutdown: Shutdown,
+    ) -> Self {
         let global = Arc::new(Semaphore::new(settings.concurrent.max(1)));
         Self::with_capacity(settings, runners, client, shutdown, global)
     }
 
     /// A manager sharing `global` capacity with others (a config reload starts a new manager
     /// while the old one's jobs finish; together they still respect `concurrent`).
-    pub fn with_capacity(settings: ManagerSettings, runners: Vec<RunnerSettings>, client: Arc<GitLabClient>, shutdown: Shutdown, global: Arc<Semaphore>) -> Self {
+    pub fn with_capacity(
+        settings: ManagerSettings,
+        runners: Vec<RunnerSettings>,
+        client: Arc<GitLabClient>,
+        shutdown: Shutdown,
+        global: Arc<Semaphore>,
+    ) -> Self {
         let runners = runners
             .into_iter()
             .map(|r| {
                 let executor = &r.env.executor;
-                let info = VersionInfo::this_runner(&executor.info.name, &r.env.settings.shell, features(executor.info.features));
+                let info = VersionInfo::this_runner(
+                    &executor.info.name,
+                    &r.env.settings.shell,
+                    features(executor.info.features),
+                );
                 let limit = if r.limit == 0 { Semaphore::MAX_PERMITS } else { r.limit };
                 let runner_client = r.client.clone().unwrap_or_else(|| client.clone());
-                Arc::new(Runner { info, client: runner_client, limit: Arc::new(Semaphore::new(limit)), slots: Arc::default(), settings: r })
+                Arc::new(Runner {
+                    info,
+                    client: runner_client,
+                    limit: Arc::new(Semaphore::new(limit)),
+                    slots: Arc::default(),
+                    settings: r,
+                })
             })
             .collect();
         Manager { shared: Arc::new(Shared { settings, global, shutdown, stats: Arc::default() }), runners }
@@ -210,7 +233,9 @@ impl Manager {
             if stop.is_cancelled() || forceful.is_cancelled() {
                 pollers.shutdown().await;
                 while let Ok(h) = job_rx.try_recv() {
-                    jobs.spawn(async move { let _ = h.await; });
+                    jobs.spawn(async move {
+                        let _ = h.await;
+                    });
                 }
                 break;
             }
@@ -243,7 +268,11 @@ async fn sleep_or_stop(duration: Duration, stop: &CancellationToken) -> bool {
     }
 }
 
-async fn poll(runner: Arc<Runner>, shared: Arc<Shared>, jobs: tokio::sync::mpsc::UnboundedSender<tokio::task::JoinHandle<()>>) {
+async fn poll(
+    runner: Arc<Runner>,
+    shared: Arc<Shared>,
+    jobs: tokio::sync::mpsc::UnboundedSender<tokio::task::JoinHandle<()>>,
+) {
     let stop = shared.shutdown.graceful.clone();
     let forceful = shared.shutdown.forceful.clone();
     let stop_requesting = CancellationToken::new();
@@ -375,7 +404,9 @@ impl Acceptance {
         let response = self.api.update_job(&JobUpdate::state(JobState::Running)).await;
         match response.outcome {
             UpdateOutcome::Accepted | UpdateOutcome::AcceptedRetryLater(_) => {}
-            UpdateOutcome::Abort | UpdateOutcome::Conflict => return Err("GitLab no longer assigns this job to us".into()),
+            UpdateOutcome::Abort | UpdateOutcome::Conflict => {
+                return Err("GitLab no longer assigns this job to us".into())
+            }
             UpdateOutcome::TraceValidationFailed | UpdateOutcome::Failed(_) => {
                 return Err(format!("accepting the job failed: {:?}", response.outcome));
             }
@@ -452,21 +483,32 @@ impl Drop for Reservation {
 async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse, reservation: Option<Reservation>) {
     let settings = &runner.settings;
     // Never run a job whose secrets cannot be masked: fail it with only the error in its log.
-    let trace = match JobTrace::new(&TraceOptions::for_job(&job, settings.output_limit_kib)) {
+    let trace = match JobTrace::new(&TraceOptions {
+        masked_phrases: job.masked_values(),
+        token_prefixes: job.features.token_mask_prefixes.clone(),
+        output_limit_kib: settings.output_limit_kib,
+    }) {
         Ok(t) => t,
         Err(e) => {
             let error = format!("cannot set up masking for this job's log: {e}");
-            let bad = BadJob { id: job.id, token: job.token.clone(), error, failure_reasons: job.features.failure_reasons.clone() };
+            let bad = BadJob {
+                id: job.id,
+                token: job.token.clone(),
+                error,
+                failure_reasons: job.features.failure_reasons.clone(),
+            };
             return fail_bad_payload(runner, shared, bad).await;
         }
     };
-    let api: Arc<dyn JobApi> = match JobClient::new(runner.client.clone(), &settings.credentials.url, job.id, &job.token, runner.info.clone()) {
-        Ok(c) => Arc::new(c.with_debug_trace(job.variable("CI_DEBUG_TRACE") == Some("true"))),
-        Err(e) => {
-            tracing::error!(job = job.id, "cannot talk to GitLab about job: {e}");
-            return;
-        }
-    };
+    let api: Arc<dyn JobApi> =
+        match JobClient::new(runner.client.clone(), &settings.credentials.url, job.id, &job.token, runner.info.clone())
+        {
+            Ok(c) => Arc::new(c.with_debug_trace(job.variable("CI_DEBUG_TRACE") == Some("true"))),
+            Err(e) => {
+                tracing::error!(job = job.id, "cannot talk to GitLab about job: {e}");
+                return;
+            }
+        };
     let keepalive = CancellationToken::new();
     start_pending_keepalive(api.clone(), shared.settings.pending_keepalive, keepalive.clone());
 
@@ -555,15 +597,21 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
 /// `runner_system_failure` — never leave it running until GitLab's timeout.
 async fn fail_bad_payload(runner: Arc<Runner>, shared: Arc<Shared>, bad: BadJob) {
     let settings = &runner.settings;
-    let api: Arc<dyn JobApi> = match JobClient::new(runner.client.clone(), &settings.credentials.url, bad.id, &bad.token, runner.info.clone()) {
-        Ok(c) => Arc::new(c),
-        Err(e) => {
-            tracing::error!(job = bad.id, "cannot report bad job payload: {e}");
-            return;
-        }
-    };
+    let api: Arc<dyn JobApi> =
+        match JobClient::new(runner.client.clone(), &settings.credentials.url, bad.id, &bad.token, runner.info.clone())
+        {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                tracing::error!(job = bad.id, "cannot report bad job payload: {e}");
+                return;
+            }
+        };
     tracing::error!(job = bad.id, "{}", bad.error);
-    let Ok(trace) = JobTrace::new(&TraceOptions { masked_phrases: vec![bad.token.clone()], token_prefixes: Vec::new(), output_limit_kib: settings.output_limit_kib }) else {
+    let Ok(trace) = JobTrace::new(&TraceOptions {
+        masked_phrases: vec![bad.token.clone()],
+        token_prefixes: Vec::new(),
+        output_limit_kib: settings.output_limit_kib,
+    }) else {
         return;
     };
     let hooks = Acceptance {
@@ -598,8 +646,8 @@ async fn fail_bad_payload(runner: Arc<Runner>, shared: Arc<Shared>, bad: BadJob)
 /// The identity printed in job headers.
 pub fn identity(name: &str, short_token: &str, system_id: &str) -> RunnerIdentity {
     RunnerIdentity {
-        version: env!("CARGO_PKG_VERSION").into(),
-        revision: option_env!("RUNWAY_REVISION").unwrap_or("unknown").into(),
+        version: crate::buildinfo::VERSION.into(),
+        revision: crate::buildinfo::REVISION.into(),
         name: name.into(),
         short_token: short_token.into(),
         system_id: system_id.into(),

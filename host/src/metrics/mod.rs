@@ -12,9 +12,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 
+use crate::autoscaler::RemovalReason;
 use crate::config::Loaded;
 use crate::gitlab::client::{Endpoint, RequestHook};
-use crate::autoscaler::RemovalReason;
 use crate::manager::fleet::Fleet;
 use crate::manager::ManagerStats;
 
@@ -56,7 +56,12 @@ impl Metrics {
     pub fn attach(&self, stats: Arc<ManagerStats>, loaded: &Loaded) {
         if let Ok(mut inner) = self.inner.lock() {
             inner.stats.push(stats);
-            inner.limits = loaded.config.runners.iter().map(|r| (crate::config::short_token(&r.resolved_token()), r.limit)).collect();
+            inner.limits = loaded
+                .config
+                .runners
+                .iter()
+                .map(|r| (crate::config::short_token(&r.resolved_token()), r.limit))
+                .collect();
         }
     }
 
@@ -78,7 +83,8 @@ impl Metrics {
         Arc::new(move |endpoint: Endpoint, method: &reqwest::Method, status: Option<u16>, duration: Duration| {
             if let Ok(mut inner) = inner.lock() {
                 let status = status.map(|s| s.to_string()).unwrap_or_else(|| "error".into());
-                *inner.api_requests.entry((endpoint.as_str().to_string(), status, method.to_string())).or_default() += 1;
+                *inner.api_requests.entry((endpoint.as_str().to_string(), status, method.to_string())).or_default() +=
+                    1;
                 let entry = inner.api_durations.entry(endpoint.as_str().to_string()).or_default();
                 entry.0 += duration.as_secs_f64();
                 entry.1 += 1;
@@ -91,25 +97,37 @@ impl Metrics {
         let Ok(inner) = self.inner.lock() else { return String::new() };
         let mut out = String::new();
         let sid = &inner.system_id;
-        let _ = writeln!(out, "# HELP gitlab_runner_version_info Runner version information.\n# TYPE gitlab_runner_version_info gauge");
+        let _ = writeln!(
+            out,
+            "# HELP gitlab_runner_version_info Runner version information.\n# TYPE gitlab_runner_version_info gauge"
+        );
         let _ = writeln!(
             out,
             "gitlab_runner_version_info{{name=\"runway\",version=\"{}\",os=\"{}\",architecture=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION"),
-            std::env::consts::OS,
-            crate::gitlab::client::go_arch()
+            crate::buildinfo::VERSION,
+            crate::buildinfo::OS,
+            crate::buildinfo::go_arch()
         );
         let _ = writeln!(out, "# HELP gitlab_runner_concurrent The current value of concurrent setting\n# TYPE gitlab_runner_concurrent gauge");
         let _ = writeln!(out, "gitlab_runner_concurrent{{system_id=\"{sid}\"}} {}", inner.concurrent);
-        let _ = writeln!(out, "# HELP gitlab_runner_limit The current value of limit setting\n# TYPE gitlab_runner_limit gauge");
+        let _ = writeln!(
+            out,
+            "# HELP gitlab_runner_limit The current value of limit setting\n# TYPE gitlab_runner_limit gauge"
+        );
         for (runner, limit) in &inner.limits {
             let _ = writeln!(out, "gitlab_runner_limit{{runner=\"{runner}\",system_id=\"{sid}\"}} {limit}");
         }
         let running: usize = inner.stats.iter().map(|s| s.running.load(Ordering::SeqCst)).sum();
         let finished: usize = inner.stats.iter().map(|s| s.finished.load(Ordering::SeqCst)).sum();
-        let _ = writeln!(out, "# HELP gitlab_runner_jobs The current number of running builds.\n# TYPE gitlab_runner_jobs gauge");
+        let _ = writeln!(
+            out,
+            "# HELP gitlab_runner_jobs The current number of running builds.\n# TYPE gitlab_runner_jobs gauge"
+        );
         let _ = writeln!(out, "gitlab_runner_jobs{{state=\"running\",system_id=\"{sid}\"}} {running}");
-        let _ = writeln!(out, "# HELP gitlab_runner_jobs_total Total number of handled jobs\n# TYPE gitlab_runner_jobs_total counter");
+        let _ = writeln!(
+            out,
+            "# HELP gitlab_runner_jobs_total Total number of handled jobs\n# TYPE gitlab_runner_jobs_total counter"
+        );
         let _ = writeln!(out, "gitlab_runner_jobs_total{{system_id=\"{sid}\"}} {}", finished + running);
         let mut failed: BTreeMap<String, u64> = BTreeMap::new();
         let mut durations: Vec<f64> = Vec::new();
@@ -125,15 +143,27 @@ impl Metrics {
         }
         let _ = writeln!(out, "# HELP gitlab_runner_failed_jobs_total Total number of failed jobs\n# TYPE gitlab_runner_failed_jobs_total counter");
         for (reason, count) in &failed {
-            let _ = writeln!(out, "gitlab_runner_failed_jobs_total{{failure_reason=\"{reason}\",system_id=\"{sid}\"}} {count}");
+            let _ = writeln!(
+                out,
+                "gitlab_runner_failed_jobs_total{{failure_reason=\"{reason}\",system_id=\"{sid}\"}} {count}"
+            );
         }
         let _ = writeln!(out, "# HELP gitlab_runner_job_duration_seconds Histogram of job durations\n# TYPE gitlab_runner_job_duration_seconds histogram");
         for bound in JOB_DURATION_BUCKETS {
             let n = durations.iter().filter(|d| **d <= *bound).count();
-            let _ = writeln!(out, "gitlab_runner_job_duration_seconds_bucket{{system_id=\"{sid}\",le=\"{bound}\"}} {n}");
+            let _ =
+                writeln!(out, "gitlab_runner_job_duration_seconds_bucket{{system_id=\"{sid}\",le=\"{bound}\"}} {n}");
         }
-        let _ = writeln!(out, "gitlab_runner_job_duration_seconds_bucket{{system_id=\"{sid}\",le=\"+Inf\"}} {}", durations.len());
-        let _ = writeln!(out, "gitlab_runner_job_duration_seconds_sum{{system_id=\"{sid}\"}} {}", durations.iter().sum::<f64>());
+        let _ = writeln!(
+            out,
+            "gitlab_runner_job_duration_seconds_bucket{{system_id=\"{sid}\",le=\"+Inf\"}} {}",
+            durations.len()
+        );
+        let _ = writeln!(
+            out,
+            "gitlab_runner_job_duration_seconds_sum{{system_id=\"{sid}\"}} {}",
+            durations.iter().sum::<f64>()
+        );
         let _ = writeln!(out, "gitlab_runner_job_duration_seconds_count{{system_id=\"{sid}\"}} {}", durations.len());
         let _ = writeln!(
             out,
@@ -147,7 +177,10 @@ impl Metrics {
         }
         let _ = writeln!(out, "# HELP gitlab_runner_api_request_duration_seconds Latency of API requests.\n# TYPE gitlab_runner_api_request_duration_seconds summary");
         for (endpoint, (sum, count)) in &inner.api_durations {
-            let _ = writeln!(out, "gitlab_runner_api_request_duration_seconds_sum{{system_id=\"{sid}\",endpoint=\"{endpoint}\"}} {sum}");
+            let _ = writeln!(
+                out,
+                "gitlab_runner_api_request_duration_seconds_sum{{system_id=\"{sid}\",endpoint=\"{endpoint}\"}} {sum}"
+            );
             let _ = writeln!(out, "gitlab_runner_api_request_duration_seconds_count{{system_id=\"{sid}\",endpoint=\"{endpoint}\"}} {count}");
         }
         render_fleets(&mut out, sid, &inner.fleets);
@@ -161,7 +194,8 @@ fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
     if fleets.is_empty() {
         return;
     }
-    let all: Vec<(String, crate::autoscaler::EngineMetrics)> = fleets.iter().map(|f| (f.name().to_string(), f.metrics())).collect();
+    let all: Vec<(String, crate::autoscaler::EngineMetrics)> =
+        fleets.iter().map(|f| (f.name().to_string(), f.metrics())).collect();
     let family = |out: &mut String, name: &str, kind: &str, help: &str| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     };
@@ -173,14 +207,26 @@ fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
             ("running", m.instances_ready),
             ("deleting", m.instances_deleting),
         ] {
-            let _ = writeln!(out, "fleeting_provisioner_instances{{runner=\"{runner}\",system_id=\"{sid}\",state=\"{state}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "fleeting_provisioner_instances{{runner=\"{runner}\",system_id=\"{sid}\",state=\"{state}\"}} {n}"
+            );
         }
     }
     family(out, "fleeting_provisioner_desired_instances", "gauge", "Instances the active policy wants.");
     for (runner, m) in &all {
-        let _ = writeln!(out, "fleeting_provisioner_desired_instances{{runner=\"{runner}\",system_id=\"{sid}\"}} {}", m.desired_instances);
+        let _ = writeln!(
+            out,
+            "fleeting_provisioner_desired_instances{{runner=\"{runner}\",system_id=\"{sid}\"}} {}",
+            m.desired_instances
+        );
     }
-    family(out, "fleeting_provisioner_instance_operations_total", "counter", "Instance creations requested and removals by reason.");
+    family(
+        out,
+        "fleeting_provisioner_instance_operations_total",
+        "counter",
+        "Instance creations requested and removals by reason.",
+    );
     for (runner, m) in &all {
         let _ = writeln!(
             out,
@@ -196,7 +242,12 @@ fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
             );
         }
     }
-    family(out, "fleeting_provisioner_failures_total", "counter", "Provisioning, readiness, heartbeat and provider failures.");
+    family(
+        out,
+        "fleeting_provisioner_failures_total",
+        "counter",
+        "Provisioning, readiness, heartbeat and provider failures.",
+    );
     for (runner, m) in &all {
         for (kind, n) in [
             ("provisioning", m.provisioning_failures_total),
@@ -205,7 +256,10 @@ fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
             ("provider", m.provider_errors_total),
             ("instance_lost", m.instances_lost_total),
         ] {
-            let _ = writeln!(out, "fleeting_provisioner_failures_total{{runner=\"{runner}\",system_id=\"{sid}\",kind=\"{kind}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "fleeting_provisioner_failures_total{{runner=\"{runner}\",system_id=\"{sid}\",kind=\"{kind}\"}} {n}"
+            );
         }
     }
     family(out, "fleeting_taskscaler_tasks", "gauge", "Job slots by state.");
@@ -218,17 +272,37 @@ fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
             ("unavailable", m.slots_unavailable),
             ("unhealthy", m.slots_unhealthy),
         ] {
-            let _ = writeln!(out, "fleeting_taskscaler_tasks{{runner=\"{runner}\",system_id=\"{sid}\",state=\"{state}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "fleeting_taskscaler_tasks{{runner=\"{runner}\",system_id=\"{sid}\",state=\"{state}\"}} {n}"
+            );
         }
     }
     family(out, "fleeting_taskscaler_idle_target", "gauge", "Idle slots the active policy keeps.");
     for (runner, m) in &all {
-        let _ = writeln!(out, "fleeting_taskscaler_idle_target{{runner=\"{runner}\",system_id=\"{sid}\"}} {}", m.idle_target);
+        let _ = writeln!(
+            out,
+            "fleeting_taskscaler_idle_target{{runner=\"{runner}\",system_id=\"{sid}\"}} {}",
+            m.idle_target
+        );
     }
-    family(out, "fleeting_taskscaler_acquisitions_total", "counter", "Slots acquired by jobs, and acquisitions that timed out.");
+    family(
+        out,
+        "fleeting_taskscaler_acquisitions_total",
+        "counter",
+        "Slots acquired by jobs, and acquisitions that timed out.",
+    );
     for (runner, m) in &all {
-        let _ = writeln!(out, "fleeting_taskscaler_acquisitions_total{{runner=\"{runner}\",system_id=\"{sid}\",result=\"acquired\"}} {}", m.acquisitions_total);
-        let _ = writeln!(out, "fleeting_taskscaler_acquisitions_total{{runner=\"{runner}\",system_id=\"{sid}\",result=\"timeout\"}} {}", m.acquisition_timeouts_total);
+        let _ = writeln!(
+            out,
+            "fleeting_taskscaler_acquisitions_total{{runner=\"{runner}\",system_id=\"{sid}\",result=\"acquired\"}} {}",
+            m.acquisitions_total
+        );
+        let _ = writeln!(
+            out,
+            "fleeting_taskscaler_acquisitions_total{{runner=\"{runner}\",system_id=\"{sid}\",result=\"timeout\"}} {}",
+            m.acquisition_timeouts_total
+        );
     }
 }
 
@@ -240,10 +314,16 @@ pub struct ServerHandle {
 
 /// Serve metrics and health on `address` (`host:port`).
 pub async fn serve(address: &str, metrics: Metrics) -> anyhow::Result<ServerHandle> {
-    let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| anyhow::anyhow!("listen_address {address}: {e}"))?;
+    let listener =
+        tokio::net::TcpListener::bind(address).await.map_err(|e| anyhow::anyhow!("listen_address {address}: {e}"))?;
     let local = listener.local_addr()?;
     let app = axum::Router::new()
-        .route("/metrics", get(|State(m): State<Metrics>| async move { ([("content-type", "text/plain; version=0.0.4")], m.render()) }))
+        .route(
+            "/metrics",
+            get(
+                |State(m): State<Metrics>| async move { ([("content-type", "text/plain; version=0.0.4")], m.render()) },
+            ),
+        )
         .route("/health/live", get(|| async { (StatusCode::OK, "ok\n") }))
         .route(
             "/health/ready",
@@ -258,7 +338,8 @@ pub async fn serve(address: &str, metrics: Metrics) -> anyhow::Result<ServerHand
         .route(
             "/debug/jobs/list",
             get(|State(m): State<Metrics>| async move {
-                let running: usize = m.inner.lock().map(|i| i.stats.iter().map(|s| s.running.load(Ordering::SeqCst)).sum()).unwrap_or(0);
+                let running: usize =
+                    m.inner.lock().map(|i| i.stats.iter().map(|s| s.running.load(Ordering::SeqCst)).sum()).unwrap_or(0);
                 format!("running={running}\n")
             }),
         )

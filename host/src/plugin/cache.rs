@@ -29,7 +29,12 @@ impl CompileCache {
 
     /// The component for `bytes`: from the cache when present, else compiled and stored.
     /// Returns whether it came from the cache.
-    pub fn load_or_compile(&self, engine: &Engine, bytes: &[u8], content_hash: &str) -> anyhow::Result<(Component, bool)> {
+    pub fn load_or_compile(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+        content_hash: &str,
+    ) -> anyhow::Result<(Component, bool)> {
         if let Some(path) = self.entry(content_hash) {
             // Read into memory rather than mmap: a cache file truncated by someone else while
             // mapped would crash the runner with SIGBUS.

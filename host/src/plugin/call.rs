@@ -80,7 +80,10 @@ const WATCHDOG_GRACE: Duration = Duration::from_millis(500);
 
 /// Run `call` under `budget`; the watchdog abandons it (dropping the future) when the budget
 /// runs out while the guest is blocked where epochs cannot interrupt it.
-pub async fn guarded<R>(budget: Arc<CallBudget>, call: impl Future<Output = wasmtime::Result<R>>) -> Result<R, RawFailure> {
+pub async fn guarded<R>(
+    budget: Arc<CallBudget>,
+    call: impl Future<Output = wasmtime::Result<R>>,
+) -> Result<R, RawFailure> {
     budget.start_call();
     let watchdog = async {
         loop {
@@ -105,7 +108,9 @@ pub enum RawFailure {
 /// Name the cause of a failure of `plugin`'s call; `store` gives the plugin's stderr.
 pub fn classify(plugin: &str, failure: RawFailure, state: &PluginState) -> PluginError {
     let (kind, message) = match failure {
-        RawFailure::Abandoned(limit) => (PluginErrorKind::Timeout, format!("blocked for more than call_timeout = {limit:?}")),
+        RawFailure::Abandoned(limit) => {
+            (PluginErrorKind::Timeout, format!("blocked for more than call_timeout = {limit:?}"))
+        }
         RawFailure::Error(err) => {
             let text = format!("{err:#}");
             if let Some(over) = err.downcast_ref::<OverBudget>() {

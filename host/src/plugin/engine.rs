@@ -43,7 +43,10 @@ impl PluginEngine {
             Ok(engine) => (engine, Allocator::Pooling),
             Err(e) => {
                 tracing::warn!("pooling allocator unavailable ({e:#}); using on-demand allocation");
-                (Engine::new(&base_config()).map_err(|e| anyhow::anyhow!("creating the wasm engine: {e:#}"))?, Allocator::OnDemand)
+                (
+                    Engine::new(&base_config()).map_err(|e| anyhow::anyhow!("creating the wasm engine: {e:#}"))?,
+                    Allocator::OnDemand,
+                )
             }
         };
         let ticker_stop = Arc::new(AtomicBool::new(false));

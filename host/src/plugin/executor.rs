@@ -6,14 +6,15 @@ use std::sync::Arc;
 use wasmtime::component::ResourceAny;
 use wasmtime::Store;
 
-use crate::plugin::bindings::executor::exports::runway::executor::executor::{ExecutorError, Job, ProviderInfo, StageScript};
-use crate::plugin::bindings::executor::ExecutorPlugin;
+use crate::bindings::executor::exports::runway::executor::executor::{ExecutorError, Job, ProviderInfo, StageScript};
+use crate::bindings::executor::ExecutorPlugin;
 use crate::plugin::call::{classify, guarded, PluginError, PluginErrorKind, RawFailure};
 use crate::plugin::registry::{LoadedPlugin, PluginPre};
-use crate::plugin::state::{CallContext, PluginState, StopSignal};
+use crate::plugin::state::{CallContext, PluginState};
 use crate::plugin::PluginHost;
+use crate::stop::StopSignal;
 
-pub use crate::plugin::bindings::executor::runway::executor::types::{Features, Image};
+pub use crate::bindings::executor::runway::executor::types::{Features, Image};
 
 /// Why an executor step failed.
 #[derive(Debug, Clone)]
@@ -28,7 +29,9 @@ impl std::fmt::Display for ExecutorFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ExecutorFailure::Plugin(e) => write!(f, "{e}"),
-            ExecutorFailure::Executor(ExecutorError::InvalidConfig(m)) => write!(f, "invalid executor configuration: {m}"),
+            ExecutorFailure::Executor(ExecutorError::InvalidConfig(m)) => {
+                write!(f, "invalid executor configuration: {m}")
+            }
             ExecutorFailure::Executor(ExecutorError::Unavailable(m)) => write!(f, "executor unavailable: {m}"),
             ExecutorFailure::Executor(ExecutorError::Canceled) => f.write_str("canceled"),
             ExecutorFailure::Executor(ExecutorError::Other(m)) => f.write_str(m),
@@ -43,7 +46,9 @@ impl PluginHost {
         let plugins = self.registry.plugins.load();
         match plugins.get(name) {
             Some(p) if matches!(p.pre, PluginPre::Executor(_)) => Ok(p.clone()),
-            Some(p) => Err(p.error(PluginErrorKind::Incompatible, format!("is a {} plugin, not an executor", p.meta.kind))),
+            Some(p) => {
+                Err(p.error(PluginErrorKind::Incompatible, format!("is a {} plugin, not an executor", p.meta.kind)))
+            }
             None => Err(PluginError {
                 plugin: name.to_string(),
                 kind: PluginErrorKind::NotFound,
@@ -56,10 +61,16 @@ impl PluginHost {
     }
 
     /// Ask executor `plugin` to describe itself and validate `config_json`.
-    pub async fn executor_info(&self, plugin: &Arc<LoadedPlugin>, config_json: &str) -> Result<ProviderInfo, ExecutorFailure> {
+    pub async fn executor_info(
+        &self,
+        plugin: &Arc<LoadedPlugin>,
+        config_json: &str,
+    ) -> Result<ProviderInfo, ExecutorFailure> {
         let mut session = self.start_executor(plugin, CallContext::default()).await.map_err(ExecutorFailure::Plugin)?;
         let budget = session.store.data().budget.clone();
-        let result = guarded(budget, session.bindings.runway_executor_executor().call_info(&mut session.store, config_json)).await;
+        let result =
+            guarded(budget, session.bindings.runway_executor_executor().call_info(&mut session.store, config_json))
+                .await;
         match result {
             Ok(Ok(info)) => Ok(info),
             Ok(Err(e)) => Err(ExecutorFailure::Executor(e)),
@@ -68,7 +79,11 @@ impl PluginHost {
     }
 
     /// A fresh instance of executor `plugin` for one job.
-    pub async fn start_executor(&self, plugin: &Arc<LoadedPlugin>, call: CallContext) -> Result<ExecutorSession, PluginError> {
+    pub async fn start_executor(
+        &self,
+        plugin: &Arc<LoadedPlugin>,
+        call: CallContext,
+    ) -> Result<ExecutorSession, PluginError> {
         let PluginPre::Executor(pre) = &plugin.pre else {
             return Err(plugin.error(PluginErrorKind::Incompatible, "not an executor plugin"));
         };
@@ -122,12 +137,16 @@ impl ExecutorSession {
     pub async fn resume(&mut self, job: &Job, state: &str) -> Result<(), ExecutorFailure> {
         self.check_usable()?;
         let budget = self.store.data().budget.clone();
-        let result = guarded(budget, self.bindings.runway_executor_executor().call_resume(&mut self.store, job, state)).await;
+        let result =
+            guarded(budget, self.bindings.runway_executor_executor().call_resume(&mut self.store, job, state)).await;
         self.adopt_environment(result)
     }
 
     /// Keep the environment `prepare` or `resume` returned, or turn their failure into ours.
-    fn adopt_environment(&mut self, result: Result<Result<ResourceAny, ExecutorError>, RawFailure>) -> Result<(), ExecutorFailure> {
+    fn adopt_environment(
+        &mut self,
+        result: Result<Result<ResourceAny, ExecutorError>, RawFailure>,
+    ) -> Result<(), ExecutorFailure> {
         match result {
             Ok(Ok(env)) => {
                 self.environment = Some(env);
@@ -147,8 +166,11 @@ impl ExecutorSession {
         };
         self.store.data_mut().call.stop = stop;
         let budget = self.store.data().budget.clone();
-        let result =
-            guarded(budget, self.bindings.runway_executor_executor().environment().call_run(&mut self.store, env, stage)).await;
+        let result = guarded(
+            budget,
+            self.bindings.runway_executor_executor().environment().call_run(&mut self.store, env, stage),
+        )
+        .await;
         match result {
             Ok(Ok(status)) => Ok(status.code),
             Ok(Err(e)) => Err(ExecutorFailure::Executor(e)),
@@ -161,7 +183,10 @@ impl ExecutorSession {
         self.check_usable().ok()?;
         let env = self.environment?;
         let budget = self.store.data().budget.clone();
-        guarded(budget, self.bindings.runway_executor_executor().environment().call_state(&mut self.store, env)).await.ok().flatten()
+        guarded(budget, self.bindings.runway_executor_executor().environment().call_state(&mut self.store, env))
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Release the environment. Errors are logged: cleanup must never fail a job twice.
@@ -173,7 +198,8 @@ impl ExecutorSession {
         self.store.data_mut().call.stop = StopSignal::new();
         let budget = self.store.data().budget.clone();
         let result =
-            guarded(budget, self.bindings.runway_executor_executor().environment().call_cleanup(&mut self.store, env)).await;
+            guarded(budget, self.bindings.runway_executor_executor().environment().call_cleanup(&mut self.store, env))
+                .await;
         match result {
             Ok(()) => {
                 let _ = env.resource_drop_async(&mut self.store).await;

@@ -9,11 +9,11 @@ use futures::future::BoxFuture;
 use tokio::sync::Mutex;
 use wasmtime::Store;
 
-pub use crate::plugin::bindings::fleeting::exports::runway::fleeting::instance_group::{
+pub use crate::bindings::fleeting::exports::runway::fleeting::instance_group::{
     ConnectInfo, ConnectorConfig, Instance, Interruption, ProviderError, ProviderInfo,
 };
-pub use crate::plugin::bindings::fleeting::runway::fleeting::types::{CapacityError, InstanceState, Protocol};
-use crate::plugin::bindings::fleeting::FleetingPlugin;
+pub use crate::bindings::fleeting::runway::fleeting::types::{CapacityError, InstanceState, Protocol};
+use crate::bindings::fleeting::FleetingPlugin;
 use crate::plugin::call::{classify, guarded, PluginError, PluginErrorKind};
 use crate::plugin::registry::{LoadedPlugin, PluginPre};
 use crate::plugin::state::{CallContext, PluginState};
@@ -57,13 +57,32 @@ type Call<'a, R> = BoxFuture<'a, wasmtime::Result<Result<R, ProviderError>>>;
 impl FleetingGroup {
     /// Start the group: instantiate plugin `name` and `init` it with `config_json`
     /// (`[runners.autoscaler.plugin_config]` as JSON).
-    pub async fn start(host: &PluginHost, name: &str, connector: ConnectorConfig, config_json: &str) -> Result<(FleetingGroup, ProviderInfo), FleetingFailure> {
-        let group = FleetingGroup { host: host.clone(), name: name.to_string(), connector, config_json: config_json.to_string(), live: Mutex::new(None) };
+    pub async fn start(
+        host: &PluginHost,
+        name: &str,
+        connector: ConnectorConfig,
+        config_json: &str,
+    ) -> Result<(FleetingGroup, ProviderInfo), FleetingFailure> {
+        let group = FleetingGroup {
+            host: host.clone(),
+            name: name.to_string(),
+            connector,
+            config_json: config_json.to_string(),
+            live: Mutex::new(None),
+        };
         let info = {
             let mut live = group.live.lock().await;
             group.ensure(&mut live).await?
         };
-        Ok((group, info.unwrap_or_else(|| ProviderInfo { id: String::new(), max_size: 0, version: String::new(), capabilities: Vec::new() })))
+        Ok((
+            group,
+            info.unwrap_or_else(|| ProviderInfo {
+                id: String::new(),
+                max_size: 0,
+                version: String::new(),
+                capabilities: Vec::new(),
+            }),
+        ))
     }
 
     fn current(&self) -> Result<Arc<LoadedPlugin>, FleetingFailure> {
@@ -87,15 +106,21 @@ impl FleetingGroup {
             return Ok(None);
         }
         let PluginPre::Fleeting(pre) = &plugin.pre else {
-            return Err(FleetingFailure::Plugin(plugin.error(PluginErrorKind::Incompatible, "is not a fleeting plugin")));
+            return Err(FleetingFailure::Plugin(
+                plugin.error(PluginErrorKind::Incompatible, "is not a fleeting plugin"),
+            ));
         };
-        let mut store = plugin.new_store(self.host.engine(), CallContext::default()).map_err(FleetingFailure::Plugin)?;
-        let bindings = pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(|e| FleetingFailure::Plugin(plugin.error(PluginErrorKind::Incompatible, format!("instantiation failed: {e:#}"))))?;
+        let mut store =
+            plugin.new_store(self.host.engine(), CallContext::default()).map_err(FleetingFailure::Plugin)?;
+        let bindings = pre.instantiate_async(&mut store).await.map_err(|e| {
+            FleetingFailure::Plugin(plugin.error(PluginErrorKind::Incompatible, format!("instantiation failed: {e:#}")))
+        })?;
         let budget = store.data().budget.clone();
-        let result = guarded(budget, bindings.runway_fleeting_instance_group().call_init(&mut store, &self.connector, &self.config_json)).await;
+        let result = guarded(
+            budget,
+            bindings.runway_fleeting_instance_group().call_init(&mut store, &self.connector, &self.config_json),
+        )
+        .await;
         let info = match result {
             Ok(Ok(info)) => info,
             Ok(Err(e)) => return Err(FleetingFailure::Provider(e)),
@@ -107,11 +132,18 @@ impl FleetingGroup {
     }
 
     /// One call on the live instance; a trap drops the instance so the next call starts over.
-    async fn call<R: Send>(&self, f: impl for<'a> FnOnce(&'a FleetingPlugin, &'a mut Store<PluginState>) -> Call<'a, R>) -> Result<R, FleetingFailure> {
+    async fn call<R: Send>(
+        &self,
+        f: impl for<'a> FnOnce(&'a FleetingPlugin, &'a mut Store<PluginState>) -> Call<'a, R>,
+    ) -> Result<R, FleetingFailure> {
         let mut guard = self.live.lock().await;
         self.ensure(&mut guard).await?;
         let Some(live) = guard.as_mut() else {
-            return Err(FleetingFailure::Plugin(PluginError { plugin: self.name.clone(), kind: PluginErrorKind::NotFound, message: "not started".into() }));
+            return Err(FleetingFailure::Plugin(PluginError {
+                plugin: self.name.clone(),
+                kind: PluginErrorKind::NotFound,
+                message: "not started".into(),
+            }));
         };
         let budget = live.store.data().budget.clone();
         let result = guarded(budget, f(&live.bindings, &mut live.store)).await;
@@ -137,17 +169,22 @@ impl FleetingGroup {
     }
     /// Request deletion; returns the IDs accepted.
     pub async fn decrease(&self, ids: Vec<String>) -> Result<Vec<String>, FleetingFailure> {
-        self.call(move |b, s| Box::pin(async move { b.runway_fleeting_instance_group().call_decrease(s, &ids).await })).await
+        self.call(move |b, s| Box::pin(async move { b.runway_fleeting_instance_group().call_decrease(s, &ids).await }))
+            .await
     }
     /// How to reach one instance.
     pub async fn connect_info(&self, id: &str) -> Result<ConnectInfo, FleetingFailure> {
         let id = id.to_string();
-        self.call(move |b, s| Box::pin(async move { b.runway_fleeting_instance_group().call_get_connect_info(s, &id).await })).await
+        self.call(move |b, s| {
+            Box::pin(async move { b.runway_fleeting_instance_group().call_get_connect_info(s, &id).await })
+        })
+        .await
     }
     /// Is the instance still there?
     pub async fn heartbeat(&self, id: &str) -> Result<(), FleetingFailure> {
         let id = id.to_string();
-        self.call(move |b, s| Box::pin(async move { b.runway_fleeting_instance_group().call_heartbeat(s, &id).await })).await
+        self.call(move |b, s| Box::pin(async move { b.runway_fleeting_instance_group().call_heartbeat(s, &id).await }))
+            .await
     }
     /// Interruption notices.
     pub async fn interruptions(&self) -> Result<Vec<Interruption>, FleetingFailure> {

@@ -56,7 +56,8 @@ pub fn read(bytes: &[u8]) -> Result<PluginMeta, String> {
     if !saw_component {
         return Err("a core WebAssembly module, not a component: build with `--target wasm32-wasip2`".into());
     }
-    let section = section.ok_or("no `runway-plugin` metadata section: build the plugin with runway-sdk's export macro")?;
+    let section =
+        section.ok_or("no `runway-plugin` metadata section: build the plugin with runway-sdk's export macro")?;
     let text = std::str::from_utf8(&section).map_err(|_| "metadata section is not UTF-8".to_string())?;
     parse_section(text)
 }
@@ -114,8 +115,9 @@ mod tests {
 
     #[test]
     fn parses_a_section() {
-        let meta = parse_section("runway-plugin-v1\nname=shell\nkind=executor\nversion=1.2.3\napi=0.1.0\ndescription=d\n")
-            .expect("valid");
+        let meta =
+            parse_section("runway-plugin-v1\nname=shell\nkind=executor\nversion=1.2.3\napi=0.1.0\ndescription=d\n")
+                .expect("valid");
         assert_eq!(meta.name, "shell");
         assert_eq!(meta.kind, PluginKind::Executor);
         assert_eq!(meta.version, "1.2.3");

@@ -12,13 +12,11 @@
 //! - [`state`], [`call`]: store data, budgets and error classification;
 //! - [`grant`]: `[plugins.NAME]`.
 
-pub mod bindings;
 pub mod cache;
 pub mod call;
 pub mod engine;
 pub mod executor;
 pub mod fleeting;
-pub mod grant;
 pub mod metadata;
 pub mod registry;
 pub mod state;
@@ -30,10 +28,10 @@ use std::sync::Arc;
 
 pub use call::{PluginError, PluginErrorKind};
 pub use executor::{ExecutorFailure, ExecutorSession};
-pub use grant::PluginGrant;
 pub use registry::{FileStatus, HostSettings, LoadedPlugin, PluginSource};
-pub use state::{CallContext, StopReason, StopSignal};
+pub use state::CallContext;
 
+use crate::config::grant::PluginGrant;
 use registry::Registry;
 
 /// The first-party plugins compiled into the binary by `host/build.rs`.
@@ -150,7 +148,11 @@ impl PluginHost {
     /// Load `path` without publishing it: what `runway plugins check FILE` prints.
     pub async fn check_file(&self, path: &Path) -> Result<PluginListing, String> {
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let plugin = self.registry.load(bytes, PluginSource::File(path.to_path_buf())).await.map_err(|e| format!("{}: {e}", path.display()))?;
+        let plugin = self
+            .registry
+            .load(bytes, PluginSource::File(path.to_path_buf()))
+            .await
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(listing_row(&plugin, "ok"))
     }
 }

@@ -11,15 +11,15 @@ use arc_swap::ArcSwap;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::Store;
 
+use crate::bindings::executor::{ExecutorPlugin, ExecutorPluginPre};
+use crate::bindings::fleeting::{FleetingPlugin, FleetingPluginPre};
 use crate::capability::kv::KvStore;
-use crate::plugin::bindings::executor::{ExecutorPlugin, ExecutorPluginPre};
-use crate::plugin::bindings::fleeting::{FleetingPlugin, FleetingPluginPre};
+use crate::config::grant::PluginGrant;
 use crate::plugin::cache::{content_hash, CompileCache};
 use crate::plugin::call::{arm, classify, guarded, PluginError, PluginErrorKind};
 use crate::plugin::engine::PluginEngine;
 use crate::plugin::metadata::{self, PluginKind, PluginMeta};
 use crate::plugin::state::{CallContext, PluginState};
-use crate::plugin::PluginGrant;
 
 /// Largest plugin file accepted.
 pub const MAX_PLUGIN_FILE: u64 = 64 << 20;
@@ -62,10 +62,17 @@ pub struct LoadedPlugin {
 
 impl LoadedPlugin {
     /// A fresh store for this plugin, armed with its limits.
-    pub(crate) fn new_store(&self, engine: &wasmtime::Engine, call: CallContext) -> Result<Store<PluginState>, PluginError> {
-        let state = PluginState::new(self.meta.name.as_str().into(), self.grant.clone(), self.kv.clone(), call).map_err(|e| {
-            PluginError { plugin: self.meta.name.clone(), kind: PluginErrorKind::Incompatible, message: format!("{e:#}") }
-        })?;
+    pub(crate) fn new_store(
+        &self,
+        engine: &wasmtime::Engine,
+        call: CallContext,
+    ) -> Result<Store<PluginState>, PluginError> {
+        let state = PluginState::new(self.meta.name.as_str().into(), self.grant.clone(), self.kv.clone(), call)
+            .map_err(|e| PluginError {
+                plugin: self.meta.name.clone(),
+                kind: PluginErrorKind::Incompatible,
+                message: format!("{e:#}"),
+            })?;
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limits);
         arm(&mut store);
@@ -130,8 +137,10 @@ where
 impl Registry {
     pub(crate) fn new(settings: HostSettings) -> anyhow::Result<Self> {
         let engine = PluginEngine::new()?;
-        let executor_linker = linker(&engine.engine, |l| ExecutorPlugin::add_to_linker::<_, HasSelf<PluginState>>(l, |s| s))?;
-        let fleeting_linker = linker(&engine.engine, |l| FleetingPlugin::add_to_linker::<_, HasSelf<PluginState>>(l, |s| s))?;
+        let executor_linker =
+            linker(&engine.engine, |l| ExecutorPlugin::add_to_linker::<_, HasSelf<PluginState>>(l, |s| s))?;
+        let fleeting_linker =
+            linker(&engine.engine, |l| FleetingPlugin::add_to_linker::<_, HasSelf<PluginState>>(l, |s| s))?;
         let cache = CompileCache::new(settings.cache_dir.clone(), engine.compatibility_key());
         Ok(Registry {
             engine,
@@ -151,7 +160,8 @@ impl Registry {
         match settings.grants.get(&meta.name) {
             Some(grant) => {
                 if let (Some(want), PluginSource::File(path)) = (&grant.file, source) {
-                    let want_path = settings.plugins_dir.as_deref().map(|d| d.join(want)).unwrap_or_else(|| want.clone());
+                    let want_path =
+                        settings.plugins_dir.as_deref().map(|d| d.join(want)).unwrap_or_else(|| want.clone());
                     if want_path != *path {
                         return Err(format!(
                             "[plugins.{}] says file = {:?}, but this file also declares plugin {:?}",
@@ -187,11 +197,17 @@ impl Registry {
         let pre = match meta.kind {
             PluginKind::Executor => {
                 let instance_pre = self.executor_linker.instantiate_pre(&component).map_err(|e| import_error(&e))?;
-                PluginPre::Executor(ExecutorPluginPre::new(instance_pre).map_err(|e| format!("does not export the executor interface: {e:#}"))?)
+                PluginPre::Executor(
+                    ExecutorPluginPre::new(instance_pre)
+                        .map_err(|e| format!("does not export the executor interface: {e:#}"))?,
+                )
             }
             PluginKind::Fleeting => {
                 let instance_pre = self.fleeting_linker.instantiate_pre(&component).map_err(|e| import_error(&e))?;
-                PluginPre::Fleeting(FleetingPluginPre::new(instance_pre).map_err(|e| format!("does not export the fleeting interface: {e:#}"))?)
+                PluginPre::Fleeting(
+                    FleetingPluginPre::new(instance_pre)
+                        .map_err(|e| format!("does not export the fleeting interface: {e:#}"))?,
+                )
             }
         };
         let kv_dir = self.settings.load().state_dir.as_ref().map(|d| d.join("kv").join(&meta.name));
@@ -215,11 +231,13 @@ impl Registry {
         let budget = store.data().budget.clone();
         let exported = match &plugin.pre {
             PluginPre::Executor(pre) => {
-                let bindings = pre.instantiate_async(&mut store).await.map_err(|e| format!("instantiation failed: {e:#}"))?;
+                let bindings =
+                    pre.instantiate_async(&mut store).await.map_err(|e| format!("instantiation failed: {e:#}"))?;
                 guarded(budget, bindings.runway_executor_executor().call_metadata(&mut store)).await
             }
             PluginPre::Fleeting(pre) => {
-                let bindings = pre.instantiate_async(&mut store).await.map_err(|e| format!("instantiation failed: {e:#}"))?;
+                let bindings =
+                    pre.instantiate_async(&mut store).await.map_err(|e| format!("instantiation failed: {e:#}"))?;
                 guarded(budget, bindings.runway_fleeting_instance_group().call_metadata(&mut store)).await
             }
         };
@@ -258,7 +276,8 @@ impl Registry {
         let files = dir.as_deref().map(list_plugin_files).unwrap_or_default();
         let previous = self.files.lock().map(|f| f.clone()).unwrap_or_default();
         let mut statuses = BTreeMap::new();
-        let mut published: BTreeMap<String, Arc<LoadedPlugin>> = self.builtins.lock().map(|b| b.clone()).unwrap_or_default();
+        let mut published: BTreeMap<String, Arc<LoadedPlugin>> =
+            self.builtins.lock().map(|b| b.clone()).unwrap_or_default();
         let mut from_file: BTreeMap<String, PathBuf> = BTreeMap::new();
         for path in files {
             let prev = previous.get(&path);
@@ -267,7 +286,10 @@ impl Registry {
                 Ok(b) => b,
                 Err(reason) => {
                     tracing::warn!(file = %path.display(), "plugin rejected: {reason}");
-                    statuses.insert(path.clone(), (FileStatus::Rejected { reason, hash: String::new() }, prev_plugin.clone()));
+                    statuses.insert(
+                        path.clone(),
+                        (FileStatus::Rejected { reason, hash: String::new() }, prev_plugin.clone()),
+                    );
                     if let Some(p) = prev_plugin {
                         publish(&mut published, &mut from_file, &path, p, &mut statuses);
                     }
@@ -278,7 +300,11 @@ impl Registry {
             let unchanged = matches!(prev, Some((FileStatus::Loaded { hash: h, .. }, Some(_))) if *h == hash)
                 || matches!(prev, Some((FileStatus::Rejected { hash: h, .. }, _)) if *h == hash);
             let (status, plugin) = if unchanged {
-                (prev.map(|(s, _)| s.clone()).unwrap_or(FileStatus::Rejected { reason: String::new(), hash: hash.clone() }), prev_plugin.clone())
+                (
+                    prev.map(|(s, _)| s.clone())
+                        .unwrap_or(FileStatus::Rejected { reason: String::new(), hash: hash.clone() }),
+                    prev_plugin.clone(),
+                )
             } else {
                 match self.load(bytes, PluginSource::File(path.clone())).await {
                     Ok(p) => {

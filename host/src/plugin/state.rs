@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
 use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
@@ -14,56 +13,12 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use crate::capability::http::HttpPolicy;
 use crate::capability::kv::KvStore;
 use crate::capability::remote::RemoteSession;
-use crate::plugin::PluginGrant;
+use crate::config::grant::PluginGrant;
+use crate::stop::StopSignal;
 use crate::trace::TraceSink;
 
 /// Most bytes of a plugin's stderr kept for error messages.
 const STDERR_CAPTURE: usize = 64 * 1024;
-
-/// Why the host stopped a running stage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
-    /// The job was cancelled (UI cancel, abort, runner shutdown).
-    Canceled,
-    /// The job or stage ran out of time.
-    TimedOut,
-}
-
-/// A cancellation token with a reason, handed to host capabilities for one call.
-#[derive(Clone, Debug, Default)]
-pub struct StopSignal {
-    token: CancellationToken,
-    reason: Arc<Mutex<Option<StopReason>>>,
-}
-
-impl StopSignal {
-    /// A fresh signal.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Stop, recording why (the first reason wins).
-    pub fn stop(&self, reason: StopReason) {
-        if let Ok(mut r) = self.reason.lock() {
-            r.get_or_insert(reason);
-        }
-        self.token.cancel();
-    }
-    /// Why it stopped, if it did.
-    pub fn reason(&self) -> Option<StopReason> {
-        if !self.token.is_cancelled() {
-            return None;
-        }
-        self.reason.lock().ok().and_then(|r| *r)
-    }
-    /// Resolves when stopped.
-    pub async fn stopped(&self) {
-        self.token.cancelled().await
-    }
-    /// Has it stopped?
-    pub fn is_stopped(&self) -> bool {
-        self.token.is_cancelled()
-    }
-}
 
 /// What the call works for: the job's log, its stop signal, its remote instance.
 #[derive(Clone, Default)]

@@ -7,15 +7,15 @@
 //! the executor.
 
 pub mod shell;
-pub mod variables;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::gitlab::payload::{JobResponse, JobVariable, Step};
-use crate::plugin::grant::parse_duration;
+use crate::config::duration::parse_duration;
+use crate::payload::variables;
+use crate::payload::{JobResponse, JobVariable, Step};
 use shell::{echo_command, echo_info, echo_raw, echo_warning, quote, wrap};
 
 /// GitLab's `DefaultTimeout`: used when the payload's timeout is ≤ 0.
@@ -200,7 +200,9 @@ impl JobPlan {
             Some("none") => GitStrategy::None,
             Some("empty") => GitStrategy::Empty,
             Some(other) => {
-                warnings.push(format!("WARNING: GIT_STRATEGY {other:?} is not valid (clone, fetch, none, empty); using the default"));
+                warnings.push(format!(
+                    "WARNING: GIT_STRATEGY {other:?} is not valid (clone, fetch, none, empty); using the default"
+                ));
                 default_strategy
             }
         };
@@ -209,7 +211,11 @@ impl JobPlan {
             Some(dir) => dir.clone(),
             None => {
                 let mut dir = if settings.shared_builds_dir {
-                    settings.builds_dir.join(&settings.short_token).join(settings.concurrent_project_id.to_string()).join(&slug)
+                    settings
+                        .builds_dir
+                        .join(&settings.short_token)
+                        .join(settings.concurrent_project_id.to_string())
+                        .join(&slug)
                 } else {
                     settings.builds_dir.join(&slug)
                 };
@@ -226,7 +232,9 @@ impl JobPlan {
                             lookup(k)
                         }
                     }));
-                    if !expanded.starts_with(&settings.builds_dir) || expanded.components().any(|c| c == std::path::Component::ParentDir) {
+                    if !expanded.starts_with(&settings.builds_dir)
+                        || expanded.components().any(|c| c == std::path::Component::ParentDir)
+                    {
                         return Err(PlanError::config(format!(
                             "GIT_CLONE_PATH {} is not inside builds_dir {}",
                             expanded.display(),
@@ -239,7 +247,11 @@ impl JobPlan {
             }
         };
         let tmp_dir = PathBuf::from(format!("{}.tmp", project_dir.display()));
-        let timeout = if job.runner_info.timeout > 0 { Duration::from_secs(job.runner_info.timeout as u64) } else { DEFAULT_JOB_TIMEOUT };
+        let timeout = if job.runner_info.timeout > 0 {
+            Duration::from_secs(job.runner_info.timeout as u64)
+        } else {
+            DEFAULT_JOB_TIMEOUT
+        };
 
         // §4.2 order: feature flags, base, job (minus config-owned FF_*), trailing.
         let mut list: Vec<JobVariable> = settings.feature_flags.iter().map(|(k, v)| var(k, v.to_string())).collect();
@@ -250,7 +262,8 @@ impl JobPlan {
                 None => warnings.push(format!("WARNING: environment entry {entry:?} is not KEY=VALUE; ignored")),
             }
         }
-        let builds_dir = settings.project_dir_override.as_ref().and_then(|p| p.parent()).unwrap_or(&settings.builds_dir);
+        let builds_dir =
+            settings.project_dir_override.as_ref().and_then(|p| p.parent()).unwrap_or(&settings.builds_dir);
         list.push(var("CI_BUILDS_DIR", builds_dir.display().to_string()));
         list.push(var("CI_PROJECT_DIR", project_dir.display().to_string()));
         list.push(var("CI_CONCURRENT_ID", settings.concurrent_id.to_string()));
@@ -269,14 +282,26 @@ impl JobPlan {
         }
         list.push(var("CI_RUNNER_VERSION", &settings.runner_version));
         list.push(var("CI_RUNNER_REVISION", &settings.runner_revision));
-        list.push(var("CI_RUNNER_EXECUTABLE_ARCH", format!("{}/{}", std::env::consts::OS, crate::gitlab::client::go_arch())));
+        list.push(var(
+            "CI_RUNNER_EXECUTABLE_ARCH",
+            format!("{}/{}", crate::buildinfo::OS, crate::buildinfo::go_arch()),
+        ));
         list.push(var("RUNNER_TEMP_PROJECT_DIR", tmp_dir.display().to_string()));
         let variables = variables::expand_all(&variables::dedup(list));
 
         if job.variable("CI_DEBUG_TRACE") == Some("true") && settings.debug_trace_disabled {
             warnings.push("WARNING: CI_DEBUG_TRACE is disabled on this runner (debug_trace_disabled = true)".into());
         }
-        Ok(JobPlan { job: job.clone(), settings: settings.clone(), project_dir, tmp_dir, slug, variables, strategy, warnings })
+        Ok(JobPlan {
+            job: job.clone(),
+            settings: settings.clone(),
+            project_dir,
+            tmp_dir,
+            slug,
+            variables,
+            strategy,
+            warnings,
+        })
     }
 
     pub fn project_dir(&self) -> &Path {
@@ -301,10 +326,6 @@ impl JobPlan {
     fn value(&self, key: &str) -> Option<&str> {
         self.variables.iter().rev().find(|v| v.key == key).map(|v| v.value.as_str())
     }
-    /// Values of masked variables.
-    pub fn masked_values(&self) -> Vec<String> {
-        self.variables.iter().filter(|v| v.masked && !v.value.is_empty()).map(|v| v.value.clone()).collect()
-    }
     /// Token prefixes the job asks to mask.
     pub fn token_mask_prefixes(&self) -> Vec<String> {
         self.job.features.token_mask_prefixes.clone()
@@ -322,11 +343,15 @@ impl JobPlan {
     }
     /// `RUNNER_SCRIPT_TIMEOUT`, capped by the job timeout.
     pub fn script_timeout(&self) -> Duration {
-        self.value("RUNNER_SCRIPT_TIMEOUT").and_then(|v| parse_duration(v).ok()).map_or(self.job_timeout(), |d| d.min(self.job_timeout()))
+        self.value("RUNNER_SCRIPT_TIMEOUT")
+            .and_then(|v| parse_duration(v).ok())
+            .map_or(self.job_timeout(), |d| d.min(self.job_timeout()))
     }
     /// `RUNNER_AFTER_SCRIPT_TIMEOUT` (default 5 min).
     pub fn after_script_timeout(&self) -> Duration {
-        self.value("RUNNER_AFTER_SCRIPT_TIMEOUT").and_then(|v| parse_duration(v).ok()).unwrap_or(DEFAULT_AFTER_SCRIPT_TIMEOUT)
+        self.value("RUNNER_AFTER_SCRIPT_TIMEOUT")
+            .and_then(|v| parse_duration(v).ok())
+            .unwrap_or(DEFAULT_AFTER_SCRIPT_TIMEOUT)
     }
     /// `GET_SOURCES_ATTEMPTS` (1–10).
     pub fn get_sources_attempts(&self) -> u32 {
@@ -390,7 +415,9 @@ impl JobPlan {
                 body.push_str(&format!("cd {}\n", quote(&self.project_dir.display().to_string())));
                 body.push_str(&user_lines(step.script.iter().cloned()));
             }
-            BuildStage::DownloadArtifacts | BuildStage::UploadArtifactsOnSuccess | BuildStage::UploadArtifactsOnFailure => {
+            BuildStage::DownloadArtifacts
+            | BuildStage::UploadArtifactsOnSuccess
+            | BuildStage::UploadArtifactsOnFailure => {
                 return Err(PlanError::payload("artifacts are not supported by this runner"));
             }
             BuildStage::CleanupFileVariables => {
@@ -433,7 +460,12 @@ impl JobPlan {
         match self.settings.clone_url.as_deref().filter(|u| !u.is_empty()) {
             Some(base) => {
                 let (scheme, rest) = base.split_once("://").unwrap_or(("https", base));
-                format!("{scheme}://gitlab-ci-token:{}@{}/{}.git", self.job.token, rest.trim_end_matches('/'), self.slug)
+                format!(
+                    "{scheme}://gitlab-ci-token:{}@{}/{}.git",
+                    self.job.token,
+                    rest.trim_end_matches('/'),
+                    self.slug
+                )
             }
             None => self.job.git_info.repo_url.clone(),
         }
@@ -491,11 +523,16 @@ impl JobPlan {
             out.push_str(&echo_info("Fetching changes..."));
         }
         out.push_str(&format!("mkdir -p {dir}\ncd {dir}\n"));
-        out.push_str("rm -f .git/index.lock .git/shallow.lock .git/HEAD.lock .git/hooks/post-checkout .git/config.lock\n");
+        out.push_str(
+            "rm -f .git/index.lock .git/shallow.lock .git/HEAD.lock .git/hooks/post-checkout .git/config.lock\n",
+        );
         out.push_str("if [ -d .git ]; then echo \"Reinitialized existing Git repository in $PWD/.git/\"; else git init -q . && echo \"Initialized empty Git repository in $PWD/.git/\"; fi\n");
         let url = quote(&self.remote_url());
         out.push_str(&format!("git remote set-url origin {url} 2>/dev/null || git remote add origin {url}\n"));
-        let mut fetch = format!("git -c http.userAgent={} fetch origin --no-recurse-submodules", quote(&format!("runway {}", self.settings.runner_version)));
+        let mut fetch = format!(
+            "git -c http.userAgent={} fetch origin --no-recurse-submodules",
+            quote(&format!("runway {}", self.settings.runner_version))
+        );
         for spec in self.refspecs() {
             fetch.push(' ');
             fetch.push_str(&quote(&spec));
@@ -516,11 +553,15 @@ impl JobPlan {
         if self.value("GIT_CHECKOUT") != Some("false") {
             let sha = &self.job.git_info.sha;
             let short: String = sha.chars().take(8).collect();
-            out.push_str(&echo_info(&format!("Checking out {short} as detached HEAD (ref is {})...", self.job.git_info.git_ref)));
+            out.push_str(&echo_info(&format!(
+                "Checking out {short} as detached HEAD (ref is {})...",
+                self.job.git_info.git_ref
+            )));
             out.push_str(&format!("git -c submodule.recurse=false checkout -f -q {}\n", quote(sha)));
             let clean = self.value("GIT_CLEAN_FLAGS").unwrap_or("-ffdx");
             if clean != "none" {
-                let flags: Vec<String> = shell_words::split(clean).unwrap_or_default().iter().map(|f| quote(f)).collect();
+                let flags: Vec<String> =
+                    shell_words::split(clean).unwrap_or_default().iter().map(|f| quote(f)).collect();
                 out.push_str(&format!("git clean {}\n", flags.join(" ")));
             }
         } else {
@@ -548,7 +589,8 @@ impl JobPlan {
         if recursive {
             update.push_str(" --recursive");
         }
-        let depth = self.value("GIT_SUBMODULE_DEPTH").and_then(|d| d.parse::<i64>().ok()).unwrap_or(self.job.git_info.depth);
+        let depth =
+            self.value("GIT_SUBMODULE_DEPTH").and_then(|d| d.parse::<i64>().ok()).unwrap_or(self.job.git_info.depth);
         if depth > 0 {
             update.push_str(&format!(" --depth {depth}"));
         }
@@ -556,13 +598,18 @@ impl JobPlan {
             update.push(' ');
             update.push_str(&quote(&flag));
         }
-        let paths: Vec<String> = shell_words::split(self.value("GIT_SUBMODULE_PATHS").unwrap_or("")).unwrap_or_default().iter().map(|p| quote(p)).collect();
+        let paths: Vec<String> = shell_words::split(self.value("GIT_SUBMODULE_PATHS").unwrap_or(""))
+            .unwrap_or_default()
+            .iter()
+            .map(|p| quote(p))
+            .collect();
         if !paths.is_empty() {
             update.push_str(" -- ");
             update.push_str(&paths.join(" "));
         }
         let sync = if recursive { "git submodule sync --recursive" } else { "git submodule sync" };
-        let mut out = echo_info(&format!("Updating/initializing submodules{}...", if recursive { " recursively" } else { "" }));
+        let mut out =
+            echo_info(&format!("Updating/initializing submodules{}...", if recursive { " recursively" } else { "" }));
         out.push_str(&format!("{sync}\n{update}\n"));
         out
     }
@@ -595,7 +642,10 @@ impl JobPlan {
                 ));
                 branch.push('\n');
             }
-            branch.push_str(&format!("else {}fi\n", echo_warning(&format!("No cache found for key {key:?}")).replace('\n', "; ")));
+            branch.push_str(&format!(
+                "else {}fi\n",
+                echo_warning(&format!("No cache found for key {key:?}")).replace('\n', "; ")
+            ));
             out.push_str(&branch);
         }
         out
@@ -614,7 +664,10 @@ impl JobPlan {
             let mut list = String::from("paths=()\n");
             for path in &cache.paths {
                 // Globs expand here, in the project directory; missing paths are skipped.
-                list.push_str(&format!("for p in {}; do [ -e \"$p\" ] && paths+=(\"$p\"); done\n", path.replace(' ', "\\ ")));
+                list.push_str(&format!(
+                    "for p in {}; do [ -e \"$p\" ] && paths+=(\"$p\"); done\n",
+                    path.replace(' ', "\\ ")
+                ));
             }
             if cache.untracked {
                 list.push_str("while IFS= read -r p; do paths+=(\"$p\"); done < <(git ls-files -o 2>/dev/null)\n");
@@ -633,7 +686,8 @@ impl JobPlan {
 
 fn is_env_name(key: &str) -> bool {
     let mut chars = key.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// User script lines: each echoed as `$ cmd` (bold green), then run.

@@ -42,7 +42,8 @@ pub fn echo_raw(text: &str) -> String {
 pub fn echo_command(command: &str) -> String {
     let mut lines = command.lines();
     let first = lines.next().unwrap_or("");
-    let shown = if lines.next().is_some() { format!("{first} # collapsed multi-line command") } else { first.to_string() };
+    let shown =
+        if lines.next().is_some() { format!("{first} # collapsed multi-line command") } else { first.to_string() };
     echo_raw(&format!("\x1b[32;1m$ {shown}\x1b[0;m"))
 }
 

@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::format::ansi;
 use super::mask::{MaskError, Masker};
 use super::TraceSink;
-use crate::gitlab::payload::JobResponse;
 
 /// GitLab Runner's default `output_limit` in KiB (4 MiB).
 pub const DEFAULT_OUTPUT_LIMIT_KIB: u64 = 4096;
@@ -23,15 +22,6 @@ pub struct TraceOptions {
 }
 
 impl TraceOptions {
-    /// Options for a job payload and the runner's `output_limit` (KiB, 0 = default).
-    pub fn for_job(job: &JobResponse, output_limit_kib: u64) -> Self {
-        TraceOptions {
-            masked_phrases: job.variables.iter().filter(|v| v.masked).map(|v| v.value.clone()).collect(),
-            token_prefixes: job.features.token_mask_prefixes.clone(),
-            output_limit_kib,
-        }
-    }
-
     /// The limit in bytes.
     pub fn limit_bytes(&self) -> u64 {
         let kib = if self.output_limit_kib == 0 { DEFAULT_OUTPUT_LIMIT_KIB } else { self.output_limit_kib };

@@ -156,7 +156,10 @@ mod tests {
 
     #[test]
     fn section_markers() {
-        assert_eq!(section_start(1700000000, "get_sources", SectionOptions::default()), "section_start:1700000000:get_sources\r\x1b[0K");
+        assert_eq!(
+            section_start(1700000000, "get_sources", SectionOptions::default()),
+            "section_start:1700000000:get_sources\r\x1b[0K"
+        );
         assert_eq!(
             section_start(5, "section_script_step_0", SectionOptions::collapsed()),
             "section_start:5:section_script_step_0[collapsed=true]\r\x1b[0K"

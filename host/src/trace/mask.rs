@@ -32,14 +32,8 @@ pub const DEFAULT_TOKEN_PREFIXES: [&str; 14] = [
 pub const MAX_TOKEN_PREFIXES: usize = 15;
 
 /// Query parameters whose values are masked (keys compared case-insensitively).
-pub const SENSITIVE_URL_PARAMS: [&str; 6] = [
-    "private_token",
-    "authenticity_token",
-    "rss_token",
-    "x-amz-signature",
-    "x-amz-credential",
-    "x-amz-security-token",
-];
+pub const SENSITIVE_URL_PARAMS: [&str; 6] =
+    ["private_token", "authenticity_token", "rss_token", "x-amz-signature", "x-amz-credential", "x-amz-security-token"];
 
 /// The masking patterns could not be compiled (too many or too large for the matcher).
 #[derive(Debug, thiserror::Error)]
@@ -85,10 +79,7 @@ impl PatternSet {
         let first = self.sorted.partition_point(|p| p.as_slice() < tail);
         // Patterns starting with `tail` are contiguous from `first`; the shortest (possibly
         // `tail` itself) sorts first, so looking at two of them is enough.
-        self.sorted[first..]
-            .iter()
-            .take(2)
-            .any(|p| p.len() > tail.len() && p.starts_with(tail))
+        self.sorted[first..].iter().take(2).any(|p| p.len() > tail.len() && p.starts_with(tail))
     }
 
     /// The earliest index `>= from` where `buf[index..]` could still grow into a match;
@@ -234,8 +225,7 @@ impl UrlParamSanitizer {
                         }
                         b'=' => {
                             out.push(byte);
-                            self.state =
-                                if is_sensitive_param(key) { UrlState::Masking } else { UrlState::Scanning };
+                            self.state = if is_sensitive_param(key) { UrlState::Masking } else { UrlState::Scanning };
                         }
                         _ if key.len() >= self.longest_key || is_param_end(byte) => {
                             // Cannot be one of ours: resume scanning at this byte.
@@ -375,12 +365,6 @@ impl Masker {
         })
     }
 
-    /// The masker for a job payload: every `masked` variable value and the job's prefixes.
-    pub fn for_job(job: &crate::gitlab::payload::JobResponse) -> Result<Self, MaskError> {
-        let phrases = job.variables.iter().filter(|v| v.masked).map(|v| v.value.as_bytes());
-        Masker::new(phrases, &job.features.token_mask_prefixes)
-    }
-
     /// Sanitize `input`, appending the bytes that are final to `out`.
     pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) {
         self.after_phrases.clear();
@@ -440,7 +424,12 @@ mod tests {
 
     #[test]
     fn longest_phrase_wins_and_overlaps_resolve_leftmost() {
-        assert_split_invariant(&["abc", "abcdef", "cde"], &[], "xabcdefx abcx abcdx", "x[MASKED]x [MASKED]x [MASKED]dx");
+        assert_split_invariant(
+            &["abc", "abcdef", "cde"],
+            &[],
+            "xabcdefx abcx abcdx",
+            "x[MASKED]x [MASKED]x [MASKED]dx",
+        );
     }
 
     #[test]
@@ -505,7 +494,12 @@ mod tests {
 
     #[test]
     fn url_param_without_separator_is_not_masked() {
-        assert_split_invariant(&[], &[], "private_token=abc ?authenticity_tokenx=1", "private_token=abc ?authenticity_tokenx=1");
+        assert_split_invariant(
+            &[],
+            &[],
+            "private_token=abc ?authenticity_tokenx=1",
+            "private_token=abc ?authenticity_tokenx=1",
+        );
     }
 
     #[test]
@@ -520,14 +514,14 @@ mod tests {
 
     #[test]
     fn masks_variables_marked_masked_in_the_payload() {
-        let job = crate::gitlab::payload::JobResponse::from_json(
+        let job = crate::payload::JobResponse::from_json(
             br#"{"id":1,"token":"t","variables":[
                 {"key":"A","value":"visible","masked":false},
                 {"key":"B","value":"hidden-value","masked":true}],
                 "features":{"token_mask_prefixes":["abc_"]}}"#,
         )
         .expect("payload decodes");
-        let mut m = Masker::for_job(&job).expect("compiles");
+        let mut m = Masker::new(job.masked_values(), &job.features.token_mask_prefixes).expect("compiles");
         assert_eq!(run(&mut m, &[b"visible hidden-value abc_123"]), "visible [MASKED] abc_[MASKED]");
     }
 }

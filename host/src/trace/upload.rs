@@ -98,7 +98,10 @@ enum FinalRound {
     /// 202: ask again after this long (does not count as a failure).
     AskAgainAfter(Duration),
     /// Counts towards the retry limit; wait the update interval (416/412) or back off.
-    Retry { error: String, back_off: bool },
+    Retry {
+        error: String,
+        back_off: bool,
+    },
 }
 
 /// The loop's state; owned by the background task, handed back to `finish`.
@@ -165,7 +168,8 @@ impl UploadLoop {
             return;
         }
         let (checksum, bytesize) = self.trace.output_info();
-        let update = JobUpdate { checksum: Some(checksum), bytesize: Some(bytesize), ..JobUpdate::state(JobState::Running) };
+        let update =
+            JobUpdate { checksum: Some(checksum), bytesize: Some(bytesize), ..JobUpdate::state(JobState::Running) };
         let response = self.api.update_job(&update).await;
         self.signals.observe(response.remote_status);
         self.apply_interval(response.update_interval);
@@ -452,7 +456,9 @@ mod tests {
             let step = server.patches.pop_front().unwrap_or(PatchScript::Normal);
             let (outcome, remote_status, update_interval) = match step {
                 PatchScript::Normal => (append(&mut server.log, offset, content), RemoteJobStatus::Running, None),
-                PatchScript::NormalWith(status, interval) => (append(&mut server.log, offset, content), status, interval),
+                PatchScript::NormalWith(status, interval) => {
+                    (append(&mut server.log, offset, content), status, interval)
+                }
                 PatchScript::Corrupt => {
                     let mut bad = content.to_vec();
                     bad[0] ^= 0xff;
@@ -598,10 +604,10 @@ mod tests {
         wait(3).await;
         assert_eq!(uploader.sent_offset(), 6);
         let patches = api.patches();
-        assert_eq!(patches.iter().map(|(o, c, _)| (*o, c.clone())).collect::<Vec<_>>(), vec![
-            (0, b"hello\n".to_vec()),
-            (0, b"hello\n".to_vec())
-        ]);
+        assert_eq!(
+            patches.iter().map(|(o, c, _)| (*o, c.clone())).collect::<Vec<_>>(),
+            vec![(0, b"hello\n".to_vec()), (0, b"hello\n".to_vec())]
+        );
         uploader.finish(success()).await.expect("final update accepted");
         assert_server_has_trace(&api, &trace);
     }
@@ -659,7 +665,10 @@ mod tests {
         let uploader = start(&api, &trace, UploadConfig::default());
         trace.write(b"done\n");
         api.script_update(UpdateScript::Respond(UpdateOutcome::AcceptedRetryLater(Duration::from_secs(8))));
-        uploader.finish(JobUpdate { exit_code: Some(2), ..JobUpdate::state(JobState::Failed) }).await.expect("accepted");
+        uploader
+            .finish(JobUpdate { exit_code: Some(2), ..JobUpdate::state(JobState::Failed) })
+            .await
+            .expect("accepted");
         let updates = api.updates();
         assert_eq!(updates.len(), 2);
         assert!(updates[1].1 - updates[0].1 >= Duration::from_secs(8), "{updates:?}");
@@ -762,11 +771,7 @@ mod tests {
         assert_eq!(api.patches().len(), 1, "one patch per tick while running");
         uploader.finish(success()).await.expect("accepted");
         let chunks: Vec<(u64, Vec<u8>)> = api.patches().into_iter().map(|(o, c, _)| (o, c)).collect();
-        assert_eq!(chunks, vec![
-            (0, b"0123456789".to_vec()),
-            (10, b"abcdefghij".to_vec()),
-            (20, b"KLMNO".to_vec())
-        ]);
+        assert_eq!(chunks, vec![(0, b"0123456789".to_vec()), (10, b"abcdefghij".to_vec()), (20, b"KLMNO".to_vec())]);
         assert_server_has_trace(&api, &trace);
     }
 }

@@ -30,8 +30,7 @@ fn parse_config(config: &str) -> Result<Config, ExecutorError> {
     if config.trim().is_empty() {
         return Ok(Config { login: true });
     }
-    serde_json::from_str(config)
-        .map_err(|e| ExecutorError::InvalidConfig(format!("[runners.instance]: {e}")))
+    serde_json::from_str(config).map_err(|e| ExecutorError::InvalidConfig(format!("[runners.instance]: {e}")))
 }
 
 /// What `state` saves and `resume` reads.
@@ -81,11 +80,7 @@ impl Executor for Instance {
                 job.shell
             )));
         }
-        let stages_dir = format!(
-            "{}/.runway-stages/{}",
-            job.builds_dir.trim_end_matches('/'),
-            job.id
-        );
+        let stages_dir = format!("{}/.runway-stages/{}", job.builds_dir.trim_end_matches('/'), job.id);
         let mkdir = format!("mkdir -p {} {}", quote(&job.builds_dir), quote(&stages_dir));
         let status = remote::run(&mkdir, None).map_err(remote_error)?;
         if status.code != 0 {
@@ -113,10 +108,7 @@ impl Executor for Instance {
 impl Environment for InstanceEnvironment {
     fn run(&self, stage: StageScript) -> Result<ExitStatus, ExecutorError> {
         // Stages before get_sources run before the project directory exists.
-        let cwd = if stage.name == "step_script"
-            || stage.name == "after_script"
-            || stage.name.starts_with("step_")
-        {
+        let cwd = if stage.name == "step_script" || stage.name == "after_script" || stage.name.starts_with("step_") {
             &self.project_dir
         } else {
             &self.builds_dir
@@ -125,14 +117,9 @@ impl Environment for InstanceEnvironment {
         self.started.set(index + 1);
         let base = format!("{}/{index:02}-{}", self.stages_dir, stage.name);
         let (log, exit) = (format!("{base}.log"), format!("{base}.exit"));
-        let login = if self.login && self.shell == "bash" {
-            " --login"
-        } else {
-            ""
-        };
+        let login = if self.login && self.shell == "bash" { " --login" } else { "" };
         let command = format!("cd {} && exec {}{login}", quote(cwd), self.shell);
-        remote::start_detached(&command, Some(stage.script.as_bytes()), &log, &exit)
-            .map_err(remote_error)?;
+        remote::start_detached(&command, Some(stage.script.as_bytes()), &log, &exit).map_err(remote_error)?;
         let status = remote::attach(&log, &exit, 0).map_err(remote_error)?;
         Ok(ExitStatus { code: status.code })
     }

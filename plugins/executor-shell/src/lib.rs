@@ -53,10 +53,7 @@ impl Executor for Shell {
             )));
         }
         // The builds directory must exist before get_sources can clone into it.
-        let status = Command::new("mkdir")
-            .args(["-p", &job.builds_dir])
-            .output(4096)
-            .map_err(process_error)?;
+        let status = Command::new("mkdir").args(["-p", &job.builds_dir]).output(4096).map_err(process_error)?;
         if status.status.code != 0 {
             return Err(ExecutorError::Unavailable(format!(
                 "cannot create builds directory {}: {}",
@@ -64,7 +61,12 @@ impl Executor for Shell {
                 String::from_utf8_lossy(&status.stderr).trim()
             )));
         }
-        Ok(ShellEnvironment { shell: job.shell, project_dir: job.project_dir, builds_dir: job.builds_dir, login: config.login })
+        Ok(ShellEnvironment {
+            shell: job.shell,
+            project_dir: job.project_dir,
+            builds_dir: job.builds_dir,
+            login: config.login,
+        })
     }
 
     fn resume(job: Job, _state: String) -> Result<ShellEnvironment, ExecutorError> {
@@ -104,4 +106,3 @@ impl Environment for ShellEnvironment {
 }
 
 runway_sdk::export_executor!(Shell, name: "shell", description: "runs job scripts with bash on the runner's machine");
-

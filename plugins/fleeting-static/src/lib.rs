@@ -53,7 +53,8 @@ impl StaticGroup {
 
 impl InstanceGroup for StaticGroup {
     fn init(connector: ConnectorConfig, plugin_config: &str) -> Result<(Self, ProviderInfo), ProviderError> {
-        let config: Config = serde_json::from_str(plugin_config).map_err(|e| ProviderError::InvalidConfig(format!("plugin_config: {e}")))?;
+        let config: Config = serde_json::from_str(plugin_config)
+            .map_err(|e| ProviderError::InvalidConfig(format!("plugin_config: {e}")))?;
         if config.hosts.is_empty() {
             return Err(ProviderError::InvalidConfig("plugin_config.hosts is empty".into()));
         }
@@ -78,7 +79,10 @@ impl InstanceGroup for StaticGroup {
         free.sort_by_key(|h| released.iter().position(|r| r == *h).map_or((0, 0), |i| (1, i)));
         let free: Vec<String> = free.into_iter().take(n as usize).cloned().collect();
         if free.is_empty() && n > 0 {
-            return Err(ProviderError::Capacity(CapacityError { message: "every static host is in service".into(), retry_after_seconds: 60 }));
+            return Err(ProviderError::Capacity(CapacityError {
+                message: "every static host is in service".into(),
+                retry_after_seconds: 60,
+            }));
         }
         let added = free.len() as u32;
         used.extend(free);
@@ -100,7 +104,13 @@ impl InstanceGroup for StaticGroup {
         if !self.hosts.iter().any(|h| h == id) {
             return Err(ProviderError::NotFound(id.to_string()));
         }
-        Ok(ConnectInfo { id: id.to_string(), external_addr: Some(id.to_string()), internal_addr: Some(id.to_string()), connector: self.connector.clone(), expires_at: None })
+        Ok(ConnectInfo {
+            id: id.to_string(),
+            external_addr: Some(id.to_string()),
+            internal_addr: Some(id.to_string()),
+            connector: self.connector.clone(),
+            expires_at: None,
+        })
     }
 }
 

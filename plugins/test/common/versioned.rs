@@ -20,11 +20,8 @@ impl Executor for Versioned {
 
 impl Environment for Env {
     fn run(&self, stage: StageScript) -> Result<ExitStatus, ExecutorError> {
-        let status = Command::new("sh")
-            .arg("-c")
-            .arg(stage.script)
-            .run()
-            .map_err(|e| ExecutorError::Other(format!("{e:?}")))?;
+        let status =
+            Command::new("sh").arg("-c").arg(stage.script).run().map_err(|e| ExecutorError::Other(format!("{e:?}")))?;
         runway_sdk::trace::write_str(&format!("served by {}\n", env!("CARGO_PKG_VERSION")));
         Ok(ExitStatus { code: status.code })
     }

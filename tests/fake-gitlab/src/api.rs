@@ -134,7 +134,8 @@ fn take_injected(shared: &Shared, endpoint: Endpoint) -> Option<Response> {
 }
 
 fn parse_json(req: &Incoming) -> Result<Value, Response> {
-    serde_json::from_slice(&req.body).map_err(|e| message(400, &[], &format!("400 Bad request - body is not JSON: {e}")))
+    serde_json::from_slice(&req.body)
+        .map_err(|e| message(400, &[], &format!("400 Bad request - body is not JSON: {e}")))
 }
 
 fn str_field<'a>(body: &'a Value, key: &str) -> Option<&'a str> {
@@ -144,7 +145,9 @@ fn str_field<'a>(body: &'a Value, key: &str) -> Option<&'a str> {
 /// Newer runners send `RUNNER-TOKEN` too; GitLab's test server asserts it equals `token`.
 fn check_runner_header(req: &Incoming, body_token: &str) -> Result<(), Response> {
     match req.header("runner-token") {
-        Some(h) if h != body_token => Err(message(400, &[], "400 Bad request - RUNNER-TOKEN header does not match token")),
+        Some(h) if h != body_token => {
+            Err(message(400, &[], "400 Bad request - RUNNER-TOKEN header does not match token"))
+        }
         _ => Ok(()),
     }
 }
@@ -161,7 +164,13 @@ macro_rules! incoming {
 
 // ----- runners -------------------------------------------------------------------------------
 
-async fn register(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+async fn register(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let req = incoming!(method, uri, headers, body);
     let resp = register_inner(&shared, &req);
     finish(&shared, &req, resp)
@@ -203,7 +212,13 @@ fn register_inner(shared: &Shared, req: &Incoming) -> Response {
     })
 }
 
-async fn verify(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+async fn verify(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let req = incoming!(method, uri, headers, body);
     let resp = verify_inner(&shared, &req);
     finish(&shared, &req, resp)
@@ -238,7 +253,13 @@ fn note_contact(runner: &mut RunnerRecord, body: &Value) {
     }
 }
 
-async fn unregister_runner(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+async fn unregister_runner(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let req = incoming!(method, uri, headers, body);
     let resp = (|| {
         if let Some(r) = take_injected(&shared, Endpoint::UnregisterRunner) {
@@ -263,7 +284,13 @@ async fn unregister_runner(State(shared): State<Arc<Shared>>, method: Method, ur
     finish(&shared, &req, resp)
 }
 
-async fn unregister_manager(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+async fn unregister_manager(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let req = incoming!(method, uri, headers, body);
     let resp = (|| {
         if let Some(r) = take_injected(&shared, Endpoint::UnregisterManager) {
@@ -293,7 +320,13 @@ async fn unregister_manager(State(shared): State<Arc<Shared>>, method: Method, u
 
 // ----- job request -----------------------------------------------------------------------------
 
-async fn request_job(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+async fn request_job(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let req = incoming!(method, uri, headers, body);
     let resp = request_job_inner(&shared, &req).await;
     finish(&shared, &req, resp)
@@ -403,9 +436,9 @@ fn final_update_backoff(age: Duration) -> u64 {
 }
 
 fn job_token<'a>(req: &'a Incoming, body: Option<&'a Value>) -> Option<&'a str> {
-    req.header("job-token").or_else(|| body.and_then(|b| str_field(b, "token"))).or_else(|| {
-        req.uri.query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=")))
-    })
+    req.header("job-token")
+        .or_else(|| body.and_then(|b| str_field(b, "token")))
+        .or_else(|| req.uri.query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token="))))
 }
 
 async fn update_job(
@@ -434,8 +467,9 @@ fn update_job_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
         let interval = s.config.trace_update_interval.to_string();
         let backoffs_left = s.final_update_backoffs;
         let Some(job) = s.jobs.get_mut(&id) else { return message(404, &[], "404 Not Found") };
-        let status_headers =
-            |status: JobStatus, interval: &str| vec![("Job-Status", status.as_str().to_string()), ("X-GitLab-Trace-Update-Interval", interval.to_string())];
+        let status_headers = |status: JobStatus, interval: &str| {
+            vec![("Job-Status", status.as_str().to_string()), ("X-GitLab-Trace-Update-Interval", interval.to_string())]
+        };
         if job_token(req, Some(&body)) != Some(job.token.as_str()) {
             job.reported_statuses.push(job.status.as_str().into());
             return message(403, &status_headers(job.status, &interval), "403 Forbidden");
@@ -444,7 +478,9 @@ fn update_job_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
         let state = str_field(&body, "state").unwrap_or_default();
         let mut consumed_backoff = false;
         let (code, text, extra): (u16, &str, Option<(&str, String)>) = match (job.status, state) {
-            (JobStatus::Pending, _) if job.runner_token.is_none() => (400, "400 Bad request - job is not waiting for a runner", None),
+            (JobStatus::Pending, _) if job.runner_token.is_none() => {
+                (400, "400 Bad request - job is not waiting for a runner", None)
+            }
             (JobStatus::Pending, "pending") => {
                 job.pending_keepalives += 1;
                 (200, "200 OK", None)
@@ -463,10 +499,15 @@ fn update_job_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
             (_, "success" | "failed") => {
                 job.final_attempts += 1;
                 let first = *job.first_final_attempt.get_or_insert_with(Instant::now);
-                let sent = body.pointer("/output/checksum").and_then(Value::as_str).or_else(|| str_field(&body, "checksum"));
+                let sent =
+                    body.pointer("/output/checksum").and_then(Value::as_str).or_else(|| str_field(&body, "checksum"));
                 if backoffs_left > 0 {
                     consumed_backoff = true;
-                    (202, "202 Accepted", Some(("X-GitLab-Trace-Update-Interval", final_update_backoff(first.elapsed()).to_string())))
+                    (
+                        202,
+                        "202 Accepted",
+                        Some(("X-GitLab-Trace-Update-Interval", final_update_backoff(first.elapsed()).to_string())),
+                    )
                 } else if sent.is_some_and(|c| c != job.trace_checksum()) {
                     job.trace_reset_armed = true;
                     (412, "412 Precondition Failed - trace checksum validation failed", None)
@@ -479,9 +520,15 @@ fn update_job_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
                     };
                     job.final_state = Some(state.to_string());
                     if failed {
-                        let supported = job.payload.pointer("/features/failure_reasons").and_then(Value::as_array).cloned().unwrap_or_default();
+                        let supported = job
+                            .payload
+                            .pointer("/features/failure_reasons")
+                            .and_then(Value::as_array)
+                            .cloned()
+                            .unwrap_or_default();
                         let reason = str_field(&body, "failure_reason").unwrap_or("unknown_failure");
-                        let known = RAILS_FAILURE_REASONS.contains(&reason) || supported.iter().any(|r| r.as_str() == Some(reason));
+                        let known = RAILS_FAILURE_REASONS.contains(&reason)
+                            || supported.iter().any(|r| r.as_str() == Some(reason));
                         job.failure_reason = Some(if known { reason } else { "unknown_failure" }.to_string());
                         job.exit_code = body.get("exit_code").and_then(Value::as_i64);
                     }
@@ -532,7 +579,8 @@ fn patch_trace_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
     shared.mutate(|s| {
         let interval = s.config.trace_update_interval.to_string();
         let Some(job) = s.jobs.get_mut(&id) else { return message(404, &[], "404 Not Found") };
-        let mut headers = vec![("Job-Status", job.status.as_str().to_string()), ("X-GitLab-Trace-Update-Interval", interval)];
+        let mut headers =
+            vec![("Job-Status", job.status.as_str().to_string()), ("X-GitLab-Trace-Update-Interval", interval)];
         job.reported_statuses.push(job.status.as_str().into());
         if job_token(req, None) != Some(job.token.as_str()) || !job.status.is_processing() {
             return message(403, &headers, "403 Forbidden - Job is not processing on runner");

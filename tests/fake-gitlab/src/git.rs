@@ -26,12 +26,16 @@ fn git(dir: Option<&Path>, args: &[&str], envs: &[(&str, &str)], stdin: Option<&
     for var in ["GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_CONFIG_PARAMETERS"] {
         cmd.env_remove(var);
     }
-    cmd.env("GIT_CONFIG_NOSYSTEM", "1").env("GIT_AUTHOR_NAME", "Fake GitLab").env("GIT_AUTHOR_EMAIL", "fake@gitlab.test");
+    cmd.env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "Fake GitLab")
+        .env("GIT_AUTHOR_EMAIL", "fake@gitlab.test");
     cmd.env("GIT_COMMITTER_NAME", "Fake GitLab").env("GIT_COMMITTER_EMAIL", "fake@gitlab.test");
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn().map_err(|e| format!("spawn git {args:?}: {e}"))?;
     if let (Some(data), Some(mut pipe)) = (stdin, child.stdin.take()) {
         use std::io::Write;
@@ -57,7 +61,12 @@ pub(crate) fn head_sha(dir: &Path, branch: &str) -> Option<String> {
     git(Some(dir), &["rev-parse", "--verify", "--quiet", &format!("refs/heads/{branch}^{{commit}}")], &[], None).ok()
 }
 
-pub(crate) fn commit_files(dir: &Path, branch: &str, files: &[(&str, &[u8], bool)], message: &str) -> Result<String, String> {
+pub(crate) fn commit_files(
+    dir: &Path,
+    branch: &str,
+    files: &[(&str, &[u8], bool)],
+    message: &str,
+) -> Result<String, String> {
     let index_dir = tempfile::tempdir().map_err(|e| format!("temp index: {e}"))?;
     let index = index_dir.path().join("index");
     let index_str = index.to_str().ok_or("non-UTF-8 temp path")?;
@@ -101,7 +110,12 @@ fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
 /// Fallback handler: git smart HTTP for known repositories, 404 for everything else.
 pub(crate) async fn serve(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let req = Incoming { method: parts.method.clone(), uri: parts.uri.clone(), headers: parts.headers.clone(), body: Bytes::new() };
+    let req = Incoming {
+        method: parts.method.clone(),
+        uri: parts.uri.clone(),
+        headers: parts.headers.clone(),
+        body: Bytes::new(),
+    };
     let Some((repo, _rest)) = split_repo_path(parts.uri.path()) else {
         return finish(&shared, &req, response(404, &[], "404 Not Found"));
     };
@@ -117,7 +131,11 @@ pub(crate) async fn serve(State(shared): State<Arc<Shared>>, request: Request) -
         return finish(&shared, &req, response(404, &[], "404 Not Found"));
     }
     if !public && !user_ok {
-        return finish(&shared, &req, response(401, &[("WWW-Authenticate", "Basic realm=\"GitLab\"".to_string())], "HTTP Basic: Access denied"));
+        return finish(
+            &shared,
+            &req,
+            response(401, &[("WWW-Authenticate", "Basic realm=\"GitLab\"".to_string())], "HTTP Basic: Access denied"),
+        );
     }
     let resp = match run_http_backend(&shared, &parts, body, user_ok).await {
         Ok(r) => r,
@@ -126,7 +144,12 @@ pub(crate) async fn serve(State(shared): State<Arc<Shared>>, request: Request) -
     finish(&shared, &req, resp)
 }
 
-async fn run_http_backend(shared: &Shared, parts: &axum::http::request::Parts, body: Body, authenticated: bool) -> Result<Response, String> {
+async fn run_http_backend(
+    shared: &Shared,
+    parts: &axum::http::request::Parts,
+    body: Body,
+    authenticated: bool,
+) -> Result<Response, String> {
     let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let mut cmd = tokio::process::Command::new("git");
     cmd.arg("http-backend");
@@ -160,7 +183,9 @@ async fn run_http_backend(shared: &Shared, parts: &axum::http::request::Parts, b
     }
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     let mut child = cmd.spawn().map_err(|e| format!("spawn: {e}"))?;
-    let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take()) else {
+    let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
         return Err("missing pipes".into());
     };
     // Stream the request body in while the response streams out.

@@ -59,7 +59,11 @@ pub struct InjectedResponse {
 impl InjectedResponse {
     /// A bare status with a JSON `message` body.
     pub fn status(status: u16) -> Self {
-        InjectedResponse { status, headers: Vec::new(), body: format!("{{\"message\":\"{status} injected by fake-gitlab\"}}") }
+        InjectedResponse {
+            status,
+            headers: Vec::new(),
+            body: format!("{{\"message\":\"{status} injected by fake-gitlab\"}}"),
+        }
     }
 
     /// Adds a response header (e.g. `Retry-After`).
@@ -479,7 +483,8 @@ impl FakeGitLab {
             let id = s.next_job_id;
             s.next_job_id += 1;
             let token = random_token("glcbt-");
-            let text = payload.to_string().replace(JOB_TOKEN_PLACEHOLDER, &token).replace(JOB_ID_PLACEHOLDER, &id.to_string());
+            let text =
+                payload.to_string().replace(JOB_TOKEN_PLACEHOLDER, &token).replace(JOB_ID_PLACEHOLDER, &id.to_string());
             let mut payload: serde_json::Value = serde_json::from_str(&text).unwrap_or(payload);
             if let Some(obj) = payload.as_object_mut() {
                 obj.insert("id".into(), id.into());

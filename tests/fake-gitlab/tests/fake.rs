@@ -112,7 +112,8 @@ async fn long_poll_blocks_until_a_job_is_enqueued() {
     assert!(resp.headers().get("x-gitlab-last-update").is_none());
 
     // Re-polling with the old value reaches "Rails", which hands out the job.
-    let resp = http().post(&url).json(&json!({"token": runner.token, "last_update": version})).send().await.expect("request");
+    let resp =
+        http().post(&url).json(&json!({"token": runner.token, "last_update": version})).send().await.expect("request");
     assert_eq!(resp.status(), 201);
     let job: Value = resp.json().await.expect("json");
     assert_eq!(job["id"], job_id);
@@ -146,7 +147,8 @@ async fn trace_patches_need_contiguous_ranges_and_final_update_checks_the_checks
     let (id, token) = take_and_accept(&fake, &runner.token).await;
     let trace_url = format!("{}/api/v4/jobs/{id}/trace", fake.url());
     let patch = |range: Option<&str>, body: &'static str| {
-        let mut req = http().patch(&trace_url).header("JOB-TOKEN", &token).header("Content-Type", "text/plain").body(body);
+        let mut req =
+            http().patch(&trace_url).header("JOB-TOKEN", &token).header("Content-Type", "text/plain").body(body);
         if let Some(range) = range {
             req = req.header("Content-Range", range);
         }
@@ -170,10 +172,13 @@ async fn trace_patches_need_contiguous_ranges_and_final_update_checks_the_checks
     assert_eq!(resp.status(), 202);
     assert_eq!(fake.job(id).expect("job").trace_text(), "hello\nworld\n");
 
-    let put = |body: Value| http().put(format!("{}/api/v4/jobs/{id}", fake.url())).header("JOB-TOKEN", &token).json(&body).send();
-    let resp = put(json!({"token": token, "state": "success", "output": {"checksum": "crc32:00000000", "bytesize": 12}}))
-        .await
-        .expect("put");
+    let put = |body: Value| {
+        http().put(format!("{}/api/v4/jobs/{id}", fake.url())).header("JOB-TOKEN", &token).json(&body).send()
+    };
+    let resp =
+        put(json!({"token": token, "state": "success", "output": {"checksum": "crc32:00000000", "bytesize": 12}}))
+            .await
+            .expect("put");
     assert_eq!(resp.status(), 412);
     assert_eq!(fake.job(id).expect("job").status, JobStatus::Running);
 
@@ -224,7 +229,10 @@ async fn cancel_reports_canceling_then_the_final_update_cancels() {
     let resp = put().await.expect("put");
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["job-status"], "canceled");
-    let record = fake.wait_for_job_state(id, |j| j.status == JobStatus::Canceled, Duration::from_secs(5)).await.expect("canceled");
+    let record = fake
+        .wait_for_job_state(id, |j| j.status == JobStatus::Canceled, Duration::from_secs(5))
+        .await
+        .expect("canceled");
     assert_eq!(record.failure_reason.as_deref(), Some("unknown_failure"), "job_canceled is not a Rails reason");
 }
 
@@ -234,25 +242,51 @@ async fn registration_verify_and_unregister() {
     let api = |p: &str| format!("{}/api/v4/{p}", fake.url());
     let resp = http().post(api("runners")).json(&json!({"token": "wrong"})).send().await.expect("register");
     assert_eq!(resp.status(), 403);
-    let resp = http().post(api("runners")).json(&json!({"token": fake_gitlab::REGISTRATION_TOKEN, "description": "d"})).send().await.expect("register");
+    let resp = http()
+        .post(api("runners"))
+        .json(&json!({"token": fake_gitlab::REGISTRATION_TOKEN, "description": "d"}))
+        .send()
+        .await
+        .expect("register");
     assert_eq!(resp.status(), 201);
     let details: Value = resp.json().await.expect("json");
     let token = details["token"].as_str().expect("token").to_string();
-    let resp = http().post(api("runners/verify")).header("RUNNER-TOKEN", "other").json(&json!({"token": token})).send().await.expect("verify");
+    let resp = http()
+        .post(api("runners/verify"))
+        .header("RUNNER-TOKEN", "other")
+        .json(&json!({"token": token}))
+        .send()
+        .await
+        .expect("verify");
     assert_eq!(resp.status(), 400, "RUNNER-TOKEN must match the body token");
-    let resp = http().post(api("runners/verify")).json(&json!({"token": token, "system_id": "s_0123456789ab"})).send().await.expect("verify");
+    let resp = http()
+        .post(api("runners/verify"))
+        .json(&json!({"token": token, "system_id": "s_0123456789ab"}))
+        .send()
+        .await
+        .expect("verify");
     assert_eq!(resp.status(), 200);
     assert!(fake.runner(&token).expect("runner").managers.contains("s_0123456789ab"));
     let resp = http().delete(api("runners/managers")).json(&json!({"token": token})).send().await.expect("delete");
     assert_eq!(resp.status(), 400);
-    let resp = http().delete(api("runners/managers")).json(&json!({"token": token, "system_id": "s_0123456789ab"})).send().await.expect("delete");
+    let resp = http()
+        .delete(api("runners/managers"))
+        .json(&json!({"token": token, "system_id": "s_0123456789ab"}))
+        .send()
+        .await
+        .expect("delete");
     assert_eq!(resp.status(), 204);
     let resp = http().delete(api("runners")).json(&json!({"token": token})).send().await.expect("delete");
     assert_eq!(resp.status(), 204);
     let resp = http().post(api("runners/verify")).json(&json!({"token": token})).send().await.expect("verify");
     assert_eq!(resp.status(), 403);
     fake.set_registration_enabled(false);
-    let resp = http().post(api("runners")).json(&json!({"token": fake_gitlab::REGISTRATION_TOKEN})).send().await.expect("register");
+    let resp = http()
+        .post(api("runners"))
+        .json(&json!({"token": fake_gitlab::REGISTRATION_TOKEN}))
+        .send()
+        .await
+        .expect("register");
     assert_eq!(resp.status(), 410);
 }
 

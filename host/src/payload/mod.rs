@@ -4,6 +4,11 @@
 //! accepted wherever Rails may emit it, and `entrypoint`/`command` may be a string or a list.
 //! `runway exec` builds the same type from `.gitlab-ci.yml`, so everything downstream of the
 //! API sees one shape.
+//!
+//! A leaf: every stage of the job path reads this type, and it imports nothing of the crate.
+//! [`variables`] holds GitLab's variable rules (dedup, `$VAR` expansion) over it.
+
+pub mod variables;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -255,7 +260,20 @@ impl JobResponse {
     /// Decode a payload; the error says which field is wrong.
     pub fn from_json(bytes: &[u8]) -> Result<Self, String> {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
-        serde_path_to_error::deserialize(de).map_err(|e| format!("invalid job payload at `{}`: {}", e.path(), e.inner()))
+        serde_path_to_error::deserialize(de)
+            .map_err(|e| format!("invalid job payload at `{}`: {}", e.path(), e.inner()))
+    }
+
+    /// What the job log masks: the values of `masked` variables, non-empty, each once, in
+    /// payload order. The one derivation every log sink uses.
+    pub fn masked_values(&self) -> Vec<String> {
+        let mut values: Vec<String> = Vec::new();
+        for v in self.variables.iter().filter(|v| v.masked && !v.value.is_empty()) {
+            if !values.contains(&v.value) {
+                values.push(v.value.clone());
+            }
+        }
+        values
     }
 
     /// The value of a job variable (last one wins, as GitLab's `Dedup`).

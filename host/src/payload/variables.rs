@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::gitlab::payload::JobVariable;
+use crate::payload::JobVariable;
 
 /// Keep the last definition of every key, at the position of that last definition.
 pub fn dedup(vars: Vec<JobVariable>) -> Vec<JobVariable> {
@@ -43,7 +43,9 @@ pub fn expand(value: &str, lookup: &dyn Fn(&str) -> Option<String>) -> String {
                 }
             },
             Some(c) if c.is_ascii_alphabetic() || *c == b'_' => {
-                let len = value[i + 1..].find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_')).unwrap_or(value.len() - i - 1);
+                let len = value[i + 1..]
+                    .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+                    .unwrap_or(value.len() - i - 1);
                 out.push_str(&lookup(&value[i + 1..i + 1 + len]).unwrap_or_default());
                 i += 1 + len;
             }
@@ -70,7 +72,9 @@ pub fn expand_all(vars: &[JobVariable]) -> Vec<JobVariable> {
                     // `PATH=$PATH:/x` style self references expand from the process environment.
                     return std::env::var(name).ok();
                 }
-                raw.get(name).map(|s| s.to_string()).or_else(|| std::env::var(name).ok().filter(|_| name == "HOME" || name == "PATH"))
+                raw.get(name)
+                    .map(|s| s.to_string())
+                    .or_else(|| std::env::var(name).ok().filter(|_| name == "HOME" || name == "PATH"))
             };
             JobVariable { value: expand(&v.value, &lookup), ..v.clone() }
         })
@@ -96,6 +100,9 @@ mod tests {
     #[test]
     fn last_definition_wins() {
         let out = dedup(vec![var("A", "1", false), var("B", "x", false), var("A", "2", false)]);
-        assert_eq!(out.iter().map(|v| (v.key.as_str(), v.value.as_str())).collect::<Vec<_>>(), vec![("B", "x"), ("A", "2")]);
+        assert_eq!(
+            out.iter().map(|v| (v.key.as_str(), v.value.as_str())).collect::<Vec<_>>(),
+            vec![("B", "x"), ("A", "2")]
+        );
     }
 }

@@ -1,0 +1,89 @@
+//! Durations in config.toml, in one place: Go-style strings (`"30s"`, `"1m30s"`, `"500ms"`)
+//! or bare integers (seconds), and the serde adapter that reads either.
+//!
+//! Owns the parsing only; which key takes which unit is the caller's business.
+
+use std::time::Duration;
+
+/// A duration string that does not parse; the message names the text and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DurationError(pub String);
+
+/// Parse Go-style duration strings: `"30s"`, `"1m30s"`, `"2h"`, `"500ms"`; a bare integer is seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return Err(DurationError(format!("empty duration")));
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(DurationError(format!("invalid duration {text:?}: expected a number")));
+        }
+        let value: f64 = rest[..digits].parse().map_err(|_| DurationError(format!("invalid duration {text:?}")))?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ns" => value / 1e9,
+            "us" | "µs" => value / 1e6,
+            "ms" => value / 1e3,
+            "s" => value,
+            "m" => value * 60.0,
+            "h" => value * 3600.0,
+            unit => {
+                return Err(DurationError(format!(
+                    "invalid duration {text:?}: unknown unit {unit:?} (use ms, s, m, h)"
+                )))
+            }
+        };
+        total += Duration::from_secs_f64(seconds);
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
+/// Serde adapter for durations written as strings (`"30s"`) or integers (seconds).
+pub mod duration_str {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    /// Serialize as whole seconds (`"30s"`).
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}s", d.as_secs()))
+    }
+
+    /// Deserialize a duration.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Secs(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Secs(s) => Ok(Duration::from_secs(s)),
+            Raw::Text(t) => super::parse_duration(&t).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_go_durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("15"), Ok(Duration::from_secs(15)));
+        assert!(parse_duration("3 days").is_err());
+    }
+}
