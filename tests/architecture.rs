@@ -103,7 +103,8 @@ fn src_dir() -> PathBuf {
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("read src dir").map(|e| e.expect("dir entry").path()).collect();
+    let mut entries: Vec<_> =
+        std::fs::read_dir(dir).expect("read src dir").map(|e| e.expect("dir entry").path()).collect();
     entries.sort();
     for path in entries {
         if path.is_dir() {
@@ -215,7 +216,9 @@ fn first_ident(text: &str) -> String {
 fn check_imports(module: &str, file: &str, source: &str, allowed: &BTreeMap<&str, &[&str]>) -> Vec<String> {
     let mut problems = Vec::new();
     let Some(may) = allowed.get(module) else {
-        return vec![format!("{file}: module `{module}` is not in the graph: add its line to ALLOWED in tests/architecture.rs")];
+        return vec![format!(
+            "{file}: module `{module}` is not in the graph: add its line to ALLOWED in tests/architecture.rs"
+        )];
     };
     for (line, code) in production_code(source) {
         for target in crate_imports(&code) {
@@ -223,7 +226,9 @@ fn check_imports(module: &str, file: &str, source: &str, allowed: &BTreeMap<&str
                 continue;
             }
             if !allowed.contains_key(target.as_str()) {
-                problems.push(format!("{file}:{line}: `{module}` names `crate::{target}`, which is no module of the graph"));
+                problems.push(format!(
+                    "{file}:{line}: `{module}` names `crate::{target}`, which is no module of the graph"
+                ));
             } else if !may.contains(&target.as_str()) {
                 problems.push(format!(
                     "{file}:{line}: `{module}` must not import `{target}` (allowed: {})",
@@ -311,7 +316,10 @@ fn the_checker_catches_forbidden_imports() {
     let bad = "//! doc\nuse crate::trace::TraceSink;\nuse crate::{stop::StopSignal, plugin::PluginHost};\n";
     let problems = check_imports("connector", "connector/x.rs", bad, &allowed);
     assert_eq!(problems.len(), 1, "{problems:?}");
-    assert!(problems[0].contains("connector/x.rs:3") && problems[0].contains("must not import `plugin`"), "{problems:?}");
+    assert!(
+        problems[0].contains("connector/x.rs:3") && problems[0].contains("must not import `plugin`"),
+        "{problems:?}"
+    );
     // Inline paths count too; test items and comments do not.
     let inline = "fn f() { let _ = crate::job::run_job; }\n// crate::job in a comment\n#[cfg(test)]\nmod tests {\n    use crate::job::x;\n}\n";
     let problems = check_imports("trace", "trace/y.rs", inline, &allowed);
@@ -348,7 +356,8 @@ fn no_source_file_is_over_the_limit() {
         .filter(|p| !is_test_file(p))
         .filter_map(|p| {
             let lines = std::fs::read_to_string(p).expect("read source").lines().count();
-            (lines > MAX_LINES).then(|| format!("{} ({lines} lines)", p.strip_prefix(&src).expect("under src").display()))
+            (lines > MAX_LINES)
+                .then(|| format!("{} ({lines} lines)", p.strip_prefix(&src).expect("under src").display()))
         })
         .collect();
     assert!(long.is_empty(), "files over {MAX_LINES} lines, split them along their seams: {long:?}");

@@ -26,6 +26,7 @@ pub mod fleeting {
         with: {
             "runway:host/log@0.1.0": crate::bindings::executor::runway::host::log,
             "runway:host/kv@0.1.0": crate::bindings::executor::runway::host::kv,
+            "runway:host/plugin@0.1.0": crate::bindings::executor::runway::host::plugin,
         },
         generate_all,
     });

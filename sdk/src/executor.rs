@@ -1,7 +1,7 @@
 //! Executor plugins: implement [`Executor`] and [`Environment`], then call
 //! [`export_executor!`](crate::export_executor).
 
-use std::marker::PhantomData;
+use crate::export::{Component, Named};
 
 use crate::bindings::executor::exports::runway::executor::executor as wit;
 pub use crate::bindings::executor::exports::runway::executor::executor::{
@@ -58,27 +58,11 @@ impl ProviderInfo {
 }
 
 #[doc(hidden)]
-pub trait Named {
-    const NAME: &'static str;
-    const DESCRIPTION: &'static str;
-    const VERSION: &'static str;
-}
-
-#[doc(hidden)]
-pub struct Component<T>(PhantomData<T>);
-
-#[doc(hidden)]
 pub struct EnvironmentHandle<E>(E);
 
 impl<T: Executor + Named> wit::Guest for Component<T> {
     fn metadata() -> wit_plugin::PluginMetadata {
-        wit_plugin::PluginMetadata {
-            name: T::NAME.to_string(),
-            kind: wit_plugin::PluginKind::Executor,
-            version: T::VERSION.to_string(),
-            api_version: crate::API_VERSION.to_string(),
-            description: T::DESCRIPTION.to_string(),
-        }
+        crate::export::metadata::<T>(wit_plugin::PluginKind::Executor)
     }
 
     type Environment = EnvironmentHandle<T::Environment>;

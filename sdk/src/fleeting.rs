@@ -1,9 +1,10 @@
 //! Fleeting provider plugins: implement [`InstanceGroup`], then call
 //! [`export_fleeting!`](crate::export_fleeting).
 
+use crate::export::{Component, Named};
 use std::cell::RefCell;
-use std::marker::PhantomData;
 
+use crate::bindings::executor::runway::host::plugin as wit_plugin;
 use crate::bindings::fleeting::exports::runway::fleeting::instance_group as wit;
 pub use crate::bindings::fleeting::exports::runway::fleeting::instance_group::{
     ConnectInfo, ConnectorConfig, Instance, Interruption, ProviderError, ProviderInfo,
@@ -11,7 +12,6 @@ pub use crate::bindings::fleeting::exports::runway::fleeting::instance_group::{
 pub use crate::bindings::fleeting::runway::fleeting::types::{
     CapacityError, InstanceState, InterruptionKind, Protocol,
 };
-use crate::bindings::fleeting::runway::host::plugin as wit_plugin;
 
 /// A group of machines at a provider. `init` creates the value; the host then calls the
 /// other methods one at a time for as long as the plugin instance lives.
@@ -41,16 +41,6 @@ pub trait InstanceGroup: Sized + 'static {
     }
 }
 
-#[doc(hidden)]
-pub trait Named {
-    const NAME: &'static str;
-    const DESCRIPTION: &'static str;
-    const VERSION: &'static str;
-}
-
-#[doc(hidden)]
-pub struct Component<T>(PhantomData<T>);
-
 thread_local! {
     static GROUP: RefCell<Option<Box<dyn std::any::Any>>> = const { RefCell::new(None) };
 }
@@ -67,13 +57,7 @@ fn with_group<T: InstanceGroup, R>(f: impl FnOnce(&mut T) -> Result<R, ProviderE
 
 impl<T: InstanceGroup + Named> wit::Guest for Component<T> {
     fn metadata() -> wit_plugin::PluginMetadata {
-        wit_plugin::PluginMetadata {
-            name: T::NAME.to_string(),
-            kind: wit_plugin::PluginKind::Fleeting,
-            version: T::VERSION.to_string(),
-            api_version: crate::API_VERSION.to_string(),
-            description: T::DESCRIPTION.to_string(),
-        }
+        crate::export::metadata::<T>(wit_plugin::PluginKind::Fleeting)
     }
 
     fn init(connector: ConnectorConfig, plugin_config: String) -> Result<ProviderInfo, ProviderError> {

@@ -40,6 +40,8 @@ pub use wit_bindgen;
 
 #[doc(hidden)]
 pub mod bindings;
+#[doc(hidden)]
+pub mod export;
 
 pub mod executor;
 pub mod fleeting;
@@ -111,8 +113,8 @@ macro_rules! export_executor {
     ($ty:ty, name: $name:literal, description: $description:literal $(,)?) => {
         $crate::__embed_metadata!("executor", $name, $description);
         #[doc(hidden)]
-        type __RunwayExecutorComponent = $crate::executor::Component<$ty>;
-        impl $crate::executor::Named for $ty {
+        type __RunwayExecutorComponent = $crate::export::Component<$ty>;
+        impl $crate::export::Named for $ty {
             const NAME: &'static str = $name;
             const DESCRIPTION: &'static str = $description;
             const VERSION: &'static str = env!("CARGO_PKG_VERSION");
@@ -132,8 +134,8 @@ macro_rules! export_fleeting {
     ($ty:ty, name: $name:literal, description: $description:literal $(,)?) => {
         $crate::__embed_metadata!("fleeting", $name, $description);
         #[doc(hidden)]
-        type __RunwayFleetingComponent = $crate::fleeting::Component<$ty>;
-        impl $crate::fleeting::Named for $ty {
+        type __RunwayFleetingComponent = $crate::export::Component<$ty>;
+        impl $crate::export::Named for $ty {
             const NAME: &'static str = $name;
             const DESCRIPTION: &'static str = $description;
             const VERSION: &'static str = env!("CARGO_PKG_VERSION");
