@@ -141,7 +141,7 @@ fn production_code(source: &str) -> Vec<(usize, String)> {
             // Skip the annotated item: through its balanced braces, or to its `;`.
             let mut depth = 0i32;
             let mut opened = false;
-            while let Some((_, item)) = lines.next() {
+            for (_, item) in lines.by_ref() {
                 for c in item.chars() {
                     match c {
                         '{' => {

@@ -1,6 +1,9 @@
 //! Wall time of `runway exec` for a job whose script is `echo ok`: process start, YAML,
 //! plugin host (compiled shell plugin from the on-disk cache), four stage scripts, exit.
 
+// criterion_group! generates undocumented public functions.
+#![allow(missing_docs)]
+
 use std::process::Command;
 
 use criterion::{criterion_group, criterion_main, Criterion};

@@ -3,6 +3,9 @@
 //! (≈100 ms for a login shell on this machine) does not drown the runner's overhead; the
 //! baseline runs the very same stage scripts with bash directly.
 
+// criterion_group! generates undocumented public functions.
+#![allow(missing_docs)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,9 @@
 //! Plugin host costs: instantiate from `InstancePre`, a no-op host→guest call, and the shell
 //! plugin running `true` end to end against spawning bash directly.
 
+// criterion_group! generates undocumented public functions.
+#![allow(missing_docs)]
+
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};

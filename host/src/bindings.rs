@@ -1,8 +1,13 @@
 //! Host-side bindings generated from `wit/`. Imports are async (the host does I/O) and
 //! trappable (a host bug traps the call instead of panicking); exports are called async so a
 //! busy guest yields to tokio at every epoch tick.
+//!
+//! A leaf: the WIT types as Rust, nothing else. `capability` implements the imports on its
+//! contexts, `plugin` instantiates and links, `executor` calls the exports. Everything else
+//! speaks the domain types of those modules, never these.
 
 /// `runway:executor/executor-plugin`.
+#[allow(missing_docs)] // generated; the WIT files carry the documentation
 pub mod executor {
     wasmtime::component::bindgen!({
         world: "runway:executor/executor-plugin@0.1.0",
@@ -14,6 +19,7 @@ pub mod executor {
 
 /// `runway:fleeting/fleeting-plugin`; host interfaces are shared with the executor bindings
 /// so each is implemented once.
+#[allow(missing_docs)] // generated; the WIT files carry the documentation
 pub mod fleeting {
     wasmtime::component::bindgen!({
         world: "runway:fleeting/fleeting-plugin@0.1.0",

@@ -21,10 +21,12 @@ pub struct Cli {
     /// Log level: debug, info, warn, error.
     #[arg(long = "log-level", global = true)]
     pub log_level: Option<String>,
+    /// The verb.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The verbs of `runway`.
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the runner manager: poll GitLab and run jobs until stopped.
@@ -58,6 +60,7 @@ pub enum Command {
     },
     /// Inspect executor and fleeting plugins.
     Plugins {
+        /// `list` or `check FILE`.
         #[command(subcommand)]
         command: plugins::PluginsCommand,
     },

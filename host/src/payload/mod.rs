@@ -42,32 +42,47 @@ where
 /// A job as GitLab sends it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct JobResponse {
+    /// The job ID.
     pub id: i64,
+    /// The job token: authenticates trace, update, artifact and git calls for this job.
     pub token: String,
+    /// May the runner fetch into an existing checkout (`GIT_STRATEGY: fetch`)?
     #[serde(default, deserialize_with = "null_default")]
     pub allow_git_fetch: bool,
+    /// Names and IDs of the job, its pipeline and project.
     #[serde(default, deserialize_with = "null_default")]
     pub job_info: JobInfo,
+    /// What to check out.
     #[serde(default, deserialize_with = "null_default")]
     pub git_info: GitInfo,
+    /// Runner-side settings GitLab decided (the timeout).
     #[serde(default, deserialize_with = "null_default")]
     pub runner_info: RunnerInfo,
+    /// The job's variables, in GitLab's order (later duplicates win).
     #[serde(default, deserialize_with = "null_default")]
     pub variables: Vec<JobVariable>,
+    /// The scripts to run: `script` (with before_script), `after_script`, `release`.
     #[serde(default, deserialize_with = "null_default")]
     pub steps: Vec<Step>,
+    /// Hooks such as `pre_get_sources_script`.
     #[serde(default, deserialize_with = "null_default")]
     pub hooks: Vec<Hook>,
+    /// `image:` of the job, for container executors.
     #[serde(default)]
     pub image: Option<Image>,
+    /// `services:` of the job, for container executors.
     #[serde(default, deserialize_with = "null_default")]
     pub services: Vec<Image>,
+    /// `artifacts:` entries (one per type).
     #[serde(default, deserialize_with = "null_default")]
     pub artifacts: Vec<Artifact>,
+    /// `cache:` entries.
     #[serde(default, deserialize_with = "null_default")]
     pub cache: Vec<Cache>,
+    /// Jobs whose artifacts this job downloads.
     #[serde(default, deserialize_with = "null_default")]
     pub dependencies: Vec<Dependency>,
+    /// What GitLab supports for this job.
     #[serde(default, deserialize_with = "null_default")]
     pub features: JobFeatures,
     /// `run:` (CI Steps), JSON-encoded; Runway does not run native steps and fails such jobs.
@@ -75,46 +90,65 @@ pub struct JobResponse {
     pub run: Option<String>,
 }
 
+/// `job_info`: names and IDs of the job, its pipeline and project.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct JobInfo {
+    /// The job ID.
     #[serde(default, deserialize_with = "null_default")]
     pub id: i64,
+    /// The job name.
     #[serde(default, deserialize_with = "null_default")]
     pub name: String,
+    /// The stage name.
     #[serde(default, deserialize_with = "null_default")]
     pub stage: String,
+    /// The pipeline ID.
     #[serde(default, deserialize_with = "null_default")]
     pub pipeline_id: i64,
+    /// The project ID.
     #[serde(default, deserialize_with = "null_default")]
     pub project_id: i64,
+    /// The project name.
     #[serde(default, deserialize_with = "null_default")]
     pub project_name: String,
+    /// `group/subgroup/project`.
     #[serde(default, deserialize_with = "null_default")]
     pub project_full_path: String,
+    /// How long the job waited in GitLab's queue.
     #[serde(default, deserialize_with = "null_default")]
     pub time_in_queue_seconds: f64,
 }
 
+/// `git_info`: what to check out.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct GitInfo {
+    /// Clone URL with the job token as credentials.
     #[serde(default, deserialize_with = "null_default")]
     pub repo_url: String,
+    /// Branch or tag name (`ref`).
     #[serde(default, rename = "ref", deserialize_with = "null_default")]
     pub git_ref: String,
+    /// The commit to check out.
     #[serde(default, deserialize_with = "null_default")]
     pub sha: String,
+    /// The previous head of the ref.
     #[serde(default, deserialize_with = "null_default")]
     pub before_sha: String,
+    /// `branch` or `tag`.
     #[serde(default, deserialize_with = "null_default")]
     pub ref_type: String,
+    /// Refspecs to fetch.
     #[serde(default, deserialize_with = "null_default")]
     pub refspecs: Vec<String>,
+    /// Shallow clone depth (0: full).
     #[serde(default, deserialize_with = "null_default")]
     pub depth: i64,
+    /// `sha1` or `sha256`.
     #[serde(default, deserialize_with = "null_default")]
     pub repo_object_format: String,
 }
 
+/// `runner_info`: runner-side settings GitLab decided.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct RunnerInfo {
     /// Job timeout in seconds (≤ 0 means the default, 7200).
@@ -125,15 +159,21 @@ pub struct RunnerInfo {
 /// One job variable (§2.3).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct JobVariable {
+    /// The name.
     pub key: String,
+    /// The value (for a file variable, the file's content).
     #[serde(default, deserialize_with = "null_default")]
     pub value: String,
+    /// May it appear in logs unmasked?
     #[serde(default, deserialize_with = "null_default")]
     pub public: bool,
+    /// Must its value be masked in the job log?
     #[serde(default, deserialize_with = "null_default")]
     pub masked: bool,
+    /// Is it a file variable (the value is written to a file, the variable holds its path)?
     #[serde(default, deserialize_with = "null_default")]
     pub file: bool,
+    /// Is it exempt from `$VAR` expansion (`expand: false`)?
     #[serde(default, deserialize_with = "null_default")]
     pub raw: bool,
 }
@@ -149,30 +189,41 @@ impl JobVariable {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum StepWhen {
+    /// Only while nothing has failed (the default).
     #[default]
     #[serde(alias = "")]
     OnSuccess,
+    /// Only after a failure.
     OnFailure,
+    /// Whatever happened before.
     Always,
 }
 
 /// One step (§2.5): `script` (before_script + script), `after_script`, `release`, ...
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Step {
+    /// `script`, `after_script`, `release`, ...
     pub name: String,
+    /// The lines to run.
     #[serde(default, deserialize_with = "null_default")]
     pub script: Vec<String>,
+    /// Seconds (0: the job's timeout).
     #[serde(default, deserialize_with = "null_default")]
     pub timeout: i64,
+    /// When it runs.
     #[serde(default, deserialize_with = "null_default")]
     pub when: StepWhen,
+    /// Does a failure of this step leave the job successful?
     #[serde(default, deserialize_with = "null_default")]
     pub allow_failure: bool,
 }
 
+/// One hook (`pre_get_sources_script`, `post_get_sources_script`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Hook {
+    /// Which hook.
     pub name: String,
+    /// The lines to run.
     #[serde(default, deserialize_with = "null_default")]
     pub script: Vec<String>,
 }
@@ -180,67 +231,95 @@ pub struct Hook {
 /// `image:` or one entry of `services:`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Image {
+    /// The image reference.
     #[serde(default, deserialize_with = "null_default")]
     pub name: String,
+    /// Overrides the image's entrypoint.
     #[serde(default, deserialize_with = "string_or_list")]
     pub entrypoint: Vec<String>,
+    /// Overrides the image's command.
     #[serde(default, deserialize_with = "string_or_list")]
     pub command: Vec<String>,
+    /// Host names of a service (comma or space separated).
     #[serde(default, deserialize_with = "null_default")]
     pub alias: String,
 }
 
+/// One `artifacts:` entry.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Artifact {
+    /// Archive name.
     #[serde(default, deserialize_with = "null_default")]
     pub name: String,
+    /// Include files git does not track?
     #[serde(default, deserialize_with = "null_default")]
     pub untracked: bool,
+    /// Paths and globs to include.
     #[serde(default, deserialize_with = "null_default")]
     pub paths: Vec<String>,
+    /// Paths and globs to leave out.
     #[serde(default, deserialize_with = "null_default")]
     pub exclude: Vec<String>,
+    /// `on_success`, `on_failure` or `always`.
     #[serde(default, deserialize_with = "null_default")]
     pub when: String,
+    /// How long GitLab keeps it (`"1 week"`).
     #[serde(default, deserialize_with = "null_default")]
     pub expire_in: String,
+    /// `archive` or a report type (`junit`, `dotenv`, ...).
     #[serde(default, deserialize_with = "null_default")]
     pub artifact_type: String,
+    /// `zip`, `gzip` or `raw`.
     #[serde(default, deserialize_with = "null_default")]
     pub artifact_format: String,
 }
 
+/// One `cache:` entry.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Cache {
+    /// The cache key.
     #[serde(default, deserialize_with = "null_default")]
     pub key: String,
+    /// Include files git does not track?
     #[serde(default, deserialize_with = "null_default")]
     pub untracked: bool,
+    /// Paths and globs to cache.
     #[serde(default, deserialize_with = "null_default")]
     pub paths: Vec<String>,
+    /// `pull-push`, `pull` or `push`.
     #[serde(default, deserialize_with = "null_default")]
     pub policy: String,
+    /// `on_success`, `on_failure` or `always`.
     #[serde(default, deserialize_with = "null_default")]
     pub when: String,
+    /// Keys to restore from when `key` has no cache.
     #[serde(default, deserialize_with = "null_default")]
     pub fallback_keys: Vec<String>,
 }
 
+/// A job whose artifacts this job downloads.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Dependency {
+    /// Its job ID.
     pub id: i64,
+    /// Its job name.
     #[serde(default, deserialize_with = "null_default")]
     pub name: String,
+    /// Its job token, for the download.
     #[serde(default, deserialize_with = "null_default")]
     pub token: String,
+    /// Its artifacts archive, when it has one.
     #[serde(default)]
     pub artifacts_file: Option<ArtifactsFile>,
 }
 
+/// An artifacts archive of a dependency.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ArtifactsFile {
+    /// The archive's file name.
     #[serde(default, deserialize_with = "null_default")]
     pub filename: String,
+    /// Its size in bytes.
     #[serde(default, deserialize_with = "null_default")]
     pub size: i64,
 }
@@ -248,10 +327,13 @@ pub struct ArtifactsFile {
 /// `features` of the job payload (what GitLab supports for this job).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct JobFeatures {
+    /// Does GitLab render section markers?
     #[serde(default, deserialize_with = "null_default")]
     pub trace_sections: bool,
+    /// Token prefixes whose tokens the log masks.
     #[serde(default, deserialize_with = "null_default")]
     pub token_mask_prefixes: Vec<String>,
+    /// Failure reasons GitLab accepts in the final update.
     #[serde(default, deserialize_with = "null_default")]
     pub failure_reasons: Vec<String>,
 }

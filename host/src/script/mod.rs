@@ -32,22 +32,35 @@ pub struct ScriptSettings {
     pub cache_dir: PathBuf,
     /// Builds share a machine: `<builds_dir>/<short token>/<concurrent project id>/<slug>`.
     pub shared_builds_dir: bool,
+    /// The runner's short token (builds-dir layout, `CI_RUNNER_SHORT_TOKEN`).
     pub short_token: String,
+    /// Index of this job among the runner's running jobs (`CI_CONCURRENT_ID`).
     pub concurrent_id: u32,
+    /// Index among the runner's running jobs of this project (`CI_CONCURRENT_PROJECT_ID`).
     pub concurrent_project_id: u32,
+    /// The executor name (`CI_RUNNER_EXECUTOR`).
     pub executor: String,
+    /// The shell the scripts are written for (`bash`).
     pub shell: String,
+    /// `clone_url` from config.toml: replaces the scheme and host of the repository URL.
     pub clone_url: Option<String>,
     /// `["K=V"]` from config.toml.
     pub environment: Vec<String>,
+    /// `pre_get_sources_script` from config.toml.
     pub pre_get_sources_script: Option<String>,
+    /// `post_get_sources_script` from config.toml.
     pub post_get_sources_script: Option<String>,
+    /// `pre_build_script` from config.toml.
     pub pre_build_script: Option<String>,
+    /// `post_build_script` from config.toml.
     pub post_build_script: Option<String>,
     /// `FF_*` from config.toml; they win over job variables.
     pub feature_flags: BTreeMap<String, bool>,
+    /// `debug_trace_disabled`: ignore `CI_DEBUG_TRACE`.
     pub debug_trace_disabled: bool,
+    /// `CI_RUNNER_VERSION`.
     pub runner_version: String,
+    /// `CI_RUNNER_REVISION`.
     pub runner_revision: String,
     /// `runway exec`: run in this directory instead of a builds-dir checkout.
     pub project_dir_override: Option<PathBuf>,
@@ -58,17 +71,27 @@ pub struct ScriptSettings {
 /// A stage of a job, in GitLab's vocabulary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BuildStage {
+    /// Checks the shell and prints the host.
     PrepareScript,
+    /// Clone or fetch the repository, submodules, hooks.
     GetSources,
+    /// Extract the caches.
     RestoreCache,
+    /// Download the dependencies' artifacts.
     DownloadArtifacts,
     /// A user step (`script`, `release`, ...).
     Step(String),
+    /// `after_script`, whatever happened.
     AfterScript,
+    /// Archive the caches after success.
     ArchiveCache,
+    /// Archive the caches after a failure (`when: on_failure`/`always`).
     ArchiveCacheOnFailure,
+    /// Upload artifacts after success.
     UploadArtifactsOnSuccess,
+    /// Upload artifacts after a failure.
     UploadArtifactsOnFailure,
+    /// Remove the files of file variables.
     CleanupFileVariables,
 }
 
@@ -116,6 +139,7 @@ impl BuildStage {
 /// A job that cannot be turned into scripts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanError {
+    /// What is wrong, for the job log.
     pub message: String,
     /// The runner's configuration is at fault (`runner_configuration_error`), not the
     /// payload (`runner_system_failure`).
@@ -146,9 +170,13 @@ impl std::error::Error for PlanError {}
 /// `GIT_STRATEGY`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GitStrategy {
+    /// A fresh clone.
     Clone,
+    /// Fetch into the existing checkout (the default).
     Fetch,
+    /// Use the directory as it is.
     None,
+    /// An empty project directory.
     Empty,
 }
 
@@ -304,18 +332,22 @@ impl JobPlan {
         })
     }
 
+    /// Where the job's checkout lives (`CI_PROJECT_DIR`).
     pub fn project_dir(&self) -> &Path {
         &self.project_dir
     }
+    /// The builds root (`CI_BUILDS_DIR`).
     pub fn builds_dir(&self) -> &Path {
         match &self.settings.project_dir_override {
             Some(dir) => dir.parent().unwrap_or(dir),
             None => &self.settings.builds_dir,
         }
     }
+    /// The cache root.
     pub fn cache_dir(&self) -> &Path {
         &self.settings.cache_dir
     }
+    /// `<project_dir>.tmp`: file variables and helper files.
     pub fn tmp_dir(&self) -> &Path {
         &self.tmp_dir
     }
@@ -330,6 +362,7 @@ impl JobPlan {
     pub fn token_mask_prefixes(&self) -> Vec<String> {
         self.job.features.token_mask_prefixes.clone()
     }
+    /// `GIT_STRATEGY` in effect.
     pub fn strategy(&self) -> GitStrategy {
         self.strategy
     }

@@ -12,6 +12,7 @@ pub enum FailureReason {
     JobExecutionTimeout,
     /// The job image could not be pulled.
     ImagePullFailure,
+    /// A failure of no other kind.
     UnknownFailure,
     /// Bad runner or job configuration (`GIT_CLONE_PATH`, missing builds dir, ...).
     RunnerConfigurationError,

@@ -6,12 +6,19 @@ use super::TraceSink;
 
 /// The ANSI sequences GitLab Runner uses.
 pub mod ansi {
+    /// Errors and the failure footer.
     pub const BOLD_RED: &str = "\x1b[31;1m";
+    /// The success footer.
     pub const BOLD_GREEN: &str = "\x1b[32;1m";
+    /// Warnings.
     pub const BOLD_YELLOW: &str = "\x1b[33;1m";
+    /// Section headers (`$ command` lines, "Preparing the executor").
     pub const BOLD_CYAN: &str = "\x1b[36;1m";
+    /// Notices.
     pub const YELLOW: &str = "\x1b[0;33m";
+    /// Back to the default colour.
     pub const RESET: &str = "\x1b[0;m";
+    /// Clear to the end of the line (after section markers).
     pub const CLEAR: &str = "\x1b[0K";
 }
 
@@ -82,12 +89,15 @@ pub fn section_header_line(text: &str) -> String {
 /// Who is running the job, for the header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunnerIdentity {
+    /// Runway's version.
     pub version: String,
+    /// The git revision of the build.
     pub revision: String,
     /// The `[[runners]] name`.
     pub name: String,
     /// The shortened runner token shown in logs.
     pub short_token: String,
+    /// The manager's system ID (`s_…`).
     pub system_id: String,
 }
 
@@ -121,27 +131,35 @@ fn now_unix() -> i64 {
 
 /// Writing GitLab's log format to any sink; section markers use the current UTC time.
 pub trait TraceLog: TraceSink {
+    /// Text as it is.
     fn write_str(&self, text: &str) {
         self.write(text.as_bytes());
     }
+    /// Open the collapsible section `name`.
     fn section_start(&self, name: &str, options: SectionOptions) {
         self.write_str(&section_start(now_unix(), name, options));
     }
+    /// Close section `name`.
     fn section_end(&self, name: &str) {
         self.write_str(&section_end(now_unix(), name));
     }
+    /// A plain line.
     fn println(&self, text: &str) {
         self.write_str(&plain_line(text));
     }
+    /// A green notice line.
     fn info(&self, text: &str) {
         self.write_str(&info_line(text));
     }
+    /// A yellow `WARNING:` line.
     fn warning(&self, text: &str) {
         self.write_str(&warning_line(text));
     }
+    /// A red `ERROR:` line.
     fn error(&self, text: &str) {
         self.write_str(&error_line(text));
     }
+    /// The header every job log starts with.
     fn header(&self, identity: &RunnerIdentity) {
         self.write_str(&header(identity));
     }

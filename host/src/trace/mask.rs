@@ -193,6 +193,7 @@ fn is_sensitive_param(key: &[u8]) -> bool {
 }
 
 impl UrlParamSanitizer {
+    /// Sanitize `input`, appending the bytes that are final to `out` (a possible match at the end is held back).
     pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) {
         let mut pos = 0;
         while pos < input.len() {
@@ -243,6 +244,7 @@ impl UrlParamSanitizer {
         }
     }
 
+    /// End of stream: release every held-back byte.
     pub fn flush(&mut self, out: &mut Vec<u8>) {
         if self.state == UrlState::Masking {
             out.extend_from_slice(MASK);
@@ -289,6 +291,7 @@ impl TokenPrefixSanitizer {
         })
     }
 
+    /// Sanitize `input`, appending the bytes that are final to `out` (a possible match at the end is held back).
     pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) {
         let Some(patterns) = &self.patterns else {
             out.extend_from_slice(input);
@@ -328,6 +331,7 @@ impl TokenPrefixSanitizer {
         self.pending.drain(..pos);
     }
 
+    /// End of stream: release every held-back byte.
     pub fn flush(&mut self, out: &mut Vec<u8>) {
         if self.in_token && self.token_dropped {
             out.extend_from_slice(MASK);

@@ -74,7 +74,12 @@ pub enum FinalUpdateError {
     JobGone(String),
     /// Every retry failed.
     #[error("the final job update failed {attempts} times; last error: {last_error}")]
-    RetriesExhausted { attempts: u32, last_error: String },
+    RetriesExhausted {
+        /// How many times it was tried.
+        attempts: u32,
+        /// What the last try answered.
+        last_error: String,
+    },
 }
 
 /// How one PATCH went, from the loop's point of view.
