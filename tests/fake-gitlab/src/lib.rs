@@ -8,6 +8,7 @@
 //! - cancel from the "UI" ([`FakeGitLab::cancel`], [`FakeGitLab::force_cancel`])
 //! - injected failures per endpoint ([`FakeGitLab::inject`])
 //! - real git repositories over smart HTTP through `git http-backend` ([`FakeGitLab::create_repo`])
+//! - a fault-injecting proxy to put in front of it ([`proxy::FaultProxy`])
 //!
 //! Everything a test may want to assert is recorded: [`FakeGitLab::requests`], [`FakeGitLab::job`].
 //! The behaviour follows `gitlab-runner-protocol.md` §1; where GitLab's choice is unclear the
@@ -16,6 +17,7 @@
 mod api;
 mod git;
 mod payload;
+pub mod proxy;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
