@@ -395,8 +395,19 @@ struct Acceptance {
     accepted: std::sync::atomic::AtomicBool,
 }
 
+/// Why GitLab did not take a job's acceptance (`PUT state=running`).
+#[derive(Debug, thiserror::Error)]
+enum AcceptError {
+    /// 403/404/409: the job is gone or someone else's.
+    #[error("GitLab no longer assigns this job to us")]
+    Gone,
+    /// Any other answer.
+    #[error("accepting the job failed: {0:?}")]
+    Failed(UpdateOutcome),
+}
+
 impl Acceptance {
-    async fn accept(&self) -> Result<(), String> {
+    async fn accept(&self) -> Result<(), AcceptError> {
         if self.accepted.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
@@ -404,11 +415,9 @@ impl Acceptance {
         let response = self.api.update_job(&JobUpdate::state(JobState::Running)).await;
         match response.outcome {
             UpdateOutcome::Accepted | UpdateOutcome::AcceptedRetryLater(_) => {}
-            UpdateOutcome::Abort | UpdateOutcome::Conflict => {
-                return Err("GitLab no longer assigns this job to us".into())
-            }
+            UpdateOutcome::Abort | UpdateOutcome::Conflict => return Err(AcceptError::Gone),
             UpdateOutcome::TraceValidationFailed | UpdateOutcome::Failed(_) => {
-                return Err(format!("accepting the job failed: {:?}", response.outcome));
+                return Err(AcceptError::Failed(response.outcome));
             }
         }
         self.accepted.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -437,7 +446,7 @@ impl Acceptance {
 #[async_trait]
 impl JobHooks for Acceptance {
     async fn prepared(&self) -> Result<(), String> {
-        self.accept().await
+        self.accept().await.map_err(|e| e.to_string())
     }
 }
 

@@ -14,7 +14,6 @@ use axum::routing::get;
 
 use crate::autoscaler::RemovalReason;
 use crate::config::Loaded;
-use crate::gitlab::client::{Endpoint, RequestHook};
 use crate::manager::fleet::Fleet;
 use crate::manager::ManagerStats;
 
@@ -77,19 +76,16 @@ impl Metrics {
         self.ready.store(ready, Ordering::SeqCst);
     }
 
-    /// A client hook counting API requests by endpoint, status and method.
-    pub fn api_hook(&self) -> RequestHook {
-        let inner = self.inner.clone();
-        Arc::new(move |endpoint: Endpoint, method: &reqwest::Method, status: Option<u16>, duration: Duration| {
-            if let Ok(mut inner) = inner.lock() {
-                let status = status.map(|s| s.to_string()).unwrap_or_else(|| "error".into());
-                *inner.api_requests.entry((endpoint.as_str().to_string(), status, method.to_string())).or_default() +=
-                    1;
-                let entry = inner.api_durations.entry(endpoint.as_str().to_string()).or_default();
-                entry.0 += duration.as_secs_f64();
-                entry.1 += 1;
-            }
-        })
+    /// Count one API request attempt: its endpoint label (`request_job`, ...), HTTP method,
+    /// status (`None` for a transport error, exported as `error`) and time to response.
+    pub fn record_api_request(&self, endpoint: &str, method: &str, status: Option<u16>, duration: Duration) {
+        if let Ok(mut inner) = self.inner.lock() {
+            let status = status.map(|s| s.to_string()).unwrap_or_else(|| "error".into());
+            *inner.api_requests.entry((endpoint.to_string(), status, method.to_string())).or_default() += 1;
+            let entry = inner.api_durations.entry(endpoint.to_string()).or_default();
+            entry.0 += duration.as_secs_f64();
+            entry.1 += 1;
+        }
     }
 
     /// The Prometheus text exposition.
