@@ -304,15 +304,29 @@ fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
 
 /// The running HTTP server; dropped when the runner stops.
 pub struct ServerHandle {
+    /// The address actually bound (a `:0` port resolved).
     pub address: std::net::SocketAddr,
     _task: tokio::task::JoinHandle<()>,
 }
 
+/// Why the metrics server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// `listen_address` cannot be bound.
+    #[error("listen_address {address}: {source}")]
+    Listen {
+        /// The configured address.
+        address: String,
+        /// The bind error.
+        source: std::io::Error,
+    },
+}
+
 /// Serve metrics and health on `address` (`host:port`).
-pub async fn serve(address: &str, metrics: Metrics) -> anyhow::Result<ServerHandle> {
-    let listener =
-        tokio::net::TcpListener::bind(address).await.map_err(|e| anyhow::anyhow!("listen_address {address}: {e}"))?;
-    let local = listener.local_addr()?;
+pub async fn serve(address: &str, metrics: Metrics) -> Result<ServerHandle, MetricsError> {
+    let listen = |source| MetricsError::Listen { address: address.to_string(), source };
+    let listener = tokio::net::TcpListener::bind(address).await.map_err(listen)?;
+    let local = listener.local_addr().map_err(listen)?;
     let app = axum::Router::new()
         .route(
             "/metrics",

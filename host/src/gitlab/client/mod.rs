@@ -44,12 +44,19 @@ pub use setup::ClientOptions;
 /// Which API call a request belongs to (for metrics and error messages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Endpoint {
+    /// `POST /runners`.
     RegisterRunner,
+    /// `POST /runners/verify`.
     VerifyRunner,
+    /// `DELETE /runners`.
     UnregisterRunner,
+    /// `DELETE /runners/managers`.
     UnregisterRunnerManager,
+    /// `POST /jobs/request`.
     RequestJob,
+    /// `PUT /jobs/:id`.
     UpdateJob,
+    /// `PATCH /jobs/:id/trace`.
     PatchTrace,
 }
 
@@ -76,20 +83,54 @@ pub type RequestHook = Arc<dyn Fn(Endpoint, &str, Option<u16>, Duration) + Send 
 /// Errors of the runner-token management calls.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// The runner URL is not an http(s) URL.
     #[error("invalid GitLab URL {url:?}: {reason}")]
-    InvalidUrl { url: String, reason: String },
+    InvalidUrl {
+        /// The URL as configured.
+        url: String,
+        /// Why it is rejected.
+        reason: String,
+    },
+    /// The HTTP client could not be built (TLS files).
     #[error("cannot set up the HTTP client: {0}")]
     ClientSetup(String),
+    /// 403: bad token or removed runner.
     #[error("{}: forbidden (403): the token is invalid or the runner was removed{}", .endpoint.as_str(), suffix(.message))]
-    Forbidden { endpoint: Endpoint, message: String },
+    Forbidden {
+        /// The call.
+        endpoint: Endpoint,
+        /// GitLab's `message`, if any.
+        message: String,
+    },
+    /// 410 on registration: registration tokens are disabled.
     #[error("registration with a registration token is disabled on this GitLab instance (410 Gone); create the runner in the UI and use its glrt- token")]
     RegistrationDisabled,
+    /// Any other unexpected status.
     #[error("{}: HTTP {status}{}", .endpoint.as_str(), suffix(.message))]
-    Status { endpoint: Endpoint, status: u16, message: String },
+    Status {
+        /// The call.
+        endpoint: Endpoint,
+        /// The HTTP status.
+        status: u16,
+        /// GitLab's `message`, if any.
+        message: String,
+    },
+    /// No response (connection, TLS, timeout).
     #[error("{}: request failed: {message}", .endpoint.as_str())]
-    Transport { endpoint: Endpoint, message: String },
+    Transport {
+        /// The call.
+        endpoint: Endpoint,
+        /// What failed, with its causes.
+        message: String,
+    },
+    /// A response body that does not decode.
     #[error("{}: invalid response: {message}", .endpoint.as_str())]
-    InvalidResponse { endpoint: Endpoint, message: String },
+    InvalidResponse {
+        /// The call.
+        endpoint: Endpoint,
+        /// The decoding error.
+        message: String,
+    },
 }
 
 fn suffix(message: &str) -> String {

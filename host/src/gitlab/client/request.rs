@@ -14,6 +14,7 @@ use crate::payload::JobResponse;
 pub struct ReceivedJob {
     /// The response body exactly as received.
     pub raw: bytes::Bytes,
+    /// The decoded payload.
     pub job: JobResponse,
 }
 
@@ -39,7 +40,9 @@ pub enum RequestJobResult {
 /// A job whose payload does not decode, identified well enough to fail it.
 #[derive(Debug, Clone)]
 pub struct BadJob {
+    /// Job id.
     pub id: i64,
+    /// Job token (to fail the job with).
     pub token: String,
     /// Which field is wrong and how.
     pub error: String,

@@ -12,8 +12,9 @@ use crate::gitlab::retry::RetryPolicy;
 /// Options for [`GitLabClient::new`].
 #[derive(Clone, Default)]
 pub struct ClientOptions {
+    /// How retryable statuses are retried.
     pub retry: RetryPolicy,
-    /// Optional metrics hook, called per HTTP attempt.
+    /// Optional observer of every HTTP attempt (`runway run` counts them in its metrics).
     pub hook: Option<RequestHook>,
     /// `tls-ca-file`: extra PEM CA certificates to trust (self-managed GitLab with a
     /// private CA).
@@ -55,6 +56,7 @@ impl GitLabClient {
         let http = builder.build().map_err(|e| ApiError::ClientSetup(describe_reqwest_error(&e)))?;
         Ok(GitLabClient {
             http,
+            /// How retryable statuses are retried.
             retry: options.retry,
             hook: options.hook,
             user_agent: buildinfo::user_agent(),
