@@ -119,25 +119,15 @@ impl VersionInfo {
     /// `arm64`), with the given executor, shell and features.
     pub fn this_runner(executor: &str, shell: &str, features: FeaturesInfo) -> Self {
         VersionInfo {
-            /// Always `runway`.
             name: "runway".into(),
-            /// Release version.
             version: buildinfo::VERSION.into(),
-            /// Git revision of the build.
             revision: buildinfo::REVISION.into(),
-            /// OS (`linux`).
             platform: buildinfo::OS.into(),
-            /// Go architecture name (`amd64`, `arm64`).
             architecture: buildinfo::go_arch().into(),
-            /// Executor name.
             executor: executor.into(),
-            /// Shell name.
             shell: shell.into(),
-            /// What the runner supports.
             features,
-            /// Selected executor settings.
             config: ConfigInfo::default(),
-            /// Runner labels.
             labels: Default::default(),
         }
     }

@@ -56,7 +56,6 @@ impl GitLabClient {
         let http = builder.build().map_err(|e| ApiError::ClientSetup(describe_reqwest_error(&e)))?;
         Ok(GitLabClient {
             http,
-            /// How retryable statuses are retried.
             retry: options.retry,
             hook: options.hook,
             user_agent: buildinfo::user_agent(),
