@@ -26,8 +26,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("stop", &[]),
     ("bindings", &[]),
     ("payload", &[]),
+    // Files that must survive a crash: atomic writes, the fleet state (the job store lands here).
+    ("store", &[]),
     // The model of config.toml. Variable expansion in `url`/`token` is GitLab's rule (payload).
-    ("config", &["payload"]),
+    ("config", &["payload", "store"]),
     // The runner API client: the wire, retries, the job payload it decodes.
     ("gitlab", &["payload", "buildinfo"]),
     // The job log: masking, limits, checksum, upload through `gitlab::api::JobApi`.
@@ -35,17 +37,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // SSH to instances: streams into a trace sink, obeys a stop signal; no WIT types.
     ("connector", &["stop", "trace"]),
     // The host side of each WIT import, one context per interface; never the plugin registry.
-    ("capability", &["bindings", "stop", "trace", "connector", "config"]),
+    ("capability", &["bindings", "stop", "trace", "connector", "config", "store"]),
     // Wasmtime, the registry, hot reload, sandbox limits; links the capabilities.
-    ("plugin", &["bindings", "capability", "config", "stop", "trace", "buildinfo"]),
+    ("plugin", &["bindings", "capability", "config", "stop", "store", "trace", "buildinfo"]),
     // The executor boundary: prepare with retries, the fleet instance, the session, stages.
     ("executor", &["plugin", "bindings", "capability", "connector", "config", "stop", "trace", "payload"]),
     // Stage scripts from the payload and the runner's settings.
     ("script", &["payload", "config", "buildinfo"]),
     // One job's lifecycle over the executor boundary.
     ("job", &["executor", "script", "trace", "payload", "stop", "buildinfo"]),
-    // Files that must survive a crash: atomic writes, the fleet state, the job store.
-    ("store", &["config", "payload", "buildinfo"]),
     // The taskscaler engine, its simulator, the provider over a fleeting plugin.
     ("autoscaler", &["config", "plugin", "store", "stop"]),
     // `runway exec`: .gitlab-ci.yml to payloads, terminal rendering.

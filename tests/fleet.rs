@@ -153,7 +153,10 @@ keepalive = "2s"
 
     async fn metrics(&self) -> String {
         let url = format!("http://127.0.0.1:{}/metrics", self.metrics_port);
-        for _ in 0..100 {
+        // Until runway serves them: its start compiles the plugins, which takes a while on a
+        // busy machine.
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
             if let Ok(response) = reqwest::get(&url).await {
                 if let Ok(text) = response.text().await {
                     return text;
@@ -295,9 +298,11 @@ async fn instances_retire_at_max_use_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_ready_command_replaces_the_instance_without_a_storm() {
     let mut fleet = Fleet::new(&[7, 8]).await;
-    // The instance at 127.0.0.7 never becomes ready.
+    // The instance at 127.0.0.7 never becomes ready. Two idle instances are wanted, so the
+    // fleet keeps trying to replace it for as long as the test watches: without a back-off it
+    // would be re-created on every update (1 s).
     let ready = r#"instance_ready_command = "case \"$SSH_CONNECTION\" in *' 127.0.0.7 '*) exit 1;; esac""#;
-    fleet.write_config(&format!("max_instances = 2\n{ready}"), "idle_count = 0\nidle_time = \"1h\"");
+    fleet.write_config(&format!("max_instances = 2\n{ready}"), "idle_count = 2\nidle_time = \"1h\"");
     fleet.start();
     let started = Instant::now();
     let job = fleet.enqueue("ready", &["echo hello"]);
@@ -306,8 +311,22 @@ async fn a_failing_ready_command_replaces_the_instance_without_a_storm() {
     assert!(instance_of(&record).starts_with("127.0.0.8:"), "{}", record.trace_text());
     assert!(fleet.metric("fleeting_provisioner_failures_total", &["kind=\"ready_command\""]).await >= 1.0);
     assert!(fleet.metric("fleeting_provisioner_instance_operations_total", &["reason=\"ready_failed\""]).await >= 1.0);
-    // No storm: creations stay few, bounded by the back-off, not by the poll interval.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // No storm: creations stay few, bounded by the back-off, not by the poll interval. First
+    // the failing instance must have been re-created and failed again (so there was demand to
+    // storm on)...
+    fleet
+        .wait_metric("fleeting_provisioner_failures_total", &["kind=\"ready_command\""], |v| v >= 2.0, "a retry")
+        .await;
+    // ...then the runner goes through eight more job-request rounds (each a 1 s long poll or
+    // check_interval, timed by the same process that times the fleet's updates): without a
+    // back-off that is several more creations; with it (5 s, then 10 s) at most one.
+    let requests = "/api/v4/jobs/request";
+    let seen = fleet.fake.requests_to("POST", requests).len();
+    assert!(
+        fleet.fake.wait_for_request_count("POST", requests, seen + 8, WAIT).await,
+        "runway stopped polling:\n{}",
+        fleet.log()
+    );
     let creations = fleet.metric("fleeting_provisioner_instance_operations_total", &["operation=\"create\""]).await;
     let seconds = started.elapsed().as_secs_f64();
     assert!(creations <= 4.0, "{creations} creations in {seconds:.0}s\n{}", fleet.log());

@@ -141,12 +141,14 @@ async fn request_job_echoes_last_update_through_the_long_poll() {
         let (client, creds) = (client.clone(), creds.clone());
         async move { client.request_job(&creds, &info()).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Enqueue only once the request is parked in the long poll, so it is the arrival of the
+    // job (not the poll's 30 s timeout, nor an early answer) that ends it.
+    assert!(fake.wait_for_long_polls(&runner.token, 1, Duration::from_secs(10)).await, "the request long-polls");
     let job_id = fake.enqueue(fake.job_payload(&JobSpec::new("g/p", "build", &["echo hi"])));
-    let mut result = waiting.await.expect("join");
-    if matches!(result, RequestJobResult::NoJob | RequestJobResult::PollAgain) {
-        result = client.request_job(&creds, &info()).await;
-    }
+    let ended = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+    let ended = ended.expect("the job's arrival ends the long poll well before its 30 s").expect("join");
+    assert!(matches!(ended, RequestJobResult::PollAgain), "the woken poll asks again at once: {ended:?}");
+    let result = client.request_job(&creds, &info()).await;
     let RequestJobResult::Job(received) = result else { panic!("expected a job, got {result:?}") };
     assert_eq!(received.job.id, job_id);
     assert_eq!(received.job.steps[0].script, vec!["echo hi"]);

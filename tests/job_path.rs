@@ -189,10 +189,13 @@ async fn failures_timeouts_cancel_and_abort() {
                 .after_script(&["echo after_script ran with $CI_JOB_STATUS"]),
         ),
     );
+    // Besides its output (which the runner could no longer upload after the abort), the
+    // after_script leaves a file behind, so running it cannot go unnoticed.
+    let after_script_ran = w.root.path().join("abort-after-script-ran");
     let abort_me = w.fake.enqueue(
         w.fake.job_payload(
             &JobSpec::new("group/project", "abort", &["echo started", "sleep 60"])
-                .after_script(&["echo after_script must not run"]),
+                .after_script(&["echo after_script must not run", &format!("touch '{}'", after_script_ran.display())]),
         ),
     );
 
@@ -215,11 +218,21 @@ async fn failures_timeouts_cancel_and_abort() {
     let job = w.finished(cancel_me).await;
     assert_eq!(job.status, JobStatus::Canceled);
     assert!(job.trace_text().contains("after_script ran with canceled"), "{}", job.trace_text());
-    // The aborted job: no after_script, and its processes are gone (the job task ended).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The aborted job: no after_script, and its processes are gone (the job task ended). The
+    // job task's last act is its final PUT (answered 403 now): once GitLab saw it, everything
+    // the job was going to run has run.
+    let path = format!("/api/v4/jobs/{abort_me}");
+    let is_final = |r: &fake_gitlab::LoggedRequest| {
+        r.method == "PUT"
+            && r.path == path
+            && r.json().is_some_and(|b| matches!(b["state"].as_str(), Some("success" | "failed")))
+    };
+    let last = w.fake.wait_for_request(is_final, WAIT).await.expect("the aborted job's task ends with a final PUT");
+    assert_eq!(last.status, 403, "the job is no longer processing at GitLab");
     let job = w.fake.job(abort_me).expect("job");
     assert_eq!(job.status, JobStatus::Canceled);
     assert!(!job.trace_text().contains("after_script must not run"));
+    assert!(!after_script_ran.exists(), "after_script ran after the abort");
 
     shutdown.graceful.cancel();
     running.await.expect("manager stops");

@@ -22,4 +22,5 @@ pub mod payload;
 pub mod plugin;
 pub mod script;
 pub mod stop;
+pub mod store;
 pub mod trace;

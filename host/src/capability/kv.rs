@@ -75,15 +75,8 @@ impl KvStore {
             return Err(KvError::QuotaExceeded);
         }
         match (&self.dir, self.path(key)) {
-            (Some(dir), Some(path)) => {
-                let write = || -> std::io::Result<()> {
-                    std::fs::create_dir_all(dir)?;
-                    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-                    std::io::Write::write_all(&mut tmp, value)?;
-                    tmp.persist(&path).map_err(|e| e.error)?;
-                    Ok(())
-                };
-                write().map_err(|e| KvError::Other(format!("writing {}: {e}", path.display())))
+            (Some(_), Some(path)) => {
+                crate::store::atomic::write(&path, value, None).map_err(|e| KvError::Other(e.to_string()))
             }
             _ => {
                 if let Ok(mut m) = self.memory.lock() {

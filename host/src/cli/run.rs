@@ -14,13 +14,14 @@ use tokio::sync::Semaphore;
 use crate::config::autoscaler::AutoscalerConfig;
 use crate::config::{self, Loaded};
 use crate::executor::ResolvedExecutor;
-use crate::gitlab::client::{ClientOptions, GitLabClient, RunnerCredentials};
+use crate::gitlab::client::{ClientOptions, GitLabClient, RequestHook, RunnerCredentials};
 use crate::job::JobEnvironment;
-use crate::manager::fleet::{self, Fleet};
+use crate::manager::fleet::Fleet;
 use crate::manager::{identity, signals, Manager, ManagerSettings, RunnerSettings, Shutdown};
 use crate::metrics::Metrics;
 use crate::plugin::{builtin_plugins, HostSettings, PluginHost};
 use crate::script::ScriptSettings;
+use crate::store::fleet_state;
 
 /// Load and report a config file.
 pub fn load_config(path: &Path) -> anyhow::Result<Loaded> {
@@ -68,7 +69,8 @@ impl Fleets {
             }
             return Ok(fleet.clone());
         }
-        let state = fleet::state_file(autoscaler, &loaded.dir(), short);
+        let storage = &autoscaler.state_storage;
+        let state = fleet_state::state_file(storage.enabled, storage.dir.as_deref(), &loaded.dir(), short);
         let fleet = Fleet::start(plugins, short, autoscaler, runner.machine.as_ref(), runner.limit, state, system_id)
             .await
             .map_err(|e| anyhow::anyhow!("{}: runner {:?}: {e}", loaded.path.display(), runner.name))?;
@@ -189,6 +191,14 @@ fn manager_settings(loaded: &Loaded) -> ManagerSettings {
     }
 }
 
+/// The client hook that counts every API request attempt in `metrics`.
+fn api_hook(metrics: &Metrics) -> RequestHook {
+    let metrics = metrics.clone();
+    Arc::new(move |endpoint, method, status, duration| {
+        metrics.record_api_request(endpoint.as_str(), method, status, duration)
+    })
+}
+
 /// Run until stopped by a signal.
 pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
     let mut loaded = load_config(&config_path)?;
@@ -197,7 +207,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
     plugins.watch()?;
     let metrics = Metrics::new(loaded.config.concurrent, &system_id);
     let client =
-        Arc::new(GitLabClient::new(ClientOptions { hook: Some(metrics.api_hook()), ..ClientOptions::default() })?);
+        Arc::new(GitLabClient::new(ClientOptions { hook: Some(api_hook(&metrics)), ..ClientOptions::default() })?);
     let _server = match &loaded.config.listen_address {
         Some(address) => Some(crate::metrics::serve(address, metrics.clone()).await?),
         None => None,

@@ -530,15 +530,8 @@ pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
 
 /// Write `config` to `path` atomically with mode 0600 (it holds tokens).
 pub fn save(path: &Path, config: &Config) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::PermissionsExt;
     let text = toml::to_string_pretty(config)?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(text.as_bytes())?;
-    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    tmp.persist(path)?;
+    crate::store::atomic::write_private(path, text.as_bytes())?;
     Ok(())
 }
 

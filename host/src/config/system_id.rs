@@ -39,10 +39,7 @@ pub fn system_id(config_dir: &Path) -> anyhow::Result<String> {
         }
     }
     let id = generate();
-    std::fs::create_dir_all(config_dir)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(config_dir)?;
-    std::io::Write::write_all(&mut tmp, format!("{id}\n").as_bytes())?;
-    tmp.persist(&path)?;
+    crate::store::atomic::write(&path, format!("{id}\n").as_bytes(), None)?;
     Ok(id)
 }
 

@@ -34,6 +34,7 @@ impl JobState {
 /// Body of `PUT /jobs/:id` apart from `token` and `info`, which the client adds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobUpdate {
+    /// The state to report.
     pub state: JobState,
     /// Already mapped through the job's `features.failure_reasons` (§3.2).
     pub failure_reason: Option<String>,
@@ -69,7 +70,10 @@ pub enum PatchOutcome {
     /// 202: the server now has `0..=end`; next offset is `end + 1`.
     Accepted,
     /// 416: the server has `server_size` bytes; resend from there.
-    RangeMismatch { server_size: u64 },
+    RangeMismatch {
+        /// Bytes the server has.
+        server_size: u64,
+    },
     /// 404: stop patching this job.
     NotFound,
     /// 403 (or Job-Status canceled/failed): abort the job.
@@ -81,7 +85,9 @@ pub enum PatchOutcome {
 /// A PATCH response with the headers that matter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PatchResponse {
+    /// What the PATCH came to.
     pub outcome: PatchOutcome,
+    /// What `Job-Status` asks of the job.
     pub remote_status: RemoteJobStatus,
     /// `X-GitLab-Trace-Update-Interval`, when present.
     pub update_interval: Option<Duration>,
@@ -107,7 +113,9 @@ pub enum UpdateOutcome {
 /// A PUT response with the headers that matter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpdateResponse {
+    /// What the PUT came to.
     pub outcome: UpdateOutcome,
+    /// What `Job-Status` asks of the job.
     pub remote_status: RemoteJobStatus,
     /// `X-GitLab-Trace-Update-Interval`, when present.
     pub update_interval: Option<Duration>,

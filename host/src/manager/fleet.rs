@@ -10,13 +10,12 @@
 //! identity, so a restart adopts the instances (with their use counts) instead of deleting them.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -25,11 +24,14 @@ use crate::autoscaler::{
     ReserveError,
 };
 use crate::config::autoscaler::{AutoscalerConfig, ConnectorConfigToml, MachineConfig};
-use crate::config::duration::parse_duration;
-use crate::connector::{ConnectSpec, SshAuth, SshSession};
+use crate::config::duration::{parse_duration, DurationError};
+use crate::connector::{
+    probe, ConnectError, ConnectSpec, ConnectorDefaults, InstanceConnectInfo, ProbeError, SpecError, SshSession,
+};
 use crate::job::{ConnectedInstance, InstanceSource, JobControl};
 use crate::plugin::fleeting::{ConnectInfo, ConnectorConfig, Protocol};
 use crate::plugin::PluginHost;
+use crate::store::fleet_state;
 use crate::trace::{FailureReason, TraceLog, TraceSink};
 
 /// Longest a single provider call may take before the engine counts it as failed.
@@ -41,156 +43,139 @@ const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the state file is refreshed when the fleet changed.
 const STATE_SAVE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Connection settings from `[runners.autoscaler.connector_config]`, filling what the
-/// plugin's connect-info leaves blank.
-#[derive(Clone, Debug)]
-pub struct ConnectorDefaults {
-    username: String,
-    password: Option<String>,
-    key: Option<Vec<u8>>,
-    port: u16,
-    keepalive: Option<Duration>,
-    timeout: Duration,
-    use_external_addr: bool,
+/// Why a fleet could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// `connector_config.key_path` cannot be read.
+    #[error("connector_config.key_path {}: {source}", .path.display())]
+    KeyFile {
+        /// The configured path.
+        path: PathBuf,
+        /// The read error.
+        source: std::io::Error,
+    },
+    /// A duration key of `connector_config` does not parse.
+    #[error("connector_config.{key}: {source}")]
+    Duration {
+        /// `keepalive` or `timeout`.
+        key: &'static str,
+        /// The parse error.
+        source: DurationError,
+    },
+    /// A protocol other than SSH.
+    #[error("connector_config.protocol: {0:?} is not supported; Runway connects over ssh")]
+    Protocol(String),
+    /// The fleeting plugin did not start.
+    #[error("fleeting plugin {plugin:?}: {message}")]
+    Plugin {
+        /// The plugin's name.
+        plugin: String,
+        /// Why.
+        message: String,
+    },
+    /// The engine rejected the settings (or the saved state).
+    #[error("[runners.autoscaler]: {0}")]
+    Settings(String),
 }
 
-impl ConnectorDefaults {
-    /// Read the section (and the key file it names).
-    pub fn from_config(config: &ConnectorConfigToml) -> Result<Self, String> {
-        let key = match &config.key_path {
-            Some(path) => {
-                Some(std::fs::read(path).map_err(|e| format!("connector_config.key_path {}: {e}", path.display()))?)
-            }
-            None => None,
-        };
-        let duration = |value: &Option<String>, key: &str, default: Duration| match value {
-            Some(text) => parse_duration(text).map_err(|e| format!("connector_config.{key}: {e}")),
-            None => Ok(default),
-        };
-        if !matches!(config.protocol.as_str(), "" | "ssh") {
-            return Err(format!(
-                "connector_config.protocol: {:?} is not supported; Runway connects over ssh",
-                config.protocol
-            ));
-        }
-        let keepalive = duration(&config.keepalive, "keepalive", Duration::from_secs(30))?;
-        Ok(ConnectorDefaults {
-            username: config.username.clone(),
-            password: Some(config.password.clone()).filter(|p| !p.is_empty()),
-            key,
-            port: if config.protocol_port == 0 { 22 } else { config.protocol_port },
-            keepalive: Some(keepalive).filter(|k| !k.is_zero()),
-            timeout: duration(&config.timeout, "timeout", Duration::from_secs(30))?,
-            use_external_addr: config.use_external_addr,
-        })
-    }
+/// Why an instance could not be reached or checked.
+#[derive(Debug, thiserror::Error)]
+enum InstanceError {
+    #[error("connect info for {instance}: {message}")]
+    ConnectInfo { instance: String, message: String },
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+}
 
-    /// What the plugin's `init` receives.
-    fn plugin_view(&self, config: &ConnectorConfigToml) -> ConnectorConfig {
-        ConnectorConfig {
-            os: if config.os.is_empty() { "linux".into() } else { config.os.clone() },
-            arch: if config.arch.is_empty() { "amd64".into() } else { config.arch.clone() },
-            protocol: Protocol::Ssh,
-            protocol_port: self.port,
-            username: self.username.clone(),
-            password: self.password.clone(),
-            key: self.key.clone(),
-            use_static_credentials: config.use_static_credentials,
-            keepalive_seconds: self.keepalive.map_or(0, |k| u32::try_from(k.as_secs()).unwrap_or(u32::MAX)),
-            timeout_seconds: u32::try_from(self.timeout.as_secs()).unwrap_or(u32::MAX),
-        }
+/// Read `[runners.autoscaler.connector_config]` (and the key file it names) into the
+/// connector's defaults.
+pub fn connector_defaults(config: &ConnectorConfigToml) -> Result<ConnectorDefaults, FleetError> {
+    let key = match &config.key_path {
+        Some(path) => Some(std::fs::read(path).map_err(|source| FleetError::KeyFile { path: path.clone(), source })?),
+        None => None,
+    };
+    let duration = |value: &Option<String>, key: &'static str, default: Duration| match value {
+        Some(text) => parse_duration(text).map_err(|source| FleetError::Duration { key, source }),
+        None => Ok(default),
+    };
+    if !matches!(config.protocol.as_str(), "" | "ssh") {
+        return Err(FleetError::Protocol(config.protocol.clone()));
     }
+    let keepalive = duration(&config.keepalive, "keepalive", Duration::from_secs(30))?;
+    Ok(ConnectorDefaults {
+        username: config.username.clone(),
+        password: Some(config.password.clone()).filter(|p| !p.is_empty()),
+        key,
+        port: if config.protocol_port == 0 { 22 } else { config.protocol_port },
+        keepalive: Some(keepalive).filter(|k| !k.is_zero()),
+        timeout: duration(&config.timeout, "timeout", Duration::from_secs(30))?,
+        use_external_addr: config.use_external_addr,
+    })
+}
 
-    /// How to reach an instance: the plugin's answer, blanks filled from config.toml.
-    fn spec(&self, info: &ConnectInfo) -> Result<ConnectSpec, String> {
-        let (first, second) = if self.use_external_addr {
-            (&info.external_addr, &info.internal_addr)
-        } else {
-            (&info.internal_addr, &info.external_addr)
-        };
-        let address = first
-            .as_deref()
-            .or(second.as_deref())
-            .filter(|a| !a.is_empty())
-            .ok_or_else(|| format!("the provider gave no address for instance {}", info.id))?;
-        let port = if info.connector.protocol_port == 0 { self.port } else { info.connector.protocol_port };
-        let (host, port) = split_host_port(address, port)?;
-        let username =
-            if info.connector.username.is_empty() { self.username.clone() } else { info.connector.username.clone() };
-        if username.is_empty() {
-            return Err("no SSH user: set [runners.autoscaler.connector_config] username".into());
-        }
-        let auth = match (
-            info.connector.key.clone().or_else(|| self.key.clone()),
-            info.connector.password.clone().or_else(|| self.password.clone()),
-        ) {
-            (Some(pem), _) => SshAuth::Key { pem, passphrase: None },
-            (None, Some(password)) => SshAuth::Password(password),
-            (None, None) => return Err("no SSH credentials: set connector_config key_path or password".into()),
-        };
-        let keepalive = match info.connector.keepalive_seconds {
-            0 => self.keepalive,
-            s => Some(Duration::from_secs(u64::from(s))),
-        };
-        let timeout = match info.connector.timeout_seconds {
-            0 => self.timeout,
-            s => Duration::from_secs(u64::from(s)),
-        };
-        Ok(ConnectSpec { host, port, username, auth, keepalive, timeout, host_key: None })
+/// What the plugin's `init` receives.
+fn plugin_view(defaults: &ConnectorDefaults, config: &ConnectorConfigToml) -> ConnectorConfig {
+    ConnectorConfig {
+        os: if config.os.is_empty() { "linux".into() } else { config.os.clone() },
+        arch: if config.arch.is_empty() { "amd64".into() } else { config.arch.clone() },
+        protocol: Protocol::Ssh,
+        protocol_port: defaults.port,
+        username: defaults.username.clone(),
+        password: defaults.password.clone(),
+        key: defaults.key.clone(),
+        use_static_credentials: config.use_static_credentials,
+        keepalive_seconds: defaults.keepalive.map_or(0, |k| u32::try_from(k.as_secs()).unwrap_or(u32::MAX)),
+        timeout_seconds: u32::try_from(defaults.timeout.as_secs()).unwrap_or(u32::MAX),
     }
 }
 
-/// `host`, `host:port`, `[v6]:port`.
-fn split_host_port(address: &str, default_port: u16) -> Result<(String, u16), String> {
-    if let Some(rest) = address.strip_prefix('[') {
-        let (host, tail) = rest.split_once(']').ok_or_else(|| format!("bad address {address:?}"))?;
-        let port = match tail.strip_prefix(':') {
-            Some(p) => p.parse().map_err(|_| format!("bad port in {address:?}"))?,
-            None => default_port,
-        };
-        return Ok((host.to_string(), port));
-    }
-    match address.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') => {
-            Ok((host.to_string(), port.parse().map_err(|_| format!("bad port in {address:?}"))?))
-        }
-        _ => Ok((address.to_string(), default_port)),
+/// The plugin's connect info in the connector's terms.
+fn connect_info(info: ConnectInfo) -> InstanceConnectInfo {
+    InstanceConnectInfo {
+        id: info.id,
+        external_addr: info.external_addr,
+        internal_addr: info.internal_addr,
+        port: info.connector.protocol_port,
+        username: info.connector.username,
+        password: info.connector.password,
+        key: info.connector.key,
+        keepalive_seconds: info.connector.keepalive_seconds,
+        timeout_seconds: info.connector.timeout_seconds,
     }
 }
 
-/// The saved state: the engine snapshot under the identity of the manager that wrote it.
-#[derive(Serialize, Deserialize)]
-struct SavedState {
-    manager: String,
-    snapshot: EngineSnapshot,
-}
-
+/// Reaches the fleet's instances: asks the provider where one is, and hands the SSH part to
+/// `connector`.
 struct Connector {
     provider: PluginProvider,
     defaults: ConnectorDefaults,
 }
 
 impl Connector {
-    async fn connect(&self, instance: &str) -> Result<SshSession, String> {
-        let info =
-            self.provider.connect_info(instance).await.map_err(|e| format!("connect info for {instance}: {e}"))?;
-        let spec = self.defaults.spec(&info)?;
-        SshSession::connect(&spec).await.map_err(|e| e.to_string())
+    async fn spec(&self, instance: &str) -> Result<ConnectSpec, InstanceError> {
+        let info = self
+            .provider
+            .connect_info(instance)
+            .await
+            .map_err(|e| InstanceError::ConnectInfo { instance: instance.to_string(), message: e.to_string() })?;
+        Ok(self.defaults.spec(&connect_info(info))?)
+    }
+
+    async fn connect(&self, instance: &str) -> Result<SshSession, InstanceError> {
+        Ok(SshSession::connect(&self.spec(instance).await?).await?)
     }
 
     /// `exit 0` over a fresh connection.
-    async fn probe(&self, instance: &str) -> Result<(), String> {
-        let session = self.connect(instance).await?;
-        let result = session.probe("exit 0", self.defaults.timeout).await;
-        session.close().await;
-        match result {
-            Ok(0) => Ok(()),
-            Ok(code) => Err(format!("probe exited with {code}")),
-            Err(e) => Err(format!("{e:?}")),
-        }
+    async fn probe(&self, instance: &str) -> Result<(), InstanceError> {
+        Ok(probe::probe(&self.spec(instance).await?).await?)
     }
 }
 
+/// The autoscaler's `instance_ready_command`, run over SSH by `connector`.
 struct ReadyOverSsh {
     connector: Arc<Connector>,
     command: String,
@@ -199,22 +184,21 @@ struct ReadyOverSsh {
 #[async_trait]
 impl ReadyCommand for ReadyOverSsh {
     async fn run(&self, instance: &str) -> Result<(), String> {
-        let session = self.connector.connect(instance).await?;
-        let result = session.probe(&self.command, READY_COMMAND_TIMEOUT).await;
-        session.close().await;
-        match result {
-            Ok(0) => {
+        let spec = self.connector.spec(instance).await.map_err(|e| e.to_string())?;
+        match probe::ready_command(&spec, &self.command, READY_COMMAND_TIMEOUT).await {
+            Ok(()) => {
                 tracing::info!(instance, "instance_ready_command succeeded");
                 Ok(())
             }
-            Ok(code) => {
+            Err(ProbeError::Exit { code, .. }) => {
                 tracing::warn!(instance, code, "instance_ready_command failed");
                 Err(format!("instance_ready_command exited with {code}"))
             }
-            Err(e) => {
-                tracing::warn!(instance, "instance_ready_command could not run: {e:?}");
-                Err(format!("instance_ready_command: {e:?}"))
+            Err(ProbeError::Run { message, .. }) => {
+                tracing::warn!(instance, "instance_ready_command could not run: {message}");
+                Err(format!("instance_ready_command: {message}"))
             }
+            Err(e @ ProbeError::Connect(_)) => Err(e.to_string()),
         }
     }
 }
@@ -236,14 +220,6 @@ pub struct Fleet {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-/// Where a runner's fleet state lives: `<dir>/<runner short token>.json`.
-pub fn state_file(config: &AutoscalerConfig, config_dir: &Path, short_token: &str) -> Option<PathBuf> {
-    let storage = &config.state_storage;
-    storage.enabled.then(|| {
-        storage.dir.clone().unwrap_or_else(|| config_dir.join(".taskscaler")).join(format!("{short_token}.json"))
-    })
-}
-
 impl Fleet {
     /// Start the fleet of a runner: the plugin, the engine (restored from `state_file` when it
     /// was written by `manager_id`), its run loop, event handling and state saving.
@@ -255,21 +231,22 @@ impl Fleet {
         runner_limit: usize,
         state_file: Option<PathBuf>,
         manager_id: &str,
-    ) -> Result<Arc<Fleet>, String> {
-        let defaults = ConnectorDefaults::from_config(&config.connector_config)?;
+    ) -> Result<Arc<Fleet>, FleetError> {
+        let defaults = connector_defaults(&config.connector_config)?;
         let provider = PluginProvider::start(
             host,
             &config.plugin,
-            defaults.plugin_view(&config.connector_config),
+            plugin_view(&defaults, &config.connector_config),
             &config.plugin_config_json(),
             PROVIDER_CALL_DEADLINE,
         )
         .await
-        .map_err(|e| format!("fleeting plugin {:?}: {e}", config.plugin))?;
+        .map_err(|e| FleetError::Plugin { plugin: config.plugin.clone(), message: e.to_string() })?;
         tracing::info!(runner = name, plugin = %config.plugin, group = %provider.info.id, "fleet provider ready");
         let settings = config.settings(machine, runner_limit);
         let clock = Arc::new(RealClock::new());
-        let saved = state_file.as_deref().and_then(|path| load_state(path, manager_id));
+        let saved: Option<EngineSnapshot> =
+            state_file.as_deref().and_then(|path| fleet_state::load_state(path, manager_id));
         let scaler = match &saved {
             Some(snapshot) => {
                 tracing::info!(
@@ -281,7 +258,7 @@ impl Fleet {
             }
             None => Autoscaler::new(&settings, Box::new(provider.clone()), clock),
         }
-        .map_err(|e| format!("[runners.autoscaler]: {e}"))?;
+        .map_err(|e| FleetError::Settings(e.to_string()))?;
         let connector = Arc::new(Connector { provider, defaults });
         let fleet = Arc::new(Fleet {
             name: name.to_string(),
@@ -404,8 +381,7 @@ impl Fleet {
 
     fn save(&self) {
         let Some(path) = &self.state_file else { return };
-        let state = SavedState { manager: self.manager_id.clone(), snapshot: self.scaler.snapshot() };
-        if let Err(e) = write_state(path, &state) {
+        if let Err(e) = fleet_state::write_state(path, &self.manager_id, &self.scaler.snapshot()) {
             tracing::warn!(runner = %self.name, path = %path.display(), "cannot save the fleet state: {e}");
         }
     }
@@ -441,31 +417,9 @@ impl InstanceSource for Fleet {
             s = self.connector.connect(&acquisition.instance) => s.map_err(|e| format!("connecting to instance {}: {e}", acquisition.instance))?,
             _ = abort.cancelled() => return Err("the job was aborted while connecting to its instance".into()),
         };
-        let home = remote_home(&session, self.connector.defaults.timeout).await;
+        let home = probe::remote_home(&session, self.connector.defaults.timeout).await;
         trace.println(&format!("Connected to instance {} over SSH", acquisition.instance));
         Ok(ConnectedInstance { id: acquisition.instance, remote: Arc::new(session), home })
-    }
-}
-
-/// `$HOME` of the login user on the instance.
-async fn remote_home(session: &SshSession, timeout: Duration) -> Option<String> {
-    let output = Arc::new(Mutex::new(Vec::new()));
-    let sink = {
-        let output = output.clone();
-        move |bytes: &[u8]| {
-            if let Ok(mut o) = output.lock() {
-                o.extend_from_slice(bytes);
-            }
-        }
-    };
-    let stop = crate::stop::StopSignal::new();
-    let run = session.exec("printf %s \"$HOME\"", None, &sink, &stop);
-    match tokio::time::timeout(timeout, run).await {
-        Ok(Ok(0)) => {
-            let text = output.lock().ok().map(|o| String::from_utf8_lossy(&o).trim().to_string())?;
-            Some(text).filter(|h| h.starts_with('/'))
-        }
-        _ => None,
     }
 }
 
@@ -515,8 +469,7 @@ async fn save_periodically(fleet: std::sync::Weak<Fleet>, cancel: CancellationTo
         if key == last {
             continue;
         }
-        let state = SavedState { manager: fleet.manager_id.clone(), snapshot };
-        match write_state(path, &state) {
+        match fleet_state::write_state(path, &fleet.manager_id, &snapshot) {
             Ok(()) => last = key,
             Err(e) => {
                 tracing::warn!(runner = %fleet.name, path = %path.display(), "cannot save the fleet state: {e}")
@@ -525,65 +478,19 @@ async fn save_periodically(fleet: std::sync::Weak<Fleet>, cancel: CancellationTo
     }
 }
 
-fn write_state(path: &Path, state: &SavedState) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let json = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
-    let mut file = tempfile::NamedTempFile::new_in(dir)?;
-    std::io::Write::write_all(&mut file, &json)?;
-    file.as_file().sync_all()?;
-    file.persist(path).map_err(|e| e.error)?;
-    Ok(())
-}
-
-/// The saved snapshot, when it exists, parses and was written by this manager.
-fn load_state(path: &Path, manager_id: &str) -> Option<EngineSnapshot> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), "cannot read the fleet state: {e}");
-            return None;
-        }
-    };
-    match serde_json::from_slice::<SavedState>(&bytes) {
-        Ok(state) if state.manager == manager_id => Some(state.snapshot),
-        Ok(state) => {
-            tracing::warn!(path = %path.display(), owner = %state.manager, "the fleet state belongs to another manager; not adopting it");
-            None
-        }
-        Err(e) => {
-            tracing::warn!(path = %path.display(), "the fleet state is unreadable ({e}); starting without it");
-            None
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{load_state, split_host_port, write_state, SavedState};
     use crate::autoscaler::engine::EngineSnapshot;
     use crate::autoscaler::Moment;
+    use crate::store::fleet_state::{load_state, write_state};
 
     #[test]
-    fn state_is_adopted_only_by_the_manager_that_wrote_it() {
+    fn the_engine_snapshot_round_trips_through_the_state_file() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state/runner.json");
-        assert!(load_state(&path, "s_1").is_none(), "no file: nothing to adopt");
         let snapshot = EngineSnapshot { version: 1, taken_at: Moment(42), instances: Vec::new() };
-        write_state(&path, &SavedState { manager: "s_1".into(), snapshot: snapshot.clone() }).expect("write");
-        assert_eq!(load_state(&path, "s_1"), Some(snapshot));
-        assert!(load_state(&path, "s_2").is_none(), "another manager's instances are not ours");
-        std::fs::write(&path, b"{ truncated").expect("corrupt");
-        assert!(load_state(&path, "s_1").is_none(), "an unreadable file is ignored");
-    }
-
-    #[test]
-    fn addresses_split_into_host_and_port() {
-        assert_eq!(split_host_port("10.0.0.5", 22), Ok(("10.0.0.5".into(), 22)));
-        assert_eq!(split_host_port("build-2:2222", 22), Ok(("build-2".into(), 2222)));
-        assert_eq!(split_host_port("[::1]:2200", 22), Ok(("::1".into(), 2200)));
-        assert_eq!(split_host_port("fe80::1", 22), Ok(("fe80::1".into(), 22)));
-        assert!(split_host_port("host:port", 22).is_err());
+        write_state(&path, "s_1", &snapshot).expect("write");
+        assert_eq!(load_state::<EngineSnapshot>(&path, "s_1"), Some(snapshot));
+        assert!(load_state::<EngineSnapshot>(&path, "s_2").is_none(), "another manager's instances are not ours");
     }
 }

@@ -34,6 +34,7 @@ use slots::SlotAllocator;
 /// Everything the manager needs about one `[[runners]]` entry.
 #[derive(Clone)]
 pub struct RunnerSettings {
+    /// URL, token and system id the runner talks to GitLab with.
     pub credentials: RunnerCredentials,
     /// A client of its own when the runner has TLS settings (`tls-ca-file`, client
     /// certificate); otherwise the manager's shared client is used.
@@ -42,11 +43,17 @@ pub struct RunnerSettings {
     pub env: JobEnvironment,
     /// `limit`: 0 = unlimited.
     pub limit: usize,
+    /// `request_concurrency`: job requests in flight at once.
     pub request_concurrency: usize,
+    /// `output_limit`: the job log limit, KiB.
     pub output_limit_kib: u64,
+    /// `unhealthy_requests_limit`: failed requests before the runner pauses.
     pub unhealthy_requests_limit: u32,
+    /// `unhealthy_interval`: how long an unhealthy runner pauses.
     pub unhealthy_interval: Duration,
+    /// `job_status_final_update_retry_limit`.
     pub final_update_retry_limit: u32,
+    /// `strict_check_interval`: never re-poll early.
     pub strict_check_interval: bool,
     /// The autoscaled fleet jobs run on (`[runners.autoscaler]`).
     pub fleet: Option<Arc<fleet::Fleet>>,
@@ -55,8 +62,11 @@ pub struct RunnerSettings {
 /// Global settings.
 #[derive(Clone)]
 pub struct ManagerSettings {
+    /// `concurrent`: jobs at once across all runners.
     pub concurrent: usize,
+    /// `check_interval`: pause between job requests.
     pub check_interval: Duration,
+    /// `shutdown_timeout`: how long a forceful stop waits for jobs.
     pub shutdown_timeout: Duration,
     /// Keep-alive `PUT state=pending` interval while a job waits for capacity or prepares.
     pub pending_keepalive: Duration,
@@ -88,8 +98,11 @@ pub struct Shutdown {
 /// Counters for tests and metrics.
 #[derive(Default, Debug)]
 pub struct ManagerStats {
+    /// Jobs running now.
     pub running: std::sync::atomic::AtomicUsize,
+    /// Most jobs that ran at once.
     pub max_running: std::sync::atomic::AtomicUsize,
+    /// Jobs finished.
     pub finished: std::sync::atomic::AtomicUsize,
     /// Failed jobs by failure reason (as sent to GitLab).
     pub failed: Mutex<std::collections::BTreeMap<String, u64>>,
@@ -395,8 +408,19 @@ struct Acceptance {
     accepted: std::sync::atomic::AtomicBool,
 }
 
+/// Why GitLab did not take a job's acceptance (`PUT state=running`).
+#[derive(Debug, thiserror::Error)]
+enum AcceptError {
+    /// 403/404/409: the job is gone or someone else's.
+    #[error("GitLab no longer assigns this job to us")]
+    Gone,
+    /// Any other answer.
+    #[error("accepting the job failed: {0:?}")]
+    Failed(UpdateOutcome),
+}
+
 impl Acceptance {
-    async fn accept(&self) -> Result<(), String> {
+    async fn accept(&self) -> Result<(), AcceptError> {
         if self.accepted.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
@@ -404,11 +428,9 @@ impl Acceptance {
         let response = self.api.update_job(&JobUpdate::state(JobState::Running)).await;
         match response.outcome {
             UpdateOutcome::Accepted | UpdateOutcome::AcceptedRetryLater(_) => {}
-            UpdateOutcome::Abort | UpdateOutcome::Conflict => {
-                return Err("GitLab no longer assigns this job to us".into())
-            }
+            UpdateOutcome::Abort | UpdateOutcome::Conflict => return Err(AcceptError::Gone),
             UpdateOutcome::TraceValidationFailed | UpdateOutcome::Failed(_) => {
-                return Err(format!("accepting the job failed: {:?}", response.outcome));
+                return Err(AcceptError::Failed(response.outcome));
             }
         }
         self.accepted.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -437,7 +459,7 @@ impl Acceptance {
 #[async_trait]
 impl JobHooks for Acceptance {
     async fn prepared(&self) -> Result<(), String> {
-        self.accept().await
+        self.accept().await.map_err(|e| e.to_string())
     }
 }
 

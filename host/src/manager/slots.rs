@@ -25,7 +25,9 @@ fn lowest_free(used: &BTreeSet<u32>) -> u32 {
 pub struct Slot {
     allocator: Arc<SlotAllocator>,
     project_id: i64,
+    /// `CI_CONCURRENT_ID`: the slot among all the runner's jobs.
     pub concurrent_id: u32,
+    /// `CI_CONCURRENT_PROJECT_ID`: the slot among the project's jobs.
     pub concurrent_project_id: u32,
 }
 

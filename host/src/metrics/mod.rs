@@ -14,7 +14,6 @@ use axum::routing::get;
 
 use crate::autoscaler::RemovalReason;
 use crate::config::Loaded;
-use crate::gitlab::client::{Endpoint, RequestHook};
 use crate::manager::fleet::Fleet;
 use crate::manager::ManagerStats;
 
@@ -77,19 +76,16 @@ impl Metrics {
         self.ready.store(ready, Ordering::SeqCst);
     }
 
-    /// A client hook counting API requests by endpoint, status and method.
-    pub fn api_hook(&self) -> RequestHook {
-        let inner = self.inner.clone();
-        Arc::new(move |endpoint: Endpoint, method: &reqwest::Method, status: Option<u16>, duration: Duration| {
-            if let Ok(mut inner) = inner.lock() {
-                let status = status.map(|s| s.to_string()).unwrap_or_else(|| "error".into());
-                *inner.api_requests.entry((endpoint.as_str().to_string(), status, method.to_string())).or_default() +=
-                    1;
-                let entry = inner.api_durations.entry(endpoint.as_str().to_string()).or_default();
-                entry.0 += duration.as_secs_f64();
-                entry.1 += 1;
-            }
-        })
+    /// Count one API request attempt: its endpoint label (`request_job`, ...), HTTP method,
+    /// status (`None` for a transport error, exported as `error`) and time to response.
+    pub fn record_api_request(&self, endpoint: &str, method: &str, status: Option<u16>, duration: Duration) {
+        if let Ok(mut inner) = self.inner.lock() {
+            let status = status.map(|s| s.to_string()).unwrap_or_else(|| "error".into());
+            *inner.api_requests.entry((endpoint.to_string(), status, method.to_string())).or_default() += 1;
+            let entry = inner.api_durations.entry(endpoint.to_string()).or_default();
+            entry.0 += duration.as_secs_f64();
+            entry.1 += 1;
+        }
     }
 
     /// The Prometheus text exposition.
@@ -308,15 +304,29 @@ fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
 
 /// The running HTTP server; dropped when the runner stops.
 pub struct ServerHandle {
+    /// The address actually bound (a `:0` port resolved).
     pub address: std::net::SocketAddr,
     _task: tokio::task::JoinHandle<()>,
 }
 
+/// Why the metrics server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// `listen_address` cannot be bound.
+    #[error("listen_address {address}: {source}")]
+    Listen {
+        /// The configured address.
+        address: String,
+        /// The bind error.
+        source: std::io::Error,
+    },
+}
+
 /// Serve metrics and health on `address` (`host:port`).
-pub async fn serve(address: &str, metrics: Metrics) -> anyhow::Result<ServerHandle> {
-    let listener =
-        tokio::net::TcpListener::bind(address).await.map_err(|e| anyhow::anyhow!("listen_address {address}: {e}"))?;
-    let local = listener.local_addr()?;
+pub async fn serve(address: &str, metrics: Metrics) -> Result<ServerHandle, MetricsError> {
+    let listen = |source| MetricsError::Listen { address: address.to_string(), source };
+    let listener = tokio::net::TcpListener::bind(address).await.map_err(listen)?;
+    let local = listener.local_addr().map_err(listen)?;
     let app = axum::Router::new()
         .route(
             "/metrics",

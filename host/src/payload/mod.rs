@@ -338,12 +338,22 @@ pub struct JobFeatures {
     pub failure_reasons: Vec<String>,
 }
 
+/// A payload that does not decode as a job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid job payload at `{path}`: {message}")]
+pub struct PayloadError {
+    /// Where in the document the error is (`steps[0].script`; `.` for the root).
+    pub path: String,
+    /// What is wrong there.
+    pub message: String,
+}
+
 impl JobResponse {
     /// Decode a payload; the error says which field is wrong.
-    pub fn from_json(bytes: &[u8]) -> Result<Self, String> {
+    pub fn from_json(bytes: &[u8]) -> Result<Self, PayloadError> {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         serde_path_to_error::deserialize(de)
-            .map_err(|e| format!("invalid job payload at `{}`: {}", e.path(), e.inner()))
+            .map_err(|e| PayloadError { path: e.path().to_string(), message: e.inner().to_string() })
     }
 
     /// What the job log masks: the values of `masked` variables, non-empty, each once, in
@@ -395,7 +405,8 @@ mod tests {
     #[test]
     fn names_the_bad_field() {
         let err = JobResponse::from_json(br#"{"id":1,"token":"t","steps":[{"name":"script","script":"echo"}]}"#)
-            .expect_err("must fail");
+            .expect_err("must fail")
+            .to_string();
         assert!(err.contains("steps[0].script"), "{err}");
     }
 }

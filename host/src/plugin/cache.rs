@@ -6,7 +6,6 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
 use wasmtime::component::Component;
 use wasmtime::Engine;
 
@@ -59,12 +58,8 @@ impl CompileCache {
 }
 
 fn store(path: &Path, component: &Component) -> anyhow::Result<()> {
-    let dir = path.parent().context("cache path has no parent")?;
-    std::fs::create_dir_all(dir)?;
     let bytes = component.serialize()?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    std::io::Write::write_all(&mut tmp, &bytes)?;
-    tmp.persist(path)?;
+    crate::store::atomic::write(path, &bytes, None)?;
     Ok(())
 }
 

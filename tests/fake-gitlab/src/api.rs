@@ -360,6 +360,7 @@ async fn request_job_inner(shared: &Shared, req: &Incoming) -> Response {
         if current.as_deref() == Some(last) {
             // Seen change or timeout: plain 204 without X-GitLab-Last-Update (Workhorse does not
             // call Rails), so the runner re-polls with the old value and hits Rails.
+            let _parked = ParkedLongPoll::new(shared, &token);
             wait_for_queue_change(shared, &token, last, long_poll).await;
             return response(204, &polling, Body::empty());
         }
@@ -402,6 +403,30 @@ async fn request_job_inner(shared: &Shared, req: &Incoming) -> Response {
         }
         no_job(version)
     })
+}
+
+/// Counts a job request as parked in the long poll for as long as it lives (also when the
+/// client drops the request mid-poll and the handler is dropped with it).
+struct ParkedLongPoll<'a> {
+    shared: &'a Shared,
+    token: String,
+}
+
+impl<'a> ParkedLongPoll<'a> {
+    fn new(shared: &'a Shared, token: &str) -> Self {
+        shared.mutate(|s| *s.long_polls.entry(token.to_string()).or_default() += 1);
+        ParkedLongPoll { shared, token: token.to_string() }
+    }
+}
+
+impl Drop for ParkedLongPoll<'_> {
+    fn drop(&mut self) {
+        self.shared.mutate(|s| {
+            if let Some(n) = s.long_polls.get_mut(&self.token) {
+                *n = n.saturating_sub(1);
+            }
+        });
+    }
 }
 
 /// Waits until the runner's queue value differs from `last`, the fake shuts down, or

@@ -245,6 +245,8 @@ pub(crate) struct Inner {
     /// Repositories served over HTTP: "group/project" → public?
     pub repos: BTreeMap<String, bool>,
     pub shutting_down: bool,
+    /// Job requests parked in the Workhorse long poll right now, by runner token.
+    pub long_polls: HashMap<String, usize>,
 }
 
 impl Inner {
@@ -339,6 +341,7 @@ impl FakeGitLab {
                 final_update_backoffs: 0,
                 repos: BTreeMap::new(),
                 shutting_down: false,
+                long_polls: HashMap::new(),
             }),
             changes,
             repo_root: repo_dir.path().to_path_buf(),
@@ -597,6 +600,59 @@ impl FakeGitLab {
                 _ => return None,
             }
         }
+    }
+
+    /// Waits until `predicate` holds for the fake's view of the world; returns whether it did
+    /// before `timeout`. Every state change (a request answered, a job enqueued, a long poll
+    /// parked) re-checks it.
+    async fn wait_until(&self, predicate: impl Fn(&Inner) -> bool, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.shared.changes.subscribe();
+        loop {
+            if predicate(&self.shared.lock()) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return false,
+            }
+        }
+    }
+
+    /// Job requests of runner `token` parked in the Workhorse long poll right now (they answer
+    /// when the runner's queue value changes or the long poll times out).
+    pub fn long_polls_waiting(&self, token: &str) -> usize {
+        self.shared.lock().long_polls.get(token).copied().unwrap_or(0)
+    }
+
+    /// Waits until at least `count` job requests of runner `token` are parked in the long
+    /// poll; returns whether that happened before `timeout`.
+    pub async fn wait_for_long_polls(&self, token: &str, count: usize, timeout: Duration) -> bool {
+        self.wait_until(|s| s.long_polls.get(token).copied().unwrap_or(0) >= count, timeout).await
+    }
+
+    /// Waits until a request matching `predicate` has been answered (it is in
+    /// [`FakeGitLab::requests`]); returns the first such request, or `None` on timeout.
+    pub async fn wait_for_request(
+        &self,
+        predicate: impl Fn(&LoggedRequest) -> bool,
+        timeout: Duration,
+    ) -> Option<LoggedRequest> {
+        let found = self.wait_until(|s| s.requests.iter().any(&predicate), timeout).await;
+        if !found {
+            return None;
+        }
+        self.shared.lock().requests.iter().find(|r| predicate(r)).cloned()
+    }
+
+    /// Waits until `count` requests to `method path` have been answered in total; returns
+    /// whether that happened before `timeout`.
+    pub async fn wait_for_request_count(&self, method: &str, path: &str, count: usize, timeout: Duration) -> bool {
+        self.wait_until(
+            |s| s.requests.iter().filter(|r| r.method == method && r.path == path).count() >= count,
+            timeout,
+        )
+        .await
     }
 
     /// Every request received so far, oldest first.

@@ -102,14 +102,17 @@ async fn long_poll_blocks_until_a_job_is_enqueued() {
         let (url, token, version) = (url.clone(), runner.token.clone(), version.clone());
         async move { http().post(&url).json(&json!({"token": token, "last_update": version})).send().await }
     });
+    assert!(fake.wait_for_long_polls(&runner.token, 1, Duration::from_secs(10)).await, "the request parks");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!poll.is_finished(), "long poll must block while the queue is unchanged");
+    assert_eq!(fake.long_polls_waiting(&runner.token), 1);
     // ...until the queue changes: then Workhorse answers 204 without a new value.
     let job_id = fake.enqueue(fake.job_payload(&JobSpec::new("g/p", "j", &["true"])));
     let resp = poll.await.expect("join").expect("response");
     assert_eq!(resp.status(), 204);
     assert_eq!(resp.headers()["gitlab-ci-builds-polling"], "yes");
     assert!(resp.headers().get("x-gitlab-last-update").is_none());
+    assert_eq!(fake.long_polls_waiting(&runner.token), 0, "no longer parked once answered");
 
     // Re-polling with the old value reaches "Rails", which hands out the job.
     let resp =
