@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bindings::executor::exports::runway::executor::executor::StageScript;
 use crate::bindings::executor::runway::executor::types::ExecutorError;
-use crate::capability::remote::RemoteSession;
+use crate::connector::RemoteSession;
 use crate::executor::{run_stage, wit_job, ResolvedExecutor, StageOutcome};
 use crate::payload::{JobResponse, StepWhen};
 use crate::plugin::{CallContext, ExecutorFailure, ExecutorSession, PluginHost};

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use wasmtime::{Store, UpdateDeadline};
 
-use crate::plugin::state::{CallBudget, PluginState};
+use crate::capability::CallBudget;
+use crate::plugin::state::PluginState;
 
 /// Why a plugin call failed (as opposed to the plugin returning an error value).
 #[derive(Debug, Clone, PartialEq, Eq)]

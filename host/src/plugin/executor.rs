@@ -8,9 +8,10 @@ use wasmtime::Store;
 
 use crate::bindings::executor::exports::runway::executor::executor::{ExecutorError, Job, ProviderInfo, StageScript};
 use crate::bindings::executor::ExecutorPlugin;
+use crate::capability::CallContext;
 use crate::plugin::call::{classify, guarded, PluginError, PluginErrorKind, RawFailure};
 use crate::plugin::registry::{LoadedPlugin, PluginPre};
-use crate::plugin::state::{CallContext, PluginState};
+use crate::plugin::state::PluginState;
 use crate::plugin::PluginHost;
 use crate::stop::StopSignal;
 

@@ -14,9 +14,10 @@ pub use crate::bindings::fleeting::exports::runway::fleeting::instance_group::{
 };
 pub use crate::bindings::fleeting::runway::fleeting::types::{CapacityError, InstanceState, Protocol};
 use crate::bindings::fleeting::FleetingPlugin;
+use crate::capability::CallContext;
 use crate::plugin::call::{classify, guarded, PluginError, PluginErrorKind};
 use crate::plugin::registry::{LoadedPlugin, PluginPre};
-use crate::plugin::state::{CallContext, PluginState};
+use crate::plugin::state::PluginState;
 use crate::plugin::PluginHost;
 
 /// Why a provider call failed.

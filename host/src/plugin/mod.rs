@@ -26,10 +26,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use crate::capability::CallContext;
 pub use call::{PluginError, PluginErrorKind};
 pub use executor::{ExecutorFailure, ExecutorSession};
 pub use registry::{FileStatus, HostSettings, LoadedPlugin, PluginSource};
-pub use state::CallContext;
 
 use crate::config::grant::PluginGrant;
 use registry::Registry;

@@ -8,18 +8,19 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 use wasmtime::Store;
 
-use crate::bindings::executor::{ExecutorPlugin, ExecutorPluginPre};
-use crate::bindings::fleeting::{FleetingPlugin, FleetingPluginPre};
+use crate::bindings::executor::ExecutorPluginPre;
+use crate::bindings::fleeting::FleetingPluginPre;
 use crate::capability::kv::KvStore;
+use crate::capability::CallContext;
 use crate::config::grant::PluginGrant;
 use crate::plugin::cache::{content_hash, CompileCache};
 use crate::plugin::call::{arm, classify, guarded, PluginError, PluginErrorKind};
 use crate::plugin::engine::PluginEngine;
 use crate::plugin::metadata::{self, PluginKind, PluginMeta};
-use crate::plugin::state::{CallContext, PluginState};
+use crate::plugin::state::{add_executor_imports, add_fleeting_imports, PluginState};
 
 /// Largest plugin file accepted.
 pub const MAX_PLUGIN_FILE: u64 = 64 << 20;
@@ -137,10 +138,8 @@ where
 impl Registry {
     pub(crate) fn new(settings: HostSettings) -> anyhow::Result<Self> {
         let engine = PluginEngine::new()?;
-        let executor_linker =
-            linker(&engine.engine, |l| ExecutorPlugin::add_to_linker::<_, HasSelf<PluginState>>(l, |s| s))?;
-        let fleeting_linker =
-            linker(&engine.engine, |l| FleetingPlugin::add_to_linker::<_, HasSelf<PluginState>>(l, |s| s))?;
+        let executor_linker = linker(&engine.engine, add_executor_imports)?;
+        let fleeting_linker = linker(&engine.engine, add_fleeting_imports)?;
         let cache = CompileCache::new(settings.cache_dir.clone(), engine.compatibility_key());
         Ok(Registry {
             engine,
