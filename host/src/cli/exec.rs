@@ -153,7 +153,6 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
             ..ScriptSettings::default()
         };
         let env = JobEnvironment {
-            plugins: plugins.clone(),
             executor: executor.clone(),
             settings,
             identity: identity("local", "exec", "local"),

@@ -27,7 +27,8 @@ use crate::autoscaler::{
 use crate::config::autoscaler::{AutoscalerConfig, ConnectorConfigToml, MachineConfig};
 use crate::config::duration::parse_duration;
 use crate::connector::{ConnectSpec, SshAuth, SshSession};
-use crate::job::{ConnectedInstance, InstanceSource, JobControl};
+use crate::executor::{ConnectedInstance, InstanceError, InstanceSource};
+use crate::job::JobControl;
 use crate::plugin::fleeting::{ConnectInfo, ConnectorConfig, Protocol};
 use crate::plugin::PluginHost;
 use crate::trace::{FailureReason, TraceLog, TraceSink};
@@ -418,15 +419,15 @@ impl InstanceSource for Fleet {
         key: &str,
         trace: &dyn TraceSink,
         abort: &CancellationToken,
-    ) -> Result<ConnectedInstance, String> {
+    ) -> Result<ConnectedInstance, InstanceError> {
         trace.println("Waiting for an instance from the fleet...");
         let started = std::time::Instant::now();
         let acquisition = tokio::select! {
             result = self.scaler.acquire(key) => result.map_err(|e| match e {
-                AcquireError::TimedOut(limit) => format!("no instance became available within instance_acquire_timeout ({}s)", limit.as_secs()),
-                other => other.to_string(),
+                AcquireError::TimedOut(limit) => InstanceError::AcquireTimedOut(limit),
+                other => InstanceError::Acquire(other.to_string()),
             })?,
-            _ = abort.cancelled() => return Err("the job was aborted while waiting for an instance".into()),
+            _ = abort.cancelled() => return Err(InstanceError::AbortedWaiting),
         };
         if let Ok(mut acquired) = self.acquired.lock() {
             acquired.insert(key.to_string(), acquisition.instance.clone());
@@ -438,8 +439,8 @@ impl InstanceSource for Fleet {
             started.elapsed().as_secs_f64()
         ));
         let session = tokio::select! {
-            s = self.connector.connect(&acquisition.instance) => s.map_err(|e| format!("connecting to instance {}: {e}", acquisition.instance))?,
-            _ = abort.cancelled() => return Err("the job was aborted while connecting to its instance".into()),
+            s = self.connector.connect(&acquisition.instance) => s.map_err(|e| InstanceError::Connect { instance: acquisition.instance.clone(), message: e.to_string() })?,
+            _ = abort.cancelled() => return Err(InstanceError::AbortedConnecting),
         };
         let home = remote_home(&session, self.connector.defaults.timeout).await;
         trace.println(&format!("Connected to instance {} over SSH", acquisition.instance));

@@ -26,9 +26,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use crate::capability::CallContext;
 pub use call::{PluginError, PluginErrorKind};
-pub use executor::{ExecutorFailure, ExecutorSession};
+pub use executor::{ExecutorCall, ExecutorInstance};
 pub use registry::{FileStatus, HostSettings, LoadedPlugin, PluginSource};
 
 use crate::config::grant::PluginGrant;
