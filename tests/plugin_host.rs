@@ -250,7 +250,7 @@ async fn incompatible_and_ungranted_plugins_are_refused_with_clear_errors() {
     std::fs::write(&bad, &patched).expect("write");
     install(&dir, "test_versioned_v1.wasm", "versioned.wasm");
     let host = host_with(&dir, BTreeMap::new()).await;
-    let err = host.check_file(&bad).await.expect_err("refused");
+    let err = host.check_file(&bad).await.expect_err("refused").to_string();
     assert!(err.contains("future.wasm") && err.contains("0.9.0") && err.contains("0.1.x"), "{err}");
     assert!(host.listing().iter().any(|r| r.source.ends_with("future.wasm") && r.status.contains("0.9.0")));
 

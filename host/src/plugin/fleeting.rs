@@ -21,21 +21,14 @@ use crate::plugin::state::PluginState;
 use crate::plugin::PluginHost;
 
 /// Why a provider call failed.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum FleetingFailure {
     /// The plugin misbehaved or is not loaded.
+    #[error("{0}")]
     Plugin(PluginError),
     /// The provider returned an error value.
+    #[error("provider error: {0:?}")]
     Provider(ProviderError),
-}
-
-impl std::fmt::Display for FleetingFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FleetingFailure::Plugin(e) => write!(f, "{e}"),
-            FleetingFailure::Provider(e) => write!(f, "provider error: {e:?}"),
-        }
-    }
 }
 
 struct Live {

@@ -28,7 +28,8 @@ use std::sync::Arc;
 
 pub use call::{PluginError, PluginErrorKind};
 pub use executor::{ExecutorCall, ExecutorInstance};
-pub use registry::{FileStatus, HostSettings, LoadedPlugin, PluginSource};
+pub use metadata::MetadataError;
+pub use registry::{FileStatus, HostSettings, LoadError, LoadedPlugin, PluginSource};
 
 use crate::config::grant::PluginGrant;
 use registry::Registry;
@@ -40,6 +41,27 @@ pub fn builtin_plugins() -> Vec<(&'static str, &'static [u8])> {
         ("executor-instance.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_instance.wasm"))),
         ("fleeting-static.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_static.wasm"))),
     ]
+}
+
+/// Why `runway plugins check FILE` refused a file.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}: {reason}", path.display())]
+pub struct CheckError {
+    /// The file checked.
+    pub path: PathBuf,
+    /// What was wrong with it.
+    pub reason: CheckFailure,
+}
+
+/// What was wrong with a checked file.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CheckFailure {
+    /// It could not be read.
+    #[error("{0}")]
+    Read(String),
+    /// It did not load.
+    #[error(transparent)]
+    Load(#[from] LoadError),
 }
 
 /// One row of `runway plugins list`.
@@ -145,13 +167,14 @@ impl PluginHost {
     }
 
     /// Load `path` without publishing it: what `runway plugins check FILE` prints.
-    pub async fn check_file(&self, path: &Path) -> Result<PluginListing, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    pub async fn check_file(&self, path: &Path) -> Result<PluginListing, CheckError> {
+        let failed = |reason| CheckError { path: path.to_path_buf(), reason };
+        let bytes = std::fs::read(path).map_err(|e| failed(CheckFailure::Read(e.to_string())))?;
         let plugin = self
             .registry
             .load(bytes, PluginSource::File(path.to_path_buf()))
             .await
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| failed(CheckFailure::Load(e)))?;
         Ok(listing_row(&plugin, "ok"))
     }
 }

@@ -19,11 +19,67 @@ use crate::config::grant::PluginGrant;
 use crate::plugin::cache::{content_hash, CompileCache};
 use crate::plugin::call::{arm, classify, guarded, PluginError, PluginErrorKind};
 use crate::plugin::engine::PluginEngine;
-use crate::plugin::metadata::{self, PluginKind, PluginMeta};
+use crate::plugin::metadata::{self, MetadataError, PluginKind, PluginMeta};
 use crate::plugin::state::{add_executor_imports, add_fleeting_imports, PluginState};
 
 /// Largest plugin file accepted.
 pub const MAX_PLUGIN_FILE: u64 = 64 << 20;
+
+/// Why a plugin binary was not loaded.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read: {0}")]
+    Read(String),
+    /// The file is over [`MAX_PLUGIN_FILE`].
+    #[error("{0} bytes is larger than the {MAX_PLUGIN_FILE}-byte limit")]
+    TooLarge(u64),
+    /// Its metadata section was refused.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// `[plugins.NAME] file = ...` names another file.
+    #[error("[plugins.{plugin}] says file = {file:?}, but this file also declares plugin {plugin:?}")]
+    GrantFileMismatch {
+        /// The plugin's name.
+        plugin: String,
+        /// The file the grant names.
+        file: PathBuf,
+    },
+    /// Compilation failed (or its task died).
+    #[error("{0}")]
+    Compile(String),
+    /// It imports interfaces this runner does not provide.
+    #[error(
+        "imports something this runner does not provide (built against a newer SDK, or a non-Runway component?): {0}"
+    )]
+    Imports(String),
+    /// It does not export its kind's interface.
+    #[error("does not export the {kind} interface: {message}")]
+    Exports {
+        /// The plugin kind whose interface is missing.
+        kind: PluginKind,
+        /// What wasmtime said.
+        message: String,
+    },
+    /// The smoke test could not instantiate it.
+    #[error("instantiation failed: {0}")]
+    Instantiate(String),
+    /// The smoke test's `metadata()` call failed in the sandbox.
+    #[error(transparent)]
+    Call(#[from] PluginError),
+    /// `metadata()` disagrees with the embedded section.
+    #[error("metadata() says {exported} (API {exported_api}) but the embedded section says {name} (API {api})")]
+    MetadataMismatch {
+        /// The exported name.
+        exported: String,
+        /// The exported API version.
+        exported_api: String,
+        /// The section's name.
+        name: String,
+        /// The section's API version.
+        api: String,
+    },
+}
 
 /// Where a plugin came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,7 +210,7 @@ impl Registry {
         })
     }
 
-    fn grant_for(&self, meta: &PluginMeta, source: &PluginSource) -> Result<PluginGrant, String> {
+    fn grant_for(&self, meta: &PluginMeta, source: &PluginSource) -> Result<PluginGrant, LoadError> {
         let settings = self.settings.load();
         match settings.grants.get(&meta.name) {
             Some(grant) => {
@@ -162,12 +218,7 @@ impl Registry {
                     let want_path =
                         settings.plugins_dir.as_deref().map(|d| d.join(want)).unwrap_or_else(|| want.clone());
                     if want_path != *path {
-                        return Err(format!(
-                            "[plugins.{}] says file = {:?}, but this file also declares plugin {:?}",
-                            meta.name,
-                            want.display(),
-                            meta.name
-                        ));
+                        return Err(LoadError::GrantFileMismatch { plugin: meta.name.clone(), file: want.clone() });
                     }
                 }
                 Ok(grant.clone())
@@ -181,7 +232,7 @@ impl Registry {
     }
 
     /// The whole load pipeline for one plugin binary.
-    pub(crate) async fn load(&self, bytes: Vec<u8>, source: PluginSource) -> Result<Arc<LoadedPlugin>, String> {
+    pub(crate) async fn load(&self, bytes: Vec<u8>, source: PluginSource) -> Result<Arc<LoadedPlugin>, LoadError> {
         let meta = metadata::read(&bytes)?;
         let grant = Arc::new(self.grant_for(&meta, &source)?);
         let hash = content_hash(&bytes);
@@ -191,21 +242,21 @@ impl Registry {
         // Compilation is CPU-bound; keep it off the async workers.
         let compiled = tokio::task::spawn_blocking(move || cache.load_or_compile(&engine, &bytes, &cache_hash))
             .await
-            .map_err(|e| format!("compiler task failed: {e}"))?;
-        let (component, from_cache) = compiled.map_err(|e| format!("{e:#}"))?;
+            .map_err(|e| LoadError::Compile(format!("compiler task failed: {e}")))?;
+        let (component, from_cache) = compiled.map_err(|e| LoadError::Compile(format!("{e:#}")))?;
         let pre = match meta.kind {
             PluginKind::Executor => {
                 let instance_pre = self.executor_linker.instantiate_pre(&component).map_err(|e| import_error(&e))?;
                 PluginPre::Executor(
                     ExecutorPluginPre::new(instance_pre)
-                        .map_err(|e| format!("does not export the executor interface: {e:#}"))?,
+                        .map_err(|e| LoadError::Exports { kind: meta.kind, message: format!("{e:#}") })?,
                 )
             }
             PluginKind::Fleeting => {
                 let instance_pre = self.fleeting_linker.instantiate_pre(&component).map_err(|e| import_error(&e))?;
                 PluginPre::Fleeting(
                     FleetingPluginPre::new(instance_pre)
-                        .map_err(|e| format!("does not export the fleeting interface: {e:#}"))?,
+                        .map_err(|e| LoadError::Exports { kind: meta.kind, message: format!("{e:#}") })?,
                 )
             }
         };
@@ -225,27 +276,29 @@ impl Registry {
     }
 
     /// Instantiate once and check the exported metadata agrees with the section.
-    async fn smoke_test(&self, plugin: &Arc<LoadedPlugin>) -> Result<(), String> {
-        let mut store = plugin.new_store(&self.engine.engine, CallContext::default()).map_err(|e| e.to_string())?;
+    async fn smoke_test(&self, plugin: &Arc<LoadedPlugin>) -> Result<(), LoadError> {
+        let mut store = plugin.new_store(&self.engine.engine, CallContext::default())?;
         let budget = store.data().budget.clone();
         let exported = match &plugin.pre {
             PluginPre::Executor(pre) => {
                 let bindings =
-                    pre.instantiate_async(&mut store).await.map_err(|e| format!("instantiation failed: {e:#}"))?;
+                    pre.instantiate_async(&mut store).await.map_err(|e| LoadError::Instantiate(format!("{e:#}")))?;
                 guarded(budget, bindings.runway_executor_executor().call_metadata(&mut store)).await
             }
             PluginPre::Fleeting(pre) => {
                 let bindings =
-                    pre.instantiate_async(&mut store).await.map_err(|e| format!("instantiation failed: {e:#}"))?;
+                    pre.instantiate_async(&mut store).await.map_err(|e| LoadError::Instantiate(format!("{e:#}")))?;
                 guarded(budget, bindings.runway_fleeting_instance_group().call_metadata(&mut store)).await
             }
         };
-        let exported = exported.map_err(|f| classify(&plugin.meta.name, f, store.data()).to_string())?;
+        let exported = exported.map_err(|f| classify(&plugin.meta.name, f, store.data()))?;
         if exported.name != plugin.meta.name || exported.api_version != plugin.meta.api_version {
-            return Err(format!(
-                "metadata() says {} (API {}) but the embedded section says {} (API {})",
-                exported.name, exported.api_version, plugin.meta.name, plugin.meta.api_version
-            ));
+            return Err(LoadError::MetadataMismatch {
+                exported: exported.name,
+                exported_api: exported.api_version,
+                name: plugin.meta.name.clone(),
+                api: plugin.meta.api_version.clone(),
+            });
         }
         Ok(())
     }
@@ -283,7 +336,8 @@ impl Registry {
             let prev_plugin = prev.and_then(|(_, p)| p.clone());
             let bytes = match read_plugin_file(&path) {
                 Ok(b) => b,
-                Err(reason) => {
+                Err(error) => {
+                    let reason = error.to_string();
                     tracing::warn!(file = %path.display(), "plugin rejected: {reason}");
                     statuses.insert(
                         path.clone(),
@@ -310,7 +364,8 @@ impl Registry {
                         tracing::info!(file = %path.display(), plugin = %p.meta.name, version = %p.meta.version, "plugin loaded");
                         (FileStatus::Loaded { name: p.meta.name.clone(), hash }, Some(p))
                     }
-                    Err(reason) => {
+                    Err(error) => {
+                        let reason = error.to_string();
                         tracing::error!(file = %path.display(), "plugin rejected: {reason}");
                         (FileStatus::Rejected { reason, hash }, prev_plugin.clone())
                     }
@@ -353,10 +408,8 @@ fn publish(
     published.insert(name, plugin);
 }
 
-fn import_error(e: &wasmtime::Error) -> String {
-    format!(
-        "imports something this runner does not provide (built against a newer SDK, or a non-Runway component?): {e:#}"
-    )
+fn import_error(e: &wasmtime::Error) -> LoadError {
+    LoadError::Imports(format!("{e:#}"))
 }
 
 /// `*.wasm` files of a directory, sorted; dotfiles and partial downloads are skipped.
@@ -374,10 +427,10 @@ pub fn list_plugin_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-fn read_plugin_file(path: &Path) -> Result<Vec<u8>, String> {
-    let size = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?.len();
+fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
+    let size = std::fs::metadata(path).map_err(|e| LoadError::Read(e.to_string()))?.len();
     if size > MAX_PLUGIN_FILE {
-        return Err(format!("{size} bytes is larger than the {MAX_PLUGIN_FILE}-byte limit"));
+        return Err(LoadError::TooLarge(size));
     }
-    std::fs::read(path).map_err(|e| format!("cannot read: {e}"))
+    std::fs::read(path).map_err(|e| LoadError::Read(e.to_string()))
 }
