@@ -1,5 +1,8 @@
 //! `runway exec JOB...`: run `.gitlab-ci.yml` jobs locally through the same job path,
 //! script generation and executor plugins as GitLab jobs, with a GitLab-like terminal log.
+//!
+//! Owns: the `exec` command. Must not touch: job or executor internals (it builds a
+//! `JobEnvironment` and calls `run_job` like the manager does).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};

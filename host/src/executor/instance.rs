@@ -56,13 +56,25 @@ impl ConnectedInstance {
     /// user's (`~/builds`), as SSH sessions start in the home directory. Unchanged when the
     /// home directory is unknown or `dir` is absolute.
     pub fn resolve_dir(&self, dir: &Path) -> PathBuf {
-        let Some(home) = &self.home else { return dir.to_path_buf() };
-        let relative = dir.strip_prefix("~").map(Path::to_path_buf).unwrap_or_else(|_| dir.to_path_buf());
-        if relative.is_relative() {
-            Path::new(home).join(relative)
-        } else {
-            dir.to_path_buf()
+        match &self.home {
+            Some(home) => resolve_in_home(dir, Path::new(home)),
+            None => dir.to_path_buf(),
         }
+    }
+}
+
+/// Does `dir` depend on the instance's home directory (relative, or `~/...`)?
+pub fn depends_on_home(dir: &Path) -> bool {
+    dir.strip_prefix("~").map(Path::to_path_buf).unwrap_or_else(|_| dir.to_path_buf()).is_relative()
+}
+
+/// `dir` resolved against `home` when it [`depends_on_home`]; else unchanged.
+pub fn resolve_in_home(dir: &Path, home: &Path) -> PathBuf {
+    let relative = dir.strip_prefix("~").map(Path::to_path_buf).unwrap_or_else(|_| dir.to_path_buf());
+    if relative.is_relative() {
+        home.join(relative)
+    } else {
+        dir.to_path_buf()
     }
 }
 

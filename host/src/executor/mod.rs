@@ -30,7 +30,7 @@ use crate::capability::CallContext;
 use crate::plugin::{LoadedPlugin, PluginHost};
 
 pub use failure::ExecutorFailure;
-pub use instance::{ConnectedInstance, InstanceError, InstanceLease, InstanceSource};
+pub use instance::{depends_on_home, resolve_in_home, ConnectedInstance, InstanceError, InstanceLease, InstanceSource};
 pub use prepare::{prepare, PrepareError, PrepareRequest, PREPARATION_ATTEMPTS, PREPARATION_RETRY_INTERVAL};
 pub use session::ExecutorSession;
 pub use stage::{run_stage, Stage, StageOutcome};

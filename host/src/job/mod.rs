@@ -5,6 +5,10 @@
 //! The job module knows nothing about HTTP or terminals: it writes to a [`TraceSink`] and is
 //! told about cancels through [`JobControl`]. `runway run` (GitLab) and `runway exec` (local)
 //! both drive it.
+//!
+//! Owns: the job's lifecycle and what each outcome means (failure reasons, footers). Must not
+//! touch: plugins, WIT bindings or capabilities — everything about the executor goes through
+//! `crate::executor` (preparation, the fleet instance, stages, failures).
 
 use std::sync::Arc;
 
@@ -12,11 +16,11 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::executor::{
-    prepare, run_stage, ConnectedInstance, ExecutorSession, InstanceLease, PrepareError, PrepareRequest,
-    ResolvedExecutor, Stage, StageOutcome,
+    depends_on_home, prepare, resolve_in_home, run_stage, ConnectedInstance, ExecutorSession, InstanceLease,
+    PrepareError, PrepareRequest, ResolvedExecutor, Stage, StageOutcome,
 };
 use crate::payload::{JobResponse, StepWhen};
-use crate::script::{BuildStage, JobPlan, ScriptSettings};
+use crate::script::{BuildStage, JobPlan, PlanError, ScriptSettings};
 use crate::stop::{StopReason, StopSignal};
 use crate::trace::format::{section_header_line, RunnerIdentity, SectionOptions};
 use crate::trace::{FailureReason, TraceLog, TraceSink};
@@ -155,9 +159,23 @@ pub async fn run_job(
     // prepare_executor: plan first, so a configuration error never costs a fleet instance.
     trace.section_start("prepare_executor", SectionOptions::default());
     trace.write_str(&section_header_line(&format!("Preparing the \"{}\" executor", env.executor.name())));
-    let mut plan = match plan_job(job, &env.settings, &*trace) {
-        Ok(plan) => plan,
-        Err(outcome) => return finish(&*trace, outcome),
+    // On a fleet, relative directories are the instance's home's, which is known only once
+    // connected: plan meanwhile as if it were `/`, and leave configuration errors that may
+    // depend on where the home is (builds_dir, GIT_CLONE_PATH) to the plan on the instance.
+    let home_dependent = env.instance.is_some()
+        && (depends_on_home(&env.settings.builds_dir) || depends_on_home(&env.settings.cache_dir));
+    let preliminary = if home_dependent {
+        let home = std::path::Path::new("/");
+        let (builds_dir, cache_dir) =
+            (resolve_in_home(&env.settings.builds_dir, home), resolve_in_home(&env.settings.cache_dir, home));
+        std::borrow::Cow::Owned(ScriptSettings { builds_dir, cache_dir, ..env.settings.clone() })
+    } else {
+        std::borrow::Cow::Borrowed(&env.settings)
+    };
+    let plan = match JobPlan::new(job, &preliminary) {
+        Ok(plan) => Some(plan),
+        Err(e) if home_dependent && e.is_configuration_error() => None,
+        Err(e) => return finish(&*trace, plan_failed(&*trace, &e)),
     };
     let instance = match &env.instance {
         None => None,
@@ -171,13 +189,16 @@ pub async fn run_job(
             }
         },
     };
-    if let Some(settings) = instance.as_ref().and_then(|i| on_instance(&env.settings, i)) {
-        // Relative directories live in the instance's home: plan again with them there.
-        plan = match plan_job(job, &settings, &*trace) {
-            Ok(plan) => plan,
-            Err(outcome) => return finish(&*trace, outcome),
-        };
-    }
+    let plan = match (plan, &instance) {
+        // Relative directories live in the instance's home: plan there.
+        (_, Some(instance)) if home_dependent => plan_job(job, &on_instance(&env.settings, instance), &*trace),
+        (Some(plan), _) => Ok(plan),
+        (None, _) => plan_job(job, &env.settings, &*trace),
+    };
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(outcome) => return finish(&*trace, outcome),
+    };
     let request = PrepareRequest {
         job,
         shell: &env.settings.shell,
@@ -216,27 +237,27 @@ pub async fn run_job(
 /// Plan `job` under `settings`; a failure is written to the trace, closes the
 /// `prepare_executor` section and says how the job fails.
 fn plan_job(job: &JobResponse, settings: &ScriptSettings, trace: &dyn TraceSink) -> Result<JobPlan, JobOutcome> {
-    JobPlan::new(job, settings).map_err(|e| {
-        let reason = if e.is_configuration_error() {
-            FailureReason::RunnerConfigurationError
-        } else {
-            FailureReason::RunnerSystemFailure
-        };
-        trace.error(&e.to_string());
-        trace.section_end("prepare_executor");
-        JobOutcome::failed(reason, None, e.to_string())
-    })
+    JobPlan::new(job, settings).map_err(|e| plan_failed(trace, &e))
+}
+
+/// Write a planning error to the trace, close `prepare_executor`, and say how the job fails.
+fn plan_failed(trace: &dyn TraceSink, error: &PlanError) -> JobOutcome {
+    let reason = if error.is_configuration_error() {
+        FailureReason::RunnerConfigurationError
+    } else {
+        FailureReason::RunnerSystemFailure
+    };
+    trace.error(&error.to_string());
+    trace.section_end("prepare_executor");
+    JobOutcome::failed(reason, None, error.to_string())
 }
 
 /// The script settings on a connected instance: relative builds and cache directories
-/// resolved against the login user's home. `None` when nothing changes.
-fn on_instance(settings: &ScriptSettings, instance: &ConnectedInstance) -> Option<ScriptSettings> {
+/// resolved against the login user's home.
+fn on_instance(settings: &ScriptSettings, instance: &ConnectedInstance) -> ScriptSettings {
     let builds_dir = instance.resolve_dir(&settings.builds_dir);
     let cache_dir = instance.resolve_dir(&settings.cache_dir);
-    if builds_dir == settings.builds_dir && cache_dir == settings.cache_dir {
-        return None;
-    }
-    Some(ScriptSettings { builds_dir, cache_dir, ..settings.clone() })
+    ScriptSettings { builds_dir, cache_dir, ..settings.clone() }
 }
 
 /// Whether a stage runs, given what happened so far.
@@ -390,3 +411,6 @@ async fn run_stages(
     }
     outcome
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,6 +2,8 @@
 //! called one call at a time. A trap poisons only that instance: the next call instantiates
 //! the plugin again and calls `init` again (plugins keep what must survive in `kv`). A newer
 //! version of the plugin published by hot reload is picked up the same way.
+//!
+//! Owns: [`FleetingGroup`]. Must not touch: scaling decisions (the autoscaler's), connections.
 
 use std::sync::Arc;
 

@@ -92,10 +92,8 @@ pub fn read(bytes: &[u8]) -> Result<PluginMeta, MetadataError> {
     for payload in wasmparser::Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| MetadataError::Invalid(e.to_string()))?;
         match payload {
-            wasmparser::Payload::Version { encoding, .. } => {
-                if encoding == wasmparser::Encoding::Component {
-                    saw_component = true;
-                }
+            wasmparser::Payload::Version { encoding: wasmparser::Encoding::Component, .. } => {
+                saw_component = true;
             }
             wasmparser::Payload::CustomSection(reader) if reader.name() == "runway-plugin" => {
                 section.get_or_insert_with(|| reader.data().to_vec());

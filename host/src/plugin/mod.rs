@@ -10,7 +10,10 @@
 //! - [`registry`]: the load pipeline and atomic publication;
 //! - [`watch`]: hot reload of `plugins_dir`;
 //! - [`state`], [`call`]: store data, budgets and error classification;
-//! - [`grant`]: `[plugins.NAME]`.
+//! - grants (`[plugins.NAME]`) are `crate::config::grant`'s.
+//!
+//! Owns: the sandbox, the registry and the typed facades. Must not touch: jobs, executors'
+//! sessions and domain types (`crate::executor`), what capabilities do (`crate::capability`).
 
 pub mod cache;
 pub mod call;
@@ -67,12 +70,19 @@ pub enum CheckFailure {
 /// One row of `runway plugins list`.
 #[derive(Debug, Clone)]
 pub struct PluginListing {
+    /// The plugin's name (`-` for a file that never loaded).
     pub name: String,
+    /// Executor or fleeting.
     pub kind: String,
+    /// The plugin's own version.
     pub version: String,
+    /// The WIT API version it was built against.
     pub api_version: String,
+    /// Built in, or the file it came from.
     pub source: String,
+    /// A summary of its grant ([`describe_grant`]).
     pub grants: String,
+    /// Loaded, or why it was rejected.
     pub status: String,
 }
 

@@ -106,12 +106,17 @@ pub(crate) enum PluginPre {
 
 /// A compiled, type-checked plugin ready to instantiate.
 pub struct LoadedPlugin {
+    /// Its identity from the metadata section.
     pub meta: PluginMeta,
+    /// Where it came from.
     pub source: PluginSource,
+    /// Hash of the binary (the compile cache's key).
     pub content_hash: String,
+    /// What it may do.
     pub grant: Arc<PluginGrant>,
     /// Whether the compiled code came from the on-disk cache.
     pub from_cache: bool,
+    /// When it was loaded.
     pub loaded_at: SystemTime,
     pub(crate) pre: PluginPre,
     pub(crate) kv: Arc<KvStore>,
@@ -145,9 +150,19 @@ impl LoadedPlugin {
 #[derive(Debug, Clone)]
 pub enum FileStatus {
     /// Serving as the named plugin.
-    Loaded { name: String, hash: String },
+    Loaded {
+        /// The plugin's name.
+        name: String,
+        /// Hash of the file's content.
+        hash: String,
+    },
     /// Refused; if an earlier version of the file loaded, it keeps serving.
-    Rejected { reason: String, hash: String },
+    Rejected {
+        /// Why.
+        reason: String,
+        /// Hash of the file's content (empty when it could not be read).
+        hash: String,
+    },
 }
 
 /// Settings of the plugin host.
@@ -165,6 +180,9 @@ pub struct HostSettings {
     pub builtins: Vec<(&'static str, &'static [u8])>,
 }
 
+/// Each file's status at the last scan, with the plugin it serves (if any).
+pub(crate) type FileStatuses = BTreeMap<PathBuf, (FileStatus, Option<Arc<LoadedPlugin>>)>;
+
 pub(crate) struct Registry {
     pub(crate) engine: PluginEngine,
     executor_linker: Linker<PluginState>,
@@ -173,7 +191,7 @@ pub(crate) struct Registry {
     pub(crate) settings: ArcSwap<HostSettings>,
     pub(crate) plugins: ArcSwap<BTreeMap<String, Arc<LoadedPlugin>>>,
     builtins: Mutex<BTreeMap<String, Arc<LoadedPlugin>>>,
-    pub(crate) files: Mutex<BTreeMap<PathBuf, (FileStatus, Option<Arc<LoadedPlugin>>)>>,
+    pub(crate) files: Mutex<FileStatuses>,
     pub(crate) reload_lock: tokio::sync::Mutex<()>,
 }
 
@@ -395,7 +413,7 @@ fn publish(
     from_file: &mut BTreeMap<String, PathBuf>,
     path: &Path,
     plugin: Arc<LoadedPlugin>,
-    statuses: &mut BTreeMap<PathBuf, (FileStatus, Option<Arc<LoadedPlugin>>)>,
+    statuses: &mut FileStatuses,
 ) {
     let name = plugin.meta.name.clone();
     if let Some(other) = from_file.get(&name) {
