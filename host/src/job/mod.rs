@@ -7,7 +7,7 @@
 //! both drive it.
 //!
 //! Owns: the job's lifecycle and what each outcome means (failure reasons, footers). Must not
-//! touch: plugins, WIT bindings or capabilities — everything about the executor goes through
+//! touch: plugins, WIT types or host interfaces — everything about the executor goes through
 //! `crate::executor` (preparation, the fleet instance, stages, failures).
 
 use std::sync::Arc;

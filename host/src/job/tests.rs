@@ -9,7 +9,6 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::executor::{ConnectedInstance, InstanceError, InstanceSource};
 use crate::payload::JobVariable;
-use crate::plugin::{builtin_plugins, HostSettings, PluginHost};
 use crate::trace::MemorySink;
 
 /// A fleet with no instances that counts how often a job asked for one.
@@ -43,9 +42,9 @@ fn payload(clone_path: Option<&str>) -> JobResponse {
 }
 
 async fn environment(builds_dir: &str, cache_dir: &str, fleet: Arc<CountingFleet>) -> JobEnvironment {
-    let host = PluginHost::new(HostSettings { builtins: builtin_plugins(), ..HostSettings::default() })
-        .await
-        .expect("plugin host");
+    // Test setup only: the job module itself never reaches the plugin host.
+    let settings = crate::plugin::HostSettings { builtins: crate::plugin::builtin_plugins(), ..Default::default() };
+    let host = crate::plugin::PluginHost::new(settings).await.expect("plugin host");
     let executor = ResolvedExecutor::resolve(&host, "shell", "{}").await.expect("shell executor");
     JobEnvironment {
         executor,
