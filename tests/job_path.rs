@@ -62,7 +62,6 @@ impl World {
                 system_id: "s_0123456789ab".into(),
             },
             env: JobEnvironment {
-                plugins: self.plugins.clone(),
                 executor,
                 settings,
                 identity: identity("test runner", &short_token, "s_0123456789ab"),

@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use runway::bindings::executor::exports::runway::executor::executor::{ExecutorError, Job, StageScript};
+use runway::bindings::executor::exports::runway::executor::executor::Job;
+use runway::capability::CallContext;
 use runway::config::grant::PluginGrant;
-use runway::plugin::{CallContext, ExecutorFailure, HostSettings, PluginErrorKind, PluginHost};
+use runway::executor::{ExecutorFailure, ExecutorSession, Stage};
+use runway::plugin::{HostSettings, PluginErrorKind, PluginHost};
 use runway::stop::{StopReason, StopSignal};
 use runway::trace::MemorySink;
 
@@ -54,8 +56,8 @@ fn job(dir: &Path) -> Job {
     }
 }
 
-fn stage(name: &str, script: &str) -> StageScript {
-    StageScript { name: name.into(), script: script.into(), predefined: false }
+fn stage(name: &str, script: &str) -> Stage {
+    Stage { name: name.into(), script: script.into(), predefined: false }
 }
 
 /// Run one stage of `plugin` in a fresh session; returns the result and the trace text.
@@ -69,7 +71,7 @@ async fn run_stage(
     let sink = Arc::new(MemorySink::default());
     let plugin = host.executor(plugin).expect("plugin loaded");
     let call = CallContext { trace: Some(sink.clone()), ..CallContext::default() };
-    let mut session = host.start_executor(&plugin, call).await.expect("instantiates");
+    let mut session = ExecutorSession::start(host, &plugin, call).await.expect("instantiates");
     session.prepare(&job(work)).await.expect("prepares");
     let result = session.run(&stage(name, script), StopSignal::new()).await;
     session.cleanup().await;
@@ -248,7 +250,7 @@ async fn incompatible_and_ungranted_plugins_are_refused_with_clear_errors() {
     std::fs::write(&bad, &patched).expect("write");
     install(&dir, "test_versioned_v1.wasm", "versioned.wasm");
     let host = host_with(&dir, BTreeMap::new()).await;
-    let err = host.check_file(&bad).await.expect_err("refused");
+    let err = host.check_file(&bad).await.expect_err("refused").to_string();
     assert!(err.contains("future.wasm") && err.contains("0.9.0") && err.contains("0.1.x"), "{err}");
     assert!(host.listing().iter().any(|r| r.source.ends_with("future.wasm") && r.status.contains("0.9.0")));
 
@@ -257,7 +259,7 @@ async fn incompatible_and_ungranted_plugins_are_refused_with_clear_errors() {
     std::fs::create_dir_all(&work).expect("mkdir");
     let (result, _) = run_stage(&host, "versioned", &work, "step_script", "true").await;
     match result {
-        Err(ExecutorFailure::Executor(ExecutorError::Other(m))) => assert!(m.contains("allow_process"), "{m}"),
+        Err(ExecutorFailure::Other(m)) => assert!(m.contains("allow_process"), "{m}"),
         other => panic!("expected a grant error, got {other:?}"),
     }
 }
@@ -284,10 +286,8 @@ async fn shell_plugin_runs_bash_in_order_with_exit_codes_and_kills_the_tree_on_c
     let script = format!("sleep 300 & echo $! > {p}; sh -c 'echo $$ >> {p}; sleep 300'", p = pids.display());
     let sink = Arc::new(MemorySink::default());
     let plugin = host.executor("shell").expect("shell");
-    let mut session = host
-        .start_executor(&plugin, CallContext { trace: Some(sink.clone()), ..CallContext::default() })
-        .await
-        .expect("session");
+    let call = CallContext { trace: Some(sink.clone()), ..CallContext::default() };
+    let mut session = ExecutorSession::start(&host, &plugin, call).await.expect("session");
     session.prepare(&job(&work)).await.expect("prepare");
     let stop = StopSignal::new();
     let stopper = {
@@ -303,7 +303,7 @@ async fn shell_plugin_runs_bash_in_order_with_exit_codes_and_kills_the_tree_on_c
     let result = session.run(&stage("step_script", &script), stop).await;
     stopper.await.expect("stopper");
     session.cleanup().await;
-    assert!(matches!(result, Err(ExecutorFailure::Executor(ExecutorError::Canceled))), "{result:?}");
+    assert!(matches!(result, Err(ExecutorFailure::Canceled)), "{result:?}");
     let pids = std::fs::read_to_string(&pids).expect("pids");
     for pid in pids.lines() {
         let alive = Path::new(&format!("/proc/{}", pid.trim())).exists()

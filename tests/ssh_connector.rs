@@ -9,9 +9,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use runway::bindings::executor::runway::host::remote::RemoteError;
-use runway::capability::remote::RemoteSession;
-use runway::connector::{ConnectError, ConnectSpec, SshAuth, SshSession};
+use runway::connector::{ConnectError, ConnectSpec, RemoteError, RemoteSession, SshAuth, SshSession};
 use runway::stop::{StopReason, StopSignal};
 use runway::trace::MemorySink;
 use sshd::{ClientKey, SshServer};

@@ -57,7 +57,6 @@ async fn setup(concurrent: usize) -> Setup {
             system_id: "s_000000000000".into(),
         },
         env: JobEnvironment {
-            plugins,
             executor,
             settings: settings.clone(),
             identity: identity("bench", "bench", "s_000000000000"),

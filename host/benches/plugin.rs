@@ -7,8 +7,10 @@
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use runway::bindings::executor::exports::runway::executor::executor::{Job, StageScript};
-use runway::plugin::{builtin_plugins, CallContext, HostSettings, PluginHost};
+use runway::bindings::executor::exports::runway::executor::executor::Job;
+use runway::capability::CallContext;
+use runway::executor::{ExecutorSession, Stage};
+use runway::plugin::{builtin_plugins, HostSettings, PluginHost};
 use runway::stop::StopSignal;
 use runway::trace::MemorySink;
 
@@ -38,12 +40,13 @@ fn benches(c: &mut Criterion) {
     println!("allocator: {:?}", host.allocator());
 
     c.bench_function("instantiate shell plugin from InstancePre (fresh store)", |b| {
-        b.to_async(&rt)
-            .iter(|| async { host.start_executor(&shell, CallContext::default()).await.expect("instantiate") })
+        b.to_async(&rt).iter(|| async {
+            ExecutorSession::start(&host, &shell, CallContext::default()).await.expect("instantiate")
+        })
     });
 
     let mut session = rt.block_on(async {
-        let mut s = host.start_executor(&shell, CallContext::default()).await.expect("session");
+        let mut s = ExecutorSession::start(&host, &shell, CallContext::default()).await.expect("session");
         s.prepare(&job(dir.path())).await.expect("prepare");
         s
     });
@@ -61,15 +64,13 @@ fn benches(c: &mut Criterion) {
     });
 
     let sink = Arc::new(MemorySink::default());
-    let stage = StageScript { name: "step_script".into(), script: "true\n".into(), predefined: false };
+    let stage = Stage { name: "step_script".into(), script: "true\n".into(), predefined: false };
     let mut group = c.benchmark_group("run `true`");
     group.sample_size(30);
     group.bench_function("shell plugin end to end (instantiate, prepare, run, cleanup)", |b| {
         b.to_async(&rt).iter(|| async {
-            let mut s = host
-                .start_executor(&shell, CallContext { trace: Some(sink.clone()), ..CallContext::default() })
-                .await
-                .expect("session");
+            let call = CallContext { trace: Some(sink.clone()), ..CallContext::default() };
+            let mut s = ExecutorSession::start(&host, &shell, call).await.expect("session");
             s.prepare(&job(dir.path())).await.expect("prepare");
             s.run(&stage, StopSignal::new()).await.expect("run");
             s.cleanup().await;

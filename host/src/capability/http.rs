@@ -2,6 +2,9 @@
 //!
 //! Deny by default: a plugin with no `allow_hosts` can reach nothing. Patterns are `host`,
 //! `host:port` or `*.domain` (any subdomain, any port unless given).
+//!
+//! Owns: [`HttpPolicy`] (the `wasi:http` hooks of one plugin instance). Must not touch:
+//! plugins or stores (the plugin host hands it to wasmtime-wasi-http as its hooks).
 
 use std::sync::Arc;
 

@@ -1,12 +1,15 @@
 //! `runway:host/kv`: small persistent state per plugin, one file per key under the runner's
 //! state directory (`<state dir>/kv/<plugin>/<hex key>`), written atomically.
+//!
+//! Owns: [`KvStore`] with its quota ([`MAX_KEY`], [`MAX_VALUE`], [`MAX_KEYS`]), [`KvCtx`] and
+//! the `kv` host trait on it. Must not touch: plugins or stores (the plugin host projects its
+//! store data onto a `&mut KvCtx`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::bindings::executor::runway::host::kv::{Host, KvError};
-use crate::plugin::state::PluginState;
 
 /// Longest key.
 pub const MAX_KEY: usize = 256;
@@ -110,18 +113,30 @@ impl KvStore {
     }
 }
 
-impl Host for PluginState {
+/// The `kv` capability's state: the plugin's store (shared by all its instances).
+pub struct KvCtx {
+    store: Arc<KvStore>,
+}
+
+impl KvCtx {
+    /// The capability over `store`.
+    pub fn new(store: Arc<KvStore>) -> Self {
+        KvCtx { store }
+    }
+}
+
+impl Host for KvCtx {
     async fn get(&mut self, key: String) -> wasmtime::Result<Result<Option<Vec<u8>>, KvError>> {
-        Ok(self.kv.get(&key))
+        Ok(self.store.get(&key))
     }
     async fn set(&mut self, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), KvError>> {
-        Ok(self.kv.set(&key, &value))
+        Ok(self.store.set(&key, &value))
     }
     async fn delete(&mut self, key: String) -> wasmtime::Result<Result<(), KvError>> {
-        Ok(self.kv.delete(&key))
+        Ok(self.store.delete(&key))
     }
     async fn list_keys(&mut self, prefix: String) -> wasmtime::Result<Result<Vec<String>, KvError>> {
-        Ok(self.kv.list(&prefix))
+        Ok(self.store.list(&prefix))
     }
 }
 

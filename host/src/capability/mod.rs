@@ -1,7 +1,18 @@
 //! The host side of each `runway:host` WIT interface, one file per interface (the layout of
 //! wasmtime's `crates/wasi` host side). Every capability checks the plugin's grant first and
 //! returns a WIT error value, never a trap, for anything the guest can cause.
+//!
+//! Each capability owns its state — a `*Ctx` ([`log::LogCtx`], [`kv::KvCtx`],
+//! [`process::ProcessCtx`], [`remote::RemoteCtx`], [`http::HttpPolicy`]) — and implements its
+//! WIT `Host` trait on its own view type: the `*Ctx` itself, or a `*View` that adds the call's
+//! [`call::CallContext`] and [`call::CallBudget`]. The plugin host's store data composes the
+//! contexts and links each interface by projection (`add_to_linker::<_, HasX>(l, |s| s.x())`),
+//! as wasmtime-wasi does with `WasiCtxView`.
+//!
+//! Owns: capability state and policy, the per-call context and budget. Must not touch:
+//! `plugin` (it imports us, never the other way round), jobs or executors.
 
+pub mod call;
 pub mod http;
 pub mod kv;
 pub mod log;
@@ -9,10 +20,20 @@ pub mod process;
 pub mod remote;
 pub mod trace;
 
-use crate::bindings::{executor, fleeting};
-use crate::plugin::state::PluginState;
+pub use call::{CallBudget, CallContext};
 
-// Types-only interfaces have empty host traits.
-impl executor::runway::host::plugin::Host for PluginState {}
-impl executor::runway::executor::types::Host for PluginState {}
-impl fleeting::runway::fleeting::types::Host for PluginState {}
+use wasmtime::component::HasData;
+
+use crate::bindings::{executor, fleeting};
+
+/// The view of interfaces that only define types (`runway:host/plugin`,
+/// `runway:executor/types`, `runway:fleeting/types`): nothing to hold, nothing to do.
+pub struct TypesOnly;
+
+impl HasData for TypesOnly {
+    type Data<'a> = TypesOnly;
+}
+
+impl executor::runway::host::plugin::Host for TypesOnly {}
+impl executor::runway::executor::types::Host for TypesOnly {}
+impl fleeting::runway::fleeting::types::Host for TypesOnly {}

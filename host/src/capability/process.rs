@@ -5,6 +5,10 @@
 //! Each process leads its own process group; a stop signal sends SIGTERM to the group, then
 //! SIGKILL after a grace period, and stragglers left behind by a finished script are killed
 //! too, so nothing a job started outlives its stage.
+//!
+//! Owns: [`ProcessCtx`] (the `allow_process` policy and buffer limit), [`ProcessView`] and the
+//! `process` host trait on it, and the process runners. Must not touch: plugins or stores (the
+//! plugin host projects its store data onto a [`ProcessView`]).
 
 use std::io::Read;
 use std::process::Stdio;
@@ -12,9 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use wasmtime::component::HasData;
 
 use crate::bindings::executor::runway::host::process::{Command, ExitStatus, Host, Output, ProcessError};
-use crate::plugin::state::PluginState;
+use crate::capability::call::{CallBudget, CallContext};
 use crate::stop::{StopReason, StopSignal};
 use crate::trace::TraceSink;
 
@@ -196,33 +201,64 @@ pub async fn run_captured(cmd: Command, cap: usize, stop: StopSignal) -> Result<
     Ok(Output { status: status?, stdout, stderr, truncated: t1 || t2 })
 }
 
-impl Host for PluginState {
+/// The `process` capability's own state: whose policy, and what it allows.
+pub struct ProcessCtx {
+    plugin: Arc<str>,
+    allow_process: bool,
+    max_buffer: usize,
+}
+
+impl ProcessCtx {
+    /// The capability for `plugin`: processes only with `allow_process`, stdin and captures
+    /// bounded by `max_buffer` bytes.
+    pub fn new(plugin: Arc<str>, allow_process: bool, max_buffer: usize) -> Self {
+        ProcessCtx { plugin, allow_process, max_buffer }
+    }
+}
+
+/// The `process` capability as one call sees it: its policy, the call's log and stop signal,
+/// and the budget whose clock stops while a process runs.
+pub struct ProcessView<'a> {
+    /// The policy.
+    pub ctx: &'a ProcessCtx,
+    /// The job the call works for.
+    pub call: &'a CallContext,
+    /// The call's budget.
+    pub budget: &'a CallBudget,
+}
+
+/// [`HasData`] marker linking `process` to a [`ProcessView`].
+pub struct HasProcess;
+
+impl HasData for HasProcess {
+    type Data<'a> = ProcessView<'a>;
+}
+
+fn not_permitted(plugin: &str) -> ProcessError {
+    ProcessError::NotPermitted(format!("plugin {plugin} has no allow_process grant"))
+}
+
+impl Host for ProcessView<'_> {
     async fn run(&mut self, cmd: Command) -> wasmtime::Result<Result<ExitStatus, ProcessError>> {
-        if !self.grant.allow_process {
-            return Ok(Err(ProcessError::NotPermitted(format!("plugin {} has no allow_process grant", self.plugin))));
+        if !self.ctx.allow_process {
+            return Ok(Err(not_permitted(&self.ctx.plugin)));
         }
         let Some(trace) = self.call.trace.clone() else {
             return Ok(Err(ProcessError::Other("no job log to stream into outside a job; use run-captured".into())));
         };
         if let Some(stdin) = &cmd.stdin {
-            if stdin.len() > self.max_buffer() {
+            if stdin.len() > self.ctx.max_buffer {
                 return Ok(Err(ProcessError::Other(format!("stdin of {} bytes exceeds max_buffer_mb", stdin.len()))));
             }
         }
-        self.budget.enter_host();
-        let result = run_streaming(cmd, trace, self.call.stop.clone()).await;
-        self.budget.leave_host();
-        Ok(result)
+        Ok(self.budget.in_host(run_streaming(cmd, trace, self.call.stop.clone())).await)
     }
 
     async fn run_captured(&mut self, cmd: Command, max_bytes: u32) -> wasmtime::Result<Result<Output, ProcessError>> {
-        if !self.grant.allow_process {
-            return Ok(Err(ProcessError::NotPermitted(format!("plugin {} has no allow_process grant", self.plugin))));
+        if !self.ctx.allow_process {
+            return Ok(Err(not_permitted(&self.ctx.plugin)));
         }
-        let cap = (max_bytes as usize).min(MAX_CAPTURE).min(self.max_buffer() / 2);
-        self.budget.enter_host();
-        let result = run_captured(cmd, cap, self.call.stop.clone()).await;
-        self.budget.leave_host();
-        Ok(result)
+        let cap = (max_bytes as usize).min(MAX_CAPTURE).min(self.ctx.max_buffer / 2);
+        Ok(self.budget.in_host(run_captured(cmd, cap, self.call.stop.clone())).await)
     }
 }

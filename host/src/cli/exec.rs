@@ -1,5 +1,8 @@
 //! `runway exec JOB...`: run `.gitlab-ci.yml` jobs locally through the same job path,
 //! script generation and executor plugins as GitLab jobs, with a GitLab-like terminal log.
+//!
+//! Owns: the `exec` command. Must not touch: job or executor internals (it builds a
+//! `JobEnvironment` and calls `run_job` like the manager does).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -153,7 +156,6 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
             ..ScriptSettings::default()
         };
         let env = JobEnvironment {
-            plugins: plugins.clone(),
             executor: executor.clone(),
             settings,
             identity: identity("local", "exec", "local"),

@@ -163,7 +163,6 @@ pub async fn runner_settings(
             },
             client,
             env: JobEnvironment {
-                plugins: plugins.clone(),
                 executor,
                 settings,
                 identity: identity(&runner.name, &short, system_id),

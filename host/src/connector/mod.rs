@@ -7,11 +7,16 @@
 //!
 //! `connector` imports only `stop` and `trace`: never plugin, capability or WIT types; the
 //! manager converts the fleeting plugin's records into [`InstanceConnectInfo`].
+//!
+//! Owns: connections and remote operations ([`remote`] has the domain types). Must not touch:
+//! WIT bindings, capabilities or plugins (the `remote` capability maps our types to WIT).
 
 pub mod probe;
+pub mod remote;
 pub mod spec;
 pub mod ssh;
 
 pub use probe::ProbeError;
+pub use remote::{ExitStatus, RemoteError, RemoteSession};
 pub use spec::{ConnectorDefaults, InstanceConnectInfo, SpecError};
 pub use ssh::{ConnectError, ConnectSpec, SshAuth, SshSession};

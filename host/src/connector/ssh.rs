@@ -17,9 +17,7 @@ use russh::client;
 use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use russh::ChannelMsg;
 
-use crate::bindings::executor::runway::host::process::ExitStatus;
-use crate::bindings::executor::runway::host::remote::RemoteError;
-use crate::capability::remote::RemoteSession;
+use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession};
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;
 
@@ -299,7 +297,7 @@ fn signal_number(signal: &russh::Sig) -> i32 {
 
 /// An exit status from a shell-style code (`128 + n` means signal `n`).
 fn status(code: i32) -> ExitStatus {
-    ExitStatus { code, signal: (129..=128 + 64).contains(&code).then_some(code - 128) }
+    ExitStatus::from_code(code)
 }
 
 fn other(what: &str, code: i32, output: &[u8]) -> RemoteError {

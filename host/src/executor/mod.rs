@@ -1,21 +1,48 @@
-//! Glue from a job to an executor plugin: resolving the plugin and its provider info
-//! (default shell, builds and cache directories, features), turning a job plan into the
-//! WIT `job` record, and running one stage under a stop signal with the job's deadlines.
+//! The executor boundary: everything between a planned job and an executor plugin. A job
+//! resolves its executor ([`ResolvedExecutor`]: the plugin and what it says about itself),
+//! acquires a fleet instance when its runner has one ([`instance`]), prepares a session with
+//! retries ([`prepare`]), and runs its stages in that session ([`stage`], [`session`]). Jobs see
+//! only the domain types here ([`Stage`], [`StageOutcome`], [`ExecutorFailure`],
+//! [`PrepareError`], [`InstanceError`]), never WIT bindings, plugins or capabilities.
+//!
+//! - [`instance`]: where fleet instances come from, and directories on them;
+//! - [`prepare`]: the WIT job record, preparation attempts and their trace lines;
+//! - [`session`]: one job's plugin instance and environment;
+//! - [`stage`]: stages, their outcomes and deadlines;
+//! - [`failure`]: why an executor step failed.
+//!
+//! Owns: the executor boundary. Must not touch: which stages run and what outcomes mean for
+//! the job (`crate::job`), script generation (`crate::script`), the plugin sandbox itself
+//! (`crate::plugin`).
+
+pub mod failure;
+pub mod instance;
+pub mod prepare;
+pub mod session;
+pub mod stage;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::bindings::executor::exports::runway::executor::executor::{Job, ProviderInfo, StageScript};
-use crate::payload::JobResponse;
-use crate::plugin::executor::Image;
-use crate::plugin::{ExecutorFailure, ExecutorSession, LoadedPlugin, PluginHost};
-use crate::stop::{StopReason, StopSignal};
+use crate::bindings::executor::exports::runway::executor::executor::ProviderInfo;
+use crate::bindings::executor::runway::executor::types::Features;
+use crate::capability::CallContext;
+use crate::plugin::{LoadedPlugin, PluginHost};
+
+pub use failure::ExecutorFailure;
+pub use instance::{depends_on_home, resolve_in_home, ConnectedInstance, InstanceError, InstanceLease, InstanceSource};
+pub use prepare::{prepare, PrepareError, PrepareRequest, PREPARATION_ATTEMPTS, PREPARATION_RETRY_INTERVAL};
+pub use session::ExecutorSession;
+pub use stage::{run_stage, Stage, StageOutcome};
 
 /// An executor plugin resolved for a runner, with what it said about itself.
 #[derive(Clone)]
 pub struct ResolvedExecutor {
+    /// The plugin host sessions are started in.
+    pub host: PluginHost,
+    /// The plugin (the version resolved; a reload does not change it).
     pub plugin: Arc<LoadedPlugin>,
+    /// What the plugin said about itself for this configuration.
     pub info: ProviderInfo,
     /// `[runners.<executor>]` as JSON.
     pub config_json: String,
@@ -24,9 +51,20 @@ pub struct ResolvedExecutor {
 impl ResolvedExecutor {
     /// Resolve executor `name` in `host` and validate its config section.
     pub async fn resolve(host: &PluginHost, name: &str, config_json: &str) -> Result<Self, ExecutorFailure> {
-        let plugin = host.executor(name).map_err(ExecutorFailure::Plugin)?;
-        let info = host.executor_info(&plugin, config_json).await?;
-        Ok(ResolvedExecutor { plugin, info, config_json: config_json.to_string() })
+        let plugin = host.executor(name)?;
+        let mut instance = host.instantiate_executor(&plugin, CallContext::default()).await?;
+        let info = instance.info(config_json).await??;
+        Ok(ResolvedExecutor { host: host.clone(), plugin, info, config_json: config_json.to_string() })
+    }
+
+    /// The executor's name, as its provider info gives it.
+    pub fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    /// The executor's default shell.
+    pub fn default_shell(&self) -> &str {
+        &self.info.default_shell
     }
 
     /// The builds directory: config.toml's, else the executor's default resolved against
@@ -42,7 +80,7 @@ impl ResolvedExecutor {
 
     /// Does the executor share machines between jobs (namespaced builds dirs)?
     pub fn shared(&self) -> bool {
-        self.info.features.contains(crate::plugin::executor::Features::SHARED)
+        self.info.features.contains(Features::SHARED)
     }
 }
 
@@ -57,78 +95,5 @@ fn resolve_dir(dir: &str, base: &Path) -> PathBuf {
         path
     } else {
         base.join(path)
-    }
-}
-
-fn image(img: &crate::payload::Image) -> Image {
-    Image {
-        name: img.name.clone(),
-        entrypoint: img.entrypoint.clone(),
-        command: img.command.clone(),
-        aliases: img.alias.split([',', ' ']).filter(|a| !a.is_empty()).map(str::to_string).collect(),
-    }
-}
-
-/// The WIT job record for a plan.
-pub fn wit_job(
-    job: &JobResponse,
-    executor: &ResolvedExecutor,
-    shell: &str,
-    builds_dir: &Path,
-    project_dir: &Path,
-    cache_dir: &Path,
-    timeout: Duration,
-) -> Job {
-    Job {
-        id: u64::try_from(job.id).unwrap_or_default(),
-        name: job.job_info.name.clone(),
-        project_path: job.job_info.project_full_path.clone(),
-        shell: shell.to_string(),
-        builds_dir: builds_dir.display().to_string(),
-        project_dir: project_dir.display().to_string(),
-        cache_dir: cache_dir.display().to_string(),
-        config: executor.config_json.clone(),
-        timeout_seconds: u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX),
-        image: job.image.as_ref().filter(|i| !i.name.is_empty()).map(image),
-        services: job.services.iter().map(image).collect(),
-    }
-}
-
-/// How one stage ended.
-#[derive(Debug)]
-pub enum StageOutcome {
-    /// The script exited with this code.
-    Exited(i32),
-    /// The stage was stopped (cancel, abort, timeout) and its processes killed.
-    Stopped(StopReason),
-    /// The executor or plugin failed.
-    Failed(ExecutorFailure),
-}
-
-/// Run `stage` in `session`; `stop` is fired by the caller's controls, and additionally
-/// with `TimedOut` once `timeout` elapses.
-pub async fn run_stage(
-    session: &mut ExecutorSession,
-    stage: StageScript,
-    stop: StopSignal,
-    timeout: Duration,
-) -> StageOutcome {
-    let timer = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            stop.stop(StopReason::TimedOut);
-        })
-    };
-    let result = session.run(&stage, stop.clone()).await;
-    timer.abort();
-    match (result, stop.reason()) {
-        (_, Some(reason)) => StageOutcome::Stopped(reason),
-        (Ok(code), None) => StageOutcome::Exited(code),
-        (
-            Err(ExecutorFailure::Executor(crate::bindings::executor::runway::executor::types::ExecutorError::Canceled)),
-            None,
-        ) => StageOutcome::Stopped(StopReason::Canceled),
-        (Err(e), None) => StageOutcome::Failed(e),
     }
 }

@@ -5,28 +5,25 @@
 //! The job module knows nothing about HTTP or terminals: it writes to a [`TraceSink`] and is
 //! told about cancels through [`JobControl`]. `runway run` (GitLab) and `runway exec` (local)
 //! both drive it.
+//!
+//! Owns: the job's lifecycle and what each outcome means (failure reasons, footers). Must not
+//! touch: plugins, WIT types or host interfaces — everything about the executor goes through
+//! `crate::executor` (preparation, the fleet instance, stages, failures).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::bindings::executor::exports::runway::executor::executor::StageScript;
-use crate::bindings::executor::runway::executor::types::ExecutorError;
-use crate::capability::remote::RemoteSession;
-use crate::executor::{run_stage, wit_job, ResolvedExecutor, StageOutcome};
+use crate::executor::{
+    depends_on_home, prepare, resolve_in_home, run_stage, ConnectedInstance, ExecutorSession, InstanceLease,
+    PrepareError, PrepareRequest, ResolvedExecutor, Stage, StageOutcome,
+};
 use crate::payload::{JobResponse, StepWhen};
-use crate::plugin::{CallContext, ExecutorFailure, ExecutorSession, PluginHost};
-use crate::script::{BuildStage, JobPlan, ScriptSettings};
+use crate::script::{BuildStage, JobPlan, PlanError, ScriptSettings};
 use crate::stop::{StopReason, StopSignal};
 use crate::trace::format::{section_header_line, RunnerIdentity, SectionOptions};
 use crate::trace::{FailureReason, TraceLog, TraceSink};
-
-/// Attempts at preparing the executor (GitLab's `PreparationRetries`).
-pub const PREPARATION_ATTEMPTS: u32 = 3;
-/// Pause between preparation attempts.
-pub const PREPARATION_RETRY_INTERVAL: Duration = Duration::from_secs(3);
 
 /// Outside control of a running job.
 #[derive(Clone, Default)]
@@ -49,12 +46,17 @@ impl JobControl {
     }
 }
 
+/// Why the job was not accepted at the two-phase commit point: it is gone for this runner.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AcceptError(pub String);
+
 /// Called by the job at the two-phase commit point.
 #[async_trait]
 pub trait JobHooks: Send + Sync {
     /// The executor is prepared; accept the job (`PUT state=running`). An error means the
     /// job is gone for this runner and must be dropped.
-    async fn prepared(&self) -> Result<(), String>;
+    async fn prepared(&self) -> Result<(), AcceptError>;
 }
 
 /// No remote side (`runway exec`, tests).
@@ -62,51 +64,19 @@ pub struct NoHooks;
 
 #[async_trait]
 impl JobHooks for NoHooks {
-    async fn prepared(&self) -> Result<(), String> {
+    async fn prepared(&self) -> Result<(), AcceptError> {
         Ok(())
     }
-}
-
-/// An instance of an autoscaled fleet, connected for one job.
-pub struct ConnectedInstance {
-    /// The provider's instance ID.
-    pub id: String,
-    /// Commands and files on it, for the executor plugin's `remote` capability.
-    pub remote: Arc<dyn RemoteSession>,
-    /// The login user's home directory there; relative builds and cache directories are
-    /// resolved against it.
-    pub home: Option<String>,
-}
-
-/// Where jobs of a fleet runner get their instance (the manager's fleet).
-#[async_trait]
-pub trait InstanceSource: Send + Sync {
-    /// Wait for the slot reserved under `key` (bounded by `instance_acquire_timeout`) and
-    /// connect to its instance, writing progress to `trace`. An error fails the job with
-    /// `runner_system_failure`.
-    async fn connect(
-        &self,
-        key: &str,
-        trace: &dyn TraceSink,
-        abort: &CancellationToken,
-    ) -> Result<ConnectedInstance, String>;
-}
-
-/// A job's claim on a fleet slot: where to connect and under which reservation key.
-#[derive(Clone)]
-pub struct InstanceLease {
-    /// The fleet.
-    pub source: Arc<dyn InstanceSource>,
-    /// The reservation key the manager made before asking GitLab for the job.
-    pub key: String,
 }
 
 /// What the runner needs to run jobs of one `[[runners]]` entry.
 #[derive(Clone)]
 pub struct JobEnvironment {
-    pub plugins: PluginHost,
+    /// The executor plugin and what it said about itself.
     pub executor: ResolvedExecutor,
+    /// How scripts are generated for this runner.
     pub settings: ScriptSettings,
+    /// Who runs the job (for the trace header).
     pub identity: RunnerIdentity,
     /// Set per job for runners with `[runners.autoscaler]`.
     pub instance: Option<InstanceLease>,
@@ -186,13 +156,31 @@ pub async fn run_job(
         trace.error(message);
         return finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message));
     }
-    // prepare_executor
+    // prepare_executor: plan first, so a configuration error never costs a fleet instance.
     trace.section_start("prepare_executor", SectionOptions::default());
-    trace.write_str(&section_header_line(&format!("Preparing the \"{}\" executor", env.executor.info.name)));
-    let (env, remote) = match &env.instance {
-        None => (std::borrow::Cow::Borrowed(env), None),
-        Some(lease) => match lease.source.connect(&lease.key, &*trace, &control.abort).await {
-            Ok(instance) => (std::borrow::Cow::Owned(on_instance(env, &instance)), Some(instance.remote)),
+    trace.write_str(&section_header_line(&format!("Preparing the \"{}\" executor", env.executor.name())));
+    // On a fleet, relative directories are the instance's home's, which is known only once
+    // connected: plan meanwhile as if it were `/`, and leave configuration errors that may
+    // depend on where the home is (builds_dir, GIT_CLONE_PATH) to the plan on the instance.
+    let home_dependent = env.instance.is_some()
+        && (depends_on_home(&env.settings.builds_dir) || depends_on_home(&env.settings.cache_dir));
+    let preliminary = if home_dependent {
+        let home = std::path::Path::new("/");
+        let (builds_dir, cache_dir) =
+            (resolve_in_home(&env.settings.builds_dir, home), resolve_in_home(&env.settings.cache_dir, home));
+        std::borrow::Cow::Owned(ScriptSettings { builds_dir, cache_dir, ..env.settings.clone() })
+    } else {
+        std::borrow::Cow::Borrowed(&env.settings)
+    };
+    let plan = match JobPlan::new(job, &preliminary) {
+        Ok(plan) => Some(plan),
+        Err(e) if home_dependent && e.is_configuration_error() => None,
+        Err(e) => return finish(&*trace, plan_failed(&*trace, &e)),
+    };
+    let instance = match &env.instance {
+        None => None,
+        Some(lease) => match lease.connect(&*trace, &control.abort).await {
+            Ok(instance) => Some(instance),
             Err(e) => {
                 let message = format!("preparing the instance: {e}");
                 trace.error(&message);
@@ -201,30 +189,39 @@ pub async fn run_job(
             }
         },
     };
-    let env = &*env;
-    let plan = match JobPlan::new(job, &env.settings) {
-        Ok(plan) => plan,
-        Err(e) => {
-            let reason = if e.is_configuration_error() {
-                FailureReason::RunnerConfigurationError
-            } else {
-                FailureReason::RunnerSystemFailure
-            };
-            trace.error(&e.to_string());
-            trace.section_end("prepare_executor");
-            return finish(&*trace, JobOutcome::failed(reason, None, e.to_string()));
-        }
+    let plan = match (plan, &instance) {
+        // Relative directories live in the instance's home: plan there.
+        (_, Some(instance)) if home_dependent => plan_job(job, &on_instance(&env.settings, instance), &*trace),
+        (Some(plan), _) => Ok(plan),
+        (None, _) => plan_job(job, &env.settings, &*trace),
     };
-    let session = prepare(job, env, &plan, trace.clone(), control, remote).await;
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(outcome) => return finish(&*trace, outcome),
+    };
+    let request = PrepareRequest {
+        job,
+        shell: &env.settings.shell,
+        builds_dir: plan.builds_dir(),
+        project_dir: plan.project_dir(),
+        cache_dir: plan.cache_dir(),
+        timeout: plan.job_timeout(),
+    };
+    let session = prepare(&env.executor, request, trace.clone(), &control.abort, instance.as_ref()).await;
     trace.section_end("prepare_executor");
     let mut session = match session {
         Ok(s) => s,
-        Err(outcome) => return finish(&*trace, outcome),
+        Err(e @ PrepareError::InvalidConfig(_)) => {
+            return finish(&*trace, JobOutcome::failed(FailureReason::RunnerConfigurationError, None, e.to_string()))
+        }
+        Err(e @ PrepareError::Failed { .. }) => {
+            return finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.to_string()))
+        }
     };
     if let Err(e) = hooks.prepared().await {
         tracing::warn!(job = job.id, "job dropped at acceptance: {e}");
         session.cleanup().await;
-        return JobOutcome { aborted: true, ..JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e) };
+        return JobOutcome { aborted: true, ..JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.0) };
     }
 
     let outcome = run_stages(&plan, &mut session, &*trace, control).await;
@@ -237,74 +234,30 @@ pub async fn run_job(
     finish(&*trace, outcome)
 }
 
-/// The job environment on a connected instance: relative builds and cache directories are
-/// the login user's (`~/builds`), as SSH sessions start in the home directory.
-fn on_instance(env: &JobEnvironment, instance: &ConnectedInstance) -> JobEnvironment {
-    let mut env = env.clone();
-    if let Some(home) = &instance.home {
-        let home = std::path::Path::new(home);
-        for dir in [&mut env.settings.builds_dir, &mut env.settings.cache_dir] {
-            let relative = dir.strip_prefix("~").map(std::path::Path::to_path_buf).unwrap_or_else(|_| dir.clone());
-            if relative.is_relative() {
-                *dir = home.join(relative);
-            }
-        }
-    }
-    env
+/// Plan `job` under `settings`; a failure is written to the trace, closes the
+/// `prepare_executor` section and says how the job fails.
+fn plan_job(job: &JobResponse, settings: &ScriptSettings, trace: &dyn TraceSink) -> Result<JobPlan, JobOutcome> {
+    JobPlan::new(job, settings).map_err(|e| plan_failed(trace, &e))
 }
 
-async fn prepare(
-    job: &JobResponse,
-    env: &JobEnvironment,
-    plan: &JobPlan,
-    trace: Arc<dyn TraceSink>,
-    control: &JobControl,
-    remote: Option<Arc<dyn RemoteSession>>,
-) -> Result<ExecutorSession, JobOutcome> {
-    let wit = wit_job(
-        job,
-        &env.executor,
-        &env.settings.shell,
-        plan.builds_dir(),
-        plan.project_dir(),
-        plan.cache_dir(),
-        plan.job_timeout(),
-    );
-    let mut last_error = String::new();
-    for attempt in 1..=PREPARATION_ATTEMPTS {
-        if control.abort.is_cancelled() {
-            break;
-        }
-        let call = CallContext { trace: Some(trace.clone()), stop: StopSignal::new(), remote: remote.clone() };
-        let mut session = match env.plugins.start_executor(&env.executor.plugin, call).await {
-            Ok(s) => s,
-            Err(e) => {
-                last_error = e.to_string();
-                trace.error(&format!("Preparation failed: {last_error}"));
-                break;
-            }
-        };
-        match session.prepare(&wit).await {
-            Ok(()) => return Ok(session),
-            Err(ExecutorFailure::Executor(ExecutorError::InvalidConfig(m))) => {
-                let message = format!("invalid executor configuration: {m}");
-                trace.error(&message);
-                return Err(JobOutcome::failed(FailureReason::RunnerConfigurationError, None, message));
-            }
-            Err(e) => {
-                last_error = e.to_string();
-                trace.error(&format!("Preparation failed: {last_error}"));
-                if attempt < PREPARATION_ATTEMPTS {
-                    trace.println(&format!("Will be retried in {} s ...", PREPARATION_RETRY_INTERVAL.as_secs()));
-                    tokio::select! {
-                        _ = tokio::time::sleep(PREPARATION_RETRY_INTERVAL) => {}
-                        _ = control.abort.cancelled() => break,
-                    }
-                }
-            }
-        }
-    }
-    Err(JobOutcome::failed(FailureReason::RunnerSystemFailure, None, format!("preparing the executor: {last_error}")))
+/// Write a planning error to the trace, close `prepare_executor`, and say how the job fails.
+fn plan_failed(trace: &dyn TraceSink, error: &PlanError) -> JobOutcome {
+    let reason = if error.is_configuration_error() {
+        FailureReason::RunnerConfigurationError
+    } else {
+        FailureReason::RunnerSystemFailure
+    };
+    trace.error(&error.to_string());
+    trace.section_end("prepare_executor");
+    JobOutcome::failed(reason, None, error.to_string())
+}
+
+/// The script settings on a connected instance: relative builds and cache directories
+/// resolved against the login user's home.
+fn on_instance(settings: &ScriptSettings, instance: &ConnectedInstance) -> ScriptSettings {
+    let builds_dir = instance.resolve_dir(&settings.builds_dir);
+    let cache_dir = instance.resolve_dir(&settings.cache_dir);
+    ScriptSettings { builds_dir, cache_dir, ..settings.clone() }
 }
 
 /// Whether a stage runs, given what happened so far.
@@ -389,9 +342,8 @@ async fn run_stages(
         let attempts = if matches!(stage, BuildStage::GetSources) { plan.get_sources_attempts().max(1) } else { 1 };
         let mut result = StageOutcome::Exited(0);
         for attempt in 1..=attempts {
-            let script_stage =
-                StageScript { name: name.clone(), script: script.clone(), predefined: stage.predefined() };
-            result = run_stage(session, script_stage, stop.clone(), timeout).await;
+            let script_stage = Stage { name: name.clone(), script: script.clone(), predefined: stage.predefined() };
+            result = run_stage(session, &script_stage, stop.clone(), timeout).await;
             if matches!(result, StageOutcome::Exited(0)) || attempt == attempts || stop.is_stopped() {
                 break;
             }
@@ -450,7 +402,7 @@ async fn run_stages(
                 if outcome.failure.is_none() || is_after_script {
                     outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.to_string());
                 }
-                if matches!(e, ExecutorFailure::Plugin(_)) {
+                if e.is_plugin_failure() {
                     // The plugin instance is unusable after a trap; nothing else can run.
                     break;
                 }
@@ -459,3 +411,6 @@ async fn run_stages(
     }
     outcome
 }
+
+#[cfg(test)]
+mod tests;

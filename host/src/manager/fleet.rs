@@ -28,7 +28,8 @@ use crate::config::duration::{parse_duration, DurationError};
 use crate::connector::{
     probe, ConnectError, ConnectSpec, ConnectorDefaults, InstanceConnectInfo, ProbeError, SpecError, SshSession,
 };
-use crate::job::{ConnectedInstance, InstanceSource, JobControl};
+use crate::executor::{ConnectedInstance, InstanceError, InstanceSource};
+use crate::job::JobControl;
 use crate::plugin::fleeting::{ConnectInfo, ConnectorConfig, Protocol};
 use crate::plugin::PluginHost;
 use crate::store::fleet_state;
@@ -80,7 +81,7 @@ pub enum FleetError {
 
 /// Why an instance could not be reached or checked.
 #[derive(Debug, thiserror::Error)]
-enum InstanceError {
+enum ReachError {
     #[error("connect info for {instance}: {message}")]
     ConnectInfo { instance: String, message: String },
     #[error(transparent)]
@@ -156,21 +157,21 @@ struct Connector {
 }
 
 impl Connector {
-    async fn spec(&self, instance: &str) -> Result<ConnectSpec, InstanceError> {
+    async fn spec(&self, instance: &str) -> Result<ConnectSpec, ReachError> {
         let info = self
             .provider
             .connect_info(instance)
             .await
-            .map_err(|e| InstanceError::ConnectInfo { instance: instance.to_string(), message: e.to_string() })?;
+            .map_err(|e| ReachError::ConnectInfo { instance: instance.to_string(), message: e.to_string() })?;
         Ok(self.defaults.spec(&connect_info(info))?)
     }
 
-    async fn connect(&self, instance: &str) -> Result<SshSession, InstanceError> {
+    async fn connect(&self, instance: &str) -> Result<SshSession, ReachError> {
         Ok(SshSession::connect(&self.spec(instance).await?).await?)
     }
 
     /// `exit 0` over a fresh connection.
-    async fn probe(&self, instance: &str) -> Result<(), InstanceError> {
+    async fn probe(&self, instance: &str) -> Result<(), ReachError> {
         Ok(probe::probe(&self.spec(instance).await?).await?)
     }
 }
@@ -394,15 +395,15 @@ impl InstanceSource for Fleet {
         key: &str,
         trace: &dyn TraceSink,
         abort: &CancellationToken,
-    ) -> Result<ConnectedInstance, String> {
+    ) -> Result<ConnectedInstance, InstanceError> {
         trace.println("Waiting for an instance from the fleet...");
         let started = std::time::Instant::now();
         let acquisition = tokio::select! {
             result = self.scaler.acquire(key) => result.map_err(|e| match e {
-                AcquireError::TimedOut(limit) => format!("no instance became available within instance_acquire_timeout ({}s)", limit.as_secs()),
-                other => other.to_string(),
+                AcquireError::TimedOut(limit) => InstanceError::AcquireTimedOut(limit),
+                other => InstanceError::Acquire(other.to_string()),
             })?,
-            _ = abort.cancelled() => return Err("the job was aborted while waiting for an instance".into()),
+            _ = abort.cancelled() => return Err(InstanceError::AbortedWaiting),
         };
         if let Ok(mut acquired) = self.acquired.lock() {
             acquired.insert(key.to_string(), acquisition.instance.clone());
@@ -414,8 +415,8 @@ impl InstanceSource for Fleet {
             started.elapsed().as_secs_f64()
         ));
         let session = tokio::select! {
-            s = self.connector.connect(&acquisition.instance) => s.map_err(|e| format!("connecting to instance {}: {e}", acquisition.instance))?,
-            _ = abort.cancelled() => return Err("the job was aborted while connecting to its instance".into()),
+            s = self.connector.connect(&acquisition.instance) => s.map_err(|e| InstanceError::Connect { instance: acquisition.instance.clone(), message: e.to_string() })?,
+            _ = abort.cancelled() => return Err(InstanceError::AbortedConnecting),
         };
         let home = probe::remote_home(&session, self.connector.defaults.timeout).await;
         trace.println(&format!("Connected to instance {} over SSH", acquisition.instance));

@@ -20,11 +20,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::autoscaler::ReserveError;
+use crate::executor::InstanceLease;
 use crate::gitlab::api::{JobApi, JobState, JobUpdate, UpdateOutcome};
 use crate::gitlab::client::{
     BadJob, FeaturesInfo, GitLabClient, JobClient, RequestJobResult, RunnerCredentials, VersionInfo,
 };
-use crate::job::{fail_unplannable, run_job, InstanceLease, JobControl, JobEnvironment, JobHooks};
+use crate::job::{self, fail_unplannable, run_job, JobControl, JobEnvironment, JobHooks};
 use crate::payload::JobResponse;
 use crate::trace::format::RunnerIdentity;
 use crate::trace::upload::{TraceUploader, UploadConfig};
@@ -139,8 +140,8 @@ struct Runner {
 }
 
 /// The features Runway's job path really supports, for `info.features` (§1.6).
-pub fn features(executor_features: crate::plugin::executor::Features) -> FeaturesInfo {
-    use crate::plugin::executor::Features;
+pub fn features(executor_features: crate::bindings::executor::runway::executor::types::Features) -> FeaturesInfo {
+    use crate::bindings::executor::runway::executor::types::Features;
     FeaturesInfo {
         variables: executor_features.contains(Features::VARIABLES),
         image: executor_features.contains(Features::IMAGE),
@@ -458,8 +459,8 @@ impl Acceptance {
 
 #[async_trait]
 impl JobHooks for Acceptance {
-    async fn prepared(&self) -> Result<(), String> {
-        self.accept().await.map_err(|e| e.to_string())
+    async fn prepared(&self) -> Result<(), job::AcceptError> {
+        self.accept().await.map_err(|e| job::AcceptError(e.to_string()))
     }
 }
 

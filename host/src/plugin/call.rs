@@ -1,6 +1,9 @@
 //! Running one guest call under the sandbox: the epoch callback that yields every tick and
 //! interrupts a call over budget, a watchdog for guests blocked outside wasm, and turning
 //! traps into errors that name the plugin and the cause.
+//!
+//! Owns: [`PluginError`], call guarding and classification. Must not touch: what the budget
+//! measures (`crate::capability::call::CallBudget`), capabilities, executors.
 
 use std::fmt;
 use std::future::Future;
@@ -9,7 +12,8 @@ use std::time::Duration;
 
 use wasmtime::{Store, UpdateDeadline};
 
-use crate::plugin::state::{CallBudget, PluginState};
+use crate::capability::CallBudget;
+use crate::plugin::state::PluginState;
 
 /// Why a plugin call failed (as opposed to the plugin returning an error value).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,28 +30,30 @@ pub enum PluginErrorKind {
     NotFound,
 }
 
-/// A failed plugin call: which plugin, why, and the details.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PluginError {
-    pub plugin: String,
-    pub kind: PluginErrorKind,
-    pub message: String,
-}
-
-impl fmt::Display for PluginError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = match self.kind {
+impl PluginErrorKind {
+    /// What happened to the plugin, as a verb phrase ("trapped", "timed out", ...).
+    pub fn what(&self) -> &'static str {
+        match self {
             PluginErrorKind::Trap => "trapped",
             PluginErrorKind::Timeout => "timed out",
             PluginErrorKind::MemoryLimit => "exceeded its memory limit",
             PluginErrorKind::Incompatible => "cannot be used",
             PluginErrorKind::NotFound => "is not loaded",
-        };
-        write!(f, "plugin `{}` {what}: {}", self.plugin, self.message)
+        }
     }
 }
 
-impl std::error::Error for PluginError {}
+/// A failed plugin call: which plugin, why, and the details.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("plugin `{plugin}` {}: {message}", kind.what())]
+pub struct PluginError {
+    /// The plugin's name.
+    pub plugin: String,
+    /// What went wrong.
+    pub kind: PluginErrorKind,
+    /// The details.
+    pub message: String,
+}
 
 /// Error raised by the epoch callback when a call is over budget.
 #[derive(Debug)]
@@ -101,7 +107,9 @@ pub async fn guarded<R>(
 
 /// A call failure before it is classified.
 pub enum RawFailure {
+    /// The call returned an error (a trap, the epoch callback's over-budget error).
     Error(wasmtime::Error),
+    /// The watchdog abandoned a call blocked past its budget.
     Abandoned(Duration),
 }
 

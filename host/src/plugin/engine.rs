@@ -1,5 +1,7 @@
 //! The one process-wide wasmtime [`Engine`]: configuration, the pooling allocator with its
 //! fallback, and the epoch ticker that drives call deadlines and cooperative yields.
+//!
+//! Owns: the engine. Must not touch: stores, plugins, capabilities.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,13 +17,17 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Which instance allocator the engine ended up with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Allocator {
+    /// The pooling allocator (instances from preallocated slots).
     Pooling,
+    /// On-demand allocation (the pool could not be reserved).
     OnDemand,
 }
 
 /// The engine plus the ticker thread that stops when the engine is dropped.
 pub struct PluginEngine {
+    /// The wasmtime engine every plugin is compiled for.
     pub engine: Engine,
+    /// The allocator it uses.
     pub allocator: Allocator,
     ticker_stop: Arc<AtomicBool>,
 }

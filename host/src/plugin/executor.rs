@@ -1,5 +1,10 @@
-//! Typed facade over executor plugins: `info` in a throwaway store, and an
-//! [`ExecutorSession`] — one store for one job — for prepare, run per stage, cleanup.
+//! The plugin side of executors, kept small: look an executor plugin up by name, instantiate
+//! it with a call context, and make its typed calls under the sandbox, each failure
+//! classified into a [`PluginError`]. The session built on it (environment, poisoning after a
+//! trap, domain types) is `crate::executor`'s.
+//!
+//! Owns: [`ExecutorInstance`] and [`PluginHost::executor`]. Must not touch: jobs, executors'
+//! domain types, instances or connectors.
 
 use std::sync::Arc;
 
@@ -7,37 +12,18 @@ use wasmtime::component::ResourceAny;
 use wasmtime::Store;
 
 use crate::bindings::executor::exports::runway::executor::executor::{ExecutorError, Job, ProviderInfo, StageScript};
+use crate::bindings::executor::runway::executor::types::ExitStatus;
 use crate::bindings::executor::ExecutorPlugin;
+use crate::capability::CallContext;
 use crate::plugin::call::{classify, guarded, PluginError, PluginErrorKind, RawFailure};
 use crate::plugin::registry::{LoadedPlugin, PluginPre};
-use crate::plugin::state::{CallContext, PluginState};
+use crate::plugin::state::PluginState;
 use crate::plugin::PluginHost;
 use crate::stop::StopSignal;
 
-pub use crate::bindings::executor::runway::executor::types::{Features, Image};
-
-/// Why an executor step failed.
-#[derive(Debug, Clone)]
-pub enum ExecutorFailure {
-    /// The plugin misbehaved (trap, timeout, memory limit): a system failure.
-    Plugin(PluginError),
-    /// The plugin returned an error value.
-    Executor(ExecutorError),
-}
-
-impl std::fmt::Display for ExecutorFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ExecutorFailure::Plugin(e) => write!(f, "{e}"),
-            ExecutorFailure::Executor(ExecutorError::InvalidConfig(m)) => {
-                write!(f, "invalid executor configuration: {m}")
-            }
-            ExecutorFailure::Executor(ExecutorError::Unavailable(m)) => write!(f, "executor unavailable: {m}"),
-            ExecutorFailure::Executor(ExecutorError::Canceled) => f.write_str("canceled"),
-            ExecutorFailure::Executor(ExecutorError::Other(m)) => f.write_str(m),
-        }
-    }
-}
+/// What a call into an executor plugin returns: the plugin's own answer (a value or its
+/// error value), or the [`PluginError`] of a call that failed in the sandbox.
+pub type ExecutorCall<T> = Result<Result<T, ExecutorError>, PluginError>;
 
 impl PluginHost {
     /// The current version of executor `name`. Keep the `Arc` for the whole job: a reload
@@ -60,30 +46,12 @@ impl PluginHost {
         }
     }
 
-    /// Ask executor `plugin` to describe itself and validate `config_json`.
-    pub async fn executor_info(
-        &self,
-        plugin: &Arc<LoadedPlugin>,
-        config_json: &str,
-    ) -> Result<ProviderInfo, ExecutorFailure> {
-        let mut session = self.start_executor(plugin, CallContext::default()).await.map_err(ExecutorFailure::Plugin)?;
-        let budget = session.store.data().budget.clone();
-        let result =
-            guarded(budget, session.bindings.runway_executor_executor().call_info(&mut session.store, config_json))
-                .await;
-        match result {
-            Ok(Ok(info)) => Ok(info),
-            Ok(Err(e)) => Err(ExecutorFailure::Executor(e)),
-            Err(f) => Err(ExecutorFailure::Plugin(classify(&plugin.meta.name, f, session.store.data()))),
-        }
-    }
-
-    /// A fresh instance of executor `plugin` for one job.
-    pub async fn start_executor(
+    /// A fresh instance of executor `plugin` whose calls work for `call`.
+    pub async fn instantiate_executor(
         &self,
         plugin: &Arc<LoadedPlugin>,
         call: CallContext,
-    ) -> Result<ExecutorSession, PluginError> {
+    ) -> Result<ExecutorInstance, PluginError> {
         let PluginPre::Executor(pre) = &plugin.pre else {
             return Err(plugin.error(PluginErrorKind::Incompatible, "not an executor plugin"));
         };
@@ -92,122 +60,74 @@ impl PluginHost {
             .instantiate_async(&mut store)
             .await
             .map_err(|e| plugin.error(PluginErrorKind::Incompatible, format!("instantiation failed: {e:#}")))?;
-        Ok(ExecutorSession { plugin: plugin.clone(), store, bindings, environment: None, poisoned: None })
+        Ok(ExecutorInstance { plugin: plugin.clone(), store, bindings })
     }
 }
 
-/// One job's instance of an executor plugin.
-pub struct ExecutorSession {
+/// One instance of an executor plugin (one store): its typed calls, each under the plugin's
+/// call budget. An environment is the resource `prepare` or `resume` returned.
+pub struct ExecutorInstance {
     plugin: Arc<LoadedPlugin>,
     store: Store<PluginState>,
     bindings: ExecutorPlugin,
-    environment: Option<ResourceAny>,
-    /// Set after a trap: the instance cannot be entered again.
-    poisoned: Option<PluginError>,
 }
 
-impl ExecutorSession {
-    /// The plugin (and version) this session runs.
+impl ExecutorInstance {
+    /// The plugin (and version) this instance runs.
     pub fn plugin(&self) -> &Arc<LoadedPlugin> {
         &self.plugin
     }
 
-    fn fail(&mut self, failure: RawFailure) -> ExecutorFailure {
-        let error = classify(&self.plugin.meta.name, failure, self.store.data());
-        self.poisoned = Some(error.clone());
-        ExecutorFailure::Plugin(error)
+    fn classify(&self, failure: RawFailure) -> PluginError {
+        classify(&self.plugin.meta.name, failure, self.store.data())
     }
 
-    fn check_usable(&self) -> Result<(), ExecutorFailure> {
-        match &self.poisoned {
-            Some(e) => Err(ExecutorFailure::Plugin(e.clone())),
-            None => Ok(()),
-        }
-    }
-
-    /// Prepare the job environment.
-    pub async fn prepare(&mut self, job: &Job) -> Result<(), ExecutorFailure> {
-        self.check_usable()?;
+    /// `info`: describe the executor and validate `config_json`.
+    pub async fn info(&mut self, config_json: &str) -> ExecutorCall<ProviderInfo> {
         let budget = self.store.data().budget.clone();
-        let result = guarded(budget, self.bindings.runway_executor_executor().call_prepare(&mut self.store, job)).await;
-        self.adopt_environment(result)
+        let call = self.bindings.runway_executor_executor().call_info(&mut self.store, config_json);
+        guarded(budget, call).await.map_err(|f| self.classify(f))
     }
 
-    /// Rebuild the environment from saved state after a runner restart.
-    pub async fn resume(&mut self, job: &Job, state: &str) -> Result<(), ExecutorFailure> {
-        self.check_usable()?;
+    /// `prepare`: create the job's environment.
+    pub async fn prepare(&mut self, job: &Job) -> ExecutorCall<ResourceAny> {
         let budget = self.store.data().budget.clone();
-        let result =
-            guarded(budget, self.bindings.runway_executor_executor().call_resume(&mut self.store, job, state)).await;
-        self.adopt_environment(result)
+        let call = self.bindings.runway_executor_executor().call_prepare(&mut self.store, job);
+        guarded(budget, call).await.map_err(|f| self.classify(f))
     }
 
-    /// Keep the environment `prepare` or `resume` returned, or turn their failure into ours.
-    fn adopt_environment(
-        &mut self,
-        result: Result<Result<ResourceAny, ExecutorError>, RawFailure>,
-    ) -> Result<(), ExecutorFailure> {
-        match result {
-            Ok(Ok(env)) => {
-                self.environment = Some(env);
-                Ok(())
-            }
-            Ok(Err(e)) => Err(ExecutorFailure::Executor(e)),
-            Err(f) => Err(self.fail(f)),
-        }
+    /// `resume`: rebuild the environment from saved state after a runner restart.
+    pub async fn resume(&mut self, job: &Job, state: &str) -> ExecutorCall<ResourceAny> {
+        let budget = self.store.data().budget.clone();
+        let call = self.bindings.runway_executor_executor().call_resume(&mut self.store, job, state);
+        guarded(budget, call).await.map_err(|f| self.classify(f))
     }
 
-    /// Run one stage; `stop` ends the stage's processes (cancel, timeout). Returns the
-    /// script's exit code.
-    pub async fn run(&mut self, stage: &StageScript, stop: StopSignal) -> Result<i32, ExecutorFailure> {
-        self.check_usable()?;
-        let Some(env) = self.environment else {
-            return Err(ExecutorFailure::Executor(ExecutorError::Other("run called before prepare".into())));
-        };
+    /// `environment.run`: run one stage; `stop` ends its processes and remote commands.
+    pub async fn run(&mut self, env: ResourceAny, stage: &StageScript, stop: StopSignal) -> ExecutorCall<ExitStatus> {
         self.store.data_mut().call.stop = stop;
         let budget = self.store.data().budget.clone();
-        let result = guarded(
-            budget,
-            self.bindings.runway_executor_executor().environment().call_run(&mut self.store, env, stage),
-        )
-        .await;
-        match result {
-            Ok(Ok(status)) => Ok(status.code),
-            Ok(Err(e)) => Err(ExecutorFailure::Executor(e)),
-            Err(f) => Err(self.fail(f)),
-        }
+        let environment = self.bindings.runway_executor_executor().environment();
+        let call = environment.call_run(&mut self.store, env, stage);
+        guarded(budget, call).await.map_err(|f| self.classify(f))
     }
 
-    /// Opaque state for `resume`, when the executor supports it.
-    pub async fn state(&mut self) -> Option<String> {
-        self.check_usable().ok()?;
-        let env = self.environment?;
+    /// `environment.state`: opaque state for `resume`, when the executor supports it.
+    pub async fn state(&mut self, env: ResourceAny) -> Result<Option<String>, PluginError> {
         let budget = self.store.data().budget.clone();
-        guarded(budget, self.bindings.runway_executor_executor().environment().call_state(&mut self.store, env))
-            .await
-            .ok()
-            .flatten()
+        let environment = self.bindings.runway_executor_executor().environment();
+        let call = environment.call_state(&mut self.store, env);
+        guarded(budget, call).await.map_err(|f| self.classify(f))
     }
 
-    /// Release the environment. Errors are logged: cleanup must never fail a job twice.
-    pub async fn cleanup(mut self) {
-        let Some(env) = self.environment.take() else { return };
-        if self.poisoned.is_some() {
-            return;
-        }
+    /// `environment.cleanup`, then drop the environment resource.
+    pub async fn cleanup(&mut self, env: ResourceAny) -> Result<(), PluginError> {
         self.store.data_mut().call.stop = StopSignal::new();
         let budget = self.store.data().budget.clone();
-        let result =
-            guarded(budget, self.bindings.runway_executor_executor().environment().call_cleanup(&mut self.store, env))
-                .await;
-        match result {
-            Ok(()) => {
-                let _ = env.resource_drop_async(&mut self.store).await;
-            }
-            Err(f) => {
-                let error = classify(&self.plugin.meta.name, f, self.store.data());
-                tracing::warn!("executor cleanup failed: {error}");
-            }
-        }
+        let environment = self.bindings.runway_executor_executor().environment();
+        let call = environment.call_cleanup(&mut self.store, env);
+        guarded(budget, call).await.map_err(|f| self.classify(f))?;
+        let _ = env.resource_drop_async(&mut self.store).await;
+        Ok(())
     }
 }

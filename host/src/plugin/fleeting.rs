@@ -2,6 +2,8 @@
 //! called one call at a time. A trap poisons only that instance: the next call instantiates
 //! the plugin again and calls `init` again (plugins keep what must survive in `kv`). A newer
 //! version of the plugin published by hot reload is picked up the same way.
+//!
+//! Owns: [`FleetingGroup`]. Must not touch: scaling decisions (the autoscaler's), connections.
 
 use std::sync::Arc;
 
@@ -14,27 +16,21 @@ pub use crate::bindings::fleeting::exports::runway::fleeting::instance_group::{
 };
 pub use crate::bindings::fleeting::runway::fleeting::types::{CapacityError, InstanceState, Protocol};
 use crate::bindings::fleeting::FleetingPlugin;
+use crate::capability::CallContext;
 use crate::plugin::call::{classify, guarded, PluginError, PluginErrorKind};
 use crate::plugin::registry::{LoadedPlugin, PluginPre};
-use crate::plugin::state::{CallContext, PluginState};
+use crate::plugin::state::PluginState;
 use crate::plugin::PluginHost;
 
 /// Why a provider call failed.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum FleetingFailure {
     /// The plugin misbehaved or is not loaded.
+    #[error("{0}")]
     Plugin(PluginError),
     /// The provider returned an error value.
+    #[error("provider error: {0:?}")]
     Provider(ProviderError),
-}
-
-impl std::fmt::Display for FleetingFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FleetingFailure::Plugin(e) => write!(f, "{e}"),
-            FleetingFailure::Provider(e) => write!(f, "provider error: {e:?}"),
-        }
-    }
 }
 
 struct Live {

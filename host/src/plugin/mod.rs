@@ -10,7 +10,10 @@
 //! - [`registry`]: the load pipeline and atomic publication;
 //! - [`watch`]: hot reload of `plugins_dir`;
 //! - [`state`], [`call`]: store data, budgets and error classification;
-//! - [`grant`]: `[plugins.NAME]`.
+//! - grants (`[plugins.NAME]`) are `crate::config::grant`'s.
+//!
+//! Owns: the sandbox, the registry and the typed facades. Must not touch: jobs, executors'
+//! sessions and domain types (`crate::executor`), what capabilities do (`crate::capability`).
 
 pub mod cache;
 pub mod call;
@@ -27,9 +30,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use call::{PluginError, PluginErrorKind};
-pub use executor::{ExecutorFailure, ExecutorSession};
-pub use registry::{FileStatus, HostSettings, LoadedPlugin, PluginSource};
-pub use state::CallContext;
+pub use executor::{ExecutorCall, ExecutorInstance};
+pub use metadata::MetadataError;
+pub use registry::{FileStatus, HostSettings, LoadError, LoadedPlugin, PluginSource};
 
 use crate::config::grant::PluginGrant;
 use registry::Registry;
@@ -43,15 +46,43 @@ pub fn builtin_plugins() -> Vec<(&'static str, &'static [u8])> {
     ]
 }
 
+/// Why `runway plugins check FILE` refused a file.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}: {reason}", path.display())]
+pub struct CheckError {
+    /// The file checked.
+    pub path: PathBuf,
+    /// What was wrong with it.
+    pub reason: CheckFailure,
+}
+
+/// What was wrong with a checked file.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CheckFailure {
+    /// It could not be read.
+    #[error("{0}")]
+    Read(String),
+    /// It did not load.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+}
+
 /// One row of `runway plugins list`.
 #[derive(Debug, Clone)]
 pub struct PluginListing {
+    /// The plugin's name (`-` for a file that never loaded).
     pub name: String,
+    /// Executor or fleeting.
     pub kind: String,
+    /// The plugin's own version.
     pub version: String,
+    /// The WIT API version it was built against.
     pub api_version: String,
+    /// Built in, or the file it came from.
     pub source: String,
+    /// A summary of its grant ([`describe_grant`]).
     pub grants: String,
+    /// Loaded, or why it was rejected.
     pub status: String,
 }
 
@@ -146,13 +177,14 @@ impl PluginHost {
     }
 
     /// Load `path` without publishing it: what `runway plugins check FILE` prints.
-    pub async fn check_file(&self, path: &Path) -> Result<PluginListing, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    pub async fn check_file(&self, path: &Path) -> Result<PluginListing, CheckError> {
+        let failed = |reason| CheckError { path: path.to_path_buf(), reason };
+        let bytes = std::fs::read(path).map_err(|e| failed(CheckFailure::Read(e.to_string())))?;
         let plugin = self
             .registry
             .load(bytes, PluginSource::File(path.to_path_buf()))
             .await
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| failed(CheckFailure::Load(e)))?;
         Ok(listing_row(&plugin, "ok"))
     }
 }

@@ -8,21 +8,78 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 use wasmtime::Store;
 
-use crate::bindings::executor::{ExecutorPlugin, ExecutorPluginPre};
-use crate::bindings::fleeting::{FleetingPlugin, FleetingPluginPre};
+use crate::bindings::executor::ExecutorPluginPre;
+use crate::bindings::fleeting::FleetingPluginPre;
 use crate::capability::kv::KvStore;
+use crate::capability::CallContext;
 use crate::config::grant::PluginGrant;
 use crate::plugin::cache::{content_hash, CompileCache};
 use crate::plugin::call::{arm, classify, guarded, PluginError, PluginErrorKind};
 use crate::plugin::engine::PluginEngine;
-use crate::plugin::metadata::{self, PluginKind, PluginMeta};
-use crate::plugin::state::{CallContext, PluginState};
+use crate::plugin::metadata::{self, MetadataError, PluginKind, PluginMeta};
+use crate::plugin::state::{add_executor_imports, add_fleeting_imports, PluginState};
 
 /// Largest plugin file accepted.
 pub const MAX_PLUGIN_FILE: u64 = 64 << 20;
+
+/// Why a plugin binary was not loaded.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read: {0}")]
+    Read(String),
+    /// The file is over [`MAX_PLUGIN_FILE`].
+    #[error("{0} bytes is larger than the {MAX_PLUGIN_FILE}-byte limit")]
+    TooLarge(u64),
+    /// Its metadata section was refused.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// `[plugins.NAME] file = ...` names another file.
+    #[error("[plugins.{plugin}] says file = {file:?}, but this file also declares plugin {plugin:?}")]
+    GrantFileMismatch {
+        /// The plugin's name.
+        plugin: String,
+        /// The file the grant names.
+        file: PathBuf,
+    },
+    /// Compilation failed (or its task died).
+    #[error("{0}")]
+    Compile(String),
+    /// It imports interfaces this runner does not provide.
+    #[error(
+        "imports something this runner does not provide (built against a newer SDK, or a non-Runway component?): {0}"
+    )]
+    Imports(String),
+    /// It does not export its kind's interface.
+    #[error("does not export the {kind} interface: {message}")]
+    Exports {
+        /// The plugin kind whose interface is missing.
+        kind: PluginKind,
+        /// What wasmtime said.
+        message: String,
+    },
+    /// The smoke test could not instantiate it.
+    #[error("instantiation failed: {0}")]
+    Instantiate(String),
+    /// The smoke test's `metadata()` call failed in the sandbox.
+    #[error(transparent)]
+    Call(#[from] PluginError),
+    /// `metadata()` disagrees with the embedded section.
+    #[error("metadata() says {exported} (API {exported_api}) but the embedded section says {name} (API {api})")]
+    MetadataMismatch {
+        /// The exported name.
+        exported: String,
+        /// The exported API version.
+        exported_api: String,
+        /// The section's name.
+        name: String,
+        /// The section's API version.
+        api: String,
+    },
+}
 
 /// Where a plugin came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,12 +106,17 @@ pub(crate) enum PluginPre {
 
 /// A compiled, type-checked plugin ready to instantiate.
 pub struct LoadedPlugin {
+    /// Its identity from the metadata section.
     pub meta: PluginMeta,
+    /// Where it came from.
     pub source: PluginSource,
+    /// Hash of the binary (the compile cache's key).
     pub content_hash: String,
+    /// What it may do.
     pub grant: Arc<PluginGrant>,
     /// Whether the compiled code came from the on-disk cache.
     pub from_cache: bool,
+    /// When it was loaded.
     pub loaded_at: SystemTime,
     pub(crate) pre: PluginPre,
     pub(crate) kv: Arc<KvStore>,
@@ -88,9 +150,19 @@ impl LoadedPlugin {
 #[derive(Debug, Clone)]
 pub enum FileStatus {
     /// Serving as the named plugin.
-    Loaded { name: String, hash: String },
+    Loaded {
+        /// The plugin's name.
+        name: String,
+        /// Hash of the file's content.
+        hash: String,
+    },
     /// Refused; if an earlier version of the file loaded, it keeps serving.
-    Rejected { reason: String, hash: String },
+    Rejected {
+        /// Why.
+        reason: String,
+        /// Hash of the file's content (empty when it could not be read).
+        hash: String,
+    },
 }
 
 /// Settings of the plugin host.
@@ -108,6 +180,9 @@ pub struct HostSettings {
     pub builtins: Vec<(&'static str, &'static [u8])>,
 }
 
+/// Each file's status at the last scan, with the plugin it serves (if any).
+pub(crate) type FileStatuses = BTreeMap<PathBuf, (FileStatus, Option<Arc<LoadedPlugin>>)>;
+
 pub(crate) struct Registry {
     pub(crate) engine: PluginEngine,
     executor_linker: Linker<PluginState>,
@@ -116,7 +191,7 @@ pub(crate) struct Registry {
     pub(crate) settings: ArcSwap<HostSettings>,
     pub(crate) plugins: ArcSwap<BTreeMap<String, Arc<LoadedPlugin>>>,
     builtins: Mutex<BTreeMap<String, Arc<LoadedPlugin>>>,
-    pub(crate) files: Mutex<BTreeMap<PathBuf, (FileStatus, Option<Arc<LoadedPlugin>>)>>,
+    pub(crate) files: Mutex<FileStatuses>,
     pub(crate) reload_lock: tokio::sync::Mutex<()>,
 }
 
@@ -137,10 +212,8 @@ where
 impl Registry {
     pub(crate) fn new(settings: HostSettings) -> anyhow::Result<Self> {
         let engine = PluginEngine::new()?;
-        let executor_linker =
-            linker(&engine.engine, |l| ExecutorPlugin::add_to_linker::<_, HasSelf<PluginState>>(l, |s| s))?;
-        let fleeting_linker =
-            linker(&engine.engine, |l| FleetingPlugin::add_to_linker::<_, HasSelf<PluginState>>(l, |s| s))?;
+        let executor_linker = linker(&engine.engine, add_executor_imports)?;
+        let fleeting_linker = linker(&engine.engine, add_fleeting_imports)?;
         let cache = CompileCache::new(settings.cache_dir.clone(), engine.compatibility_key());
         Ok(Registry {
             engine,
@@ -155,7 +228,7 @@ impl Registry {
         })
     }
 
-    fn grant_for(&self, meta: &PluginMeta, source: &PluginSource) -> Result<PluginGrant, String> {
+    fn grant_for(&self, meta: &PluginMeta, source: &PluginSource) -> Result<PluginGrant, LoadError> {
         let settings = self.settings.load();
         match settings.grants.get(&meta.name) {
             Some(grant) => {
@@ -163,12 +236,7 @@ impl Registry {
                     let want_path =
                         settings.plugins_dir.as_deref().map(|d| d.join(want)).unwrap_or_else(|| want.clone());
                     if want_path != *path {
-                        return Err(format!(
-                            "[plugins.{}] says file = {:?}, but this file also declares plugin {:?}",
-                            meta.name,
-                            want.display(),
-                            meta.name
-                        ));
+                        return Err(LoadError::GrantFileMismatch { plugin: meta.name.clone(), file: want.clone() });
                     }
                 }
                 Ok(grant.clone())
@@ -182,7 +250,7 @@ impl Registry {
     }
 
     /// The whole load pipeline for one plugin binary.
-    pub(crate) async fn load(&self, bytes: Vec<u8>, source: PluginSource) -> Result<Arc<LoadedPlugin>, String> {
+    pub(crate) async fn load(&self, bytes: Vec<u8>, source: PluginSource) -> Result<Arc<LoadedPlugin>, LoadError> {
         let meta = metadata::read(&bytes)?;
         let grant = Arc::new(self.grant_for(&meta, &source)?);
         let hash = content_hash(&bytes);
@@ -192,21 +260,21 @@ impl Registry {
         // Compilation is CPU-bound; keep it off the async workers.
         let compiled = tokio::task::spawn_blocking(move || cache.load_or_compile(&engine, &bytes, &cache_hash))
             .await
-            .map_err(|e| format!("compiler task failed: {e}"))?;
-        let (component, from_cache) = compiled.map_err(|e| format!("{e:#}"))?;
+            .map_err(|e| LoadError::Compile(format!("compiler task failed: {e}")))?;
+        let (component, from_cache) = compiled.map_err(|e| LoadError::Compile(format!("{e:#}")))?;
         let pre = match meta.kind {
             PluginKind::Executor => {
                 let instance_pre = self.executor_linker.instantiate_pre(&component).map_err(|e| import_error(&e))?;
                 PluginPre::Executor(
                     ExecutorPluginPre::new(instance_pre)
-                        .map_err(|e| format!("does not export the executor interface: {e:#}"))?,
+                        .map_err(|e| LoadError::Exports { kind: meta.kind, message: format!("{e:#}") })?,
                 )
             }
             PluginKind::Fleeting => {
                 let instance_pre = self.fleeting_linker.instantiate_pre(&component).map_err(|e| import_error(&e))?;
                 PluginPre::Fleeting(
                     FleetingPluginPre::new(instance_pre)
-                        .map_err(|e| format!("does not export the fleeting interface: {e:#}"))?,
+                        .map_err(|e| LoadError::Exports { kind: meta.kind, message: format!("{e:#}") })?,
                 )
             }
         };
@@ -226,27 +294,29 @@ impl Registry {
     }
 
     /// Instantiate once and check the exported metadata agrees with the section.
-    async fn smoke_test(&self, plugin: &Arc<LoadedPlugin>) -> Result<(), String> {
-        let mut store = plugin.new_store(&self.engine.engine, CallContext::default()).map_err(|e| e.to_string())?;
+    async fn smoke_test(&self, plugin: &Arc<LoadedPlugin>) -> Result<(), LoadError> {
+        let mut store = plugin.new_store(&self.engine.engine, CallContext::default())?;
         let budget = store.data().budget.clone();
         let exported = match &plugin.pre {
             PluginPre::Executor(pre) => {
                 let bindings =
-                    pre.instantiate_async(&mut store).await.map_err(|e| format!("instantiation failed: {e:#}"))?;
+                    pre.instantiate_async(&mut store).await.map_err(|e| LoadError::Instantiate(format!("{e:#}")))?;
                 guarded(budget, bindings.runway_executor_executor().call_metadata(&mut store)).await
             }
             PluginPre::Fleeting(pre) => {
                 let bindings =
-                    pre.instantiate_async(&mut store).await.map_err(|e| format!("instantiation failed: {e:#}"))?;
+                    pre.instantiate_async(&mut store).await.map_err(|e| LoadError::Instantiate(format!("{e:#}")))?;
                 guarded(budget, bindings.runway_fleeting_instance_group().call_metadata(&mut store)).await
             }
         };
-        let exported = exported.map_err(|f| classify(&plugin.meta.name, f, store.data()).to_string())?;
+        let exported = exported.map_err(|f| classify(&plugin.meta.name, f, store.data()))?;
         if exported.name != plugin.meta.name || exported.api_version != plugin.meta.api_version {
-            return Err(format!(
-                "metadata() says {} (API {}) but the embedded section says {} (API {})",
-                exported.name, exported.api_version, plugin.meta.name, plugin.meta.api_version
-            ));
+            return Err(LoadError::MetadataMismatch {
+                exported: exported.name,
+                exported_api: exported.api_version,
+                name: plugin.meta.name.clone(),
+                api: plugin.meta.api_version.clone(),
+            });
         }
         Ok(())
     }
@@ -284,7 +354,8 @@ impl Registry {
             let prev_plugin = prev.and_then(|(_, p)| p.clone());
             let bytes = match read_plugin_file(&path) {
                 Ok(b) => b,
-                Err(reason) => {
+                Err(error) => {
+                    let reason = error.to_string();
                     tracing::warn!(file = %path.display(), "plugin rejected: {reason}");
                     statuses.insert(
                         path.clone(),
@@ -311,7 +382,8 @@ impl Registry {
                         tracing::info!(file = %path.display(), plugin = %p.meta.name, version = %p.meta.version, "plugin loaded");
                         (FileStatus::Loaded { name: p.meta.name.clone(), hash }, Some(p))
                     }
-                    Err(reason) => {
+                    Err(error) => {
+                        let reason = error.to_string();
                         tracing::error!(file = %path.display(), "plugin rejected: {reason}");
                         (FileStatus::Rejected { reason, hash }, prev_plugin.clone())
                     }
@@ -341,7 +413,7 @@ fn publish(
     from_file: &mut BTreeMap<String, PathBuf>,
     path: &Path,
     plugin: Arc<LoadedPlugin>,
-    statuses: &mut BTreeMap<PathBuf, (FileStatus, Option<Arc<LoadedPlugin>>)>,
+    statuses: &mut FileStatuses,
 ) {
     let name = plugin.meta.name.clone();
     if let Some(other) = from_file.get(&name) {
@@ -354,10 +426,8 @@ fn publish(
     published.insert(name, plugin);
 }
 
-fn import_error(e: &wasmtime::Error) -> String {
-    format!(
-        "imports something this runner does not provide (built against a newer SDK, or a non-Runway component?): {e:#}"
-    )
+fn import_error(e: &wasmtime::Error) -> LoadError {
+    LoadError::Imports(format!("{e:#}"))
 }
 
 /// `*.wasm` files of a directory, sorted; dotfiles and partial downloads are skipped.
@@ -375,10 +445,10 @@ pub fn list_plugin_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-fn read_plugin_file(path: &Path) -> Result<Vec<u8>, String> {
-    let size = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?.len();
+fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
+    let size = std::fs::metadata(path).map_err(|e| LoadError::Read(e.to_string()))?.len();
     if size > MAX_PLUGIN_FILE {
-        return Err(format!("{size} bytes is larger than the {MAX_PLUGIN_FILE}-byte limit"));
+        return Err(LoadError::TooLarge(size));
     }
-    std::fs::read(path).map_err(|e| format!("cannot read: {e}"))
+    std::fs::read(path).map_err(|e| LoadError::Read(e.to_string()))
 }

@@ -1,107 +1,47 @@
-//! What a plugin's [`wasmtime::Store`] holds: the sandboxed WASI context, the HTTP policy,
-//! memory limits, the call budget and the context of the job the call works for.
+//! What a plugin's [`wasmtime::Store`] holds: the sandboxed WASI context, each capability's
+//! context, memory limits, the call budget and the context of the job the call works for —
+//! and how each interface is linked to its part of that state (by projection, as
+//! wasmtime-wasi links `WasiCtxView`).
+//!
+//! Owns: [`PluginState`] and the linkers' projections. Must not touch: what a capability does
+//! (that is `crate::capability`), jobs or executors.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
-use wasmtime::component::ResourceTable;
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use crate::bindings::{executor, fleeting};
 use crate::capability::http::HttpPolicy;
-use crate::capability::kv::KvStore;
-use crate::capability::remote::RemoteSession;
+use crate::capability::kv::{KvCtx, KvStore};
+use crate::capability::log::LogCtx;
+use crate::capability::process::{HasProcess, ProcessCtx, ProcessView};
+use crate::capability::remote::{HasRemote, RemoteCtx, RemoteView};
+use crate::capability::trace::{HasTrace, TraceView};
+use crate::capability::{CallBudget, CallContext, TypesOnly};
 use crate::config::grant::PluginGrant;
-use crate::stop::StopSignal;
-use crate::trace::TraceSink;
 
 /// Most bytes of a plugin's stderr kept for error messages.
 const STDERR_CAPTURE: usize = 64 * 1024;
 
-/// What the call works for: the job's log, its stop signal, its remote instance.
-#[derive(Clone, Default)]
-pub struct CallContext {
-    /// The job log (absent for metadata and fleeting calls).
-    pub trace: Option<Arc<dyn TraceSink>>,
-    /// Stops running processes and remote commands.
-    pub stop: StopSignal,
-    /// The instance acquired for the job (instance executor).
-    pub remote: Option<Arc<dyn RemoteSession>>,
-}
-
-/// Wasm execution time allowed per call. Time spent inside host capabilities that wait on
-/// the outside world (a running job script, a remote command) does not count; everything
-/// else — guest code, and a guest blocked in WASI polls — does.
-#[derive(Debug)]
-pub struct CallBudget {
-    limit: Duration,
-    state: Mutex<BudgetState>,
-}
-
-#[derive(Debug, Default)]
-struct BudgetState {
-    started: Option<Instant>,
-    host_time: Duration,
-    in_host_since: Option<Instant>,
-}
-
-impl CallBudget {
-    /// A budget of `limit` per call.
-    pub fn new(limit: Duration) -> Arc<Self> {
-        Arc::new(CallBudget { limit, state: Mutex::new(BudgetState::default()) })
-    }
-    /// The per-call limit.
-    pub fn limit(&self) -> Duration {
-        self.limit
-    }
-    /// A top-level call starts.
-    pub fn start_call(&self) {
-        if let Ok(mut s) = self.state.lock() {
-            *s = BudgetState { started: Some(Instant::now()), ..Default::default() };
-        }
-    }
-    /// The guest entered a host capability whose waiting does not count.
-    pub fn enter_host(&self) {
-        if let Ok(mut s) = self.state.lock() {
-            s.in_host_since.get_or_insert_with(Instant::now);
-        }
-    }
-    /// The guest left that capability.
-    pub fn leave_host(&self) {
-        if let Ok(mut s) = self.state.lock() {
-            if let Some(since) = s.in_host_since.take() {
-                s.host_time += since.elapsed();
-            }
-        }
-    }
-    /// Counted time used by the current call so far.
-    pub fn used(&self) -> Duration {
-        let Ok(s) = self.state.lock() else { return Duration::ZERO };
-        let Some(started) = s.started else { return Duration::ZERO };
-        let in_host = s.in_host_since.map(|t| t.elapsed()).unwrap_or_default();
-        started.elapsed().saturating_sub(s.host_time + in_host)
-    }
-    /// Has the current call used up its budget?
-    pub fn exhausted(&self) -> bool {
-        self.used() > self.limit
-    }
-}
-
 /// Store data of every plugin instance.
 pub struct PluginState {
-    pub(crate) plugin: Arc<str>,
     pub(crate) grant: Arc<PluginGrant>,
-    pub(crate) wasi: WasiCtx,
-    pub(crate) http: WasiHttpCtx,
-    pub(crate) http_policy: HttpPolicy,
-    pub(crate) table: ResourceTable,
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    http_policy: HttpPolicy,
+    table: ResourceTable,
     pub(crate) limits: StoreLimits,
     pub(crate) budget: Arc<CallBudget>,
     pub(crate) call: CallContext,
-    pub(crate) kv: Arc<KvStore>,
-    pub(crate) stderr: MemoryOutputPipe,
+    log: LogCtx,
+    kv: KvCtx,
+    process: ProcessCtx,
+    remote: RemoteCtx,
+    stderr: MemoryOutputPipe,
 }
 
 impl PluginState {
@@ -132,24 +72,48 @@ impl PluginState {
             .build();
         let mut http = WasiHttpCtx::new();
         http.set_field_size_limit(64 * 1024);
+        // Most bytes one host call may buffer for this plugin.
+        let max_buffer = usize::try_from(grant.max_buffer_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         Ok(PluginState {
             http_policy: HttpPolicy::new(plugin.clone(), &grant.allow_hosts),
             budget: CallBudget::new(grant.call_timeout),
-            plugin,
+            log: LogCtx::new(plugin.clone()),
+            kv: KvCtx::new(kv),
+            process: ProcessCtx::new(plugin, grant.allow_process, max_buffer),
+            remote: RemoteCtx::new(max_buffer),
             grant,
             wasi: wasi.build(),
             http,
             table: ResourceTable::new(),
             limits,
             call,
-            kv,
             stderr,
         })
     }
 
-    /// Most bytes one host call may buffer for this plugin.
-    pub(crate) fn max_buffer(&self) -> usize {
-        usize::try_from(self.grant.max_buffer_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    /// The `log` capability's state.
+    fn log(&mut self) -> &mut LogCtx {
+        &mut self.log
+    }
+
+    /// The `kv` capability's state.
+    fn kv(&mut self) -> &mut KvCtx {
+        &mut self.kv
+    }
+
+    /// The `trace` capability as the current call sees it.
+    fn trace(&mut self) -> TraceView<'_> {
+        TraceView { trace: self.call.trace.as_ref() }
+    }
+
+    /// The `process` capability as the current call sees it.
+    fn process(&mut self) -> ProcessView<'_> {
+        ProcessView { ctx: &self.process, call: &self.call, budget: &self.budget }
+    }
+
+    /// The `remote` capability as the current call sees it.
+    fn remote(&mut self) -> RemoteView<'_> {
+        RemoteView { ctx: &self.remote, call: &self.call, budget: &self.budget }
     }
 
     /// The last lines the plugin wrote to stderr (a panic message, usually).
@@ -171,4 +135,27 @@ impl WasiHttpView for PluginState {
     fn http(&mut self) -> WasiHttpCtxView<'_> {
         WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.http_policy }
     }
+}
+
+/// Link the `runway:host` interfaces of the executor world, each to its capability's view.
+pub(crate) fn add_executor_imports(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
+    use executor::runway::{executor as exec, host};
+    host::log::add_to_linker::<_, HasSelf<LogCtx>>(linker, PluginState::log)?;
+    host::kv::add_to_linker::<_, HasSelf<KvCtx>>(linker, PluginState::kv)?;
+    host::trace::add_to_linker::<_, HasTrace>(linker, PluginState::trace)?;
+    host::process::add_to_linker::<_, HasProcess>(linker, PluginState::process)?;
+    host::remote::add_to_linker::<_, HasRemote>(linker, PluginState::remote)?;
+    host::plugin::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
+    exec::types::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
+    Ok(())
+}
+
+/// Link the `runway:host` interfaces of the fleeting world, each to its capability's view.
+pub(crate) fn add_fleeting_imports(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
+    use executor::runway::host;
+    host::log::add_to_linker::<_, HasSelf<LogCtx>>(linker, PluginState::log)?;
+    host::kv::add_to_linker::<_, HasSelf<KvCtx>>(linker, PluginState::kv)?;
+    host::plugin::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
+    fleeting::runway::fleeting::types::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
+    Ok(())
 }

@@ -1,0 +1,89 @@
+//! What one plugin call works with: the [`CallContext`] of the job it works for (its log, its
+//! stop signal, its remote instance) and the [`CallBudget`] that keeps time spent waiting
+//! inside host capabilities out of the plugin's `call_timeout`.
+//!
+//! Owns: per-call context and the wasm-time budget. Must not touch: plugins or stores (the
+//! plugin host composes these into its store data and arms the budget).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::connector::RemoteSession;
+use crate::stop::StopSignal;
+use crate::trace::TraceSink;
+
+/// What the call works for: the job's log, its stop signal, its remote instance.
+#[derive(Clone, Default)]
+pub struct CallContext {
+    /// The job log (absent for metadata and fleeting calls).
+    pub trace: Option<Arc<dyn TraceSink>>,
+    /// Stops running processes and remote commands.
+    pub stop: StopSignal,
+    /// The instance acquired for the job (instance executor).
+    pub remote: Option<Arc<dyn RemoteSession>>,
+}
+
+/// Wasm execution time allowed per call. Time spent inside host capabilities that wait on
+/// the outside world (a running job script, a remote command) does not count; everything
+/// else — guest code, and a guest blocked in WASI polls — does.
+#[derive(Debug)]
+pub struct CallBudget {
+    limit: Duration,
+    state: Mutex<BudgetState>,
+}
+
+#[derive(Debug, Default)]
+struct BudgetState {
+    started: Option<Instant>,
+    host_time: Duration,
+    in_host_since: Option<Instant>,
+}
+
+impl CallBudget {
+    /// A budget of `limit` per call.
+    pub fn new(limit: Duration) -> Arc<Self> {
+        Arc::new(CallBudget { limit, state: Mutex::new(BudgetState::default()) })
+    }
+    /// The per-call limit.
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+    /// A top-level call starts.
+    pub fn start_call(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            *s = BudgetState { started: Some(Instant::now()), ..Default::default() };
+        }
+    }
+    /// The guest entered a host capability whose waiting does not count.
+    pub fn enter_host(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.in_host_since.get_or_insert_with(Instant::now);
+        }
+    }
+    /// The guest left that capability.
+    pub fn leave_host(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            if let Some(since) = s.in_host_since.take() {
+                s.host_time += since.elapsed();
+            }
+        }
+    }
+    /// Run `work` as time spent in the host: it does not count against the budget.
+    pub async fn in_host<R>(&self, work: impl std::future::Future<Output = R>) -> R {
+        self.enter_host();
+        let result = work.await;
+        self.leave_host();
+        result
+    }
+    /// Counted time used by the current call so far.
+    pub fn used(&self) -> Duration {
+        let Ok(s) = self.state.lock() else { return Duration::ZERO };
+        let Some(started) = s.started else { return Duration::ZERO };
+        let in_host = s.in_host_since.map(|t| t.elapsed()).unwrap_or_default();
+        started.elapsed().saturating_sub(s.host_time + in_host)
+    }
+    /// Has the current call used up its budget?
+    pub fn exhausted(&self) -> bool {
+        self.used() > self.limit
+    }
+}

@@ -1,0 +1,78 @@
+//! What the host can do on an acquired instance, in the connector's own terms: the
+//! [`RemoteSession`] trait (implemented by [`super::SshSession`]), the [`ExitStatus`] of a
+//! remote command and the [`RemoteError`] of a remote operation.
+//!
+//! Owns: the remote-operation contract and its domain types. Must not touch: WIT bindings or
+//! capabilities (`capability::remote` maps these types to the WIT ones), plugins.
+
+use async_trait::async_trait;
+
+use crate::stop::StopSignal;
+use crate::trace::TraceSink;
+
+/// How a remote command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitStatus {
+    /// The exit code; `128 + signal` when the command was killed by a signal.
+    pub code: i32,
+    /// The signal that killed the command, if any.
+    pub signal: Option<i32>,
+}
+
+impl ExitStatus {
+    /// An exit status from a shell-style code (`128 + n` means signal `n`).
+    pub fn from_code(code: i32) -> Self {
+        ExitStatus { code, signal: (129..=128 + 64).contains(&code).then_some(code - 128) }
+    }
+}
+
+/// Why a remote operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RemoteError {
+    /// The connection to the instance failed or dropped.
+    #[error("connection to the instance failed: {0}")]
+    Connection(String),
+    /// The job was cancelled or timed out; the remote command was stopped.
+    #[error("canceled")]
+    Canceled,
+    /// A transfer was larger than allowed (the payload is the limit in bytes).
+    #[error("larger than the {0}-byte limit")]
+    TooLarge(u32),
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A connection to the job's instance, owned by the host.
+#[async_trait]
+pub trait RemoteSession: Send + Sync {
+    /// Run `command`, streaming output into `trace`, until it exits or `stop` fires.
+    async fn run(
+        &self,
+        command: &str,
+        stdin: Option<&[u8]>,
+        trace: &dyn TraceSink,
+        stop: &StopSignal,
+    ) -> Result<ExitStatus, RemoteError>;
+    /// Start `command` detached, logging to `log_path`, exit code to `exit_path`.
+    async fn start_detached(
+        &self,
+        command: &str,
+        stdin: Option<&[u8]>,
+        log_path: &str,
+        exit_path: &str,
+    ) -> Result<(), RemoteError>;
+    /// Follow a detached command from `offset` until it exits.
+    async fn attach(
+        &self,
+        log_path: &str,
+        exit_path: &str,
+        offset: u64,
+        trace: &dyn TraceSink,
+        stop: &StopSignal,
+    ) -> Result<ExitStatus, RemoteError>;
+    /// Write a file.
+    async fn upload(&self, path: &str, data: &[u8], mode: u32) -> Result<(), RemoteError>;
+    /// Read a file (at most `max_bytes`).
+    async fn download(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, RemoteError>;
+}
