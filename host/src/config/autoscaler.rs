@@ -1,7 +1,8 @@
 //! `[runners.autoscaler]` (taskscaler, protocol reference §5.3) and the legacy
 //! `[runners.machine]` (docker+machine, §5.4): parsed and validated with GitLab's defaults.
-//! The engine that acts on them lives in the autoscaler module; [`AutoscalerConfig::settings`]
-//! maps these keys onto its settings.
+//! A pure model of the file: the engine that acts on these keys, and the mapping onto its
+//! settings (`autoscaler::from_config`), live in the autoscaler module, which this module must
+//! not import.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,10 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::autoscaler::settings::{
-    AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle as EngineThrottle,
-};
-use crate::config::duration::duration_str;
+use crate::config::duration::{duration_secs, duration_str};
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -37,18 +35,12 @@ default_fn!(d_failure_threshold, u32, 3);
 default_fn!(d_true, bool, true);
 default_fn!(d_periods, Vec<String>, vec!["* * * * *".to_string()]);
 
-mod dur {
-    use std::time::Duration;
-
-    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format!("{}s", d.as_secs()))
-    }
-}
-
 /// `[runners.autoscaler]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AutoscalerConfig {
-    /// Fleeting plugin name (a Runway plugin in `plugins_dir`, e.g. `static`).
+    /// Fleeting plugin name (a Runway plugin in `plugins_dir`, e.g. `static`); required unless
+    /// the file is loaded for [`super::Purpose::Simulate`].
+    #[serde(default)]
     pub plugin: String,
     #[serde(default = "d_capacity")]
     pub capacity_per_instance: u32,
@@ -62,35 +54,15 @@ pub struct AutoscalerConfig {
     pub delete_instances_on_shutdown: bool,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub instance_ready_command: String,
-    #[serde(
-        default = "d_acquire_timeout",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "dur::serialize"
-    )]
+    #[serde(default = "d_acquire_timeout", with = "duration_str")]
     pub instance_acquire_timeout: Duration,
-    #[serde(
-        default = "d_update_interval",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "dur::serialize"
-    )]
+    #[serde(default = "d_update_interval", with = "duration_str")]
     pub update_interval: Duration,
-    #[serde(
-        default = "d_update_expecting",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "dur::serialize"
-    )]
+    #[serde(default = "d_update_expecting", with = "duration_str")]
     pub update_interval_when_expecting: Duration,
-    #[serde(
-        default = "d_deletion_retry",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "dur::serialize"
-    )]
+    #[serde(default = "d_deletion_retry", with = "duration_str")]
     pub deletion_retry_interval: Duration,
-    #[serde(
-        default = "d_shutdown_deletion_interval",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "dur::serialize"
-    )]
+    #[serde(default = "d_shutdown_deletion_interval", with = "duration_str")]
     pub shutdown_deletion_interval: Duration,
     #[serde(default = "d_shutdown_deletion_retries")]
     pub shutdown_deletion_retries: u32,
@@ -114,42 +86,6 @@ pub struct AutoscalerConfig {
 }
 
 impl AutoscalerConfig {
-    /// The engine's settings. With a `[runners.machine]` section the legacy Docker Machine
-    /// semantics apply (idle counts in machines, `MaxGrowthRate`, `MaxBuilds`, the runner's
-    /// `limit` as the machine limit); the taskscaler keys here still give the timings.
-    pub fn settings(&self, machine: Option<&MachineConfig>, runner_limit: usize) -> AutoscalerSettings {
-        let throttle = &self.scale_throttle;
-        AutoscalerSettings {
-            capacity_per_instance: self.capacity_per_instance,
-            max_use_count: self.max_use_count,
-            max_instances: self.max_instances,
-            policies: self
-                .policies
-                .iter()
-                .map(|p| IdlePolicy {
-                    periods: p.periods.clone(),
-                    timezone: p.timezone.clone(),
-                    idle_count: p.idle_count,
-                    idle_time: p.idle_time,
-                    scale_factor: p.scale_factor,
-                    scale_factor_limit: p.scale_factor_limit,
-                    preemptive_mode: p.preemptive_mode,
-                })
-                .collect(),
-            scale_throttle: EngineThrottle { limit: throttle.limit as f64, burst: throttle.burst },
-            failure_threshold: self.failure_threshold,
-            instance_acquire_timeout: self.instance_acquire_timeout,
-            update_interval: self.update_interval,
-            update_interval_when_expecting: self.update_interval_when_expecting,
-            deletion_retry_interval: self.deletion_retry_interval,
-            instance_ready_command: Some(self.instance_ready_command.clone()).filter(|c| !c.trim().is_empty()),
-            keep_instance_with_acquisitions: self.state_storage.keep_instance_with_acquisitions,
-            delete_instances_on_shutdown: self.delete_instances_on_shutdown,
-            legacy: machine.map(|m| m.legacy_settings(runner_limit)),
-            ..AutoscalerSettings::default()
-        }
-    }
-
     /// `plugin_config` as the JSON the plugin's `init` receives.
     pub fn plugin_config_json(&self) -> String {
         serde_json::to_string(&self.plugin_config).unwrap_or_else(|_| "{}".into())
@@ -226,7 +162,7 @@ pub struct Policy {
     /// Idle capacity to keep, in job slots.
     #[serde(default)]
     pub idle_count: u32,
-    #[serde(default, deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    #[serde(default, with = "duration_str")]
     pub idle_time: Duration,
     #[serde(default)]
     pub scale_factor: f64,
@@ -256,9 +192,9 @@ pub struct MachineConfig {
     pub idle_count_min: u32,
     #[serde(default)]
     pub idle_scale_factor: f64,
-    /// Seconds an idle machine lives.
-    #[serde(default)]
-    pub idle_time: u64,
+    /// How long an idle machine lives (seconds, or a duration string like `"30m"`).
+    #[serde(default, with = "duration_secs")]
+    pub idle_time: Duration,
     /// Machines in creation at once (0 = unlimited).
     #[serde(default)]
     pub max_growth_rate: u32,
@@ -280,34 +216,6 @@ pub struct MachineConfig {
     pub other: BTreeMap<String, toml::Value>,
 }
 
-impl MachineConfig {
-    /// The engine's legacy settings; `runner_limit` is the runner's `limit` (machines in all
-    /// states, 0 = unlimited).
-    pub fn legacy_settings(&self, runner_limit: usize) -> LegacyMachineSettings {
-        LegacyMachineSettings {
-            idle_count: self.idle_count,
-            idle_count_min: self.idle_count_min,
-            idle_scale_factor: self.idle_scale_factor,
-            idle_time: secs(self.idle_time),
-            max_growth_rate: self.max_growth_rate,
-            max_builds: self.max_builds,
-            limit: u32::try_from(runner_limit).unwrap_or(u32::MAX),
-            autoscaling: self
-                .autoscaling
-                .iter()
-                .map(|a| LegacyPeriod {
-                    periods: a.periods.clone(),
-                    timezone: Some(a.timezone.clone()).filter(|t| !t.is_empty()),
-                    idle_count: a.idle_count,
-                    idle_count_min: a.idle_count_min,
-                    idle_scale_factor: a.idle_scale_factor,
-                    idle_time: secs(a.idle_time),
-                })
-                .collect(),
-        }
-    }
-}
-
 /// `[[runners.machine.autoscaling]]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "PascalCase")]
@@ -323,13 +231,14 @@ pub struct MachineAutoscaling {
     pub idle_count_min: u32,
     #[serde(default)]
     pub idle_scale_factor: f64,
-    #[serde(default)]
-    pub idle_time: u64,
+    /// Idle machine lifetime in this period (seconds, or a duration string).
+    #[serde(default, with = "duration_secs")]
+    pub idle_time: Duration,
 }
 
 /// Check cron periods have the right number of fields (`expected` = 5 for taskscaler
-/// policies, 7 for docker+machine).
-pub fn check_periods(periods: &[String], expected: usize) -> Result<(), String> {
+/// policies, 7 for docker+machine). Only the shape: the autoscaler parses the fields.
+pub(super) fn check_periods(periods: &[String], expected: usize) -> Result<(), String> {
     for period in periods {
         let fields = period.split_whitespace().count();
         if fields != expected {

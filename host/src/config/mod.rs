@@ -7,11 +7,11 @@
 
 pub mod autoscaler;
 pub mod duration;
+mod error;
 pub mod grant;
 mod system_id;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::duration::duration_str;
 use crate::config::grant::PluginGrant;
+pub use error::ConfigError;
 pub use system_id::{short_token, system_id};
 
 /// Executor config sections kept as tables and handed to the plugin as JSON.
@@ -95,24 +96,18 @@ fn is_default_unhealthy_interval(d: &Duration) -> bool {
     *d == default_unhealthy_interval()
 }
 
-mod duration_out {
-    use std::time::Duration;
-
-    use serde::Serializer;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format!("{}s", d.as_secs()))
-    }
-}
-
 /// One `[[runners]]` entry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunnerConfig {
     #[serde(default)]
     pub name: String,
+    /// GitLab URL (required unless [`Purpose::Simulate`]).
+    #[serde(default)]
     pub url: String,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub id: i64,
+    /// Runner authentication token (required unless [`Purpose::Simulate`]).
+    #[serde(default)]
     pub token: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_obtained_at: Option<chrono::DateTime<chrono::Utc>>,
@@ -124,7 +119,9 @@ pub struct RunnerConfig {
     pub tls_cert_file: Option<PathBuf>,
     #[serde(rename = "tls-key-file", default, skip_serializing_if = "Option::is_none")]
     pub tls_key_file: Option<PathBuf>,
-    /// `shell` runs the shell plugin; any other name runs the plugin of that name.
+    /// `shell` runs the shell plugin; any other name runs the plugin of that name (required
+    /// unless [`Purpose::Simulate`]).
+    #[serde(default)]
     pub executor: String,
     /// The shell scripts are generated for (`bash`). In config.toml `shell` may instead be
     /// the `[runners.shell]` table of the shell executor plugin; that lands in `sections`.
@@ -164,8 +161,7 @@ pub struct RunnerConfig {
     pub unhealthy_requests_limit: u32,
     #[serde(
         default = "default_unhealthy_interval",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "duration_out::serialize",
+        with = "duration_str",
         skip_serializing_if = "is_default_unhealthy_interval"
     )]
     pub unhealthy_interval: Duration,
@@ -301,29 +297,22 @@ impl Loaded {
     }
 }
 
-/// A config file that did not load.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub path: PathBuf,
-    pub line: Option<usize>,
-    pub key: Option<String>,
-    pub message: String,
+/// What a config file is loaded for, which decides the keys it must have.
+///
+/// `runway simulate` reads the same file as `runway run` through the same loader, with the
+/// same errors and warnings; it only models fleets, so the keys that connect to GitLab or to a
+/// cloud may be left out there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Purpose {
+    /// Running runners: every runner needs `url`, `token` and `executor`, and a
+    /// `[runners.autoscaler]` section needs its fleeting `plugin`.
+    #[default]
+    Run,
+    /// Simulating fleets (`runway simulate`): `url`, `token`, `executor` and
+    /// `[runners.autoscaler] plugin` may be absent (they are read as empty); every other key
+    /// is checked as for [`Purpose::Run`].
+    Simulate,
 }
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.path.display())?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-        }
-        if let Some(key) = &self.key {
-            write!(f, ": {key}")?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// `./config.toml`, else `~/.runway/config.toml`.
 pub fn default_path() -> PathBuf {
@@ -408,8 +397,13 @@ fn expand_env(value: &str) -> String {
     crate::payload::variables::expand(value, &|k| std::env::var(k).ok())
 }
 
-/// Parse config text; `path` is used in messages only.
+/// Parse config text for [`Purpose::Run`]; `path` is used in messages only.
 pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
+    parse_for(text, path, Purpose::Run)
+}
+
+/// Parse config text for `purpose`; `path` is used in messages only.
+pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, ConfigError> {
     let mut unknown = Vec::new();
     let deserializer = toml::Deserializer::new(text);
     let mut track = |p: serde_ignored::Path<'_>| unknown.push(p.to_string());
@@ -428,6 +422,11 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
             return Err(ConfigError { path: path.to_path_buf(), line, key, message });
         }
     };
+    if purpose == Purpose::Run {
+        if let Some(e) = missing_connection_key(text, path, &config) {
+            return Err(e);
+        }
+    }
     let mut warnings: Vec<String> = unknown
         .iter()
         .map(|k| match line_of_key(text, k) {
@@ -465,20 +464,20 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         // `url` and `token` keep what the file says (so saving never writes a secret taken
         // from the environment); `resolved_url`/`resolved_token` expand them for use.
         let url = runner.resolved_url();
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
+        if purpose == Purpose::Run && !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(err(format!("runners[{i}].url"), format!("{url:?} must be an http:// or https:// URL")));
         }
-        if runner.resolved_token().is_empty() {
+        if purpose == Purpose::Run && runner.resolved_token().is_empty() {
             return Err(err(format!("runners[{i}].token"), "must not be empty".into()));
         }
-        if runner.executor.is_empty() {
+        if purpose == Purpose::Run && runner.executor.is_empty() {
             return Err(err(format!("runners[{i}].executor"), "must name an executor plugin (e.g. \"shell\")".into()));
         }
         if runner.request_concurrency == 0 {
             return Err(err(format!("runners[{i}].request_concurrency"), "must be at least 1".into()));
         }
         if let Some(a) = &runner.autoscaler {
-            if a.plugin.is_empty() {
+            if purpose == Purpose::Run && a.plugin.is_empty() {
                 return Err(err(format!("runners[{i}].autoscaler.plugin"), "must name a fleeting plugin".into()));
             }
             if a.capacity_per_instance == 0 {
@@ -517,15 +516,71 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     Ok(Loaded { config, warnings, path: path.to_path_buf() })
 }
 
-/// Read and parse a config file.
+/// Read and parse a config file for [`Purpose::Run`].
 pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        path: path.to_path_buf(),
-        line: None,
-        key: None,
-        message: e.to_string(),
-    })?;
-    parse(&text, path)
+    load_for(path, Purpose::Run)
+}
+
+/// Read and parse a config file for `purpose`.
+pub fn load_for(path: &Path, purpose: Purpose) -> Result<Loaded, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::new(path, e.to_string()))?;
+    parse_for(&text, path, purpose)
+}
+
+/// The keys [`Purpose::Run`] requires that the model reads as empty when absent: the first
+/// absent one, reported as a missing field of its table (as serde reports a missing field).
+/// Keys present but empty are left to the value checks of [`parse_for`].
+fn missing_connection_key(text: &str, path: &Path, config: &Config) -> Option<ConfigError> {
+    let suspect = config.runners.iter().any(|r| {
+        r.url.is_empty()
+            || r.token.is_empty()
+            || r.executor.is_empty()
+            || r.autoscaler.as_ref().is_some_and(|a| a.plugin.is_empty())
+    });
+    if !suspect {
+        return None;
+    }
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let runners = table.get("runners")?.as_array()?;
+    for (i, runner) in runners.iter().enumerate() {
+        let Some(runner) = runner.as_table() else { continue };
+        let header = runner_header_line(text, i);
+        if let Some(autoscaler) = runner.get("autoscaler").and_then(toml::Value::as_table) {
+            if !autoscaler.contains_key("plugin") {
+                let line = header.and_then(|h| sub_table_line(text, h, "[runners.autoscaler]"));
+                return Some(
+                    ConfigError::new(path, "missing field `plugin`")
+                        .at_line(line)
+                        .with_key(format!("runners[{i}].autoscaler")),
+                );
+            }
+        }
+        for key in ["url", "token", "executor"] {
+            if !runner.contains_key(key) {
+                return Some(
+                    ConfigError::new(path, format!("missing field `{key}`"))
+                        .at_line(header)
+                        .with_key(format!("runners[{i}]")),
+                );
+            }
+        }
+    }
+    None
+}
+
+/// Line of the `index`-th `[[runners]]` header.
+fn runner_header_line(text: &str, index: usize) -> Option<usize> {
+    text.lines().enumerate().filter(|(_, l)| l.trim() == "[[runners]]").nth(index).map(|(n, _)| n + 1)
+}
+
+/// Line of the `header` table (e.g. `[runners.autoscaler]`) of the runner whose `[[runners]]` is on `from`.
+fn sub_table_line(text: &str, from: usize, header: &str) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .skip(from)
+        .take_while(|(_, l)| l.trim() != "[[runners]]")
+        .find(|(_, l)| l.trim() == header)
+        .map(|(n, _)| n + 1)
 }
 
 /// Write `config` to `path` atomically with mode 0600 (it holds tokens).

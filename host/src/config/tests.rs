@@ -161,15 +161,16 @@ executor = "instance"
     assert_eq!((m.idle_count, m.max_growth_rate, m.max_builds, m.autoscaling[0].idle_count), (2, 1, 10, 5));
 
     // The engine's settings: taskscaler keys, and Docker Machine semantics from [runners.machine].
-    let taskscaler = a.settings(None, runner.limit);
+    use crate::autoscaler::from_config::{settings, Mapping};
+    let taskscaler = settings(a, None, runner.limit, Mapping::RUN);
     assert_eq!((taskscaler.capacity_per_instance, taskscaler.max_instances, taskscaler.policies.len()), (2, 5, 2));
     assert_eq!(taskscaler.policies[1].timezone.as_deref(), Some("Europe/Berlin"));
     assert!(taskscaler.instance_ready_command.is_none() && a.state_storage.enabled);
     taskscaler.compile().expect("valid engine settings");
-    let legacy = a.settings(Some(m), 7).legacy.expect("legacy mode");
+    let legacy = settings(a, Some(m), 7, Mapping::RUN).legacy.expect("legacy mode");
     assert_eq!((legacy.idle_count, legacy.max_growth_rate, legacy.max_builds, legacy.limit), (2, 1, 10, 7));
     assert_eq!(legacy.autoscaling[0].periods, vec!["* * 9-17 * * mon-fri *"]);
-    a.settings(Some(m), 7).compile().expect("valid legacy settings");
+    settings(a, Some(m), 7, Mapping::RUN).compile().expect("valid legacy settings");
 
     let bad = text.replace("periods = [\"* 8-18 * * mon-fri\"]", "periods = [\"8-18 * *\"]");
     let e = parse_str(&bad).expect_err("bad cron");

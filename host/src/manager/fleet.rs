@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::autoscaler::from_config::{self, Mapping};
 use crate::autoscaler::{
     AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, PluginProvider, ReadyCommand, RealClock,
     ReserveError,
@@ -267,7 +268,7 @@ impl Fleet {
         .await
         .map_err(|e| format!("fleeting plugin {:?}: {e}", config.plugin))?;
         tracing::info!(runner = name, plugin = %config.plugin, group = %provider.info.id, "fleet provider ready");
-        let settings = config.settings(machine, runner_limit);
+        let settings = from_config::settings(config, machine, runner_limit, Mapping::RUN);
         let clock = Arc::new(RealClock::new());
         let saved = state_file.as_deref().and_then(|path| load_state(path, manager_id));
         let scaler = match &saved {
