@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::clock::Moment;
 use super::provider::{InstanceGroup, InstanceState, ProviderError};
-use super::settings::{AutoscalerSettings, CompiledSettings};
+use super::settings::{AutoscalerSettings, CompiledSettings, SettingsError};
 
 /// Why an instance was removed (exported as a metric label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -374,7 +374,7 @@ fn ceil_div(a: u32, b: u32) -> u32 {
 
 impl Taskscaler {
     /// A fresh engine. It makes no scaling decision before its first successful `update()`.
-    pub fn new(settings: &AutoscalerSettings, now: Moment) -> Result<Self, String> {
+    pub fn new(settings: &AutoscalerSettings, now: Moment) -> Result<Self, SettingsError> {
         let cfg = settings.compile()?;
         let tokens = f64::from(cfg.throttle_burst);
         Ok(Taskscaler {
@@ -401,7 +401,11 @@ impl Taskscaler {
 
     /// An engine that adopts the instances of `snapshot` once `update()` confirms they exist,
     /// keeping their use counts, instead of removing them as unknown.
-    pub fn restore(settings: &AutoscalerSettings, snapshot: &EngineSnapshot, now: Moment) -> Result<Self, String> {
+    pub fn restore(
+        settings: &AutoscalerSettings,
+        snapshot: &EngineSnapshot,
+        now: Moment,
+    ) -> Result<Self, SettingsError> {
         let mut engine = Self::new(settings, now)?;
         let capacity = engine.cfg.capacity as usize;
         for saved in &snapshot.instances {
