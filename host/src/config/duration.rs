@@ -19,7 +19,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let mut total = Duration::ZERO;
     let mut rest = text;
     if rest.is_empty() {
-        return Err(DurationError(format!("empty duration")));
+        return Err(DurationError("empty duration".to_string()));
     }
     while !rest.is_empty() {
         let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());

@@ -26,8 +26,7 @@ use serde_yaml::{Mapping, Value};
 use crate::config::ConfigError;
 use crate::payload::{GitInfo, JobFeatures, JobInfo, JobResponse, JobVariable, RunnerInfo, Step, StepWhen};
 use source::{
-    deep_merge, list_of_strings, load_includes, parse_yaml, resolve_extends, resolve_references, scalar_string,
-    str_key, Sources,
+    list_of_strings, load_includes, parse_yaml, resolve_extends, resolve_references, scalar_string, str_key, Sources,
 };
 
 /// Keys at the top level that are not jobs.
