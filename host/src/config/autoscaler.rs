@@ -42,6 +42,7 @@ pub struct AutoscalerConfig {
     /// the file is loaded for [`super::Purpose::Simulate`].
     #[serde(default)]
     pub plugin: String,
+    /// Concurrent jobs per instance (job slots).
     #[serde(default = "d_capacity")]
     pub capacity_per_instance: u32,
     /// Jobs per instance before it is removed (0 = unlimited).
@@ -50,34 +51,46 @@ pub struct AutoscalerConfig {
     /// All instances regardless of state (0 = unlimited).
     #[serde(default)]
     pub max_instances: u32,
+    /// Remove idle instances when the manager shuts down.
     #[serde(default)]
     pub delete_instances_on_shutdown: bool,
+    /// Command run on each new instance before it takes jobs (empty = none).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub instance_ready_command: String,
+    /// How long a job waits for a slot.
     #[serde(default = "d_acquire_timeout", with = "duration_str")]
     pub instance_acquire_timeout: Duration,
+    /// How often the plugin's `update()` is polled.
     #[serde(default = "d_update_interval", with = "duration_str")]
     pub update_interval: Duration,
+    /// Poll interval while a state change is expected.
     #[serde(default = "d_update_expecting", with = "duration_str")]
     pub update_interval_when_expecting: Duration,
+    /// Retry a deletion that had no visible effect after this long.
     #[serde(default = "d_deletion_retry", with = "duration_str")]
     pub deletion_retry_interval: Duration,
+    /// Interval between deletion rounds on shutdown.
     #[serde(default = "d_shutdown_deletion_interval", with = "duration_str")]
     pub shutdown_deletion_interval: Duration,
+    /// Deletion rounds on shutdown before giving up.
     #[serde(default = "d_shutdown_deletion_retries")]
     pub shutdown_deletion_retries: u32,
     /// Consecutive health failures before an instance is replaced.
     #[serde(default = "d_failure_threshold")]
     pub failure_threshold: u32,
+    /// Throttle reservations while instances are being created.
     #[serde(default = "d_true")]
     pub reservation_throttling: bool,
+    /// Token bucket on instance creation.
     #[serde(default)]
     pub scale_throttle: ScaleThrottle,
     /// Given to the plugin's `init` as JSON.
     #[serde(default)]
     pub plugin_config: toml::Table,
+    /// How to connect to instances.
     #[serde(default)]
     pub connector_config: ConnectorConfigToml,
+    /// Where and whether fleet state is kept across restarts.
     #[serde(default)]
     pub state_storage: StateStorage,
     /// `[[runners.autoscaler.policy]]`; last matching entry wins. Empty = one default policy.
@@ -106,8 +119,10 @@ pub struct ScaleThrottle {
 /// `[runners.autoscaler.connector_config]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ConnectorConfigToml {
+    /// Instance OS (`linux`, `windows`, `darwin`) when the plugin does not say.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub os: String,
+    /// Instance architecture (`amd64`, `arm64`) when the plugin does not say.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub arch: String,
     /// `ssh`, `winrm`, `winrm+https`.
@@ -116,18 +131,25 @@ pub struct ConnectorConfigToml {
     /// 0 = the protocol's default (ssh 22, winrm 5985, winrm+https 5986).
     #[serde(default)]
     pub protocol_port: u16,
+    /// User to connect as.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub username: String,
+    /// Password (WinRM, or SSH password authentication).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub password: String,
+    /// Private key file for SSH.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_path: Option<PathBuf>,
+    /// Use these credentials instead of the ones the plugin provides.
     #[serde(default)]
     pub use_static_credentials: bool,
+    /// SSH keepalive interval (duration string).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keepalive: Option<String>,
+    /// Connection timeout (duration string).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// Connect to the instance's external address rather than its internal one.
     #[serde(default)]
     pub use_external_addr: bool,
 }
@@ -136,11 +158,13 @@ pub struct ConnectorConfigToml {
 /// default, so a restart adopts the fleet instead of deleting it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StateStorage {
+    /// Keep fleet state across restarts (Runway default: on).
     #[serde(default = "d_true")]
     pub enabled: bool,
     /// Default `<config dir>/.taskscaler`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<PathBuf>,
+    /// On restart, keep instances that had jobs when the manager stopped.
     #[serde(default)]
     pub keep_instance_with_acquisitions: bool,
 }
@@ -157,15 +181,19 @@ pub struct Policy {
     /// 5-field cron expressions describing when the policy applies.
     #[serde(default = "d_periods")]
     pub periods: Vec<String>,
+    /// IANA timezone of `periods`; unset = the manager's local time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timezone: Option<String>,
     /// Idle capacity to keep, in job slots.
     #[serde(default)]
     pub idle_count: u32,
+    /// How long an instance may stay idle.
     #[serde(default, with = "duration_str")]
     pub idle_time: Duration,
+    /// Extra idle slots as a factor of in-use slots.
     #[serde(default)]
     pub scale_factor: f64,
+    /// Cap on the idle target from `scale_factor` (0 = no cap).
     #[serde(default)]
     pub scale_factor_limit: u32,
     /// Default: `idle_count > 0`.
@@ -190,6 +218,7 @@ pub struct MachineConfig {
     /// Lower bound of idle machines when IdleScaleFactor is set (effective minimum 1).
     #[serde(default)]
     pub idle_count_min: u32,
+    /// Idle machines as a factor of machines in use, capped by `IdleCount`.
     #[serde(default)]
     pub idle_scale_factor: f64,
     /// How long an idle machine lives (seconds, or a duration string like `"30m"`).
@@ -201,14 +230,19 @@ pub struct MachineConfig {
     /// Jobs per machine (0 = unlimited).
     #[serde(default)]
     pub max_builds: u32,
+    /// Docker Machine driver (kept, not used).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub machine_driver: String,
+    /// Docker Machine name template (kept, not used).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub machine_name: String,
+    /// Docker Machine driver options (kept, not used).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub machine_options: Vec<String>,
+    /// Removal attempts before a machine is given up (kept, not used).
     #[serde(default)]
     pub max_removal_attempts: u32,
+    /// `[[runners.machine.autoscaling]]` periods; the last matching entry wins.
     #[serde(default, rename = "autoscaling", skip_serializing_if = "Vec::is_empty")]
     pub autoscaling: Vec<MachineAutoscaling>,
     /// Anything else GitLab accepts here (kept, not used).
@@ -223,12 +257,16 @@ pub struct MachineAutoscaling {
     /// 7-field cron expressions (seconds, ..., year).
     #[serde(default)]
     pub periods: Vec<String>,
+    /// IANA timezone of `Periods`; empty = local time.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub timezone: String,
+    /// Idle machines to keep in this period.
     #[serde(default)]
     pub idle_count: u32,
+    /// Lower bound of idle machines when `IdleScaleFactor` is set.
     #[serde(default)]
     pub idle_count_min: u32,
+    /// Idle machines as a factor of machines in use, capped by `IdleCount`.
     #[serde(default)]
     pub idle_scale_factor: f64,
     /// Idle machine lifetime in this period (seconds, or a duration string).

@@ -34,8 +34,10 @@ pub struct Config {
     /// Seconds between job requests of a runner when idle (≤ 0 means 3).
     #[serde(default = "default_check_interval")]
     pub check_interval: i64,
+    /// `debug`, `info`, `warn`, `error`, `fatal` or `panic`.
     #[serde(default = "default_log_level")]
     pub log_level: String,
+    /// `runner`, `text` or `json`.
     #[serde(default = "default_log_format")]
     pub log_format: String,
     /// `host:port` for `/metrics` and `/health/*`.
@@ -44,6 +46,7 @@ pub struct Config {
     /// Seconds a forceful shutdown waits for aborted jobs.
     #[serde(default = "default_shutdown_timeout")]
     pub shutdown_timeout: u64,
+    /// How long a GitLab connection is reused (duration string).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection_max_age: Option<String>,
     /// Directory of plugin `.wasm` files (default `<config dir>/plugins`).
@@ -61,6 +64,7 @@ pub struct Config {
     /// `[plugins.NAME]` sandbox grants.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plugins: BTreeMap<String, PluginGrant>,
+    /// `[[runners]]` entries.
     #[serde(default)]
     pub runners: Vec<RunnerConfig>,
 }
@@ -99,24 +103,31 @@ fn is_default_unhealthy_interval(d: &Duration) -> bool {
 /// One `[[runners]]` entry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunnerConfig {
+    /// Runner description (shown in GitLab and in logs).
     #[serde(default)]
     pub name: String,
     /// GitLab URL (required unless [`Purpose::Simulate`]).
     #[serde(default)]
     pub url: String,
+    /// GitLab's runner ID (0 when unknown).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub id: i64,
     /// Runner authentication token (required unless [`Purpose::Simulate`]).
     #[serde(default)]
     pub token: String,
+    /// When the token was obtained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_obtained_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When the token expires (none = never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// CA certificates to trust for GitLab (PEM).
     #[serde(rename = "tls-ca-file", default, skip_serializing_if = "Option::is_none")]
     pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate for GitLab (PEM).
     #[serde(rename = "tls-cert-file", default, skip_serializing_if = "Option::is_none")]
     pub tls_cert_file: Option<PathBuf>,
+    /// Key of the client certificate (PEM).
     #[serde(rename = "tls-key-file", default, skip_serializing_if = "Option::is_none")]
     pub tls_key_file: Option<PathBuf>,
     /// `shell` runs the shell plugin; any other name runs the plugin of that name (required
@@ -130,43 +141,59 @@ pub struct RunnerConfig {
     /// Most jobs of this runner at once (0 = unlimited).
     #[serde(default)]
     pub limit: usize,
+    /// Job requests of this runner in flight at once (≥ 1).
     #[serde(default = "default_request_concurrency")]
     pub request_concurrency: usize,
+    /// Always wait `check_interval` between requests, even after a job was received.
     #[serde(default)]
     pub strict_check_interval: bool,
     /// Trace size limit in KiB.
     #[serde(default = "default_output_limit")]
     pub output_limit: u64,
+    /// Where builds are checked out (default per executor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub builds_dir: Option<String>,
+    /// Where caches are kept (default per executor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_dir: Option<String>,
+    /// Overrides the URL git clones from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_url: Option<String>,
+    /// `KEY=value` variables added to every job.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub environment: Vec<String>,
+    /// Script run before fetching sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_get_sources_script: Option<String>,
+    /// Script run after fetching sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_get_sources_script: Option<String>,
+    /// Script run before the job's script.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_build_script: Option<String>,
+    /// Script run after the job's script.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_build_script: Option<String>,
+    /// Ignore `CI_DEBUG_TRACE` from jobs.
     #[serde(default)]
     pub debug_trace_disabled: bool,
+    /// `FF_*` feature flags for every job of this runner.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub feature_flags: BTreeMap<String, bool>,
+    /// Failed requests in a row before the runner is treated as unhealthy.
     #[serde(default = "default_unhealthy_requests_limit")]
     pub unhealthy_requests_limit: u32,
+    /// How long an unhealthy runner stops requesting jobs.
     #[serde(
         default = "default_unhealthy_interval",
         with = "duration_str",
         skip_serializing_if = "is_default_unhealthy_interval"
     )]
     pub unhealthy_interval: Duration,
+    /// Retries of the final job update before giving up.
     #[serde(default = "default_final_update_retry_limit")]
     pub job_status_final_update_retry_limit: u32,
+    /// This runner's labels (over the global ones).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     /// `[runners.autoscaler]` (instance executors on an autoscaled fleet).
@@ -268,8 +295,11 @@ impl RunnerConfig {
 /// A config file that loaded, with what it warned about.
 #[derive(Debug, Clone)]
 pub struct Loaded {
+    /// The parsed file.
     pub config: Config,
+    /// Warnings (unknown keys, long polling issues), each naming file, line and key.
     pub warnings: Vec<String>,
+    /// The file it was loaded from.
     pub path: PathBuf,
 }
 
@@ -286,12 +316,15 @@ impl Loaded {
     pub fn check_interval(&self) -> Duration {
         Duration::from_secs(if self.config.check_interval <= 0 { 3 } else { self.config.check_interval as u64 })
     }
+    /// Directory of plugin `.wasm` files (default `<config dir>/plugins`).
     pub fn plugins_dir(&self) -> PathBuf {
         self.config.plugins_dir.clone().unwrap_or_else(|| self.dir().join("plugins"))
     }
+    /// Compiled plugin cache (default `<config dir>/.plugin-cache`).
     pub fn plugin_cache_dir(&self) -> PathBuf {
         self.config.plugin_cache_dir.clone().unwrap_or_else(|| self.dir().join(".plugin-cache"))
     }
+    /// Runway's own state (default `<config dir>/.runway-state`).
     pub fn state_dir(&self) -> PathBuf {
         self.config.state_dir.clone().unwrap_or_else(|| self.dir().join(".runway-state"))
     }

@@ -176,3 +176,19 @@ executor = "instance"
     let e = parse_str(&bad).expect_err("bad cron");
     assert_eq!(e.key.as_deref(), Some("runners[0].autoscaler.policy[1].periods"), "{e}");
 }
+
+#[test]
+fn missing_connection_keys_fail_as_before_for_run_and_are_optional_for_simulate() {
+    // The messages `runway run` gave when these keys were required by the model.
+    let err = parse_str("concurrent = 1\n[[runners]]\ntoken = \"t\"\nexecutor = \"shell\"\n").expect_err("no url");
+    assert_eq!(err.to_string(), "/etc/runway/config.toml:2: runners[0]: missing field `url`");
+    let text = "concurrent = 1\n[[runners]]\nurl = \"https://x\"\ntoken = \"t\"\nexecutor = \"x\"\n[runners.autoscaler]\ncapacity_per_instance = 1\n";
+    let err = parse_str(text).expect_err("no plugin");
+    assert_eq!(err.to_string(), "/etc/runway/config.toml:6: runners[0].autoscaler: missing field `plugin`");
+    // `runway simulate` reads the same file without them; IdleTime takes seconds or a duration.
+    let text = "concurrent = 1\n[[runners]]\nlimit = 3\n[runners.machine]\nIdleTime = \"30m\"\n[runners.autoscaler]\n";
+    let loaded = parse_for(text, Path::new("/etc/runway/config.toml"), Purpose::Simulate).expect("simulate");
+    let runner = &loaded.config.runners[0];
+    assert_eq!(runner.machine.as_ref().expect("machine").idle_time, Duration::from_secs(1800));
+    assert!(runner.autoscaler.as_ref().expect("autoscaler").plugin.is_empty());
+}
