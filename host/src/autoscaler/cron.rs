@@ -96,9 +96,25 @@ fn parse_field(text: &str, min: u32, max: u32, names: &[&str], name_base: u32, w
     Ok(FieldSet { min, allowed, restricted })
 }
 
+/// A cron period or policy timezone that does not parse; the message names the text and what
+/// is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CronError {
+    /// A cron expression with the wrong number of fields or a bad field.
+    #[error("{0}")]
+    Period(String),
+    /// A timezone that is not an IANA name.
+    #[error("{0}")]
+    Timezone(String),
+}
+
 impl CronPeriod {
     /// Parse an expression of the given dialect. Errors say which field is wrong.
-    pub fn parse(expr: &str, dialect: CronDialect) -> Result<CronPeriod, String> {
+    pub fn parse(expr: &str, dialect: CronDialect) -> Result<CronPeriod, CronError> {
+        Self::parse_text(expr, dialect).map_err(CronError::Period)
+    }
+
+    fn parse_text(expr: &str, dialect: CronDialect) -> Result<CronPeriod, String> {
         let fields: Vec<&str> = expr.split_whitespace().collect();
         let (second, rest, year) = match dialect {
             CronDialect::Unix => {
@@ -173,13 +189,14 @@ pub enum PolicyZone {
 
 impl PolicyZone {
     /// Parse `timezone`; `None` or `""` or `"Local"` is local time.
-    pub fn parse(name: Option<&str>) -> Result<PolicyZone, String> {
+    pub fn parse(name: Option<&str>) -> Result<PolicyZone, CronError> {
         match name.map(str::trim) {
             None | Some("") | Some("Local") | Some("local") => Ok(PolicyZone::Local),
-            Some(name) => name
-                .parse::<chrono_tz::Tz>()
-                .map(PolicyZone::Named)
-                .map_err(|_| format!("unknown timezone {name:?} (use an IANA name like \"Europe/Berlin\" or \"UTC\")")),
+            Some(name) => name.parse::<chrono_tz::Tz>().map(PolicyZone::Named).map_err(|_| {
+                CronError::Timezone(format!(
+                    "unknown timezone {name:?} (use an IANA name like \"Europe/Berlin\" or \"UTC\")"
+                ))
+            }),
         }
     }
 
@@ -242,7 +259,7 @@ mod tests {
 
     #[test]
     fn bad_expressions_name_the_field() {
-        let err = CronPeriod::parse("* 25 * * *", CronDialect::Unix).expect_err("hour 25");
+        let err = CronPeriod::parse("* 25 * * *", CronDialect::Unix).expect_err("hour 25").to_string();
         assert!(err.contains("hour"), "{err}");
         assert!(CronPeriod::parse("* * * *", CronDialect::Unix).is_err());
         assert!(PolicyZone::parse(Some("Mars/Olympus")).is_err());

@@ -17,7 +17,7 @@ use super::engine::{
     Taskscaler,
 };
 use super::provider::InstanceGroup;
-use super::settings::AutoscalerSettings;
+use super::settings::{AutoscalerSettings, SettingsError};
 
 /// Runs `instance_ready_command` on a new instance (over the connector, in production).
 #[async_trait::async_trait]
@@ -45,7 +45,7 @@ impl Autoscaler {
         settings: &AutoscalerSettings,
         provider: Box<dyn InstanceGroup>,
         clock: Arc<dyn Clock>,
-    ) -> Result<Arc<Self>, String> {
+    ) -> Result<Arc<Self>, SettingsError> {
         let engine = Taskscaler::new(settings, clock.now())?;
         Ok(Self::wrap(engine, provider, clock))
     }
@@ -56,7 +56,7 @@ impl Autoscaler {
         snapshot: &EngineSnapshot,
         provider: Box<dyn InstanceGroup>,
         clock: Arc<dyn Clock>,
-    ) -> Result<Arc<Self>, String> {
+    ) -> Result<Arc<Self>, SettingsError> {
         let engine = Taskscaler::restore(settings, snapshot, clock.now())?;
         Ok(Self::wrap(engine, provider, clock))
     }

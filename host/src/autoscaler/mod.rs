@@ -3,6 +3,7 @@
 //! - [`clock`]: [`clock::Moment`], the [`clock::Clock`] trait, real and virtual clocks;
 //! - [`settings`]: the engine's own settings structs (taskscaler policies and legacy
 //!   Docker Machine keys), validated by `compile`;
+//! - [`from_config`]: the one mapping of config.toml's fleet keys onto [`settings`];
 //! - [`cron`]: cron periods and timezones of idle policies;
 //! - [`provider`]: the [`provider::InstanceGroup`] trait the engine scales, and a seeded
 //!   simulated provider;
@@ -15,13 +16,14 @@
 //! - [`simulate`]: `runway simulate`, the real engine on a virtual clock against the simulated
 //!   provider and a simulated job queue.
 //!
-//! This module does not parse config.toml, run SSH commands or export Prometheus metrics; it
+//! This module does not parse config.toml (it maps `config`'s model of it), run SSH commands or export Prometheus metrics; it
 //! exposes plain settings, events and numbers for the modules that do.
 
 pub mod clock;
 pub mod cron;
 pub mod driver;
 pub mod engine;
+pub mod from_config;
 pub mod plugin_provider;
 pub mod provider;
 pub mod settings;

@@ -14,6 +14,11 @@ use serde::{Deserialize, Serialize};
 
 use super::clock::{Clock, Moment};
 
+/// Simulated provider settings (`provider.toml`) that make no sense; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ProviderSettingsError(pub String);
+
 /// Instance states as fleeting reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -94,15 +99,15 @@ impl DelayDistribution {
     }
 
     /// Check parameters; errors name the field.
-    pub fn validate(&self, what: &str) -> Result<(), String> {
+    pub fn validate(&self, what: &str) -> Result<(), ProviderSettingsError> {
         match *self {
             DelayDistribution::Fixed { seconds, jitter_s } if seconds < 0.0 || jitter_s < 0.0 => {
-                Err(format!("{what}: seconds and jitter_s must be ≥ 0"))
+                Err(ProviderSettingsError(format!("{what}: seconds and jitter_s must be ≥ 0")))
             }
             DelayDistribution::Lognormal { median_s, p95_s, shift_s }
                 if median_s <= 0.0 || p95_s < median_s || shift_s < 0.0 =>
             {
-                Err(format!("{what}: need median_s > 0, p95_s ≥ median_s, shift_s ≥ 0"))
+                Err(ProviderSettingsError(format!("{what}: need median_s > 0, p95_s ≥ median_s, shift_s ≥ 0")))
             }
             _ => Ok(()),
         }
@@ -193,17 +198,17 @@ impl Default for SimProviderSettings {
 
 impl SimProviderSettings {
     /// Check every field; errors name the key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ProviderSettingsError> {
         self.provisioning.validate("provisioning")?;
         self.ready.validate("ready")?;
         self.deletion.validate("deletion")?;
         for (name, p) in [("ready_failure_rate", self.ready_failure_rate), ("timeout_rate", self.timeout_rate)] {
             if !(0.0..=1.0).contains(&p) {
-                return Err(format!("{name} must be between 0 and 1"));
+                return Err(ProviderSettingsError(format!("{name} must be between 0 and 1")));
             }
         }
         if self.capacity_retry_after_s < 0.0 || self.billing_minimum_s < 0.0 {
-            return Err("capacity_retry_after_s and billing_minimum_s must be ≥ 0".into());
+            return Err(ProviderSettingsError("capacity_retry_after_s and billing_minimum_s must be ≥ 0".into()));
         }
         Ok(())
     }

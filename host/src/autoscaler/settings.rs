@@ -7,7 +7,13 @@
 use std::time::Duration;
 
 use super::clock::Moment;
-use super::cron::{CronDialect, CronPeriod, PolicyZone};
+use super::cron::{CronDialect, CronError, CronPeriod, PolicyZone};
+
+/// Settings the engine cannot run with; the message names the offending key
+/// (`policy[0].periods: ...`, `capacity_per_instance must be at least 1`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SettingsError(pub String);
 
 /// One `[[runners.autoscaler.policy]]` entry.
 #[derive(Clone, Debug, PartialEq)]
@@ -168,7 +174,11 @@ impl AutoscalerSettings {
     }
 
     /// Validate and pre-parse. Errors name the offending key.
-    pub fn compile(&self) -> Result<CompiledSettings, String> {
+    pub fn compile(&self) -> Result<CompiledSettings, SettingsError> {
+        self.compile_checked().map_err(SettingsError)
+    }
+
+    fn compile_checked(&self) -> Result<CompiledSettings, String> {
         if self.legacy.is_none() && self.capacity_per_instance == 0 {
             return Err("capacity_per_instance must be at least 1".into());
         }
@@ -263,7 +273,7 @@ impl AutoscalerSettings {
     }
 }
 
-fn compile_periods(periods: &[String], dialect: CronDialect) -> Result<Vec<CronPeriod>, String> {
+fn compile_periods(periods: &[String], dialect: CronDialect) -> Result<Vec<CronPeriod>, CronError> {
     if periods.is_empty() {
         let all = match dialect {
             CronDialect::Unix => "* * * * *",
@@ -475,8 +485,8 @@ mod tests {
     fn invalid_settings_name_the_key() {
         let mut s = policy(1, 0.0, 0);
         s.policies[0].periods = vec!["* * *".into()];
-        assert!(s.compile().expect_err("bad cron").contains("policy[0].periods"));
+        assert!(s.compile().expect_err("bad cron").to_string().contains("policy[0].periods"));
         let s = AutoscalerSettings { capacity_per_instance: 0, ..Default::default() };
-        assert!(s.compile().expect_err("zero").contains("capacity_per_instance"));
+        assert!(s.compile().expect_err("zero").to_string().contains("capacity_per_instance"));
     }
 }

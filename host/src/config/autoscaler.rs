@@ -1,7 +1,8 @@
 //! `[runners.autoscaler]` (taskscaler, protocol reference §5.3) and the legacy
 //! `[runners.machine]` (docker+machine, §5.4): parsed and validated with GitLab's defaults.
-//! The engine that acts on them lives in the autoscaler module; [`AutoscalerConfig::settings`]
-//! maps these keys onto its settings.
+//! A pure model of the file: the engine that acts on these keys, and the mapping onto its
+//! settings (`autoscaler::from_config`), live in the autoscaler module, which this module must
+//! not import.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,10 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::autoscaler::settings::{
-    AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle as EngineThrottle,
-};
-use crate::config::duration::duration_str;
+use crate::config::duration::{duration_secs, duration_str};
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -37,19 +35,14 @@ default_fn!(d_failure_threshold, u32, 3);
 default_fn!(d_true, bool, true);
 default_fn!(d_periods, Vec<String>, vec!["* * * * *".to_string()]);
 
-mod dur {
-    use std::time::Duration;
-
-    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format!("{}s", d.as_secs()))
-    }
-}
-
 /// `[runners.autoscaler]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AutoscalerConfig {
-    /// Fleeting plugin name (a Runway plugin in `plugins_dir`, e.g. `static`).
+    /// Fleeting plugin name (a Runway plugin in `plugins_dir`, e.g. `static`); required unless
+    /// the file is loaded for [`super::Purpose::Simulate`].
+    #[serde(default)]
     pub plugin: String,
+    /// Concurrent jobs per instance (job slots).
     #[serde(default = "d_capacity")]
     pub capacity_per_instance: u32,
     /// Jobs per instance before it is removed (0 = unlimited).
@@ -58,54 +51,46 @@ pub struct AutoscalerConfig {
     /// All instances regardless of state (0 = unlimited).
     #[serde(default)]
     pub max_instances: u32,
+    /// Remove idle instances when the manager shuts down.
     #[serde(default)]
     pub delete_instances_on_shutdown: bool,
+    /// Command run on each new instance before it takes jobs (empty = none).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub instance_ready_command: String,
-    #[serde(
-        default = "d_acquire_timeout",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "dur::serialize"
-    )]
+    /// How long a job waits for a slot.
+    #[serde(default = "d_acquire_timeout", with = "duration_str")]
     pub instance_acquire_timeout: Duration,
-    #[serde(
-        default = "d_update_interval",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "dur::serialize"
-    )]
+    /// How often the plugin's `update()` is polled.
+    #[serde(default = "d_update_interval", with = "duration_str")]
     pub update_interval: Duration,
-    #[serde(
-        default = "d_update_expecting",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "dur::serialize"
-    )]
+    /// Poll interval while a state change is expected.
+    #[serde(default = "d_update_expecting", with = "duration_str")]
     pub update_interval_when_expecting: Duration,
-    #[serde(
-        default = "d_deletion_retry",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "dur::serialize"
-    )]
+    /// Retry a deletion that had no visible effect after this long.
+    #[serde(default = "d_deletion_retry", with = "duration_str")]
     pub deletion_retry_interval: Duration,
-    #[serde(
-        default = "d_shutdown_deletion_interval",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "dur::serialize"
-    )]
+    /// Interval between deletion rounds on shutdown.
+    #[serde(default = "d_shutdown_deletion_interval", with = "duration_str")]
     pub shutdown_deletion_interval: Duration,
+    /// Deletion rounds on shutdown before giving up.
     #[serde(default = "d_shutdown_deletion_retries")]
     pub shutdown_deletion_retries: u32,
     /// Consecutive health failures before an instance is replaced.
     #[serde(default = "d_failure_threshold")]
     pub failure_threshold: u32,
+    /// Throttle reservations while instances are being created.
     #[serde(default = "d_true")]
     pub reservation_throttling: bool,
+    /// Token bucket on instance creation.
     #[serde(default)]
     pub scale_throttle: ScaleThrottle,
     /// Given to the plugin's `init` as JSON.
     #[serde(default)]
     pub plugin_config: toml::Table,
+    /// How to connect to instances.
     #[serde(default)]
     pub connector_config: ConnectorConfigToml,
+    /// Where and whether fleet state is kept across restarts.
     #[serde(default)]
     pub state_storage: StateStorage,
     /// `[[runners.autoscaler.policy]]`; last matching entry wins. Empty = one default policy.
@@ -114,42 +99,6 @@ pub struct AutoscalerConfig {
 }
 
 impl AutoscalerConfig {
-    /// The engine's settings. With a `[runners.machine]` section the legacy Docker Machine
-    /// semantics apply (idle counts in machines, `MaxGrowthRate`, `MaxBuilds`, the runner's
-    /// `limit` as the machine limit); the taskscaler keys here still give the timings.
-    pub fn settings(&self, machine: Option<&MachineConfig>, runner_limit: usize) -> AutoscalerSettings {
-        let throttle = &self.scale_throttle;
-        AutoscalerSettings {
-            capacity_per_instance: self.capacity_per_instance,
-            max_use_count: self.max_use_count,
-            max_instances: self.max_instances,
-            policies: self
-                .policies
-                .iter()
-                .map(|p| IdlePolicy {
-                    periods: p.periods.clone(),
-                    timezone: p.timezone.clone(),
-                    idle_count: p.idle_count,
-                    idle_time: p.idle_time,
-                    scale_factor: p.scale_factor,
-                    scale_factor_limit: p.scale_factor_limit,
-                    preemptive_mode: p.preemptive_mode,
-                })
-                .collect(),
-            scale_throttle: EngineThrottle { limit: throttle.limit as f64, burst: throttle.burst },
-            failure_threshold: self.failure_threshold,
-            instance_acquire_timeout: self.instance_acquire_timeout,
-            update_interval: self.update_interval,
-            update_interval_when_expecting: self.update_interval_when_expecting,
-            deletion_retry_interval: self.deletion_retry_interval,
-            instance_ready_command: Some(self.instance_ready_command.clone()).filter(|c| !c.trim().is_empty()),
-            keep_instance_with_acquisitions: self.state_storage.keep_instance_with_acquisitions,
-            delete_instances_on_shutdown: self.delete_instances_on_shutdown,
-            legacy: machine.map(|m| m.legacy_settings(runner_limit)),
-            ..AutoscalerSettings::default()
-        }
-    }
-
     /// `plugin_config` as the JSON the plugin's `init` receives.
     pub fn plugin_config_json(&self) -> String {
         serde_json::to_string(&self.plugin_config).unwrap_or_else(|_| "{}".into())
@@ -170,8 +119,10 @@ pub struct ScaleThrottle {
 /// `[runners.autoscaler.connector_config]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ConnectorConfigToml {
+    /// Instance OS (`linux`, `windows`, `darwin`) when the plugin does not say.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub os: String,
+    /// Instance architecture (`amd64`, `arm64`) when the plugin does not say.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub arch: String,
     /// `ssh`, `winrm`, `winrm+https`.
@@ -180,18 +131,25 @@ pub struct ConnectorConfigToml {
     /// 0 = the protocol's default (ssh 22, winrm 5985, winrm+https 5986).
     #[serde(default)]
     pub protocol_port: u16,
+    /// User to connect as.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub username: String,
+    /// Password (WinRM, or SSH password authentication).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub password: String,
+    /// Private key file for SSH.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_path: Option<PathBuf>,
+    /// Use these credentials instead of the ones the plugin provides.
     #[serde(default)]
     pub use_static_credentials: bool,
+    /// SSH keepalive interval (duration string).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keepalive: Option<String>,
+    /// Connection timeout (duration string).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// Connect to the instance's external address rather than its internal one.
     #[serde(default)]
     pub use_external_addr: bool,
 }
@@ -200,11 +158,13 @@ pub struct ConnectorConfigToml {
 /// default, so a restart adopts the fleet instead of deleting it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StateStorage {
+    /// Keep fleet state across restarts (Runway default: on).
     #[serde(default = "d_true")]
     pub enabled: bool,
     /// Default `<config dir>/.taskscaler`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<PathBuf>,
+    /// On restart, keep instances that had jobs when the manager stopped.
     #[serde(default)]
     pub keep_instance_with_acquisitions: bool,
 }
@@ -221,15 +181,19 @@ pub struct Policy {
     /// 5-field cron expressions describing when the policy applies.
     #[serde(default = "d_periods")]
     pub periods: Vec<String>,
+    /// IANA timezone of `periods`; unset = the manager's local time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timezone: Option<String>,
     /// Idle capacity to keep, in job slots.
     #[serde(default)]
     pub idle_count: u32,
-    #[serde(default, deserialize_with = "duration_str::deserialize", serialize_with = "dur::serialize")]
+    /// How long an instance may stay idle.
+    #[serde(default, with = "duration_str")]
     pub idle_time: Duration,
+    /// Extra idle slots as a factor of in-use slots.
     #[serde(default)]
     pub scale_factor: f64,
+    /// Cap on the idle target from `scale_factor` (0 = no cap).
     #[serde(default)]
     pub scale_factor_limit: u32,
     /// Default: `idle_count > 0`.
@@ -254,58 +218,36 @@ pub struct MachineConfig {
     /// Lower bound of idle machines when IdleScaleFactor is set (effective minimum 1).
     #[serde(default)]
     pub idle_count_min: u32,
+    /// Idle machines as a factor of machines in use, capped by `IdleCount`.
     #[serde(default)]
     pub idle_scale_factor: f64,
-    /// Seconds an idle machine lives.
-    #[serde(default)]
-    pub idle_time: u64,
+    /// How long an idle machine lives (seconds, or a duration string like `"30m"`).
+    #[serde(default, with = "duration_secs")]
+    pub idle_time: Duration,
     /// Machines in creation at once (0 = unlimited).
     #[serde(default)]
     pub max_growth_rate: u32,
     /// Jobs per machine (0 = unlimited).
     #[serde(default)]
     pub max_builds: u32,
+    /// Docker Machine driver (kept, not used).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub machine_driver: String,
+    /// Docker Machine name template (kept, not used).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub machine_name: String,
+    /// Docker Machine driver options (kept, not used).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub machine_options: Vec<String>,
+    /// Removal attempts before a machine is given up (kept, not used).
     #[serde(default)]
     pub max_removal_attempts: u32,
+    /// `[[runners.machine.autoscaling]]` periods; the last matching entry wins.
     #[serde(default, rename = "autoscaling", skip_serializing_if = "Vec::is_empty")]
     pub autoscaling: Vec<MachineAutoscaling>,
     /// Anything else GitLab accepts here (kept, not used).
     #[serde(flatten)]
     pub other: BTreeMap<String, toml::Value>,
-}
-
-impl MachineConfig {
-    /// The engine's legacy settings; `runner_limit` is the runner's `limit` (machines in all
-    /// states, 0 = unlimited).
-    pub fn legacy_settings(&self, runner_limit: usize) -> LegacyMachineSettings {
-        LegacyMachineSettings {
-            idle_count: self.idle_count,
-            idle_count_min: self.idle_count_min,
-            idle_scale_factor: self.idle_scale_factor,
-            idle_time: secs(self.idle_time),
-            max_growth_rate: self.max_growth_rate,
-            max_builds: self.max_builds,
-            limit: u32::try_from(runner_limit).unwrap_or(u32::MAX),
-            autoscaling: self
-                .autoscaling
-                .iter()
-                .map(|a| LegacyPeriod {
-                    periods: a.periods.clone(),
-                    timezone: Some(a.timezone.clone()).filter(|t| !t.is_empty()),
-                    idle_count: a.idle_count,
-                    idle_count_min: a.idle_count_min,
-                    idle_scale_factor: a.idle_scale_factor,
-                    idle_time: secs(a.idle_time),
-                })
-                .collect(),
-        }
-    }
 }
 
 /// `[[runners.machine.autoscaling]]`.
@@ -315,21 +257,26 @@ pub struct MachineAutoscaling {
     /// 7-field cron expressions (seconds, ..., year).
     #[serde(default)]
     pub periods: Vec<String>,
+    /// IANA timezone of `Periods`; empty = local time.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub timezone: String,
+    /// Idle machines to keep in this period.
     #[serde(default)]
     pub idle_count: u32,
+    /// Lower bound of idle machines when `IdleScaleFactor` is set.
     #[serde(default)]
     pub idle_count_min: u32,
+    /// Idle machines as a factor of machines in use, capped by `IdleCount`.
     #[serde(default)]
     pub idle_scale_factor: f64,
-    #[serde(default)]
-    pub idle_time: u64,
+    /// Idle machine lifetime in this period (seconds, or a duration string).
+    #[serde(default, with = "duration_secs")]
+    pub idle_time: Duration,
 }
 
 /// Check cron periods have the right number of fields (`expected` = 5 for taskscaler
-/// policies, 7 for docker+machine).
-pub fn check_periods(periods: &[String], expected: usize) -> Result<(), String> {
+/// policies, 7 for docker+machine). Only the shape: the autoscaler parses the fields.
+pub(super) fn check_periods(periods: &[String], expected: usize) -> Result<(), String> {
     for period in periods {
         let fields = period.split_whitespace().count();
         if fields != expected {

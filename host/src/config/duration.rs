@@ -74,6 +74,24 @@ pub mod duration_str {
     }
 }
 
+/// Serde adapter for durations GitLab writes as integer seconds (the `[runners.machine]`
+/// `IdleTime` keys): reads what [`duration_str`] reads, writes whole seconds as an integer.
+pub mod duration_secs {
+    use std::time::Duration;
+
+    use serde::Deserializer;
+
+    /// Serialize as whole seconds (`1800`).
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_secs())
+    }
+
+    /// Deserialize a duration (integer seconds or a duration string).
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        super::duration_str::deserialize(d)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,11 +7,11 @@
 
 pub mod autoscaler;
 pub mod duration;
+mod error;
 pub mod grant;
 mod system_id;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::duration::duration_str;
 use crate::config::grant::PluginGrant;
+pub use error::ConfigError;
 pub use system_id::{short_token, system_id};
 
 /// Executor config sections kept as tables and handed to the plugin as JSON.
@@ -33,8 +34,10 @@ pub struct Config {
     /// Seconds between job requests of a runner when idle (≤ 0 means 3).
     #[serde(default = "default_check_interval")]
     pub check_interval: i64,
+    /// `debug`, `info`, `warn`, `error`, `fatal` or `panic`.
     #[serde(default = "default_log_level")]
     pub log_level: String,
+    /// `runner`, `text` or `json`.
     #[serde(default = "default_log_format")]
     pub log_format: String,
     /// `host:port` for `/metrics` and `/health/*`.
@@ -43,6 +46,7 @@ pub struct Config {
     /// Seconds a forceful shutdown waits for aborted jobs.
     #[serde(default = "default_shutdown_timeout")]
     pub shutdown_timeout: u64,
+    /// How long a GitLab connection is reused (duration string).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection_max_age: Option<String>,
     /// Directory of plugin `.wasm` files (default `<config dir>/plugins`).
@@ -60,6 +64,7 @@ pub struct Config {
     /// `[plugins.NAME]` sandbox grants.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plugins: BTreeMap<String, PluginGrant>,
+    /// `[[runners]]` entries.
     #[serde(default)]
     pub runners: Vec<RunnerConfig>,
 }
@@ -95,36 +100,39 @@ fn is_default_unhealthy_interval(d: &Duration) -> bool {
     *d == default_unhealthy_interval()
 }
 
-mod duration_out {
-    use std::time::Duration;
-
-    use serde::Serializer;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format!("{}s", d.as_secs()))
-    }
-}
-
 /// One `[[runners]]` entry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunnerConfig {
+    /// Runner description (shown in GitLab and in logs).
     #[serde(default)]
     pub name: String,
+    /// GitLab URL (required unless [`Purpose::Simulate`]).
+    #[serde(default)]
     pub url: String,
+    /// GitLab's runner ID (0 when unknown).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub id: i64,
+    /// Runner authentication token (required unless [`Purpose::Simulate`]).
+    #[serde(default)]
     pub token: String,
+    /// When the token was obtained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_obtained_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When the token expires (none = never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// CA certificates to trust for GitLab (PEM).
     #[serde(rename = "tls-ca-file", default, skip_serializing_if = "Option::is_none")]
     pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate for GitLab (PEM).
     #[serde(rename = "tls-cert-file", default, skip_serializing_if = "Option::is_none")]
     pub tls_cert_file: Option<PathBuf>,
+    /// Key of the client certificate (PEM).
     #[serde(rename = "tls-key-file", default, skip_serializing_if = "Option::is_none")]
     pub tls_key_file: Option<PathBuf>,
-    /// `shell` runs the shell plugin; any other name runs the plugin of that name.
+    /// `shell` runs the shell plugin; any other name runs the plugin of that name (required
+    /// unless [`Purpose::Simulate`]).
+    #[serde(default)]
     pub executor: String,
     /// The shell scripts are generated for (`bash`). In config.toml `shell` may instead be
     /// the `[runners.shell]` table of the shell executor plugin; that lands in `sections`.
@@ -133,44 +141,59 @@ pub struct RunnerConfig {
     /// Most jobs of this runner at once (0 = unlimited).
     #[serde(default)]
     pub limit: usize,
+    /// Job requests of this runner in flight at once (≥ 1).
     #[serde(default = "default_request_concurrency")]
     pub request_concurrency: usize,
+    /// Always wait `check_interval` between requests, even after a job was received.
     #[serde(default)]
     pub strict_check_interval: bool,
     /// Trace size limit in KiB.
     #[serde(default = "default_output_limit")]
     pub output_limit: u64,
+    /// Where builds are checked out (default per executor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub builds_dir: Option<String>,
+    /// Where caches are kept (default per executor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_dir: Option<String>,
+    /// Overrides the URL git clones from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_url: Option<String>,
+    /// `KEY=value` variables added to every job.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub environment: Vec<String>,
+    /// Script run before fetching sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_get_sources_script: Option<String>,
+    /// Script run after fetching sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_get_sources_script: Option<String>,
+    /// Script run before the job's script.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_build_script: Option<String>,
+    /// Script run after the job's script.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_build_script: Option<String>,
+    /// Ignore `CI_DEBUG_TRACE` from jobs.
     #[serde(default)]
     pub debug_trace_disabled: bool,
+    /// `FF_*` feature flags for every job of this runner.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub feature_flags: BTreeMap<String, bool>,
+    /// Failed requests in a row before the runner is treated as unhealthy.
     #[serde(default = "default_unhealthy_requests_limit")]
     pub unhealthy_requests_limit: u32,
+    /// How long an unhealthy runner stops requesting jobs.
     #[serde(
         default = "default_unhealthy_interval",
-        deserialize_with = "duration_str::deserialize",
-        serialize_with = "duration_out::serialize",
+        with = "duration_str",
         skip_serializing_if = "is_default_unhealthy_interval"
     )]
     pub unhealthy_interval: Duration,
+    /// Retries of the final job update before giving up.
     #[serde(default = "default_final_update_retry_limit")]
     pub job_status_final_update_retry_limit: u32,
+    /// This runner's labels (over the global ones).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     /// `[runners.autoscaler]` (instance executors on an autoscaled fleet).
@@ -272,8 +295,11 @@ impl RunnerConfig {
 /// A config file that loaded, with what it warned about.
 #[derive(Debug, Clone)]
 pub struct Loaded {
+    /// The parsed file.
     pub config: Config,
+    /// Warnings (unknown keys, long polling issues), each naming file, line and key.
     pub warnings: Vec<String>,
+    /// The file it was loaded from.
     pub path: PathBuf,
 }
 
@@ -290,40 +316,36 @@ impl Loaded {
     pub fn check_interval(&self) -> Duration {
         Duration::from_secs(if self.config.check_interval <= 0 { 3 } else { self.config.check_interval as u64 })
     }
+    /// Directory of plugin `.wasm` files (default `<config dir>/plugins`).
     pub fn plugins_dir(&self) -> PathBuf {
         self.config.plugins_dir.clone().unwrap_or_else(|| self.dir().join("plugins"))
     }
+    /// Compiled plugin cache (default `<config dir>/.plugin-cache`).
     pub fn plugin_cache_dir(&self) -> PathBuf {
         self.config.plugin_cache_dir.clone().unwrap_or_else(|| self.dir().join(".plugin-cache"))
     }
+    /// Runway's own state (default `<config dir>/.runway-state`).
     pub fn state_dir(&self) -> PathBuf {
         self.config.state_dir.clone().unwrap_or_else(|| self.dir().join(".runway-state"))
     }
 }
 
-/// A config file that did not load.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub path: PathBuf,
-    pub line: Option<usize>,
-    pub key: Option<String>,
-    pub message: String,
+/// What a config file is loaded for, which decides the keys it must have.
+///
+/// `runway simulate` reads the same file as `runway run` through the same loader, with the
+/// same errors and warnings; it only models fleets, so the keys that connect to GitLab or to a
+/// cloud may be left out there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Purpose {
+    /// Running runners: every runner needs `url`, `token` and `executor`, and a
+    /// `[runners.autoscaler]` section needs its fleeting `plugin`.
+    #[default]
+    Run,
+    /// Simulating fleets (`runway simulate`): `url`, `token`, `executor` and
+    /// `[runners.autoscaler] plugin` may be absent (they are read as empty); every other key
+    /// is checked as for [`Purpose::Run`].
+    Simulate,
 }
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.path.display())?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-        }
-        if let Some(key) = &self.key {
-            write!(f, ": {key}")?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// `./config.toml`, else `~/.runway/config.toml`.
 pub fn default_path() -> PathBuf {
@@ -408,8 +430,13 @@ fn expand_env(value: &str) -> String {
     crate::payload::variables::expand(value, &|k| std::env::var(k).ok())
 }
 
-/// Parse config text; `path` is used in messages only.
+/// Parse config text for [`Purpose::Run`]; `path` is used in messages only.
 pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
+    parse_for(text, path, Purpose::Run)
+}
+
+/// Parse config text for `purpose`; `path` is used in messages only.
+pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, ConfigError> {
     let mut unknown = Vec::new();
     let deserializer = toml::Deserializer::new(text);
     let mut track = |p: serde_ignored::Path<'_>| unknown.push(p.to_string());
@@ -428,6 +455,11 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
             return Err(ConfigError { path: path.to_path_buf(), line, key, message });
         }
     };
+    if purpose == Purpose::Run {
+        if let Some(e) = missing_connection_key(text, path, &config) {
+            return Err(e);
+        }
+    }
     let mut warnings: Vec<String> = unknown
         .iter()
         .map(|k| match line_of_key(text, k) {
@@ -465,20 +497,20 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         // `url` and `token` keep what the file says (so saving never writes a secret taken
         // from the environment); `resolved_url`/`resolved_token` expand them for use.
         let url = runner.resolved_url();
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
+        if purpose == Purpose::Run && !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(err(format!("runners[{i}].url"), format!("{url:?} must be an http:// or https:// URL")));
         }
-        if runner.resolved_token().is_empty() {
+        if purpose == Purpose::Run && runner.resolved_token().is_empty() {
             return Err(err(format!("runners[{i}].token"), "must not be empty".into()));
         }
-        if runner.executor.is_empty() {
+        if purpose == Purpose::Run && runner.executor.is_empty() {
             return Err(err(format!("runners[{i}].executor"), "must name an executor plugin (e.g. \"shell\")".into()));
         }
         if runner.request_concurrency == 0 {
             return Err(err(format!("runners[{i}].request_concurrency"), "must be at least 1".into()));
         }
         if let Some(a) = &runner.autoscaler {
-            if a.plugin.is_empty() {
+            if purpose == Purpose::Run && a.plugin.is_empty() {
                 return Err(err(format!("runners[{i}].autoscaler.plugin"), "must name a fleeting plugin".into()));
             }
             if a.capacity_per_instance == 0 {
@@ -517,15 +549,71 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     Ok(Loaded { config, warnings, path: path.to_path_buf() })
 }
 
-/// Read and parse a config file.
+/// Read and parse a config file for [`Purpose::Run`].
 pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        path: path.to_path_buf(),
-        line: None,
-        key: None,
-        message: e.to_string(),
-    })?;
-    parse(&text, path)
+    load_for(path, Purpose::Run)
+}
+
+/// Read and parse a config file for `purpose`.
+pub fn load_for(path: &Path, purpose: Purpose) -> Result<Loaded, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::new(path, e.to_string()))?;
+    parse_for(&text, path, purpose)
+}
+
+/// The keys [`Purpose::Run`] requires that the model reads as empty when absent: the first
+/// absent one, reported as a missing field of its table (as serde reports a missing field).
+/// Keys present but empty are left to the value checks of [`parse_for`].
+fn missing_connection_key(text: &str, path: &Path, config: &Config) -> Option<ConfigError> {
+    let suspect = config.runners.iter().any(|r| {
+        r.url.is_empty()
+            || r.token.is_empty()
+            || r.executor.is_empty()
+            || r.autoscaler.as_ref().is_some_and(|a| a.plugin.is_empty())
+    });
+    if !suspect {
+        return None;
+    }
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let runners = table.get("runners")?.as_array()?;
+    for (i, runner) in runners.iter().enumerate() {
+        let Some(runner) = runner.as_table() else { continue };
+        let header = runner_header_line(text, i);
+        if let Some(autoscaler) = runner.get("autoscaler").and_then(toml::Value::as_table) {
+            if !autoscaler.contains_key("plugin") {
+                let line = header.and_then(|h| sub_table_line(text, h, "[runners.autoscaler]"));
+                return Some(
+                    ConfigError::new(path, "missing field `plugin`")
+                        .at_line(line)
+                        .with_key(format!("runners[{i}].autoscaler")),
+                );
+            }
+        }
+        for key in ["url", "token", "executor"] {
+            if !runner.contains_key(key) {
+                return Some(
+                    ConfigError::new(path, format!("missing field `{key}`"))
+                        .at_line(header)
+                        .with_key(format!("runners[{i}]")),
+                );
+            }
+        }
+    }
+    None
+}
+
+/// Line of the `index`-th `[[runners]]` header.
+fn runner_header_line(text: &str, index: usize) -> Option<usize> {
+    text.lines().enumerate().filter(|(_, l)| l.trim() == "[[runners]]").nth(index).map(|(n, _)| n + 1)
+}
+
+/// Line of the `header` table (e.g. `[runners.autoscaler]`) of the runner whose `[[runners]]` is on `from`.
+fn sub_table_line(text: &str, from: usize, header: &str) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .skip(from)
+        .take_while(|(_, l)| l.trim() != "[[runners]]")
+        .find(|(_, l)| l.trim() == header)
+        .map(|(n, _)| n + 1)
 }
 
 /// Write `config` to `path` atomically with mode 0600 (it holds tokens).

@@ -161,17 +161,34 @@ executor = "instance"
     assert_eq!((m.idle_count, m.max_growth_rate, m.max_builds, m.autoscaling[0].idle_count), (2, 1, 10, 5));
 
     // The engine's settings: taskscaler keys, and Docker Machine semantics from [runners.machine].
-    let taskscaler = a.settings(None, runner.limit);
+    use crate::autoscaler::from_config::{settings, Mapping};
+    let taskscaler = settings(a, None, runner.limit, Mapping::RUN);
     assert_eq!((taskscaler.capacity_per_instance, taskscaler.max_instances, taskscaler.policies.len()), (2, 5, 2));
     assert_eq!(taskscaler.policies[1].timezone.as_deref(), Some("Europe/Berlin"));
     assert!(taskscaler.instance_ready_command.is_none() && a.state_storage.enabled);
     taskscaler.compile().expect("valid engine settings");
-    let legacy = a.settings(Some(m), 7).legacy.expect("legacy mode");
+    let legacy = settings(a, Some(m), 7, Mapping::RUN).legacy.expect("legacy mode");
     assert_eq!((legacy.idle_count, legacy.max_growth_rate, legacy.max_builds, legacy.limit), (2, 1, 10, 7));
     assert_eq!(legacy.autoscaling[0].periods, vec!["* * 9-17 * * mon-fri *"]);
-    a.settings(Some(m), 7).compile().expect("valid legacy settings");
+    settings(a, Some(m), 7, Mapping::RUN).compile().expect("valid legacy settings");
 
     let bad = text.replace("periods = [\"* 8-18 * * mon-fri\"]", "periods = [\"8-18 * *\"]");
     let e = parse_str(&bad).expect_err("bad cron");
     assert_eq!(e.key.as_deref(), Some("runners[0].autoscaler.policy[1].periods"), "{e}");
+}
+
+#[test]
+fn missing_connection_keys_fail_as_before_for_run_and_are_optional_for_simulate() {
+    // The messages `runway run` gave when these keys were required by the model.
+    let err = parse_str("concurrent = 1\n[[runners]]\ntoken = \"t\"\nexecutor = \"shell\"\n").expect_err("no url");
+    assert_eq!(err.to_string(), "/etc/runway/config.toml:2: runners[0]: missing field `url`");
+    let text = "concurrent = 1\n[[runners]]\nurl = \"https://x\"\ntoken = \"t\"\nexecutor = \"x\"\n[runners.autoscaler]\ncapacity_per_instance = 1\n";
+    let err = parse_str(text).expect_err("no plugin");
+    assert_eq!(err.to_string(), "/etc/runway/config.toml:6: runners[0].autoscaler: missing field `plugin`");
+    // `runway simulate` reads the same file without them; IdleTime takes seconds or a duration.
+    let text = "concurrent = 1\n[[runners]]\nlimit = 3\n[runners.machine]\nIdleTime = \"30m\"\n[runners.autoscaler]\n";
+    let loaded = parse_for(text, Path::new("/etc/runway/config.toml"), Purpose::Simulate).expect("simulate");
+    let runner = &loaded.config.runners[0];
+    assert_eq!(runner.machine.as_ref().expect("machine").idle_time, Duration::from_secs(1800));
+    assert!(runner.autoscaler.as_ref().expect("autoscaler").plugin.is_empty());
 }

@@ -3,14 +3,14 @@
 
 use std::path::Path;
 
-use super::LocalError;
+use crate::config::ConfigError;
 
-fn err(project_dir: &Path, message: String) -> LocalError {
-    LocalError { file: project_dir.to_path_buf(), line: None, key: String::new(), message }
+fn err(project_dir: &Path, message: String) -> ConfigError {
+    ConfigError::new(project_dir, message)
 }
 
 /// Copy every file `git ls-files` lists (modes kept) into a new temporary directory.
-pub fn copy_tracked(project_dir: &Path) -> Result<tempfile::TempDir, LocalError> {
+pub fn copy_tracked(project_dir: &Path) -> Result<tempfile::TempDir, ConfigError> {
     let output = std::process::Command::new("git")
         .arg("-C")
         .arg(project_dir)

@@ -6,19 +6,28 @@
 //! nested lists, `extends` (deep merge), anchors and merge keys, `!reference`, local
 //! `include:` (with wildcards), `rules` (`if`, `exists`, `when`, `variables`,
 //! `allow_failure`), `when`, `allow_failure` with `exit_codes`, `timeout`, `needs`,
-//! `dependencies`, `parallel: N` and `parallel: matrix`. Errors name file, line and key.
+//! `dependencies`, `parallel: N` and `parallel: matrix`. Errors name file, line and key
+//! ([`ConfigError`], the type config.toml errors use too).
+//!
+//! The YAML files themselves (includes, references, extends) are read in `source`; this file
+//! turns the resolved document into jobs. Must not run jobs (that is `cli::exec`'s business
+//! with the job module) or talk to GitLab.
 
 pub mod isolate;
 pub mod rules;
+mod source;
 pub mod terminal;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde_yaml::{Mapping, Value};
 
+use crate::config::ConfigError;
 use crate::payload::{GitInfo, JobFeatures, JobInfo, JobResponse, JobVariable, RunnerInfo, Step, StepWhen};
+use source::{
+    list_of_strings, load_includes, parse_yaml, resolve_extends, resolve_references, scalar_string, str_key, Sources,
+};
 
 /// Keys at the top level that are not jobs.
 const RESERVED: &[&str] = &[
@@ -49,251 +58,33 @@ const DEFAULTABLE: &[&str] = &[
     "artifacts",
 ];
 
-/// A pipeline file problem, naming file, line and key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocalError {
-    pub file: PathBuf,
-    pub line: Option<usize>,
-    pub key: String,
-    pub message: String,
-}
-
-impl fmt::Display for LocalError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-        }
-        if !self.key.is_empty() {
-            write!(f, ": {}", self.key)?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-impl std::error::Error for LocalError {}
-
 /// One job ready to run.
 #[derive(Debug, Clone)]
 pub struct PlannedJob {
+    /// Job name (with the `parallel` suffix, e.g. `test 1/3`).
     pub name: String,
+    /// Stage the job runs in.
     pub stage: String,
     /// `on_success`, `on_failure`, `always`, `manual`, `delayed`.
     pub when: String,
+    /// Whether the pipeline goes on when the job fails.
     pub allow_failure: bool,
     /// `allow_failure: exit_codes`; when non-empty only these codes are allowed.
     pub allow_failure_exit_codes: Vec<i32>,
+    /// Jobs this one needs (`needs:`), by name.
     pub needs: Vec<String>,
+    /// The payload GitLab would send for the job.
     pub payload: JobResponse,
 }
 
 /// The jobs of a `.gitlab-ci.yml`, in stage order.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
+    /// Stages in order (with `.pre` first and `.post` last).
     pub stages: Vec<String>,
     jobs: Vec<PlannedJob>,
     /// Set when `workflow:rules` keep the pipeline from running.
     pub workflow_blocked: bool,
-}
-
-struct Sources {
-    files: Vec<(PathBuf, String)>,
-}
-
-impl Sources {
-    /// File and line where top-level key `key` (and optionally its child `child`) is written.
-    fn locate(&self, key: &str, child: Option<&str>) -> (PathBuf, Option<usize>) {
-        for (file, text) in self.files.iter().rev() {
-            let lines: Vec<&str> = text.lines().collect();
-            let top = lines.iter().position(|l| {
-                l.strip_prefix(key).is_some_and(|r| r.starts_with(':'))
-                    || l.strip_prefix(&format!("\"{key}\"")).is_some_and(|r| r.starts_with(':'))
-            });
-            if let Some(top) = top {
-                if let Some(child) = child {
-                    let found = lines
-                        .iter()
-                        .enumerate()
-                        .skip(top + 1)
-                        .take_while(|(_, l)| l.is_empty() || l.starts_with(' ') || l.starts_with('#'))
-                        .find(|(_, l)| l.trim_start().strip_prefix(child).is_some_and(|r| r.starts_with(':')));
-                    if let Some((n, _)) = found {
-                        return (file.clone(), Some(n + 1));
-                    }
-                }
-                return (file.clone(), Some(top + 1));
-            }
-        }
-        (self.files.first().map(|f| f.0.clone()).unwrap_or_default(), None)
-    }
-
-    fn error(&self, key: &str, child: Option<&str>, message: impl Into<String>) -> LocalError {
-        let (file, line) = self.locate(key, child);
-        let key = match child {
-            Some(c) => format!("{key}.{c}"),
-            None => key.to_string(),
-        };
-        LocalError { file, line, key, message: message.into() }
-    }
-}
-
-fn parse_yaml(file: &Path, text: &str) -> Result<Value, LocalError> {
-    let mut value: Value = serde_yaml::from_str(text).map_err(|e| LocalError {
-        file: file.to_path_buf(),
-        line: e.location().map(|l| l.line()),
-        key: String::new(),
-        message: format!("YAML syntax error: {e}"),
-    })?;
-    value.apply_merge().map_err(|e| LocalError {
-        file: file.to_path_buf(),
-        line: None,
-        key: "<<".into(),
-        message: format!("merge key: {e}"),
-    })?;
-    Ok(value)
-}
-
-/// Hashes merge, everything else is replaced (GitLab's `extends`/`include` merge).
-fn deep_merge(base: &mut Value, over: &Value) {
-    match (base, over) {
-        (Value::Mapping(b), Value::Mapping(o)) => {
-            for (k, v) in o {
-                match b.get_mut(k) {
-                    Some(existing) if existing.is_mapping() && v.is_mapping() => deep_merge(existing, v),
-                    _ => {
-                        b.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        (b, o) => *b = o.clone(),
-    }
-}
-
-fn str_key(k: &Value) -> Option<&str> {
-    k.as_str()
-}
-
-fn scalar_string(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        Value::Null => Some(String::new()),
-        _ => None,
-    }
-}
-
-fn list_of_strings(v: &Value) -> Vec<String> {
-    match v {
-        Value::Sequence(items) => items.iter().flat_map(list_of_strings).collect(),
-        other => scalar_string(other).map(|s| vec![s]).unwrap_or_default(),
-    }
-}
-
-/// Replace `!reference [a, b, ...]` tags by what they point at.
-fn resolve_references(value: &mut Value, root: &Value, sources: &Sources, depth: usize) -> Result<(), LocalError> {
-    if depth > 10 {
-        return Err(sources.error("!reference", None, "references nest more than 10 levels deep"));
-    }
-    match value {
-        Value::Tagged(tagged) if tagged.tag == "reference" => {
-            let path = list_of_strings(&tagged.value);
-            let mut target = root;
-            for part in &path {
-                target = target.get(part.as_str()).ok_or_else(|| {
-                    sources.error(
-                        path.first().map(String::as_str).unwrap_or(""),
-                        None,
-                        format!("!reference {path:?} points at nothing"),
-                    )
-                })?;
-            }
-            let mut resolved = target.clone();
-            resolve_references(&mut resolved, root, sources, depth + 1)?;
-            *value = resolved;
-        }
-        Value::Sequence(items) => {
-            let mut out = Vec::new();
-            for mut item in std::mem::take(items) {
-                let was_reference = matches!(&item, Value::Tagged(t) if t.tag == "reference");
-                resolve_references(&mut item, root, sources, depth + 1)?;
-                // A referenced list inside a script list is spliced in.
-                match item {
-                    Value::Sequence(inner) if was_reference => out.extend(inner),
-                    other => out.push(other),
-                }
-            }
-            *items = out;
-        }
-        Value::Mapping(map) => {
-            for (_, v) in map.iter_mut() {
-                resolve_references(v, root, sources, depth + 1)?;
-            }
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
-fn load_includes(project_dir: &Path, root: &mut Value, sources: &mut Sources, depth: usize) -> Result<(), LocalError> {
-    let Some(include) = root.as_mapping_mut().and_then(|m| m.remove("include")) else { return Ok(()) };
-    if depth > 10 {
-        return Err(sources.error("include", None, "includes nest more than 10 levels deep"));
-    }
-    let entries: Vec<Value> = match include {
-        Value::Sequence(items) => items,
-        other => vec![other],
-    };
-    let mut merged = Value::Mapping(Mapping::new());
-    for entry in entries {
-        let pattern =
-            match &entry {
-                Value::String(s) => s.clone(),
-                Value::Mapping(m) => match m.get("local").and_then(Value::as_str) {
-                    Some(s) => s.to_string(),
-                    None => return Err(sources.error(
-                        "include",
-                        None,
-                        "only `local:` includes can be run locally (remote, project and template includes need GitLab)",
-                    )),
-                },
-                _ => return Err(sources.error("include", None, "an include must be a path or {local: path}")),
-            };
-        if pattern.starts_with("http://") || pattern.starts_with("https://") {
-            return Err(sources.error(
-                "include",
-                None,
-                format!("{pattern}: remote includes need the network; Runway's exec only includes local files"),
-            ));
-        }
-        let full = project_dir.join(pattern.trim_start_matches('/'));
-        let full_text = full.display().to_string();
-        let mut paths: Vec<PathBuf> = if full_text.contains(['*', '?', '[']) {
-            glob::glob(&full_text)
-                .map_err(|e| sources.error("include", None, format!("{pattern}: {e}")))?
-                .filter_map(Result::ok)
-                .collect()
-        } else {
-            vec![full.clone()]
-        };
-        paths.sort();
-        if paths.is_empty() || paths.iter().any(|p| !p.is_file()) {
-            return Err(sources.error("include", None, format!("included file {pattern} does not exist")));
-        }
-        for path in paths {
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| sources.error("include", None, format!("{}: {e}", path.display())))?;
-            let mut included = parse_yaml(&path, &text)?;
-            sources.files.insert(0, (path.clone(), text));
-            load_includes(project_dir, &mut included, sources, depth + 1)?;
-            deep_merge(&mut merged, &included);
-        }
-    }
-    // The including file wins over what it includes.
-    deep_merge(&mut merged, root);
-    *root = merged;
-    Ok(())
 }
 
 fn variables_of(value: Option<&Value>) -> Vec<(String, String)> {
@@ -395,7 +186,7 @@ struct Expanded {
     extra: Vec<(String, String)>,
 }
 
-fn expand_parallel(name: &str, config: &Mapping, sources: &Sources) -> Result<Vec<Expanded>, LocalError> {
+fn expand_parallel(name: &str, config: &Mapping, sources: &Sources) -> Result<Vec<Expanded>, ConfigError> {
     let one =
         || vec![Expanded { name: name.to_string(), base: name.to_string(), config: config.clone(), extra: Vec::new() }];
     let Some(parallel) = config.get("parallel") else { return Ok(one()) };
@@ -463,7 +254,7 @@ fn apply_rules(
     project_dir: &Path,
     sources: &Sources,
     job: &str,
-) -> Result<Option<RuleResult>, LocalError> {
+) -> Result<Option<RuleResult>, ConfigError> {
     let Value::Sequence(rules) = rules else { return Err(sources.error(job, Some("rules"), "must be a list")) };
     for rule in rules {
         let Value::Mapping(rule) = rule else {
@@ -517,22 +308,12 @@ fn allow_failure_of(value: Option<&Value>, when: &str) -> (bool, Vec<i32>) {
 impl Pipeline {
     /// Read `file` (with its includes) for the project in `project_dir`; `overrides` are
     /// `--var` values, which win over everything.
-    pub fn load(project_dir: &Path, file: &Path, overrides: &[(String, String)]) -> Result<Pipeline, LocalError> {
-        let text = std::fs::read_to_string(file).map_err(|e| LocalError {
-            file: file.to_path_buf(),
-            line: None,
-            key: String::new(),
-            message: e.to_string(),
-        })?;
+    pub fn load(project_dir: &Path, file: &Path, overrides: &[(String, String)]) -> Result<Pipeline, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|e| ConfigError::new(file, e.to_string()))?;
         let mut root = parse_yaml(file, &text)?;
         let mut sources = Sources { files: vec![(file.to_path_buf(), text)] };
         if !root.is_mapping() {
-            return Err(LocalError {
-                file: file.to_path_buf(),
-                line: Some(1),
-                key: String::new(),
-                message: "the pipeline file must be a map of keys to jobs".into(),
-            });
+            return Err(ConfigError::new(file, "the pipeline file must be a map of keys to jobs").at_line(Some(1)));
         }
         load_includes(project_dir, &mut root, &mut sources, 0)?;
         let snapshot = root.clone();
@@ -832,26 +613,21 @@ impl Pipeline {
     }
 
     /// `names` plus everything they need, needed jobs first, in stage order.
-    pub fn with_needs(&self, names: &[String]) -> Result<Vec<&PlannedJob>, LocalError> {
+    pub fn with_needs(&self, names: &[String]) -> Result<Vec<&PlannedJob>, ConfigError> {
         let mut chosen: BTreeSet<String> = BTreeSet::new();
         let mut stack: Vec<(String, Vec<String>)> = names.iter().map(|n| (n.clone(), Vec::new())).collect();
         while let Some((name, path)) = stack.pop() {
             if path.contains(&name) {
-                return Err(LocalError {
-                    file: PathBuf::new(),
-                    line: None,
-                    key: name.clone(),
-                    message: format!("needs form a cycle: {} -> {name}", path.join(" -> ")),
-                });
+                return Err(ConfigError::new(
+                    PathBuf::new(),
+                    format!("needs form a cycle: {} -> {name}", path.join(" -> ")),
+                )
+                .with_key(name.clone()));
             }
             let found = self.expand_name(&name);
             if found.is_empty() {
-                return Err(LocalError {
-                    file: PathBuf::new(),
-                    line: None,
-                    key: name.clone(),
-                    message: "unknown job (`runway exec --list` shows them)".into(),
-                });
+                return Err(ConfigError::new(PathBuf::new(), "unknown job (`runway exec --list` shows them)")
+                    .with_key(name.clone()));
             }
             for job in found {
                 if chosen.insert(job.name.clone()) || path.is_empty() {
@@ -864,41 +640,6 @@ impl Pipeline {
             }
         }
         Ok(self.jobs.iter().filter(|j| chosen.contains(&j.name)).collect())
-    }
-}
-
-fn resolve_extends(
-    top: &Mapping,
-    name: &str,
-    sources: &Sources,
-    chain: &mut Vec<String>,
-) -> Result<Mapping, LocalError> {
-    if chain.iter().any(|c| c == name) {
-        return Err(sources.error(
-            chain.first().map(String::as_str).unwrap_or(name),
-            Some("extends"),
-            format!("circular extends: {} -> {name}", chain.join(" -> ")),
-        ));
-    }
-    if chain.len() > 11 {
-        return Err(sources.error(name, Some("extends"), "extends nests more than 11 levels"));
-    }
-    let Some(Value::Mapping(job)) = top.get(name) else {
-        let from = chain.last().cloned().unwrap_or_default();
-        return Err(sources.error(&from, Some("extends"), format!("extends unknown job or template {name:?}")));
-    };
-    let parents = job.get("extends").map(list_of_strings).unwrap_or_default();
-    let mut merged = Value::Mapping(Mapping::new());
-    chain.push(name.to_string());
-    for parent in parents {
-        let resolved = resolve_extends(top, &parent, sources, chain)?;
-        deep_merge(&mut merged, &Value::Mapping(resolved));
-    }
-    chain.pop();
-    deep_merge(&mut merged, &Value::Mapping(job.clone()));
-    match merged {
-        Value::Mapping(m) => Ok(m),
-        _ => Ok(Mapping::new()),
     }
 }
 

@@ -1,6 +1,8 @@
 //! `rules:if` expressions: `$VAR`, strings, `/regex/flags`, `null`, `==`, `!=`, `=~`, `!~`,
 //! `&&`, `||` and parentheses, evaluated the way GitLab does (an undefined variable is null;
 //! a bare variable is true when defined and non-empty).
+//!
+//! Owns the expression language only; which variables a job sees is the parent module's.
 
 use std::collections::BTreeMap;
 
@@ -209,13 +211,18 @@ impl Parser<'_> {
     }
 }
 
+/// A `rules:if` expression that does not parse or evaluate; the message says what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct RuleError(pub String);
+
 /// Evaluate `expr` against `vars`.
-pub fn evaluate(expr: &str, vars: &BTreeMap<String, String>) -> Result<bool, String> {
-    let tokens = tokenize(expr)?;
+pub fn evaluate(expr: &str, vars: &BTreeMap<String, String>) -> Result<bool, RuleError> {
+    let tokens = tokenize(expr).map_err(RuleError)?;
     let mut parser = Parser { tokens, pos: 0, vars };
-    let value = parser.or()?;
+    let value = parser.or().map_err(RuleError)?;
     if parser.pos != parser.tokens.len() {
-        return Err(format!("unexpected {:?}", parser.tokens[parser.pos]));
+        return Err(RuleError(format!("unexpected {:?}", parser.tokens[parser.pos])));
     }
     Ok(value)
 }

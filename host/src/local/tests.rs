@@ -27,7 +27,7 @@ fn project(fixture: &str) -> tempfile::TempDir {
     dir
 }
 
-fn load(fixture: &str) -> (tempfile::TempDir, Result<Pipeline, LocalError>) {
+fn load(fixture: &str) -> (tempfile::TempDir, Result<Pipeline, ConfigError>) {
     let dir = project(fixture);
     let file = dir.path().join(".gitlab-ci.yml");
     let result = Pipeline::load(dir.path(), &file, &[("CLI".into(), "over".into())]);
@@ -150,7 +150,7 @@ fn local_includes_with_wildcards() {
     assert!(p.job("from-two").is_some());
 }
 
-fn error_for(yaml: &str) -> LocalError {
+fn error_for(yaml: &str) -> ConfigError {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join(".gitlab-ci.yml");
     std::fs::write(&file, yaml).expect("write");
@@ -160,7 +160,7 @@ fn error_for(yaml: &str) -> LocalError {
 #[test]
 fn errors_name_file_line_and_key() {
     let e = error_for("stages: [build]\n\njob:\n  stage: test\n  script: echo\n");
-    assert_eq!((e.line, e.key.as_str()), (Some(4), "job.stage"), "{e}");
+    assert_eq!((e.line, e.key.as_deref()), (Some(4), Some("job.stage")), "{e}");
     assert!(
         e.to_string().ends_with(".gitlab-ci.yml:4: job.stage: stage \"test\" is not in stages (.pre, build, .post)"),
         "{e}"
@@ -169,11 +169,11 @@ fn errors_name_file_line_and_key() {
     assert!(e.message.contains("circular extends"), "{e}");
     assert_eq!(e.line, Some(2));
     let e = error_for("include: missing.yml\njob:\n  script: x\n");
-    assert!(e.message.contains("missing.yml") && e.key == "include" && e.line == Some(1), "{e}");
+    assert!(e.message.contains("missing.yml") && e.key.as_deref() == Some("include") && e.line == Some(1), "{e}");
     let e = error_for("job:\n  script: x\n  rules:\n    - if: $A = \"b\"\n");
     assert!(e.message.contains("invalid `if") && e.line == Some(3), "{e}");
     let e = error_for("first:\n  script: x\nnoscript:\n  stage: test\n");
-    assert_eq!((e.line, e.key.as_str(), e.message.as_str()), (Some(3), "noscript", "job has no script"));
+    assert_eq!((e.line, e.key.as_deref(), e.message.as_str()), (Some(3), Some("noscript"), "job has no script"));
     let e = error_for("job:\n  script: [unclosed\n");
     assert!(e.message.starts_with("YAML syntax error") && e.line.is_some(), "{e}");
     let e = error_for("job:\n  extends: .nope\n  script: x\n");

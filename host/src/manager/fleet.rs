@@ -19,6 +19,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::autoscaler::from_config::{self, Mapping};
 use crate::autoscaler::{
     AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, PluginProvider, ReadyCommand, RealClock,
     ReserveError,
@@ -244,7 +245,7 @@ impl Fleet {
         .await
         .map_err(|e| FleetError::Plugin { plugin: config.plugin.clone(), message: e.to_string() })?;
         tracing::info!(runner = name, plugin = %config.plugin, group = %provider.info.id, "fleet provider ready");
-        let settings = config.settings(machine, runner_limit);
+        let settings = from_config::settings(config, machine, runner_limit, Mapping::RUN);
         let clock = Arc::new(RealClock::new());
         let saved: Option<EngineSnapshot> =
             state_file.as_deref().and_then(|path| fleet_state::load_state(path, manager_id));

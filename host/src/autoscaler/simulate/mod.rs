@@ -5,14 +5,14 @@
 //! Reports queue-wait percentiles, instance-hours, idle share, churn, failures, and draws an
 //! SVG of queued jobs and instances over time.
 //!
-//! Until the config module lands, [`simulate_command`] reads a minimal config.toml of its own:
-//! the first `[[runners]]` entry with `[runners.autoscaler]` (+ `[[runners.autoscaler.policy]]`)
-//! or `[runners.machine]` (+ `limit`). A policy without `timezone` uses UTC here (a virtual
-//! clock has no meaningful local time).
+//! The config is config.toml read by the one reader (`config::load_for`) and mapped by the one
+//! mapping (`from_config`); see [`read_sim_config`] for the simulator's two deliberate
+//! differences. The report and its chart live in `report`. Must not parse config.toml itself.
+
+mod report;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
-use std::fmt::Write as _;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,77 +20,15 @@ use std::time::Duration;
 use anyhow::Context;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde::{Deserialize, Serialize};
 
 use super::clock::{Clock, Moment, VirtualClock};
 use super::engine::{EngineEvent, Taskscaler};
+use super::from_config::{self, Mapping};
 use super::provider::{SimProvider, SimProviderSettings};
-use super::settings::{AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle};
+use super::settings::AutoscalerSettings;
 use super::trace::{read_trace, JobArrival, TRACE_START};
-use crate::config::duration::duration_str;
-
-/// One point of the chart: at `t` seconds after the start, the queue and fleet sizes.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct ChartPoint {
-    /// Seconds after trace start.
-    pub t: f64,
-    /// Jobs waiting (in GitLab's queue or for a slot).
-    pub queued: u32,
-    /// Instances in any state.
-    pub instances: u32,
-}
-
-/// Results of one simulation run.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct SimReport {
-    /// Jobs in the trace.
-    pub jobs_total: u64,
-    /// Jobs that got a slot.
-    pub jobs_started: u64,
-    /// Jobs failed by acquire timeout.
-    pub jobs_failed_acquire_timeout: u64,
-    /// Jobs failed because their instance was lost.
-    pub jobs_failed_instance_lost: u64,
-    /// Jobs still waiting when the simulation gave up (2 days after the last arrival).
-    pub jobs_never_started: u64,
-    /// Queue wait percentiles over started jobs, seconds.
-    pub wait_p50_s: f64,
-    /// 95th percentile.
-    pub wait_p95_s: f64,
-    /// 99th percentile.
-    pub wait_p99_s: f64,
-    /// Maximum.
-    pub wait_max_s: f64,
-    /// Mean.
-    pub wait_mean_s: f64,
-    /// Share of started jobs that waited more than 30 s.
-    pub share_wait_over_30s: f64,
-    /// Share that waited more than 120 s.
-    pub share_wait_over_120s: f64,
-    /// Billed instance-hours (with the provider's billing minimum).
-    pub instance_hours: f64,
-    /// Billed instance-hours with no job running.
-    pub idle_instance_hours: f64,
-    /// `idle_instance_hours / instance_hours`.
-    pub idle_share: f64,
-    /// Job-seconds / billed slot-seconds.
-    pub slot_utilisation: f64,
-    /// Instances created.
-    pub creations: u64,
-    /// Creations per job (churn).
-    pub creations_per_job: f64,
-    /// Most instances at once.
-    pub peak_instances: u32,
-    /// Removals by reason.
-    pub removals: BTreeMap<String, u64>,
-    /// Simulated time, seconds.
-    pub simulated_seconds: f64,
-    /// `instance_hours × price_per_hour`.
-    pub cost: f64,
-    /// Chart samples (one per change).
-    #[serde(skip)]
-    pub chart: Vec<ChartPoint>,
-}
+use crate::config::{self, Purpose};
+pub use report::{ChartPoint, SimReport};
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
@@ -323,328 +261,27 @@ pub fn run_simulation(
     })
 }
 
-impl SimReport {
-    /// A human-readable summary.
-    pub fn to_text(&self) -> String {
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "jobs          {} in trace, {} started over {:.1} simulated days",
-            self.jobs_total,
-            self.jobs_started,
-            self.simulated_seconds / 86_400.0
-        );
-        let _ = writeln!(
-            s,
-            "queue wait    p50 {:.1} s, p95 {:.1} s, p99 {:.1} s, max {:.1} s, mean {:.1} s; >30 s {:.1}%, >120 s {:.1}%",
-            self.wait_p50_s,
-            self.wait_p95_s,
-            self.wait_p99_s,
-            self.wait_max_s,
-            self.wait_mean_s,
-            self.share_wait_over_30s * 100.0,
-            self.share_wait_over_120s * 100.0
-        );
-        let _ = writeln!(
-            s,
-            "instances     {:.1} instance-hours billed, {:.1} idle ({:.1}% idle), slot utilisation {:.1}%, peak {}",
-            self.instance_hours,
-            self.idle_instance_hours,
-            self.idle_share * 100.0,
-            self.slot_utilisation * 100.0,
-            self.peak_instances
-        );
-        let _ = writeln!(s, "churn         {} creations, {:.3} per job", self.creations, self.creations_per_job);
-        let _ = writeln!(
-            s,
-            "failures      {} acquire timeouts, {} lost with their instance, {} never started",
-            self.jobs_failed_acquire_timeout, self.jobs_failed_instance_lost, self.jobs_never_started
-        );
-        let removals: Vec<String> = self.removals.iter().map(|(r, n)| format!("{r} {n}")).collect();
-        let _ =
-            writeln!(s, "removals      {}", if removals.is_empty() { "none".to_string() } else { removals.join(", ") });
-        if self.cost > 0.0 {
-            let _ = writeln!(s, "cost          {:.2}", self.cost);
-        }
-        s
-    }
-
-    /// An SVG line chart of queued jobs and instances over time (hand-written, no deps).
-    /// Each pixel column shows the maximum of its time bucket, so short bursts stay visible.
-    pub fn to_svg(&self) -> String {
-        const W: f64 = 1200.0;
-        const H: f64 = 360.0;
-        const LEFT: f64 = 56.0;
-        const RIGHT: f64 = 16.0;
-        const TOP: f64 = 28.0;
-        const BOTTOM: f64 = 36.0;
-        let span = self.simulated_seconds.max(1.0);
-        let columns = (W - LEFT - RIGHT) as usize;
-        let mut queued = vec![0u32; columns];
-        let mut instances = vec![0u32; columns];
-        // Carry each sample forward until the next one, keeping per-column maxima.
-        for (i, p) in self.chart.iter().enumerate() {
-            let until = self.chart.get(i + 1).map_or(span, |n| n.t);
-            let first = ((p.t / span) * columns as f64).floor() as usize;
-            let last = (((until / span) * columns as f64).ceil() as usize).max(first + 1).min(columns);
-            for c in first.min(columns.saturating_sub(1))..last {
-                queued[c] = queued[c].max(p.queued);
-                instances[c] = instances[c].max(p.instances);
-            }
-        }
-        let top = queued.iter().chain(instances.iter()).copied().max().unwrap_or(0).max(1);
-        let y = |v: u32| TOP + (H - TOP - BOTTOM) * (1.0 - f64::from(v) / f64::from(top));
-        let line = |values: &[u32]| {
-            let mut d = String::new();
-            for (c, v) in values.iter().enumerate() {
-                let _ = write!(d, "{}{:.1},{:.1} ", if c == 0 { "M" } else { "L" }, LEFT + c as f64, y(*v));
-            }
-            d
-        };
-        let mut svg = String::new();
-        let _ = writeln!(
-            svg,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">"#
-        );
-        let _ = writeln!(svg, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-        let days = (span / 86_400.0).ceil() as u32;
-        let step = if days > 14 { 7 } else { 1 };
-        for d in (0..=days).step_by(step as usize) {
-            let x = LEFT + (f64::from(d) * 86_400.0 / span) * columns as f64;
-            if x > W - RIGHT + 0.5 {
-                break;
-            }
-            let _ = writeln!(
-                svg,
-                r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">day {d}</text>"##,
-                H - BOTTOM,
-                H - BOTTOM + 14.0
-            );
-        }
-        for frac in [0.0, 0.25, 0.5, 0.75, 1.0] {
-            let v = (f64::from(top) * frac).round() as u32;
-            let _ =
-                writeln!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="end">{v}</text>"##, LEFT - 6.0, y(v) + 4.0);
-        }
-        let _ = writeln!(svg, r##"<path d="{}" fill="none" stroke="#1f77b4" stroke-width="1"/>"##, line(&instances));
-        let _ = writeln!(svg, r##"<path d="{}" fill="none" stroke="#ff7f0e" stroke-width="1"/>"##, line(&queued));
-        let _ = writeln!(
-            svg,
-            r##"<text x="{LEFT}" y="16" fill="#1f77b4">instances</text><text x="{:.1}" y="16" fill="#ff7f0e">queued jobs</text>"##,
-            LEFT + 80.0
-        );
-        let _ = writeln!(
-            svg,
-            r##"<text x="{:.1}" y="16" text-anchor="end">p95 wait {:.1} s, {:.1} instance-hours, {:.1}% idle</text>"##,
-            W - RIGHT,
-            self.wait_p95_s,
-            self.instance_hours,
-            self.idle_share * 100.0
-        );
-        svg.push_str("</svg>\n");
-        svg
-    }
-}
-
-// ---- minimal config.toml reading for the simulator --------------------------------------------
-
-fn default_capacity() -> u32 {
-    1
-}
-fn default_failure_threshold() -> u32 {
-    3
-}
-fn default_acquire_timeout() -> Duration {
-    Duration::from_secs(15 * 60)
-}
-fn default_update_interval() -> Duration {
-    Duration::from_secs(60)
-}
-fn default_update_interval_when_expecting() -> Duration {
-    Duration::from_secs(2)
-}
-fn default_all_periods() -> Vec<String> {
-    vec!["* * * * *".into()]
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct SimThrottle {
-    #[serde(default)]
-    limit: f64,
-    #[serde(default)]
-    burst: u32,
-}
-
-#[derive(Debug, Deserialize)]
-struct SimPolicy {
-    #[serde(default = "default_all_periods")]
-    periods: Vec<String>,
-    #[serde(default)]
-    timezone: Option<String>,
-    #[serde(default)]
-    idle_count: u32,
-    #[serde(default, deserialize_with = "duration_str::deserialize")]
-    idle_time: Duration,
-    #[serde(default)]
-    scale_factor: f64,
-    #[serde(default)]
-    scale_factor_limit: u32,
-    #[serde(default)]
-    preemptive_mode: Option<bool>,
-}
-
-#[derive(Debug, Deserialize)]
-struct SimAutoscaler {
-    #[serde(default = "default_capacity")]
-    capacity_per_instance: u32,
-    #[serde(default)]
-    max_use_count: u32,
-    #[serde(default)]
-    max_instances: u32,
-    #[serde(default)]
-    instance_ready_command: Option<String>,
-    #[serde(default = "default_acquire_timeout", deserialize_with = "duration_str::deserialize")]
-    instance_acquire_timeout: Duration,
-    #[serde(default = "default_update_interval", deserialize_with = "duration_str::deserialize")]
-    update_interval: Duration,
-    #[serde(default = "default_update_interval_when_expecting", deserialize_with = "duration_str::deserialize")]
-    update_interval_when_expecting: Duration,
-    #[serde(default = "default_failure_threshold")]
-    failure_threshold: u32,
-    #[serde(default)]
-    scale_throttle: SimThrottle,
-    #[serde(default)]
-    policy: Vec<SimPolicy>,
-}
-
-#[derive(Debug, Deserialize)]
-#[allow(non_snake_case)]
-struct SimLegacyPeriod {
-    #[serde(default)]
-    Periods: Vec<String>,
-    #[serde(default)]
-    Timezone: Option<String>,
-    #[serde(default)]
-    IdleCount: u32,
-    #[serde(default)]
-    IdleCountMin: u32,
-    #[serde(default)]
-    IdleScaleFactor: f64,
-    #[serde(default, deserialize_with = "duration_str::deserialize")]
-    IdleTime: Duration,
-}
-
-#[derive(Debug, Deserialize)]
-#[allow(non_snake_case)]
-struct SimMachine {
-    #[serde(default)]
-    IdleCount: u32,
-    #[serde(default)]
-    IdleCountMin: u32,
-    #[serde(default)]
-    IdleScaleFactor: f64,
-    #[serde(default, deserialize_with = "duration_str::deserialize")]
-    IdleTime: Duration,
-    #[serde(default)]
-    MaxGrowthRate: u32,
-    #[serde(default)]
-    MaxBuilds: u32,
-    #[serde(default)]
-    autoscaling: Vec<SimLegacyPeriod>,
-}
-
-#[derive(Debug, Deserialize)]
-struct SimRunner {
-    #[serde(default)]
-    limit: u32,
-    #[serde(default)]
-    autoscaler: Option<SimAutoscaler>,
-    #[serde(default)]
-    machine: Option<SimMachine>,
-}
-
-#[derive(Debug, Deserialize)]
-struct SimConfigArray {
-    #[serde(default)]
-    runners: Vec<SimRunner>,
-}
-
-#[derive(Debug, Deserialize)]
-struct SimConfigTable {
-    runners: SimRunner,
-}
-
-fn utc_if_unset(tz: Option<String>) -> Option<String> {
-    Some(tz.unwrap_or_else(|| "UTC".into()))
-}
-
-impl SimRunner {
-    fn into_settings(self) -> Option<AutoscalerSettings> {
-        if let Some(a) = self.autoscaler {
-            return Some(AutoscalerSettings {
-                capacity_per_instance: a.capacity_per_instance,
-                max_use_count: a.max_use_count,
-                max_instances: a.max_instances,
-                policies: a
-                    .policy
-                    .into_iter()
-                    .map(|p| IdlePolicy {
-                        periods: p.periods,
-                        timezone: utc_if_unset(p.timezone),
-                        idle_count: p.idle_count,
-                        idle_time: p.idle_time,
-                        scale_factor: p.scale_factor,
-                        scale_factor_limit: p.scale_factor_limit,
-                        preemptive_mode: p.preemptive_mode,
-                    })
-                    .collect(),
-                scale_throttle: ScaleThrottle { limit: a.scale_throttle.limit, burst: a.scale_throttle.burst },
-                failure_threshold: a.failure_threshold,
-                instance_acquire_timeout: a.instance_acquire_timeout,
-                update_interval: a.update_interval,
-                update_interval_when_expecting: a.update_interval_when_expecting,
-                instance_ready_command: a.instance_ready_command.filter(|c| !c.trim().is_empty()),
-                ..Default::default()
-            });
-        }
-        let m = self.machine?;
-        Some(AutoscalerSettings::legacy(LegacyMachineSettings {
-            idle_count: m.IdleCount,
-            idle_count_min: m.IdleCountMin,
-            idle_scale_factor: m.IdleScaleFactor,
-            idle_time: m.IdleTime,
-            max_growth_rate: m.MaxGrowthRate,
-            max_builds: m.MaxBuilds,
-            limit: self.limit,
-            autoscaling: m
-                .autoscaling
-                .into_iter()
-                .map(|p| LegacyPeriod {
-                    periods: p.Periods,
-                    timezone: utc_if_unset(p.Timezone),
-                    idle_count: p.IdleCount,
-                    idle_count_min: p.IdleCountMin,
-                    idle_scale_factor: p.IdleScaleFactor,
-                    idle_time: p.IdleTime,
-                })
-                .collect(),
-        }))
-    }
-}
-
-/// Read autoscaler settings from a minimal config.toml (see the module docs).
+/// Read the fleet settings `runway simulate` replays from a config.toml.
+///
+/// The file loads through [`config::load_for`] like `runway run`'s (same errors, naming file,
+/// line and key, and the same warnings, logged), for [`Purpose::Simulate`]: the keys that
+/// connect to GitLab or a cloud (`url`, `token`, `executor`, the fleeting `plugin`) may be left
+/// out. The first `[[runners]]` entry with `[runners.autoscaler]` or `[runners.machine]` is
+/// mapped by [`from_config::runner_settings`] with [`Mapping::SIMULATE`] (an unset policy
+/// timezone is UTC, the virtual clock's zone), then compiled.
 pub fn read_sim_config(path: &Path) -> anyhow::Result<AutoscalerSettings> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let runners = match toml::from_str::<SimConfigArray>(&text) {
-        Ok(doc) => doc.runners,
-        Err(array_err) => match toml::from_str::<SimConfigTable>(&text) {
-            Ok(doc) => vec![doc.runners],
-            Err(_) => return Err(anyhow::anyhow!("{}: {array_err}", path.display())),
-        },
-    };
-    let settings = runners.into_iter().find_map(SimRunner::into_settings).with_context(|| {
-        format!("{}: no [[runners]] entry has a [runners.autoscaler] or [runners.machine] section", path.display())
-    })?;
+    let loaded = config::load_for(path, Purpose::Simulate)?;
+    for warning in &loaded.warnings {
+        tracing::warn!("{warning}");
+    }
+    let settings = loaded
+        .config
+        .runners
+        .iter()
+        .find_map(|r| from_config::runner_settings(r, Mapping::SIMULATE))
+        .with_context(|| {
+            format!("{}: no [[runners]] entry has a [runners.autoscaler] or [runners.machine] section", path.display())
+        })?;
     settings.compile().map_err(|e| anyhow::anyhow!("{}: [runners.autoscaler] {e}", path.display()))?;
     Ok(settings)
 }
@@ -682,6 +319,7 @@ pub fn simulate_command(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::autoscaler::settings::IdlePolicy;
     use crate::autoscaler::trace::{generate, TraceKind};
 
     fn examples() -> std::path::PathBuf {
@@ -756,17 +394,21 @@ mod tests {
     fn config_errors_name_the_file_and_key() {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("config.toml");
+        // Errors are `runway run`'s (the same loader): `file:line: key: message`.
         std::fs::write(&config, "[[runners]]\n[runners.autoscaler]\ncapacity_per_instance = \"two\"\n").expect("write");
         let err = format!("{:#}", read_sim_config(&config).expect_err("bad type"));
         assert!(
-            err.contains("config.toml") && err.contains("capacity_per_instance") && err.contains("line 3"),
+            err.contains("config.toml") && err.contains("capacity_per_instance") && err.contains("config.toml:3:"),
             "{err}"
         );
-        std::fs::write(&config, "[[runners]]\nexecutor = \"shell\"\n").expect("write");
+        std::fs::write(&config, "concurrent = 1\n[[runners]]\nexecutor = \"shell\"\n").expect("write");
         let err = format!("{:#}", read_sim_config(&config).expect_err("no autoscaler"));
         assert!(err.contains("no [[runners]] entry"), "{err}");
-        std::fs::write(&config, "[runners.autoscaler]\n[[runners.autoscaler.policy]]\nperiods = [\"* * *\"]\n")
-            .expect("write");
+        std::fs::write(
+            &config,
+            "concurrent = 1\n[[runners]]\n[runners.autoscaler]\n[[runners.autoscaler.policy]]\nperiods = [\"* * *\"]\n",
+        )
+        .expect("write");
         let err = format!("{:#}", read_sim_config(&config).expect_err("bad cron"));
         assert!(err.contains("policy[0].periods"), "{err}");
         let provider = dir.path().join("provider.toml");

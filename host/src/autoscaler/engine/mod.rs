@@ -1,0 +1,464 @@
+//! The taskscaler engine: a deterministic state machine over instances and job slots.
+//!
+//! Callers pass `now` into every call and step it with [`Taskscaler::tick`]; the engine asks
+//! [`Taskscaler::next_wakeup`] when it next needs a tick, so a driver sleeps on a real clock in
+//! production and jumps a virtual clock in the simulator. It owns: slot states (idle, reserved,
+//! pending, acquired, unavailable, unhealthy), reservations and acquisitions, the desired
+//! capacity from the active policy, scale-up bounded by `max_instances`, the scale throttle,
+//! the legacy `MaxGrowthRate` and a back-off after failed creations, scale-down of instances
+//! idle beyond `idle_time`, the instance lifecycle (creating → ready check → ready → deleting),
+//! heartbeats, lost-instance reporting, removal reasons, metrics and snapshot/restore.
+//! It does not run ready commands or heartbeats over SSH itself: it emits
+//! [`EngineEvent::ReadyCheckRequested`] and takes the answer through
+//! [`Taskscaler::ready_check_finished`]; heartbeats go through [`InstanceGroup::heartbeat`].
+//!
+//! This file holds the engine's state and its public calls; `scaling` holds what a tick does
+//! (provider polling, heartbeats, slot assignment, scale up/down, deletions) and `types` the
+//! plain types the engine hands out (events, errors, metrics, snapshots).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Duration;
+
+use super::clock::Moment;
+use super::provider::InstanceGroup;
+use super::settings::{AutoscalerSettings, CompiledSettings, SettingsError};
+
+mod scaling;
+mod types;
+
+pub use types::{
+    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, InstanceSnapshot,
+    ReleaseError, RemovalReason, ReserveError, SnapshotPhase,
+};
+
+#[derive(Clone, Debug, PartialEq)]
+enum KeyState {
+    Reserved,
+    Pending { deadline: Moment },
+    Acquired(Acquisition),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    Creating,
+    ReadyCheck,
+    Ready,
+    Deleting { reason: RemovalReason, requested_at: Option<Moment> },
+}
+
+#[derive(Clone, Debug)]
+struct Instance {
+    phase: Phase,
+    created_at: Moment,
+    ready_at: Option<Moment>,
+    idle_since: Moment,
+    use_count: u32,
+    slots: Vec<Option<String>>,
+    heartbeat_failures: u32,
+    next_heartbeat: Moment,
+    /// Restored from a snapshot and not yet confirmed by `update()`; holds the saved keys.
+    awaiting_adoption: Option<Vec<String>>,
+}
+
+impl Instance {
+    /// An instance first seen at `now` in the provider's listing, with no history.
+    fn discovered(phase: Phase, now: Moment, capacity: u32) -> Self {
+        Instance {
+            phase,
+            created_at: now,
+            ready_at: None,
+            idle_since: now,
+            use_count: 0,
+            slots: vec![None; capacity as usize],
+            heartbeat_failures: 0,
+            next_heartbeat: now,
+            awaiting_adoption: None,
+        }
+    }
+
+    fn active(&self) -> u32 {
+        self.slots.iter().filter(|s| s.is_some()).count() as u32
+    }
+
+    fn is_deleting(&self) -> bool {
+        matches!(self.phase, Phase::Deleting { .. })
+    }
+
+    /// Slots this instance can still give out, were it ready.
+    fn usable(&self, capacity: u32, max_use: u32) -> u32 {
+        let free = capacity.saturating_sub(self.active());
+        if max_use == 0 {
+            free
+        } else {
+            free.min(max_use.saturating_sub(self.use_count + self.active()))
+        }
+    }
+
+    fn retiring(&self, max_use: u32) -> bool {
+        max_use > 0 && self.use_count + self.active() >= max_use
+    }
+
+    fn assignable(&self) -> bool {
+        self.phase == Phase::Ready && self.awaiting_adoption.is_none()
+    }
+}
+
+/// The taskscaler engine. See the module docs.
+pub struct Taskscaler {
+    cfg: CompiledSettings,
+    instances: BTreeMap<String, Instance>,
+    keys: HashMap<String, KeyState>,
+    pending_order: VecDeque<String>,
+    failed_keys: HashMap<String, AcquireError>,
+    requested: VecDeque<Moment>,
+    tokens: f64,
+    tokens_at: Moment,
+    failure_streak: u32,
+    create_blocked_until: Moment,
+    next_update: Moment,
+    last_tick: Moment,
+    synced: bool,
+    shutting_down: bool,
+    dirty: bool,
+    wants_more: bool,
+    events: Vec<EngineEvent>,
+    metrics: EngineMetrics,
+}
+
+impl Taskscaler {
+    /// A fresh engine. It makes no scaling decision before its first successful `update()`.
+    pub fn new(settings: &AutoscalerSettings, now: Moment) -> Result<Self, SettingsError> {
+        let cfg = settings.compile()?;
+        let tokens = f64::from(cfg.throttle_burst);
+        Ok(Taskscaler {
+            cfg,
+            instances: BTreeMap::new(),
+            keys: HashMap::new(),
+            pending_order: VecDeque::new(),
+            failed_keys: HashMap::new(),
+            requested: VecDeque::new(),
+            tokens,
+            tokens_at: now,
+            failure_streak: 0,
+            create_blocked_until: now,
+            next_update: now,
+            last_tick: now,
+            synced: false,
+            shutting_down: false,
+            dirty: true,
+            wants_more: false,
+            events: Vec::new(),
+            metrics: EngineMetrics::default(),
+        })
+    }
+
+    /// An engine that adopts the instances of `snapshot` once `update()` confirms they exist,
+    /// keeping their use counts, instead of removing them as unknown.
+    pub fn restore(
+        settings: &AutoscalerSettings,
+        snapshot: &EngineSnapshot,
+        now: Moment,
+    ) -> Result<Self, SettingsError> {
+        let mut engine = Self::new(settings, now)?;
+        let capacity = engine.cfg.capacity as usize;
+        for saved in &snapshot.instances {
+            let phase = match saved.phase {
+                SnapshotPhase::Creating => Phase::Creating,
+                SnapshotPhase::Ready => Phase::Ready,
+                SnapshotPhase::Deleting => Phase::Deleting {
+                    reason: saved.removal_reason.unwrap_or(RemovalReason::Shutdown),
+                    requested_at: Some(snapshot.taken_at),
+                },
+            };
+            engine.instances.insert(
+                saved.id.clone(),
+                Instance {
+                    phase,
+                    created_at: saved.created_at,
+                    ready_at: saved.ready_at,
+                    idle_since: saved.idle_since,
+                    use_count: saved.use_count,
+                    slots: vec![None; capacity],
+                    heartbeat_failures: 0,
+                    next_heartbeat: now,
+                    awaiting_adoption: Some(saved.acquisitions.clone()),
+                },
+            );
+        }
+        Ok(engine)
+    }
+
+    /// The state to persist. Keys of running jobs are saved with their instance.
+    pub fn snapshot(&self, now: Moment) -> EngineSnapshot {
+        let instances = self
+            .instances
+            .iter()
+            .map(|(id, i)| {
+                let (phase, removal_reason) = match i.phase {
+                    Phase::Creating | Phase::ReadyCheck => (SnapshotPhase::Creating, None),
+                    Phase::Ready => (SnapshotPhase::Ready, None),
+                    Phase::Deleting { reason, .. } => (SnapshotPhase::Deleting, Some(reason)),
+                };
+                let mut acquisitions: Vec<String> = i.slots.iter().flatten().cloned().collect();
+                if let Some(saved) = &i.awaiting_adoption {
+                    acquisitions.extend(saved.iter().cloned());
+                }
+                InstanceSnapshot {
+                    id: id.clone(),
+                    phase,
+                    created_at: i.created_at,
+                    ready_at: i.ready_at,
+                    idle_since: i.idle_since,
+                    use_count: i.use_count,
+                    acquisitions,
+                    removal_reason,
+                }
+            })
+            .collect();
+        EngineSnapshot { version: 1, taken_at: now, instances }
+    }
+
+    /// Settings in force.
+    pub fn settings(&self) -> &CompiledSettings {
+        &self.cfg
+    }
+
+    /// Claim capacity for a job before asking GitLab for one. In preemptive mode only when an
+    /// idle slot on a ready instance is free; otherwise while `max_instances` allows.
+    pub fn reserve(&mut self, key: &str, now: Moment) -> Result<(), ReserveError> {
+        if self.shutting_down {
+            return Err(ReserveError::ShuttingDown);
+        }
+        if self.keys.contains_key(key) {
+            return Err(ReserveError::DuplicateKey(key.to_string()));
+        }
+        let census = self.census();
+        let demand = census.reserved + census.pending;
+        let ok = if self.cfg.active_policy(now).preemptive() {
+            census.idle > demand
+        } else if self.cfg.max_instances > 0 {
+            let max_slots = self.cfg.max_instances.saturating_mul(self.cfg.capacity);
+            census.acquired + demand + census.unavailable < max_slots
+        } else {
+            true
+        };
+        if !ok {
+            return Err(ReserveError::NoCapacity);
+        }
+        self.keys.insert(key.to_string(), KeyState::Reserved);
+        self.failed_keys.remove(key);
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// Give back a reservation (GitLab had no job), or cancel a waiting acquire.
+    pub fn unreserve(&mut self, key: &str) -> bool {
+        self.failed_keys.remove(key);
+        match self.keys.get(key) {
+            Some(KeyState::Reserved) | Some(KeyState::Pending { .. }) => {
+                self.keys.remove(key);
+                self.pending_order.retain(|k| k != key);
+                self.dirty = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Ask for a slot for a reserved key. Returns the slot at once when one is free, else the
+    /// deadline; the outcome arrives as an [`EngineEvent`] and through [`Taskscaler::poll_acquire`].
+    pub fn acquire(&mut self, key: &str, now: Moment) -> Result<AcquireStatus, AcquireError> {
+        match self.keys.get(key) {
+            Some(KeyState::Reserved) => {}
+            Some(_) => return self.poll_acquire(key),
+            None => return Err(AcquireError::NotReserved(key.to_string())),
+        }
+        let deadline = now.plus(self.cfg.raw.instance_acquire_timeout);
+        self.keys.insert(key.to_string(), KeyState::Pending { deadline });
+        self.pending_order.push_back(key.to_string());
+        self.dirty = true;
+        self.assign_pending();
+        self.poll_acquire(key)
+    }
+
+    /// Where an `acquire` stands. A failure is reported once, then forgotten.
+    pub fn poll_acquire(&mut self, key: &str) -> Result<AcquireStatus, AcquireError> {
+        match self.keys.get(key) {
+            Some(KeyState::Acquired(a)) => Ok(AcquireStatus::Ready(a.clone())),
+            Some(KeyState::Pending { deadline }) => Ok(AcquireStatus::Waiting { deadline: *deadline }),
+            Some(KeyState::Reserved) | None => {
+                Err(self.failed_keys.remove(key).unwrap_or_else(|| AcquireError::NotReserved(key.to_string())))
+            }
+        }
+    }
+
+    /// The job is done: free the slot, count a use, retire the instance at `max_use_count`.
+    pub fn release(&mut self, key: &str, now: Moment) -> Result<(), ReleaseError> {
+        let Some(KeyState::Acquired(a)) = self.keys.get(key).cloned() else {
+            return Err(ReleaseError::NotAcquired(key.to_string()));
+        };
+        self.keys.remove(key);
+        if let Some(inst) = self.instances.get_mut(&a.instance) {
+            if let Some(slot) = inst.slots.get_mut(a.slot as usize) {
+                *slot = None;
+            }
+            inst.use_count += 1;
+            if inst.active() == 0 {
+                inst.idle_since = now;
+            }
+        }
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// Result of an `instance_ready_command` requested by [`EngineEvent::ReadyCheckRequested`].
+    pub fn ready_check_finished(&mut self, instance: &str, result: Result<(), String>, now: Moment) {
+        let Some(inst) = self.instances.get(instance) else { return };
+        if inst.phase != Phase::ReadyCheck {
+            return;
+        }
+        match result {
+            Ok(()) => self.mark_ready(instance, now),
+            Err(_) => {
+                self.metrics.ready_failures_total += 1;
+                self.record_creation_failure(now);
+                self.mark_for_removal(instance, RemovalReason::ReadyFailed);
+            }
+        }
+        self.dirty = true;
+    }
+
+    /// The connector found an instance unreachable (a job's connection dropped and a probe
+    /// failed `failure_threshold` times): remove it and report jobs still on it as lost.
+    pub fn instance_unhealthy(&mut self, instance: &str) {
+        if self.instances.get(instance).is_some_and(|i| !i.is_deleting()) {
+            self.metrics.heartbeat_failures_total += 1;
+            self.mark_for_removal(instance, RemovalReason::Unhealthy);
+            self.dirty = true;
+        }
+    }
+
+    /// Stop reserving and creating; with `delete_instances_on_shutdown`, remove every instance
+    /// without running jobs.
+    pub fn shutdown(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
+        self.shutting_down = true;
+        if self.cfg.raw.delete_instances_on_shutdown {
+            let ids: Vec<String> = self
+                .instances
+                .iter()
+                .filter(|(_, i)| !i.is_deleting() && i.active() == 0)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in ids {
+                self.mark_for_removal(&id, RemovalReason::Shutdown);
+            }
+            self.request_deletions(now, provider);
+        }
+    }
+
+    /// Whether a reserve/acquire/release since the last tick wants a tick now.
+    pub fn needs_tick(&self) -> bool {
+        self.dirty
+    }
+
+    /// Events since the last call.
+    pub fn take_events(&mut self) -> Vec<EngineEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Current gauges and counters.
+    pub fn metrics(&self) -> EngineMetrics {
+        let c = self.census();
+        let mut m = self.metrics.clone();
+        m.instances_requested = self.requested.len() as u32;
+        m.instances_creating = c.creating;
+        m.instances_ready_checking = c.ready_checking;
+        m.instances_ready = c.ready;
+        m.instances_deleting = c.deleting;
+        m.slots_idle = c.idle;
+        m.slots_reserved = c.reserved;
+        m.slots_pending = c.pending;
+        m.slots_acquired = c.acquired;
+        m.slots_unavailable = c.unavailable;
+        m.slots_unhealthy = c.unhealthy;
+        m
+    }
+
+    /// Instances in any state, including requested ones not yet listed by the provider.
+    pub fn instance_count(&self) -> u32 {
+        (self.instances.len() + self.requested.len()) as u32
+    }
+
+    /// The instances the engine knows, with `(id, use_count, active jobs)`, for logs and tests.
+    pub fn instance_summary(&self) -> Vec<(String, u32, u32)> {
+        self.instances.iter().map(|(id, i)| (id.clone(), i.use_count, i.active())).collect()
+    }
+
+    /// When the engine next needs a tick (timers, polls, deadlines). `None` never happens in
+    /// practice: the provider poll is always scheduled.
+    pub fn next_wakeup(&self) -> Moment {
+        let mut t = self.next_update;
+        let mut consider = |m: Moment| {
+            if m < t {
+                t = m;
+            }
+        };
+        for state in self.keys.values() {
+            if let KeyState::Pending { deadline } = state {
+                consider(*deadline);
+            }
+        }
+        let idle_time = self.cfg.active_policy(self.last_tick).idle_time();
+        for inst in self.instances.values() {
+            if inst.phase == Phase::Ready {
+                if self.cfg.raw.heartbeat_interval.is_some() {
+                    consider(inst.next_heartbeat);
+                }
+                if inst.active() == 0 {
+                    let expiry = inst.idle_since.plus(idle_time);
+                    if expiry > self.last_tick {
+                        consider(expiry);
+                    }
+                }
+            }
+        }
+        if self.wants_more {
+            let mut ready_at = self.create_blocked_until.max(self.last_tick);
+            if let Some(rate) = self.cfg.throttle_rate {
+                if self.tokens < 1.0 {
+                    let wait = Duration::from_secs_f64((1.0 - self.tokens) / rate);
+                    ready_at = ready_at.max(self.tokens_at.plus(wait));
+                }
+            }
+            if ready_at > self.last_tick {
+                consider(ready_at);
+            }
+        }
+        if let Some(first) = self.requested.front() {
+            consider(first.plus(self.cfg.raw.pending_request_timeout));
+        }
+        if self.cfg.policies.len() > 1 {
+            let minute = 60_000;
+            consider(Moment((self.last_tick.0 / minute + 1) * minute));
+        }
+        t
+    }
+
+    /// One step: expire acquisitions, poll the provider when due, heartbeats, assign slots,
+    /// scale up or down.
+    pub fn tick(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
+        self.last_tick = now;
+        self.refill_tokens(now);
+        self.expire_pending(now);
+        if now >= self.next_update {
+            self.poll_provider(now, provider);
+        }
+        self.heartbeats(now, provider);
+        self.assign_pending();
+        if self.synced {
+            self.scale(now, provider);
+        }
+        self.request_deletions(now, provider);
+        self.dirty = false;
+    }
+}

@@ -1,0 +1,451 @@
+//! What a [`Taskscaler::tick`] does: the census of instances and slots, throttle tokens,
+//! expiry of pending acquisitions, slot assignment, provider polling and instance lifecycle,
+//! heartbeats, scaling up and down against the active policy, and deletion requests.
+//!
+//! Internals of the engine (called from its public calls in the parent module); must not be
+//! called from outside the engine, and holds no state of its own.
+
+use std::time::Duration;
+
+use super::{AcquireError, Acquisition, EngineEvent, Instance, KeyState, Phase, RemovalReason, Taskscaler};
+use crate::autoscaler::clock::Moment;
+use crate::autoscaler::provider::{InstanceGroup, InstanceState, ProviderError};
+
+impl Taskscaler {
+    pub(super) fn census(&self) -> Census {
+        let mut c = Census::default();
+        let cap = self.cfg.capacity;
+        let max_use = self.cfg.max_use;
+        for inst in self.instances.values() {
+            let active = inst.active();
+            match inst.phase {
+                Phase::Deleting { .. } => {
+                    c.deleting += 1;
+                    continue;
+                }
+                Phase::Creating => c.creating += 1,
+                Phase::ReadyCheck => c.ready_checking += 1,
+                Phase::Ready => c.ready += 1,
+            }
+            c.acquired += active;
+            let usable = inst.usable(cap, max_use);
+            c.unavailable += cap - active - usable;
+            if inst.assignable() {
+                if inst.heartbeat_failures > 0 {
+                    c.unhealthy += usable;
+                } else {
+                    c.idle += usable;
+                }
+            }
+        }
+        for state in self.keys.values() {
+            match state {
+                KeyState::Reserved => c.reserved += 1,
+                KeyState::Pending { .. } => c.pending += 1,
+                KeyState::Acquired(_) => {}
+            }
+        }
+        c
+    }
+
+    pub(super) fn refill_tokens(&mut self, now: Moment) {
+        if let Some(rate) = self.cfg.throttle_rate {
+            let elapsed = now.since(self.tokens_at).as_secs_f64();
+            self.tokens = (self.tokens + elapsed * rate).min(f64::from(self.cfg.throttle_burst));
+        }
+        self.tokens_at = now;
+    }
+
+    pub(super) fn expire_pending(&mut self, now: Moment) {
+        let expired: Vec<String> = self
+            .pending_order
+            .iter()
+            .filter(|k| matches!(self.keys.get(*k), Some(KeyState::Pending { deadline }) if *deadline <= now))
+            .cloned()
+            .collect();
+        for key in expired {
+            self.keys.remove(&key);
+            self.pending_order.retain(|k| *k != key);
+            self.failed_keys.insert(key.clone(), AcquireError::TimedOut(self.cfg.raw.instance_acquire_timeout));
+            self.metrics.acquisition_timeouts_total += 1;
+            self.events.push(EngineEvent::AcquireTimedOut { key });
+        }
+    }
+
+    /// Give waiting keys slots, first come first served. Packs: the busiest ready instance with
+    /// a free slot wins (ties: the one ready first), so other instances can drain and go idle.
+    pub(super) fn assign_pending(&mut self) {
+        let cap = self.cfg.capacity;
+        let max_use = self.cfg.max_use;
+        while let Some(key) = self.pending_order.front().cloned() {
+            let best = self
+                .instances
+                .iter()
+                .filter(|(_, i)| i.assignable() && i.heartbeat_failures == 0 && i.usable(cap, max_use) > 0)
+                .max_by(|(_, a), (_, b)| a.active().cmp(&b.active()).then_with(|| b.ready_at.cmp(&a.ready_at)))
+                .map(|(id, _)| id.clone());
+            let Some(id) = best else { break };
+            self.pending_order.pop_front();
+            let Some(inst) = self.instances.get_mut(&id) else { break };
+            let Some(slot) = inst.slots.iter().position(|s| s.is_none()) else { break };
+            inst.slots[slot] = Some(key.clone());
+            let acquisition = Acquisition { instance: id, slot: slot as u32 };
+            self.keys.insert(key.clone(), KeyState::Acquired(acquisition.clone()));
+            self.metrics.acquisitions_total += 1;
+            self.events.push(EngineEvent::Acquired { key, acquisition });
+        }
+    }
+
+    pub(super) fn mark_ready(&mut self, id: &str, now: Moment) {
+        let interval = self.cfg.raw.heartbeat_interval;
+        if let Some(inst) = self.instances.get_mut(id) {
+            inst.phase = Phase::Ready;
+            inst.ready_at = Some(now);
+            inst.idle_since = now;
+            inst.next_heartbeat = interval.map_or(now, |d| now.plus(d));
+            self.failure_streak = 0;
+        }
+    }
+
+    pub(super) fn record_creation_failure(&mut self, now: Moment) {
+        self.failure_streak = self.failure_streak.saturating_add(1);
+        let base = self.cfg.raw.ready_failure_backoff.as_secs_f64();
+        let max = self.cfg.raw.ready_failure_backoff_max.as_secs_f64();
+        let exponent = self.failure_streak.saturating_sub(1).min(30);
+        let backoff = (base * 2f64.powi(exponent as i32)).min(max);
+        let until = now.plus(Duration::from_secs_f64(backoff));
+        self.create_blocked_until = self.create_blocked_until.max(until);
+    }
+
+    /// Mark an instance for removal; report keys of jobs running on it as lost.
+    pub(super) fn mark_for_removal(&mut self, id: &str, reason: RemovalReason) {
+        let Some(inst) = self.instances.get_mut(id) else { return };
+        if inst.is_deleting() {
+            return;
+        }
+        inst.phase = Phase::Deleting { reason, requested_at: None };
+        let keys: Vec<String> = inst.slots.iter_mut().filter_map(Option::take).collect();
+        *self.metrics.instances_removed_total.entry(reason).or_insert(0) += 1;
+        if !keys.is_empty() {
+            for key in &keys {
+                self.keys.remove(key);
+                self.failed_keys.insert(key.clone(), AcquireError::InstanceLost(id.to_string()));
+            }
+            self.metrics.instances_lost_total += 1;
+            self.events.push(EngineEvent::InstanceLost { instance: id.to_string(), keys, reason });
+        }
+        self.events.push(EngineEvent::InstanceRemoved { instance: id.to_string(), reason });
+    }
+
+    /// The provider removed an instance we did not ask it to remove.
+    pub(super) fn instance_vanished(&mut self, id: &str, now: Moment) {
+        let Some(inst) = self.instances.get(id) else { return };
+        match inst.phase {
+            Phase::Deleting { .. } => {}
+            Phase::Creating | Phase::ReadyCheck => {
+                self.metrics.provisioning_failures_total += 1;
+                self.record_creation_failure(now);
+                self.mark_for_removal(id, RemovalReason::ProvisioningFailed);
+            }
+            Phase::Ready => self.mark_for_removal(id, RemovalReason::Lost),
+        }
+    }
+
+    pub(super) fn became_running(&mut self, id: &str, now: Moment) {
+        if self.cfg.raw.instance_ready_command.is_some() {
+            if let Some(inst) = self.instances.get_mut(id) {
+                inst.phase = Phase::ReadyCheck;
+            }
+            self.events.push(EngineEvent::ReadyCheckRequested { instance: id.to_string() });
+        } else {
+            self.mark_ready(id, now);
+        }
+    }
+
+    pub(super) fn adopt(&mut self, id: &str) {
+        let keep = self.cfg.raw.keep_instance_with_acquisitions;
+        let Some(inst) = self.instances.get_mut(id) else { return };
+        let Some(saved) = inst.awaiting_adoption.take() else { return };
+        if saved.is_empty() {
+            return;
+        }
+        if keep {
+            inst.use_count += saved.len() as u32;
+        }
+        self.events.push(EngineEvent::AcquisitionsAbandoned { instance: id.to_string(), keys: saved });
+        if !keep {
+            self.mark_for_removal(id, RemovalReason::AbandonedAcquisitions);
+        }
+    }
+
+    pub(super) fn poll_provider(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
+        let listed = match provider.update() {
+            Ok(listed) => listed,
+            Err(_) => {
+                self.metrics.provider_errors_total += 1;
+                self.next_update = now.plus(self.cfg.raw.update_interval_when_expecting);
+                return;
+            }
+        };
+        // Forget creations the provider never delivered.
+        let timeout = self.cfg.raw.pending_request_timeout;
+        while self.requested.front().is_some_and(|t| t.plus(timeout) <= now) {
+            self.requested.pop_front();
+            self.metrics.provisioning_failures_total += 1;
+        }
+        let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::with_capacity(listed.len());
+        for (id, state) in &listed {
+            seen.insert(id.as_str());
+            if !self.instances.contains_key(id) {
+                let alive = matches!(state, InstanceState::Creating | InstanceState::Running | InstanceState::Timeout);
+                if !alive {
+                    continue;
+                }
+                if self.requested.pop_front().is_some() {
+                    self.instances.insert(id.clone(), Instance::discovered(Phase::Creating, now, self.cfg.capacity));
+                } else {
+                    // No saved state for it: remove for safety.
+                    self.instances.insert(
+                        id.clone(),
+                        Instance::discovered(
+                            Phase::Deleting { reason: RemovalReason::Unknown, requested_at: None },
+                            now,
+                            self.cfg.capacity,
+                        ),
+                    );
+                    *self.metrics.instances_removed_total.entry(RemovalReason::Unknown).or_insert(0) += 1;
+                    self.events
+                        .push(EngineEvent::InstanceRemoved { instance: id.clone(), reason: RemovalReason::Unknown });
+                    continue;
+                }
+            }
+            let Some(phase) = self.instances.get(id).map(|i| i.phase) else { continue };
+            match (phase, state) {
+                (
+                    Phase::Deleting { requested_at, reason },
+                    InstanceState::Creating | InstanceState::Running | InstanceState::Timeout,
+                ) => {
+                    // Still there: ask again once the retry interval has passed.
+                    if requested_at.is_some_and(|t| t.plus(self.cfg.raw.deletion_retry_interval) <= now) {
+                        if let Some(inst) = self.instances.get_mut(id) {
+                            inst.phase = Phase::Deleting { reason, requested_at: None };
+                        }
+                    }
+                }
+                (Phase::Deleting { .. }, _) => {}
+                (_, InstanceState::Deleted) | (_, InstanceState::Deleting) => self.instance_vanished(id, now),
+                (Phase::Creating, InstanceState::Running) => {
+                    if self.instances.get(id).is_some_and(|i| i.awaiting_adoption.is_some()) {
+                        // A restored instance that was still provisioning: the ready check reruns.
+                        if let Some(inst) = self.instances.get_mut(id) {
+                            inst.awaiting_adoption = None;
+                        }
+                    }
+                    self.became_running(id, now);
+                }
+                (Phase::Creating | Phase::ReadyCheck, InstanceState::Timeout) => {
+                    self.metrics.provisioning_failures_total += 1;
+                    self.record_creation_failure(now);
+                    self.mark_for_removal(id, RemovalReason::ProvisioningFailed);
+                }
+                (Phase::Ready, InstanceState::Timeout) => self.mark_for_removal(id, RemovalReason::Lost),
+                (Phase::Ready, InstanceState::Running) => self.adopt(id),
+                (Phase::Creating, InstanceState::Creating)
+                | (Phase::ReadyCheck, _)
+                | (Phase::Ready, InstanceState::Creating) => {}
+            }
+        }
+        let missing: Vec<String> = self.instances.keys().filter(|id| !seen.contains(id.as_str())).cloned().collect();
+        for id in missing {
+            let restored_unconfirmed = self.instances.get(&id).is_some_and(|i| i.awaiting_adoption.is_some());
+            if !restored_unconfirmed {
+                self.instance_vanished(&id, now);
+            }
+            self.instances.remove(&id);
+        }
+        self.synced = true;
+        let expecting = !self.requested.is_empty()
+            || self.instances.values().any(|i| i.phase == Phase::Creating || i.is_deleting());
+        let interval =
+            if expecting { self.cfg.raw.update_interval_when_expecting } else { self.cfg.raw.update_interval };
+        self.next_update = now.plus(interval);
+    }
+
+    pub(super) fn heartbeats(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
+        let Some(interval) = self.cfg.raw.heartbeat_interval else { return };
+        let due: Vec<String> = self
+            .instances
+            .iter()
+            .filter(|(_, i)| i.phase == Phase::Ready && i.awaiting_adoption.is_none() && i.next_heartbeat <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            let result = provider.heartbeat(&id);
+            let threshold = self.cfg.raw.failure_threshold.max(1);
+            let Some(inst) = self.instances.get_mut(&id) else { continue };
+            inst.next_heartbeat = now.plus(interval);
+            match result {
+                Ok(()) => inst.heartbeat_failures = 0,
+                Err(_) => {
+                    inst.heartbeat_failures += 1;
+                    self.metrics.heartbeat_failures_total += 1;
+                    if inst.heartbeat_failures >= threshold {
+                        self.mark_for_removal(&id, RemovalReason::Unhealthy);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn scale(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
+        let cap = self.cfg.capacity;
+        let max_use = self.cfg.max_use;
+        // Instances that used up max_use_count leave as soon as their last job is done.
+        let retired: Vec<String> = self
+            .instances
+            .iter()
+            .filter(|(_, i)| i.assignable() && i.active() == 0 && i.retiring(max_use))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in retired {
+            self.mark_for_removal(&id, RemovalReason::MaxUseCount);
+        }
+
+        let policy = self.cfg.active_policy(now);
+        let c = self.census();
+        // A reservation is only a job request in flight. In preemptive mode it holds an idle
+        // slot; otherwise it must not create demand, or an idle runner polling GitLab would
+        // keep an instance forever and never scale to zero.
+        let held = if policy.preemptive() { c.reserved } else { 0 };
+        let in_use = c.acquired + held + c.pending;
+        let idle_target = if self.shutting_down { 0 } else { self.cfg.idle_target(&policy, in_use) };
+        let needed_slots = in_use + c.unavailable + idle_target;
+        let mut required = ceil_div(needed_slots, cap);
+        if self.cfg.max_instances > 0 {
+            required = required.min(self.cfg.max_instances);
+        }
+        let in_creation = self.requested.len() as u32 + c.creating + c.ready_checking;
+        let current = in_creation + c.ready;
+        let total = current + c.deleting;
+        self.metrics.idle_target = idle_target;
+        self.metrics.desired_instances = required;
+
+        // Scale up.
+        self.wants_more = required > current && !self.shutting_down;
+        if self.wants_more {
+            let mut n = required - current;
+            if self.cfg.max_instances > 0 {
+                n = n.min(self.cfg.max_instances.saturating_sub(total));
+            }
+            if self.cfg.max_growth > 0 {
+                n = n.min(self.cfg.max_growth.saturating_sub(in_creation));
+            }
+            if self.failure_streak > 0 {
+                // While creations keep failing, probe with one instance at a time.
+                n = n.min(1u32.saturating_sub(in_creation));
+            }
+            if now < self.create_blocked_until {
+                n = 0;
+            }
+            if self.cfg.throttle_rate.is_some() {
+                n = n.min(self.tokens.floor().max(0.0) as u32);
+            }
+            if n > 0 {
+                match provider.increase(n) {
+                    Ok(granted) => {
+                        for _ in 0..granted {
+                            self.requested.push_back(now);
+                        }
+                        if self.cfg.throttle_rate.is_some() {
+                            self.tokens -= f64::from(granted);
+                        }
+                        self.metrics.instances_requested_total += u64::from(granted);
+                        if granted > 0 {
+                            self.next_update =
+                                self.next_update.min(now.plus(self.cfg.raw.update_interval_when_expecting));
+                        }
+                    }
+                    Err(ProviderError::Capacity { retry_after }) => {
+                        self.metrics.provider_errors_total += 1;
+                        let wait = retry_after.unwrap_or(self.cfg.raw.update_interval);
+                        self.create_blocked_until = self.create_blocked_until.max(now.plus(wait));
+                    }
+                    Err(ProviderError::Other(_)) => {
+                        self.metrics.provider_errors_total += 1;
+                        let wait = self.cfg.raw.update_interval_when_expecting;
+                        self.create_blocked_until = self.create_blocked_until.max(now.plus(wait));
+                    }
+                }
+            }
+        }
+
+        // Scale down: idle instances beyond idle_time that the target does not need,
+        // longest idle first; over the instance limit, idle ones go regardless of idle_time.
+        let excess = current.saturating_sub(required);
+        let over_limit = if self.cfg.max_instances > 0 { total.saturating_sub(self.cfg.max_instances) } else { 0 };
+        if excess == 0 && over_limit == 0 {
+            return;
+        }
+        let idle_time = policy.idle_time();
+        let mut idle: Vec<(Moment, String)> = self
+            .instances
+            .iter()
+            .filter(|(_, i)| i.assignable() && i.active() == 0 && i.usable(cap, max_use) > 0)
+            .map(|(id, i)| (i.idle_since, id.clone()))
+            .collect();
+        idle.sort();
+        let mut removed = 0;
+        for (idle_since, id) in idle {
+            if removed < over_limit {
+                self.mark_for_removal(&id, RemovalReason::OverLimit);
+                removed += 1;
+            } else if removed < excess.max(over_limit) && idle_since.plus(idle_time) <= now {
+                self.mark_for_removal(&id, RemovalReason::Idle);
+                removed += 1;
+            }
+        }
+    }
+
+    pub(super) fn request_deletions(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
+        let ids: Vec<String> = self
+            .instances
+            .iter()
+            .filter(|(_, i)| matches!(i.phase, Phase::Deleting { requested_at: None, .. }))
+            .map(|(id, _)| id.clone())
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        if provider.decrease(&ids).is_err() {
+            self.metrics.provider_errors_total += 1;
+        }
+        // Accepted or not, wait for the retry interval: `update()` shows whether it worked.
+        for id in &ids {
+            if let Some(inst) = self.instances.get_mut(id) {
+                if let Phase::Deleting { reason, .. } = inst.phase {
+                    inst.phase = Phase::Deleting { reason, requested_at: Some(now) };
+                }
+            }
+        }
+        self.next_update = self.next_update.min(now.plus(self.cfg.raw.update_interval_when_expecting));
+    }
+}
+
+fn ceil_div(a: u32, b: u32) -> u32 {
+    a.div_ceil(b.max(1))
+}
+
+#[derive(Debug, Default)]
+/// Instances and slots by state at one moment.
+pub(super) struct Census {
+    pub(super) creating: u32,
+    pub(super) ready_checking: u32,
+    pub(super) ready: u32,
+    pub(super) deleting: u32,
+    pub(super) idle: u32,
+    pub(super) reserved: u32,
+    pub(super) pending: u32,
+    pub(super) acquired: u32,
+    pub(super) unavailable: u32,
+    pub(super) unhealthy: u32,
+}

@@ -1,0 +1,264 @@
+//! The plain types the engine hands out: events, errors of its calls, acquisitions, removal
+//! reasons, metrics and the persistent snapshot.
+//!
+//! Data only, no engine logic: must not reach into the engine's state.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::autoscaler::clock::Moment;
+
+/// Why an instance was removed (exported as a metric label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemovalReason {
+    /// Idle beyond `idle_time` and not needed for the idle target.
+    Idle,
+    /// Reached `max_use_count` / `MaxBuilds`.
+    MaxUseCount,
+    /// `failure_threshold` consecutive heartbeat failures.
+    Unhealthy,
+    /// Removed on shutdown (`delete_instances_on_shutdown`).
+    Shutdown,
+    /// `instance_ready_command` failed.
+    ReadyFailed,
+    /// The provider reported `timeout` while provisioning.
+    ProvisioningFailed,
+    /// The provider removed or lost it without being asked.
+    Lost,
+    /// Listed by the provider but unknown to this manager (no saved state): removed for safety.
+    Unknown,
+    /// More instances than `max_instances` / `limit` (after a settings change).
+    OverLimit,
+    /// Restored with acquisitions from before a restart (unless `keep_instance_with_acquisitions`).
+    AbandonedAcquisitions,
+}
+
+impl RemovalReason {
+    /// All reasons, for metric registration.
+    pub const ALL: [RemovalReason; 10] = [
+        RemovalReason::Idle,
+        RemovalReason::MaxUseCount,
+        RemovalReason::Unhealthy,
+        RemovalReason::Shutdown,
+        RemovalReason::ReadyFailed,
+        RemovalReason::ProvisioningFailed,
+        RemovalReason::Lost,
+        RemovalReason::Unknown,
+        RemovalReason::OverLimit,
+        RemovalReason::AbandonedAcquisitions,
+    ];
+
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RemovalReason::Idle => "idle",
+            RemovalReason::MaxUseCount => "max_use_count",
+            RemovalReason::Unhealthy => "unhealthy",
+            RemovalReason::Shutdown => "shutdown",
+            RemovalReason::ReadyFailed => "ready_failed",
+            RemovalReason::ProvisioningFailed => "provisioning_failed",
+            RemovalReason::Lost => "lost",
+            RemovalReason::Unknown => "unknown",
+            RemovalReason::OverLimit => "over_limit",
+            RemovalReason::AbandonedAcquisitions => "abandoned_acquisitions",
+        }
+    }
+}
+
+/// A slot on an instance held for one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Acquisition {
+    /// The instance id.
+    pub instance: String,
+    /// The slot index on it (`0..capacity_per_instance`).
+    pub slot: u32,
+}
+
+/// What the engine tells its driver.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineEvent {
+    /// A pending `acquire` got a slot.
+    Acquired {
+        /// The reservation key.
+        key: String,
+        /// Where the job runs.
+        acquisition: Acquisition,
+    },
+    /// A pending `acquire` waited `instance_acquire_timeout` without a slot.
+    AcquireTimedOut {
+        /// The reservation key.
+        key: String,
+    },
+    /// Run `instance_ready_command` on this instance and report with `ready_check_finished`.
+    ReadyCheckRequested {
+        /// The instance id.
+        instance: String,
+    },
+    /// An instance died under running jobs: fail these jobs (`runner_system_failure`).
+    InstanceLost {
+        /// The instance id.
+        instance: String,
+        /// Keys whose acquisitions were on it.
+        keys: Vec<String>,
+        /// Why it is gone.
+        reason: RemovalReason,
+    },
+    /// A restored instance had acquisitions from before the restart; they are released.
+    AcquisitionsAbandoned {
+        /// The instance id.
+        instance: String,
+        /// The saved keys.
+        keys: Vec<String>,
+    },
+    /// The engine decided to remove an instance.
+    InstanceRemoved {
+        /// The instance id.
+        instance: String,
+        /// Why.
+        reason: RemovalReason,
+    },
+}
+
+/// Why `reserve` failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    /// No capacity: do not ask GitLab for a job this round.
+    #[error("no free capacity")]
+    NoCapacity,
+    /// The key is already in use.
+    #[error("reservation key {0:?} already in use")]
+    DuplicateKey(String),
+    /// The engine is shutting down.
+    #[error("autoscaler is shutting down")]
+    ShuttingDown,
+}
+
+/// Why an `acquire` (or a poll of one) failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AcquireError {
+    /// `acquire` without a prior `reserve`.
+    #[error("no reservation for key {0:?}")]
+    NotReserved(String),
+    /// No slot within `instance_acquire_timeout`.
+    #[error("unable to acquire instance within the configured timeout of {0:?}")]
+    TimedOut(Duration),
+    /// The instance went away under the acquisition.
+    #[error("instance {0} unexpectedly removed")]
+    InstanceLost(String),
+}
+
+/// State of an `acquire`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireStatus {
+    /// The slot is assigned.
+    Ready(Acquisition),
+    /// Still waiting; gives up at `deadline`.
+    Waiting {
+        /// When the acquire times out.
+        deadline: Moment,
+    },
+}
+
+/// Why `release` failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReleaseError {
+    /// The key holds no acquisition (never acquired, or its instance was lost).
+    #[error("key {0:?} holds no acquisition")]
+    NotAcquired(String),
+}
+
+/// Gauges and counters, as plain numbers for the metrics module.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct EngineMetrics {
+    /// Creations requested but not yet listed by the provider.
+    pub instances_requested: u32,
+    /// Instances provisioning.
+    pub instances_creating: u32,
+    /// Instances running their ready check.
+    pub instances_ready_checking: u32,
+    /// Instances in service.
+    pub instances_ready: u32,
+    /// Instances being removed.
+    pub instances_deleting: u32,
+    /// Free slots on ready instances.
+    pub slots_idle: u32,
+    /// Reserved keys not yet acquiring.
+    pub slots_reserved: u32,
+    /// `acquire` calls waiting for a slot.
+    pub slots_pending: u32,
+    /// Slots running jobs.
+    pub slots_acquired: u32,
+    /// Slots that can never be used again (instances at `max_use_count`).
+    pub slots_unavailable: u32,
+    /// Slots on instances with failing heartbeats (below the threshold).
+    pub slots_unhealthy: u32,
+    /// The idle target of the last scaling pass (slots).
+    pub idle_target: u32,
+    /// Instances the last scaling pass wanted.
+    pub desired_instances: u32,
+    /// Instances requested from the provider in total.
+    pub instances_requested_total: u64,
+    /// Removals by reason.
+    pub instances_removed_total: BTreeMap<RemovalReason, u64>,
+    /// Ready-check failures.
+    pub ready_failures_total: u64,
+    /// Provisioning failures (`timeout`, vanished while creating).
+    pub provisioning_failures_total: u64,
+    /// Heartbeat failures.
+    pub heartbeat_failures_total: u64,
+    /// Successful acquisitions.
+    pub acquisitions_total: u64,
+    /// Acquisitions that timed out.
+    pub acquisition_timeouts_total: u64,
+    /// Instances lost under running jobs.
+    pub instances_lost_total: u64,
+    /// Failed provider calls.
+    pub provider_errors_total: u64,
+}
+
+/// Saved state of one instance.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InstanceSnapshot {
+    /// Provider id.
+    pub id: String,
+    /// `creating`, `ready` or `deleting`.
+    pub phase: SnapshotPhase,
+    /// First seen.
+    pub created_at: Moment,
+    /// When it passed its ready check.
+    pub ready_at: Option<Moment>,
+    /// Start of the current idle period.
+    pub idle_since: Moment,
+    /// Jobs completed on it.
+    pub use_count: u32,
+    /// Keys holding slots when the snapshot was taken.
+    pub acquisitions: Vec<String>,
+    /// Removal reason when deleting.
+    pub removal_reason: Option<RemovalReason>,
+}
+
+/// Phase of a saved instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotPhase {
+    /// Not yet ready (the ready check is redone after a restart).
+    Creating,
+    /// In service.
+    Ready,
+    /// Removal requested.
+    Deleting,
+}
+
+/// The engine's persistent state (`state_storage`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineSnapshot {
+    /// Format version.
+    pub version: u32,
+    /// When it was taken.
+    pub taken_at: Moment,
+    /// Every known instance.
+    pub instances: Vec<InstanceSnapshot>,
+}
