@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::clock::Clock;
 use super::engine::{
-    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, ReleaseError, ReserveError,
-    Taskscaler,
+    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, NotReady, ReleaseError,
+    ReserveError, Taskscaler,
 };
 use super::provider::InstanceGroup;
 use super::settings::{AutoscalerSettings, SettingsError};
@@ -23,7 +23,7 @@ use super::settings::{AutoscalerSettings, SettingsError};
 #[async_trait::async_trait]
 pub trait ReadyCommand: Send + Sync {
     /// `Ok` when the instance is usable; `Err` with the reason otherwise.
-    async fn run(&self, instance: &str) -> Result<(), String>;
+    async fn run(&self, instance: &str) -> Result<(), NotReady>;
 }
 
 struct Inner {
@@ -212,7 +212,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl ReadyCommand for AlwaysReady {
-        async fn run(&self, _instance: &str) -> Result<(), String> {
+        async fn run(&self, _instance: &str) -> Result<(), super::NotReady> {
             Ok(())
         }
     }

@@ -97,7 +97,7 @@ impl Harness {
         let due: Vec<String> = self.ready_due.iter().filter(|(t, _)| *t <= now).map(|(_, id)| id.clone()).collect();
         self.ready_due.retain(|(t, _)| *t > now);
         for id in due {
-            let result = if self.ready_ok { Ok(()) } else { Err("cloud-init failed".to_string()) };
+            let result = if self.ready_ok { Ok(()) } else { Err(super::NotReady("cloud-init failed".to_string())) };
             self.engine.ready_check_finished(&id, result, now);
         }
         self.engine.tick(now, &mut self.provider);

@@ -71,19 +71,46 @@ impl std::fmt::Debug for SshAuth {
 pub enum ConnectError {
     /// TCP or SSH handshake failure.
     #[error("ssh {target}: {message}")]
-    Connect { target: String, message: String },
+    Connect {
+        /// `user@host:port`.
+        target: String,
+        /// What failed.
+        message: String,
+    },
     /// The server refused the credentials.
     #[error("ssh {target}: authentication as {user} failed")]
-    Auth { target: String, user: String },
+    Auth {
+        /// `user@host:port`.
+        target: String,
+        /// The login user.
+        user: String,
+    },
     /// The private key could not be read.
     #[error("ssh {target}: unreadable private key: {message}")]
-    Key { target: String, message: String },
+    Key {
+        /// `user@host:port`.
+        target: String,
+        /// Why the key is unusable.
+        message: String,
+    },
     /// Connecting took longer than the timeout.
     #[error("ssh {target}: no connection within {0:?}", .timeout)]
-    Timeout { target: String, timeout: Duration },
+    Timeout {
+        /// `user@host:port`.
+        target: String,
+        /// The limit that passed.
+        timeout: Duration,
+    },
     /// The server's host key is not the pinned one.
     #[error("ssh {target}: host key {seen} does not match the expected {expected}")]
-    HostKey { target: String, seen: String, expected: String },
+    HostKey {
+        /// `user@host:port`.
+        target: String,
+        /// The fingerprint the server showed.
+        seen: String,
+        /// The pinned fingerprint.
+        expected: String,
+    },
 }
 
 struct Client {

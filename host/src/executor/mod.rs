@@ -82,6 +82,30 @@ impl ResolvedExecutor {
     pub fn shared(&self) -> bool {
         self.info.features.contains(Features::SHARED)
     }
+
+    /// What the executor supports, as the runner advertises it to GitLab.
+    pub fn features(&self) -> ExecutorFeatures {
+        let has = |f: Features| self.info.features.contains(f);
+        ExecutorFeatures {
+            variables: has(Features::VARIABLES),
+            image: has(Features::IMAGE),
+            services: has(Features::SERVICES),
+            shared: has(Features::SHARED),
+        }
+    }
+}
+
+/// The executor's feature flags (from its provider info) in the runner's vocabulary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExecutorFeatures {
+    /// It passes job variables to the job.
+    pub variables: bool,
+    /// It runs jobs in the job's `image`.
+    pub image: bool,
+    /// It starts the job's `services`.
+    pub services: bool,
+    /// Jobs share one machine (builds directories are namespaced).
+    pub shared: bool,
 }
 
 fn resolve_dir(dir: &str, base: &Path) -> PathBuf {

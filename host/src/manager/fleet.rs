@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::autoscaler::from_config::{self, Mapping};
 use crate::autoscaler::{
-    AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, PluginProvider, ReadyCommand, RealClock,
-    ReserveError,
+    AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, NotReady, PluginProvider, ReadyCommand,
+    RealClock, ReserveError,
 };
 use crate::config::autoscaler::{AutoscalerConfig, ConnectorConfigToml, MachineConfig};
 use crate::config::duration::{parse_duration, DurationError};
@@ -185,8 +185,8 @@ struct ReadyOverSsh {
 
 #[async_trait]
 impl ReadyCommand for ReadyOverSsh {
-    async fn run(&self, instance: &str) -> Result<(), String> {
-        let spec = self.connector.spec(instance).await.map_err(|e| e.to_string())?;
+    async fn run(&self, instance: &str) -> Result<(), NotReady> {
+        let spec = self.connector.spec(instance).await.map_err(|e| NotReady(e.to_string()))?;
         match probe::ready_command(&spec, &self.command, READY_COMMAND_TIMEOUT).await {
             Ok(()) => {
                 tracing::info!(instance, "instance_ready_command succeeded");
@@ -194,13 +194,13 @@ impl ReadyCommand for ReadyOverSsh {
             }
             Err(ProbeError::Exit { code, .. }) => {
                 tracing::warn!(instance, code, "instance_ready_command failed");
-                Err(format!("instance_ready_command exited with {code}"))
+                Err(NotReady(format!("instance_ready_command exited with {code}")))
             }
             Err(ProbeError::Run { message, .. }) => {
                 tracing::warn!(instance, "instance_ready_command could not run: {message}");
-                Err(format!("instance_ready_command: {message}"))
+                Err(NotReady(format!("instance_ready_command: {message}")))
             }
-            Err(e @ ProbeError::Connect(_)) => Err(e.to_string()),
+            Err(e @ ProbeError::Connect(_)) => Err(NotReady(e.to_string())),
         }
     }
 }

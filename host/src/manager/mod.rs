@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::autoscaler::ReserveError;
+use crate::executor::ExecutorFeatures;
 use crate::executor::InstanceLease;
 use crate::gitlab::api::{JobApi, JobState, JobUpdate, UpdateOutcome};
 use crate::gitlab::client::{
@@ -140,13 +141,12 @@ struct Runner {
 }
 
 /// The features Runway's job path really supports, for `info.features` (§1.6).
-pub fn features(executor_features: crate::bindings::executor::runway::executor::types::Features) -> FeaturesInfo {
-    use crate::bindings::executor::runway::executor::types::Features;
+pub fn features(executor: ExecutorFeatures) -> FeaturesInfo {
     FeaturesInfo {
-        variables: executor_features.contains(Features::VARIABLES),
-        image: executor_features.contains(Features::IMAGE),
-        services: executor_features.contains(Features::SERVICES),
-        shared: executor_features.contains(Features::SHARED),
+        variables: executor.variables,
+        image: executor.image,
+        services: executor.services,
+        shared: executor.shared,
         session: false,
         terminal: false,
         cache: true,
@@ -196,11 +196,8 @@ impl Manager {
             .into_iter()
             .map(|r| {
                 let executor = &r.env.executor;
-                let info = VersionInfo::this_runner(
-                    &executor.info.name,
-                    &r.env.settings.shell,
-                    features(executor.info.features),
-                );
+                let info =
+                    VersionInfo::this_runner(&executor.info.name, &r.env.settings.shell, features(executor.features()));
                 let limit = if r.limit == 0 { Semaphore::MAX_PERMITS } else { r.limit };
                 let runner_client = r.client.clone().unwrap_or_else(|| client.clone());
                 Arc::new(Runner {

@@ -27,7 +27,7 @@ mod scaling;
 mod types;
 
 pub use types::{
-    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, InstanceSnapshot,
+    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, InstanceSnapshot, NotReady,
     ReleaseError, RemovalReason, ReserveError, SnapshotPhase,
 };
 
@@ -312,7 +312,7 @@ impl Taskscaler {
     }
 
     /// Result of an `instance_ready_command` requested by [`EngineEvent::ReadyCheckRequested`].
-    pub fn ready_check_finished(&mut self, instance: &str, result: Result<(), String>, now: Moment) {
+    pub fn ready_check_finished(&mut self, instance: &str, result: Result<(), NotReady>, now: Moment) {
         let Some(inst) = self.instances.get(instance) else { return };
         if inst.phase != Phase::ReadyCheck {
             return;

@@ -262,3 +262,9 @@ pub struct EngineSnapshot {
     /// Every known instance.
     pub instances: Vec<InstanceSnapshot>,
 }
+
+/// Why a new instance is not ready: what its `instance_ready_command`, or the way to run it,
+/// said. The engine removes the instance and backs off further creations.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotReady(pub String);

@@ -132,7 +132,7 @@ pub fn run_simulation(
                 break;
             }
             let Some(Reverse((_, id, ok))) = ready_checks.pop() else { break };
-            let result = if ok { Ok(()) } else { Err("ready command failed".to_string()) };
+            let result = if ok { Ok(()) } else { Err(super::NotReady("ready command failed".to_string())) };
             engine.ready_check_finished(&id, result, now);
         }
 
