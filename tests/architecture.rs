@@ -329,35 +329,38 @@ fn the_checker_catches_forbidden_imports() {
     assert_eq!(check_imports("newthing", "newthing/mod.rs", "", &allowed).len(), 1);
 }
 
-#[test]
-fn every_module_file_says_what_it_owns() {
+/// Every non-test source file under `host/src`: its path relative to `src` and its text.
+fn production_sources() -> Vec<(String, String)> {
     let src = src_dir();
     let mut files = Vec::new();
     rust_files(&src, &mut files);
-    let missing: Vec<String> = files
+    files
         .iter()
         .filter(|p| !is_test_file(p))
-        .filter(|p| {
-            let text = std::fs::read_to_string(p).expect("read source");
-            !text.trim_start().starts_with("//!")
+        .map(|p| {
+            let relative = p.strip_prefix(&src).expect("under src").display().to_string();
+            (relative, std::fs::read_to_string(p).expect("read source"))
         })
-        .map(|p| p.strip_prefix(&src).expect("under src").display().to_string())
+        .collect()
+}
+
+#[test]
+fn every_module_file_says_what_it_owns() {
+    let missing: Vec<String> = production_sources()
+        .into_iter()
+        .filter(|(_, text)| !text.trim_start().starts_with("//!"))
+        .map(|(path, _)| path)
         .collect();
     assert!(missing.is_empty(), "module files without a `//!` doc: {missing:?}");
 }
 
 #[test]
 fn no_source_file_is_over_the_limit() {
-    let src = src_dir();
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    let long: Vec<String> = files
-        .iter()
-        .filter(|p| !is_test_file(p))
-        .filter_map(|p| {
-            let lines = std::fs::read_to_string(p).expect("read source").lines().count();
-            (lines > MAX_LINES)
-                .then(|| format!("{} ({lines} lines)", p.strip_prefix(&src).expect("under src").display()))
+    let long: Vec<String> = production_sources()
+        .into_iter()
+        .filter_map(|(path, text)| {
+            let lines = text.lines().count();
+            (lines > MAX_LINES).then(|| format!("{path} ({lines} lines)"))
         })
         .collect();
     assert!(long.is_empty(), "files over {MAX_LINES} lines, split them along their seams: {long:?}");
