@@ -388,11 +388,14 @@ impl RemoteSession for SshSession {
     ) -> Result<ExitStatus, RemoteError> {
         let (log, exit) = (quote(log_path), quote(exit_path));
         let pid = quote(&format!("{exit_path}.pid"));
-        // Follow until the exit file appears or the command's process group is gone.
+        // Follow until the exit file appears, the command's process group is gone, or the SSH
+        // session that runs this loop is (a dropped connection must not leave it polling
+        // forever on the instance).
         let follow = format!(
             "tail -c +{from} -F -- {log} 2>/dev/null & t=$!; \
              while [ ! -e {exit} ]; do \
                if [ -s {pid} ] && ! kill -0 -- -$(cat {pid}) 2>/dev/null; then break; fi; \
+               kill -0 $PPID 2>/dev/null || break; \
                sleep 0.1; \
              done; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0",
             from = offset + 1
