@@ -6,6 +6,7 @@
 //!
 //! - [`engine`]: one `Engine` (pooling allocator with fallback, epoch ticker thread);
 //! - [`metadata`]: the `runway-plugin` section read before compiling;
+//! - [`file`]: reading a plugin file bounded (regular files only, byte cap, deadline);
 //! - [`cache`]: compiled `.cwasm` files keyed by content and engine;
 //! - [`registry`]: the load pipeline and atomic publication;
 //! - [`watch`]: hot reload of `plugins_dir`;
@@ -19,6 +20,7 @@ pub mod cache;
 pub mod call;
 pub mod engine;
 pub mod executor;
+pub mod file;
 pub mod fleeting;
 pub mod metadata;
 pub mod registry;
@@ -59,9 +61,9 @@ pub struct CheckError {
 /// What was wrong with a checked file.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CheckFailure {
-    /// It could not be read.
-    #[error("{0}")]
-    Read(String),
+    /// It could not be read, or is not a file that may be read.
+    #[error(transparent)]
+    Read(#[from] file::FileError),
     /// It did not load.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -179,10 +181,10 @@ impl PluginHost {
     /// Load `path` without publishing it: what `runway plugins check FILE` prints.
     pub async fn check_file(&self, path: &Path) -> Result<PluginListing, CheckError> {
         let failed = |reason| CheckError { path: path.to_path_buf(), reason };
-        let bytes = std::fs::read(path).map_err(|e| failed(CheckFailure::Read(e.to_string())))?;
+        let bytes = file::read_plugin_file(path).await.map_err(|e| failed(CheckFailure::Read(e)))?;
         let plugin = self
             .registry
-            .load(bytes, PluginSource::File(path.to_path_buf()))
+            .load(bytes, PluginSource::File(path.to_path_buf()), registry::Binding::Free)
             .await
             .map_err(|e| failed(CheckFailure::Load(e)))?;
         Ok(listing_row(&plugin, "ok"))
