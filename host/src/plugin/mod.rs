@@ -10,7 +10,8 @@
 //! - [`cache`]: compiled `.cwasm` files keyed by content and engine;
 //! - [`registry`]: the load pipeline and atomic publication;
 //! - [`watch`]: hot reload of `plugins_dir`;
-//! - [`state`], [`call`]: store data, budgets and error classification;
+//! - [`state`], [`call`]: store data, budgets and error classification, plugin messages bounded;
+//! - [`stderr`]: a plugin's stderr as a bounded stream (the tail is kept for errors);
 //! - grants (`[plugins.NAME]`) are `crate::config::grant`'s.
 //!
 //! Owns: the sandbox, the registry and the typed facades. Must not touch: jobs, executors'
@@ -25,13 +26,14 @@ pub mod fleeting;
 pub mod metadata;
 pub mod registry;
 pub mod state;
+pub mod stderr;
 pub mod watch;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use call::{PluginError, PluginErrorKind};
+pub use call::{bound_message, PluginError, PluginErrorKind, MAX_PLUGIN_MESSAGE};
 pub use executor::{ExecutorCall, ExecutorInstance};
 pub use metadata::MetadataError;
 pub use registry::{FileStatus, HostSettings, LoadError, LoadedPlugin, PluginSource};
