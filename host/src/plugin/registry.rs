@@ -13,7 +13,8 @@ use wasmtime::Store;
 
 use crate::bindings::executor::ExecutorPluginPre;
 use crate::bindings::fleeting::FleetingPluginPre;
-use crate::capability::kv::KvStore;
+use crate::capability::kv::{KvQuota, KvStore};
+use crate::capability::log::LogLimiter;
 use crate::capability::CallContext;
 use crate::config::grant::PluginGrant;
 use crate::plugin::cache::{content_hash, CompileCache};
@@ -129,6 +130,7 @@ pub struct LoadedPlugin {
     pub loaded_at: SystemTime,
     pub(crate) pre: PluginPre,
     pub(crate) kv: Arc<KvStore>,
+    pub(crate) log: Arc<LogLimiter>,
 }
 
 impl LoadedPlugin {
@@ -138,11 +140,14 @@ impl LoadedPlugin {
         engine: &wasmtime::Engine,
         call: CallContext,
     ) -> Result<Store<PluginState>, PluginError> {
-        let state = PluginState::new(self.meta.name.as_str().into(), self.grant.clone(), self.kv.clone(), call)
-            .map_err(|e| PluginError {
-                plugin: self.meta.name.clone(),
-                kind: PluginErrorKind::Incompatible,
-                message: format!("{e:#}"),
+        let name = self.meta.name.as_str().into();
+        let state =
+            PluginState::new(name, self.grant.clone(), self.kv.clone(), self.log.clone(), call).map_err(|e| {
+                PluginError {
+                    plugin: self.meta.name.clone(),
+                    kind: PluginErrorKind::Incompatible,
+                    message: format!("{e:#}"),
+                }
             })?;
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limits);
@@ -212,6 +217,8 @@ pub(crate) struct Registry {
     builtins: Mutex<BTreeMap<String, Arc<LoadedPlugin>>>,
     pub(crate) files: Mutex<FileStatuses>,
     pub(crate) reload_lock: tokio::sync::Mutex<()>,
+    /// Each plugin's kv store, kept across reloads so its quota holds for every version.
+    kv_stores: Mutex<BTreeMap<String, Arc<KvStore>>>,
 }
 
 fn linker<F>(engine: &wasmtime::Engine, add_world: F) -> anyhow::Result<Linker<PluginState>>
@@ -244,6 +251,7 @@ impl Registry {
             builtins: Mutex::new(BTreeMap::new()),
             files: Mutex::new(BTreeMap::new()),
             reload_lock: tokio::sync::Mutex::new(()),
+            kv_stores: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -273,6 +281,20 @@ impl Registry {
             }
             None => Ok(PluginGrant::default()),
         }
+    }
+
+    /// Plugin `name`'s kv store (one per name, shared by its versions), with `grant`'s quota.
+    fn kv_store(&self, name: &str, grant: &PluginGrant) -> Arc<KvStore> {
+        let mut stores = self.kv_stores.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let store = stores
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                let dir = self.settings.load().state_dir.as_ref().map(|d| d.join("kv").join(name));
+                Arc::new(KvStore::new(dir))
+            })
+            .clone();
+        store.set_quota(KvQuota { max_keys: grant.kv_max_keys, max_bytes: grant.kv_max_mb.saturating_mul(1 << 20) });
+        store
     }
 
     /// The whole load pipeline for one plugin binary.
@@ -309,7 +331,8 @@ impl Registry {
                 )
             }
         };
-        let kv_dir = self.settings.load().state_dir.as_ref().map(|d| d.join("kv").join(&meta.name));
+        let kv = self.kv_store(&meta.name, &grant);
+        let log = Arc::new(LogLimiter::new(grant.log_lines_per_second));
         let plugin = Arc::new(LoadedPlugin {
             meta,
             source,
@@ -318,7 +341,8 @@ impl Registry {
             from_cache,
             loaded_at: SystemTime::now(),
             pre,
-            kv: Arc::new(KvStore::new(kv_dir)),
+            kv,
+            log,
         });
         self.smoke_test(&plugin).await?;
         Ok(plugin)

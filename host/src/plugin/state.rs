@@ -16,7 +16,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use crate::bindings::{executor, fleeting};
 use crate::capability::http::HttpPolicy;
 use crate::capability::kv::{KvCtx, KvStore};
-use crate::capability::log::LogCtx;
+use crate::capability::log::{LogCtx, LogLimiter};
 use crate::capability::process::{HasProcess, ProcessCtx, ProcessView};
 use crate::capability::remote::{HasRemote, RemoteCtx, RemoteView};
 use crate::capability::trace::{HasTrace, TraceView};
@@ -42,8 +42,15 @@ pub struct PluginState {
 }
 
 impl PluginState {
-    /// Store data for one instance of `plugin` under `grant`.
-    pub fn new(plugin: Arc<str>, grant: Arc<PluginGrant>, kv: Arc<KvStore>, call: CallContext) -> anyhow::Result<Self> {
+    /// Store data for one instance of `plugin` under `grant`, with the plugin's kv store and
+    /// log budget (both shared by all its instances).
+    pub fn new(
+        plugin: Arc<str>,
+        grant: Arc<PluginGrant>,
+        kv: Arc<KvStore>,
+        log: Arc<LogLimiter>,
+        call: CallContext,
+    ) -> anyhow::Result<Self> {
         let stderr = StderrTail::default();
         let mut wasi = WasiCtx::builder();
         // Nothing ambient: no inherited environment, stdio, sockets or filesystem.
@@ -74,7 +81,7 @@ impl PluginState {
         Ok(PluginState {
             http_policy: HttpPolicy::new(plugin.clone(), &grant.allow_hosts),
             budget: CallBudget::new(grant.call_timeout),
-            log: LogCtx::new(plugin.clone()),
+            log: LogCtx::new(plugin.clone(), log),
             kv: KvCtx::new(kv),
             process: ProcessCtx::new(plugin, grant.allow_process, max_buffer),
             remote: RemoteCtx::new(max_buffer),
