@@ -319,7 +319,8 @@ async fn the_sdk_example_plugin_loads_and_runs() {
     let root = tempfile::tempdir().expect("tempdir");
     let dir = root.path().join("plugins");
     std::fs::create_dir_all(&dir).expect("mkdir");
-    install(&dir, "executor_hello.wasm", "executor-hello.wasm");
+    // Installed as `<name>.wasm`, as docs/plugin-authoring.md says: a name is bound to its file.
+    install(&dir, "executor_hello.wasm", "hello.wasm");
     let grant = PluginGrant { allow_process: true, ..PluginGrant::default() };
     let host = host_with(&dir, BTreeMap::from([("hello".to_string(), grant)])).await;
     let work = root.path().join("work");

@@ -76,6 +76,7 @@ fn init_logging(level: Option<&str>) {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_level.as_deref());
+    run::seal_process();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

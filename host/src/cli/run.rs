@@ -198,6 +198,24 @@ fn api_hook(metrics: &Metrics) -> RequestHook {
     })
 }
 
+/// Make the runner non-dumpable (Linux `PR_SET_DUMPABLE = 0`), first thing at startup: a
+/// process the runner starts (a job script, a plugin's granted process) runs as the same
+/// user, and could otherwise read `/proc/<runner pid>/environ` (the runner's whole
+/// environment), `mem`, `fd/` or attach with ptrace. Children get their own dumpable flag
+/// back at exec, so they are unaffected. The price: no core dumps of the runner, no debugger
+/// or `strace -p` attaching as the same user (root with CAP_SYS_PTRACE still can), and the
+/// runner itself cannot read its own `/proc/self/environ` or `io` (it never does).
+pub fn seal_process() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: prctl(PR_SET_DUMPABLE, 0) only changes this process's dumpable flag.
+        let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+        if rc != 0 {
+            tracing::warn!("cannot make the runner non-dumpable: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
 /// Run until stopped by a signal.
 pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
     let mut loaded = load_config(&config_path)?;

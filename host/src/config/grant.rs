@@ -1,7 +1,8 @@
 //! What a plugin may do: the `[plugins.NAME]` section of config.toml.
 //!
 //! Nothing is ambient. A plugin without a section gets the defaults below: no process,
-//! no HTTP, no environment, no filesystem, 64 MiB of memory and 30 s of wasm time per call.
+//! no HTTP, no environment, no filesystem, 64 MiB of memory and 30 s of wasm time per call,
+//! 1024 kv keys holding at most 4 MiB, and 20 log lines per second (bursts of 100).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -44,6 +45,28 @@ pub struct PluginGrant {
     /// values, HTTP bodies), in MiB.
     #[serde(default = "default_max_buffer_mb")]
     pub max_buffer_mb: u64,
+    /// Most keys the plugin may keep in `kv` (1 to 1,000,000).
+    #[serde(default = "default_kv_max_keys", deserialize_with = "in_range::<_, 1, 1_000_000>")]
+    pub kv_max_keys: u64,
+    /// Most bytes (keys plus values) the plugin may keep in `kv`, in MiB (1 to 4096).
+    #[serde(default = "default_kv_max_mb", deserialize_with = "in_range::<_, 1, 4096>")]
+    pub kv_max_mb: u64,
+    /// Plugin log lines per second passed to the runner's log; a burst of five seconds'
+    /// worth is allowed, a line costs one per started KiB, the rest is dropped and counted
+    /// (0 to 10,000; 0 drops every line).
+    #[serde(default = "default_log_lines_per_second", deserialize_with = "in_range::<_, 0, 10_000>")]
+    pub log_lines_per_second: u64,
+}
+
+/// Deserialize an integer and refuse it outside `MIN..=MAX` (the error names the range;
+/// the config loader adds file, line and key).
+fn in_range<'de, D: serde::Deserializer<'de>, const MIN: u64, const MAX: u64>(d: D) -> Result<u64, D::Error> {
+    let value = u64::deserialize(d)?;
+    if (MIN..=MAX).contains(&value) {
+        Ok(value)
+    } else {
+        Err(serde::de::Error::custom(format!("{value} is out of range: must be from {MIN} to {MAX}")))
+    }
 }
 
 fn default_memory_mb() -> u64 {
@@ -54,6 +77,21 @@ fn default_call_timeout() -> Duration {
 }
 fn default_max_buffer_mb() -> u64 {
     16
+}
+/// 1024 keys: what the kv interface always allowed; the first-party plugins use a handful.
+fn default_kv_max_keys() -> u64 {
+    1024
+}
+/// 4 MiB: room for a few of the largest values the WIT contract allows (1 MiB) and for far
+/// more state than the first-party plugins keep (a few KiB), while a plugin with no grant can
+/// no longer fill the disk (1 GiB in 3.5 s before this limit).
+fn default_kv_max_mb() -> u64 {
+    4
+}
+/// 20 lines per second (bursts of 100): more than a well-behaved plugin logs, and at most
+/// ~20 KiB/s into the runner's log from one that floods.
+fn default_log_lines_per_second() -> u64 {
+    20
 }
 
 impl Default for PluginGrant {
@@ -67,6 +105,9 @@ impl Default for PluginGrant {
             memory_mb: default_memory_mb(),
             call_timeout: default_call_timeout(),
             max_buffer_mb: default_max_buffer_mb(),
+            kv_max_keys: default_kv_max_keys(),
+            kv_max_mb: default_kv_max_mb(),
+            log_lines_per_second: default_log_lines_per_second(),
         }
     }
 }
@@ -80,5 +121,18 @@ mod tests {
         let grant: PluginGrant = toml::from_str("").expect("empty grant");
         assert!(!grant.allow_process && grant.allow_hosts.is_empty() && grant.env.is_empty());
         assert_eq!(grant.memory_mb, 64);
+        assert_eq!((grant.kv_max_keys, grant.kv_max_mb, grant.log_lines_per_second), (1024, 4, 20));
+        assert_eq!(grant, PluginGrant::default());
+    }
+
+    #[test]
+    fn quotas_are_range_checked() {
+        let grant: PluginGrant =
+            toml::from_str("kv_max_keys = 10\nkv_max_mb = 1\nlog_lines_per_second = 0").expect("ok");
+        assert_eq!((grant.kv_max_keys, grant.kv_max_mb, grant.log_lines_per_second), (10, 1, 0));
+        for bad in ["kv_max_keys = 0", "kv_max_mb = 0", "kv_max_mb = 99999999999", "log_lines_per_second = 10001"] {
+            let err = toml::from_str::<PluginGrant>(bad).expect_err(bad).to_string();
+            assert!(err.contains("out of range"), "{bad}: {err}");
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! jobs (which decide what a failure means for the job), sessions.
 
 use crate::bindings::executor::runway::executor::types::ExecutorError;
-use crate::plugin::PluginError;
+use crate::plugin::{bound_message, PluginError};
 
 /// Why an executor step failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,13 +36,15 @@ impl ExecutorFailure {
     }
 }
 
+/// The plugin's error value, its message cut to a sane length (`plugin::MAX_PLUGIN_MESSAGE`)
+/// before it can reach the job log, the runner log or a job update.
 impl From<ExecutorError> for ExecutorFailure {
     fn from(error: ExecutorError) -> Self {
         match error {
-            ExecutorError::InvalidConfig(m) => ExecutorFailure::InvalidConfig(m),
-            ExecutorError::Unavailable(m) => ExecutorFailure::Unavailable(m),
+            ExecutorError::InvalidConfig(m) => ExecutorFailure::InvalidConfig(bound_message(m)),
+            ExecutorError::Unavailable(m) => ExecutorFailure::Unavailable(bound_message(m)),
             ExecutorError::Canceled => ExecutorFailure::Canceled,
-            ExecutorError::Other(m) => ExecutorFailure::Other(m),
+            ExecutorError::Other(m) => ExecutorFailure::Other(bound_message(m)),
         }
     }
 }

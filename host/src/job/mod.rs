@@ -124,8 +124,8 @@ fn is_system(reason: FailureReason) -> bool {
 
 fn finish(trace: &dyn TraceSink, outcome: JobOutcome) -> JobOutcome {
     match outcome.failure {
-        None => trace.write_str(&crate::trace::format::job_succeeded()),
-        Some(reason) => trace.write_str(&crate::trace::format::job_failed(&outcome.message, is_system(reason))),
+        None => trace.footer(&crate::trace::format::job_succeeded()),
+        Some(reason) => trace.footer(&crate::trace::format::job_failed(&outcome.message, is_system(reason))),
     }
     outcome
 }

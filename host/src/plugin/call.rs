@@ -113,6 +113,23 @@ pub enum RawFailure {
     Abandoned(Duration),
 }
 
+/// Longest plugin-supplied message (an error value, a trap with its stderr tail) passed on
+/// to the job log or the runner log; the rest is cut and counted.
+pub const MAX_PLUGIN_MESSAGE: usize = 4096;
+
+/// `text` cut to [`MAX_PLUGIN_MESSAGE`] bytes (on a character boundary), with a note of how
+/// much was cut. Every message a plugin supplies passes through here before anyone prints it.
+pub fn bound_message(text: String) -> String {
+    if text.len() <= MAX_PLUGIN_MESSAGE {
+        return text;
+    }
+    let mut cut = MAX_PLUGIN_MESSAGE;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{} … [{} more bytes truncated]", &text[..cut], text.len() - cut)
+}
+
 /// Name the cause of a failure of `plugin`'s call; `store` gives the plugin's stderr.
 pub fn classify(plugin: &str, failure: RawFailure, state: &PluginState) -> PluginError {
     let (kind, message) = match failure {
@@ -137,9 +154,23 @@ pub fn classify(plugin: &str, failure: RawFailure, state: &PluginState) -> Plugi
             }
         }
     };
-    PluginError { plugin: plugin.to_string(), kind, message }
+    PluginError { plugin: plugin.to_string(), kind, message: bound_message(message) }
 }
 
 fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary_with_a_count() {
+        assert_eq!(bound_message("short".into()), "short");
+        let long = format!("{}{}", "a".repeat(MAX_PLUGIN_MESSAGE - 1), "é".repeat(10_000));
+        let bounded = bound_message(long.clone());
+        assert!(bounded.len() < MAX_PLUGIN_MESSAGE + 64, "{}", bounded.len());
+        assert!(bounded.ends_with(&format!("[{} more bytes truncated]", long.len() - (MAX_PLUGIN_MESSAGE - 1))));
+    }
 }

@@ -17,7 +17,7 @@ pub use crate::bindings::fleeting::exports::runway::fleeting::instance_group::{
 pub use crate::bindings::fleeting::runway::fleeting::types::{CapacityError, InstanceState, Protocol};
 use crate::bindings::fleeting::FleetingPlugin;
 use crate::capability::CallContext;
-use crate::plugin::call::{classify, guarded, PluginError, PluginErrorKind};
+use crate::plugin::call::{bound_message, classify, guarded, PluginError, PluginErrorKind};
 use crate::plugin::registry::{LoadedPlugin, PluginPre};
 use crate::plugin::state::PluginState;
 use crate::plugin::PluginHost;
@@ -31,6 +31,20 @@ pub enum FleetingFailure {
     /// The provider returned an error value.
     #[error("provider error: {0:?}")]
     Provider(ProviderError),
+}
+
+/// The provider's error value with its messages cut to a sane length.
+fn bound_provider_error(error: ProviderError) -> ProviderError {
+    match error {
+        ProviderError::InvalidConfig(m) => ProviderError::InvalidConfig(bound_message(m)),
+        ProviderError::Capacity(mut c) => {
+            c.message = bound_message(c.message);
+            ProviderError::Capacity(c)
+        }
+        ProviderError::NotFound(m) => ProviderError::NotFound(bound_message(m)),
+        ProviderError::Transient(m) => ProviderError::Transient(bound_message(m)),
+        ProviderError::Other(m) => ProviderError::Other(bound_message(m)),
+    }
 }
 
 struct Live {
@@ -119,7 +133,7 @@ impl FleetingGroup {
         .await;
         let info = match result {
             Ok(Ok(info)) => info,
-            Ok(Err(e)) => return Err(FleetingFailure::Provider(e)),
+            Ok(Err(e)) => return Err(FleetingFailure::Provider(bound_provider_error(e))),
             Err(f) => return Err(FleetingFailure::Plugin(classify(&plugin.meta.name, f, store.data()))),
         };
         tracing::info!(plugin = %plugin.meta.name, version = %plugin.meta.version, group = %info.id, "fleeting plugin initialised");
@@ -145,7 +159,7 @@ impl FleetingGroup {
         let result = guarded(budget, f(&live.bindings, &mut live.store)).await;
         match result {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(FleetingFailure::Provider(e)),
+            Ok(Err(e)) => Err(FleetingFailure::Provider(bound_provider_error(e))),
             Err(failure) => {
                 let error = classify(&live.plugin.meta.name, failure, live.store.data());
                 tracing::warn!("{error}; the instance will be re-created and re-initialised");

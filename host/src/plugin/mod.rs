@@ -6,10 +6,12 @@
 //!
 //! - [`engine`]: one `Engine` (pooling allocator with fallback, epoch ticker thread);
 //! - [`metadata`]: the `runway-plugin` section read before compiling;
+//! - [`file`]: reading a plugin file bounded (regular files only, byte cap, deadline);
 //! - [`cache`]: compiled `.cwasm` files keyed by content and engine;
 //! - [`registry`]: the load pipeline and atomic publication;
 //! - [`watch`]: hot reload of `plugins_dir`;
-//! - [`state`], [`call`]: store data, budgets and error classification;
+//! - [`state`], [`call`]: store data, budgets and error classification, plugin messages bounded;
+//! - [`stderr`]: a plugin's stderr as a bounded stream (the tail is kept for errors);
 //! - grants (`[plugins.NAME]`) are `crate::config::grant`'s.
 //!
 //! Owns: the sandbox, the registry and the typed facades. Must not touch: jobs, executors'
@@ -19,17 +21,19 @@ pub mod cache;
 pub mod call;
 pub mod engine;
 pub mod executor;
+pub mod file;
 pub mod fleeting;
 pub mod metadata;
 pub mod registry;
 pub mod state;
+pub mod stderr;
 pub mod watch;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use call::{PluginError, PluginErrorKind};
+pub use call::{bound_message, PluginError, PluginErrorKind, MAX_PLUGIN_MESSAGE};
 pub use executor::{ExecutorCall, ExecutorInstance};
 pub use metadata::MetadataError;
 pub use registry::{FileStatus, HostSettings, LoadError, LoadedPlugin, PluginSource};
@@ -59,9 +63,9 @@ pub struct CheckError {
 /// What was wrong with a checked file.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CheckFailure {
-    /// It could not be read.
-    #[error("{0}")]
-    Read(String),
+    /// It could not be read, or is not a file that may be read.
+    #[error(transparent)]
+    Read(#[from] file::FileError),
     /// It did not load.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -179,10 +183,10 @@ impl PluginHost {
     /// Load `path` without publishing it: what `runway plugins check FILE` prints.
     pub async fn check_file(&self, path: &Path) -> Result<PluginListing, CheckError> {
         let failed = |reason| CheckError { path: path.to_path_buf(), reason };
-        let bytes = std::fs::read(path).map_err(|e| failed(CheckFailure::Read(e.to_string())))?;
+        let bytes = file::read_plugin_file(path).await.map_err(|e| failed(CheckFailure::Read(e)))?;
         let plugin = self
             .registry
-            .load(bytes, PluginSource::File(path.to_path_buf()))
+            .load(bytes, PluginSource::File(path.to_path_buf()), registry::Binding::Free)
             .await
             .map_err(|e| failed(CheckFailure::Load(e)))?;
         Ok(listing_row(&plugin, "ok"))

@@ -13,7 +13,8 @@ use wasmtime::Store;
 
 use crate::bindings::executor::ExecutorPluginPre;
 use crate::bindings::fleeting::FleetingPluginPre;
-use crate::capability::kv::KvStore;
+use crate::capability::kv::{KvQuota, KvStore};
+use crate::capability::log::LogLimiter;
 use crate::capability::CallContext;
 use crate::config::grant::PluginGrant;
 use crate::plugin::cache::{content_hash, CompileCache};
@@ -22,28 +23,37 @@ use crate::plugin::engine::PluginEngine;
 use crate::plugin::metadata::{self, MetadataError, PluginKind, PluginMeta};
 use crate::plugin::state::{add_executor_imports, add_fleeting_imports, PluginState};
 
-/// Largest plugin file accepted.
-pub const MAX_PLUGIN_FILE: u64 = 64 << 20;
+pub use crate::plugin::file::MAX_PLUGIN_FILE;
+use crate::plugin::file::{read_plugin_file, FileError};
 
 /// Why a plugin binary was not loaded.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LoadError {
-    /// The file could not be read.
-    #[error("cannot read: {0}")]
-    Read(String),
-    /// The file is over [`MAX_PLUGIN_FILE`].
-    #[error("{0} bytes is larger than the {MAX_PLUGIN_FILE}-byte limit")]
-    TooLarge(u64),
+    /// The file could not be read, or is not a file that may be read.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// Its metadata section was refused.
     #[error(transparent)]
     Metadata(#[from] MetadataError),
-    /// `[plugins.NAME] file = ...` names another file.
-    #[error("[plugins.{plugin}] says file = {file:?}, but this file also declares plugin {plugin:?}")]
-    GrantFileMismatch {
-        /// The plugin's name.
+    /// The file claims a plugin name that is bound to another file: `[plugins.NAME] file`,
+    /// by default `<NAME>.wasm`.
+    #[error(
+        "claims plugin name {plugin:?}, which belongs to the file {} ([plugins.{plugin}] file, default {plugin}.wasm)",
+        file.display()
+    )]
+    NotItsFile {
+        /// The name the file claims.
         plugin: String,
-        /// The file the grant names.
+        /// The file that name is bound to.
         file: PathBuf,
+    },
+    /// The file claims the name of a built-in plugin without `[plugins.NAME] file` naming it.
+    #[error(
+        "claims the name of the built-in plugin {plugin:?}; a built-in is replaced only by an explicit [plugins.{plugin}] file = \"...\""
+    )]
+    BuiltinName {
+        /// The built-in's name.
+        plugin: String,
     },
     /// Compilation failed (or its task died).
     #[error("{0}")]
@@ -120,6 +130,7 @@ pub struct LoadedPlugin {
     pub loaded_at: SystemTime,
     pub(crate) pre: PluginPre,
     pub(crate) kv: Arc<KvStore>,
+    pub(crate) log: Arc<LogLimiter>,
 }
 
 impl LoadedPlugin {
@@ -129,11 +140,14 @@ impl LoadedPlugin {
         engine: &wasmtime::Engine,
         call: CallContext,
     ) -> Result<Store<PluginState>, PluginError> {
-        let state = PluginState::new(self.meta.name.as_str().into(), self.grant.clone(), self.kv.clone(), call)
-            .map_err(|e| PluginError {
-                plugin: self.meta.name.clone(),
-                kind: PluginErrorKind::Incompatible,
-                message: format!("{e:#}"),
+        let name = self.meta.name.as_str().into();
+        let state =
+            PluginState::new(name, self.grant.clone(), self.kv.clone(), self.log.clone(), call).map_err(|e| {
+                PluginError {
+                    plugin: self.meta.name.clone(),
+                    kind: PluginErrorKind::Incompatible,
+                    message: format!("{e:#}"),
+                }
             })?;
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limits);
@@ -180,6 +194,16 @@ pub struct HostSettings {
     pub builtins: Vec<(&'static str, &'static [u8])>,
 }
 
+/// Whether a file's plugin name must be the one bound to the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Binding {
+    /// A file of `plugins_dir`: its name must be bound to it (`[plugins.NAME] file`, default
+    /// `<NAME>.wasm`), and a built-in's name needs an explicit `file`.
+    Bound,
+    /// A built-in, or a file checked by `runway plugins check FILE`.
+    Free,
+}
+
 /// Each file's status at the last scan, with the plugin it serves (if any).
 pub(crate) type FileStatuses = BTreeMap<PathBuf, (FileStatus, Option<Arc<LoadedPlugin>>)>;
 
@@ -193,6 +217,8 @@ pub(crate) struct Registry {
     builtins: Mutex<BTreeMap<String, Arc<LoadedPlugin>>>,
     pub(crate) files: Mutex<FileStatuses>,
     pub(crate) reload_lock: tokio::sync::Mutex<()>,
+    /// Each plugin's kv store, kept across reloads so its quota holds for every version.
+    kv_stores: Mutex<BTreeMap<String, Arc<KvStore>>>,
 }
 
 fn linker<F>(engine: &wasmtime::Engine, add_world: F) -> anyhow::Result<Linker<PluginState>>
@@ -225,22 +251,30 @@ impl Registry {
             builtins: Mutex::new(BTreeMap::new()),
             files: Mutex::new(BTreeMap::new()),
             reload_lock: tokio::sync::Mutex::new(()),
+            kv_stores: Mutex::new(BTreeMap::new()),
         })
     }
 
-    fn grant_for(&self, meta: &PluginMeta, source: &PluginSource) -> Result<PluginGrant, LoadError> {
+    /// The grant of `meta`'s plugin; for a file of `plugins_dir` ([`Binding::Bound`]), also
+    /// check the file is the one the name is bound to: `[plugins.NAME] file`, by default
+    /// `<NAME>.wasm`, and never a built-in's name without an explicit `file`.
+    fn grant_for(&self, meta: &PluginMeta, source: &PluginSource, binding: Binding) -> Result<PluginGrant, LoadError> {
         let settings = self.settings.load();
-        match settings.grants.get(&meta.name) {
-            Some(grant) => {
-                if let (Some(want), PluginSource::File(path)) = (&grant.file, source) {
-                    let want_path =
-                        settings.plugins_dir.as_deref().map(|d| d.join(want)).unwrap_or_else(|| want.clone());
-                    if want_path != *path {
-                        return Err(LoadError::GrantFileMismatch { plugin: meta.name.clone(), file: want.clone() });
-                    }
-                }
-                Ok(grant.clone())
+        let grant = settings.grants.get(&meta.name);
+        if let (PluginSource::File(path), Binding::Bound) = (source, binding) {
+            let explicit = grant.and_then(|g| g.file.clone());
+            let is_builtin = self.builtins.lock().map(|b| b.contains_key(&meta.name)).unwrap_or(true);
+            if is_builtin && explicit.is_none() {
+                return Err(LoadError::BuiltinName { plugin: meta.name.clone() });
             }
+            let want = explicit.unwrap_or_else(|| PathBuf::from(format!("{}.wasm", meta.name)));
+            let want_path = settings.plugins_dir.as_deref().map(|d| d.join(&want)).unwrap_or(want);
+            if want_path != *path {
+                return Err(LoadError::NotItsFile { plugin: meta.name.clone(), file: want_path });
+            }
+        }
+        match grant {
+            Some(grant) => Ok(grant.clone()),
             None if *source == PluginSource::Builtin && meta.name == "shell" => {
                 // The first-party shell executor exists to start local processes.
                 Ok(PluginGrant { allow_process: true, ..PluginGrant::default() })
@@ -249,10 +283,29 @@ impl Registry {
         }
     }
 
+    /// Plugin `name`'s kv store (one per name, shared by its versions), with `grant`'s quota.
+    fn kv_store(&self, name: &str, grant: &PluginGrant) -> Arc<KvStore> {
+        let mut stores = self.kv_stores.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let store = stores
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                let dir = self.settings.load().state_dir.as_ref().map(|d| d.join("kv").join(name));
+                Arc::new(KvStore::new(dir))
+            })
+            .clone();
+        store.set_quota(KvQuota { max_keys: grant.kv_max_keys, max_bytes: grant.kv_max_mb.saturating_mul(1 << 20) });
+        store
+    }
+
     /// The whole load pipeline for one plugin binary.
-    pub(crate) async fn load(&self, bytes: Vec<u8>, source: PluginSource) -> Result<Arc<LoadedPlugin>, LoadError> {
+    pub(crate) async fn load(
+        &self,
+        bytes: Vec<u8>,
+        source: PluginSource,
+        binding: Binding,
+    ) -> Result<Arc<LoadedPlugin>, LoadError> {
         let meta = metadata::read(&bytes)?;
-        let grant = Arc::new(self.grant_for(&meta, &source)?);
+        let grant = Arc::new(self.grant_for(&meta, &source, binding)?);
         let hash = content_hash(&bytes);
         let engine = self.engine.engine.clone();
         let cache_hash = hash.clone();
@@ -278,7 +331,8 @@ impl Registry {
                 )
             }
         };
-        let kv_dir = self.settings.load().state_dir.as_ref().map(|d| d.join("kv").join(&meta.name));
+        let kv = self.kv_store(&meta.name, &grant);
+        let log = Arc::new(LogLimiter::new(grant.log_lines_per_second));
         let plugin = Arc::new(LoadedPlugin {
             meta,
             source,
@@ -287,7 +341,8 @@ impl Registry {
             from_cache,
             loaded_at: SystemTime::now(),
             pre,
-            kv: Arc::new(KvStore::new(kv_dir)),
+            kv,
+            log,
         });
         self.smoke_test(&plugin).await?;
         Ok(plugin)
@@ -327,7 +382,7 @@ impl Registry {
         let mut loaded = BTreeMap::new();
         for (label, bytes) in builtins {
             let plugin = self
-                .load(bytes.to_vec(), PluginSource::Builtin)
+                .load(bytes.to_vec(), PluginSource::Builtin, Binding::Free)
                 .await
                 .map_err(|e| anyhow::anyhow!("built-in plugin {label}: {e}"))?;
             loaded.insert(plugin.meta.name.clone(), plugin);
@@ -352,7 +407,7 @@ impl Registry {
         for path in files {
             let prev = previous.get(&path);
             let prev_plugin = prev.and_then(|(_, p)| p.clone());
-            let bytes = match read_plugin_file(&path) {
+            let bytes = match read_plugin_file(&path).await {
                 Ok(b) => b,
                 Err(error) => {
                     let reason = error.to_string();
@@ -377,14 +432,14 @@ impl Registry {
                     prev_plugin.clone(),
                 )
             } else {
-                match self.load(bytes, PluginSource::File(path.clone())).await {
+                match self.load(bytes, PluginSource::File(path.clone()), Binding::Bound).await {
                     Ok(p) => {
                         tracing::info!(file = %path.display(), plugin = %p.meta.name, version = %p.meta.version, "plugin loaded");
                         (FileStatus::Loaded { name: p.meta.name.clone(), hash }, Some(p))
                     }
                     Err(error) => {
                         let reason = error.to_string();
-                        tracing::error!(file = %path.display(), "plugin rejected: {reason}");
+                        tracing::error!(file = %path.display(), "plugin file {} rejected: {reason}", path.display());
                         (FileStatus::Rejected { reason, hash }, prev_plugin.clone())
                     }
                 }
@@ -430,7 +485,8 @@ fn import_error(e: &wasmtime::Error) -> LoadError {
     LoadError::Imports(format!("{e:#}"))
 }
 
-/// `*.wasm` files of a directory, sorted; dotfiles and partial downloads are skipped.
+/// `*.wasm` entries of a directory, sorted; dotfiles and partial downloads are skipped.
+/// Entries that are not regular files are listed too, so the scan reports them as refused.
 pub fn list_plugin_files(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     let mut files: Vec<PathBuf> = entries
@@ -438,17 +494,9 @@ pub fn list_plugin_files(dir: &Path) -> Vec<PathBuf> {
         .map(|e| e.path())
         .filter(|p| {
             let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            !name.starts_with('.') && name.ends_with(".wasm") && p.is_file()
+            !name.starts_with('.') && name.ends_with(".wasm")
         })
         .collect();
     files.sort();
     files
-}
-
-fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
-    let size = std::fs::metadata(path).map_err(|e| LoadError::Read(e.to_string()))?.len();
-    if size > MAX_PLUGIN_FILE {
-        return Err(LoadError::TooLarge(size));
-    }
-    std::fs::read(path).map_err(|e| LoadError::Read(e.to_string()))
 }

@@ -10,22 +10,19 @@ use std::sync::Arc;
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::bindings::{executor, fleeting};
 use crate::capability::http::HttpPolicy;
 use crate::capability::kv::{KvCtx, KvStore};
-use crate::capability::log::LogCtx;
+use crate::capability::log::{LogCtx, LogLimiter};
 use crate::capability::process::{HasProcess, ProcessCtx, ProcessView};
 use crate::capability::remote::{HasRemote, RemoteCtx, RemoteView};
 use crate::capability::trace::{HasTrace, TraceView};
 use crate::capability::{CallBudget, CallContext, TypesOnly};
 use crate::config::grant::PluginGrant;
-
-/// Most bytes of a plugin's stderr kept for error messages.
-const STDERR_CAPTURE: usize = 64 * 1024;
+use crate::plugin::stderr::StderrTail;
 
 /// Store data of every plugin instance.
 pub struct PluginState {
@@ -41,13 +38,20 @@ pub struct PluginState {
     kv: KvCtx,
     process: ProcessCtx,
     remote: RemoteCtx,
-    stderr: MemoryOutputPipe,
+    stderr: StderrTail,
 }
 
 impl PluginState {
-    /// Store data for one instance of `plugin` under `grant`.
-    pub fn new(plugin: Arc<str>, grant: Arc<PluginGrant>, kv: Arc<KvStore>, call: CallContext) -> anyhow::Result<Self> {
-        let stderr = MemoryOutputPipe::new(STDERR_CAPTURE);
+    /// Store data for one instance of `plugin` under `grant`, with the plugin's kv store and
+    /// log budget (both shared by all its instances).
+    pub fn new(
+        plugin: Arc<str>,
+        grant: Arc<PluginGrant>,
+        kv: Arc<KvStore>,
+        log: Arc<LogLimiter>,
+        call: CallContext,
+    ) -> anyhow::Result<Self> {
+        let stderr = StderrTail::default();
         let mut wasi = WasiCtx::builder();
         // Nothing ambient: no inherited environment, stdio, sockets or filesystem.
         wasi.stderr(stderr.clone());
@@ -77,7 +81,7 @@ impl PluginState {
         Ok(PluginState {
             http_policy: HttpPolicy::new(plugin.clone(), &grant.allow_hosts),
             budget: CallBudget::new(grant.call_timeout),
-            log: LogCtx::new(plugin.clone()),
+            log: LogCtx::new(plugin.clone(), log),
             kv: KvCtx::new(kv),
             process: ProcessCtx::new(plugin, grant.allow_process, max_buffer),
             remote: RemoteCtx::new(max_buffer),
@@ -116,12 +120,23 @@ impl PluginState {
         RemoteView { ctx: &self.remote, call: &self.call, budget: &self.budget }
     }
 
-    /// The last lines the plugin wrote to stderr (a panic message, usually).
+    /// The last lines the plugin wrote to stderr (a panic message, usually), at most
+    /// [`crate::plugin::call::MAX_PLUGIN_MESSAGE`] bytes of them.
     pub fn stderr_tail(&self) -> String {
         let bytes = self.stderr.contents();
         let text = String::from_utf8_lossy(&bytes);
         let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        lines[lines.len().saturating_sub(3)..].join(" | ")
+        let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
+        // Keep the end (where a panic message is), not the start.
+        let max = crate::plugin::call::MAX_PLUGIN_MESSAGE / 2;
+        if tail.len() <= max {
+            return tail;
+        }
+        let mut start = tail.len() - max;
+        while !tail.is_char_boundary(start) {
+            start += 1;
+        }
+        format!("… {}", &tail[start..])
     }
 }
 

@@ -10,6 +10,10 @@ use super::TraceSink;
 /// GitLab Runner's default `output_limit` in KiB (4 MiB).
 pub const DEFAULT_OUTPUT_LIMIT_KIB: u64 = 4096;
 
+/// Room kept beyond the output limit for the job's footer (`ERROR: Job failed: ...`), so
+/// output can never push it out. Plugin messages in it are cut to 4 KiB before they get here.
+pub const FOOTER_RESERVE: usize = 8 * 1024;
+
 /// What a job's trace masks and how much it keeps.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TraceOptions {
@@ -47,6 +51,8 @@ struct TraceState {
     crc: crc32fast::Hasher,
     limit: u64,
     limit_reached: bool,
+    /// Where the footer's room ends, once the footer started.
+    footer_end: Option<usize>,
 }
 
 impl TraceState {
@@ -65,6 +71,14 @@ impl TraceState {
         let message = limit_exceeded_message(self.limit);
         self.append(message.as_bytes());
         self.limit_reached = true;
+    }
+
+    /// Append the footer, past the limit if need be, within [`FOOTER_RESERVE`].
+    fn keep_footer(&mut self, data: &[u8]) {
+        let len = self.bytes.len();
+        let end = *self.footer_end.get_or_insert(len.saturating_add(FOOTER_RESERVE));
+        let cut = utf8_safe_cut(data, end.saturating_sub(len));
+        self.append(&data[..cut]);
     }
 
     fn append(&mut self, data: &[u8]) {
@@ -102,6 +116,7 @@ impl JobTrace {
                 crc: crc32fast::Hasher::new(),
                 limit: options.limit_bytes(),
                 limit_reached: false,
+                footer_end: None,
             })),
         })
     }
@@ -176,6 +191,19 @@ impl TraceSink for JobTrace {
         state.keep(&masked);
         state.masked = masked;
     }
+
+    /// The footer is kept even after the output limit was reached (within [`FOOTER_RESERVE`]),
+    /// masked like everything else; the maskers are flushed after it (it ends the output).
+    fn write_footer(&self, data: &[u8]) {
+        let mut state = self.lock();
+        let state = &mut *state;
+        state.masked.clear();
+        state.masker.push(data, &mut state.masked);
+        state.masker.flush(&mut state.masked);
+        let masked = std::mem::take(&mut state.masked);
+        state.keep_footer(&masked);
+        state.masked = masked;
+    }
 }
 
 #[cfg(test)]
@@ -244,6 +272,23 @@ mod tests {
         t.write(b"y");
         assert!(t.limit_reached());
         assert_eq!(t.len() as usize, 1024 + limit_exceeded_message(1024).len());
+    }
+
+    #[test]
+    fn the_footer_is_kept_after_the_limit_and_masked() {
+        let t = trace(&["SECRET"], 1);
+        t.write(&[b'x'; 5000]);
+        assert!(t.limit_reached());
+        t.write_footer(b"ERROR: Job failed: SECRET went wrong\n");
+        t.finish();
+        let text = String::from_utf8(t.contents()).expect("utf-8");
+        assert!(text.ends_with("ERROR: Job failed: [MASKED] went wrong\n"), "{}", &text[text.len() - 80..]);
+        assert_eq!(t.checksum(), crc_of(&t.contents()));
+        // A footer larger than the reserve is cut, never the limit's bytes before it.
+        let t = trace(&[], 1);
+        t.write(&[b'x'; 5000]);
+        t.write_footer(&vec![b'f'; 3 * FOOTER_RESERVE]);
+        assert_eq!(t.len() as usize, 1024 + limit_exceeded_message(1024).len() + FOOTER_RESERVE);
     }
 
     #[test]

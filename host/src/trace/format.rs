@@ -155,6 +155,10 @@ pub trait TraceLog: TraceSink {
     fn warning(&self, text: &str) {
         self.write_str(&warning_line(text));
     }
+    /// The job's footer line(s): kept even past the output limit ([`TraceSink::write_footer`]).
+    fn footer(&self, text: &str) {
+        self.write_footer(text.as_bytes());
+    }
     /// A red `ERROR:` line.
     fn error(&self, text: &str) {
         self.write_str(&error_line(text));

@@ -25,6 +25,13 @@ pub use upload::{FinalUpdateError, RemoteSignals, TraceUploader, UploadConfig};
 pub trait TraceSink: Send + Sync {
     /// Append bytes to the log.
     fn write(&self, data: &[u8]);
+
+    /// Append the job's footer (`Job succeeded`, `ERROR: Job failed: ...`), the last thing a
+    /// job writes. A sink with an output limit keeps it even when the limit was reached, so
+    /// the log always says how the job ended. By default, the same as [`TraceSink::write`].
+    fn write_footer(&self, data: &[u8]) {
+        self.write(data)
+    }
 }
 
 /// A sink that keeps everything in memory (tests, benchmarks).
