@@ -26,7 +26,8 @@ use crate::gitlab::api::{JobApi, JobState, JobUpdate, UpdateOutcome};
 use crate::gitlab::client::{
     BadJob, FeaturesInfo, GitLabClient, JobClient, RequestJobResult, RunnerCredentials, VersionInfo,
 };
-use crate::job::{self, fail_unplannable, run_job, JobControl, JobEnvironment, JobHooks};
+use crate::gitlab::retry::RetryPolicy;
+use crate::job::{self, fail_unplannable, run_job_until_cleanup, JobControl, JobEnvironment, JobHooks};
 use crate::payload::JobResponse;
 use crate::trace::format::RunnerIdentity;
 use crate::trace::upload::{TraceUploader, UploadConfig};
@@ -398,6 +399,8 @@ async fn poll(
 /// uploading the trace.
 struct Acceptance {
     api: Arc<dyn JobApi>,
+    /// Backoff between acceptance attempts GitLab did not answer (the client's policy).
+    retry: RetryPolicy,
     trace: JobTrace,
     upload: UploadConfig,
     control: JobControl,
@@ -423,12 +426,28 @@ impl Acceptance {
             return Ok(());
         }
         self.keepalive.cancel();
-        let response = self.api.update_job(&JobUpdate::state(JobState::Running)).await;
-        match response.outcome {
-            UpdateOutcome::Accepted | UpdateOutcome::AcceptedRetryLater(_) => {}
-            UpdateOutcome::Abort | UpdateOutcome::Conflict => return Err(AcceptError::Gone),
-            UpdateOutcome::TraceValidationFailed | UpdateOutcome::Failed(_) => {
-                return Err(AcceptError::Failed(response.outcome));
+        // A reset connection or an overloaded GitLab is no answer: ask again, with the same
+        // backoff as every other request, until GitLab decides (or the job is aborted).
+        let mut attempt = 0u32;
+        loop {
+            let response = self.api.update_job(&JobUpdate::state(JobState::Running)).await;
+            match response.outcome {
+                UpdateOutcome::Accepted | UpdateOutcome::AcceptedRetryLater(_) => break,
+                UpdateOutcome::Abort | UpdateOutcome::Conflict => return Err(AcceptError::Gone),
+                UpdateOutcome::Unavailable(error) => {
+                    attempt += 1;
+                    let wait = self.retry.backoff(attempt);
+                    tracing::warn!(%error, attempt, ?wait, "accepting the job got no answer; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = self.control.abort.cancelled() => {
+                            return Err(AcceptError::Failed(UpdateOutcome::Unavailable(error)));
+                        }
+                    }
+                }
+                outcome @ (UpdateOutcome::TraceValidationFailed | UpdateOutcome::Failed(_)) => {
+                    return Err(AcceptError::Failed(outcome));
+                }
             }
         }
         self.accepted.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -561,6 +580,7 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
     };
     let hooks = Acceptance {
         api: api.clone(),
+        retry: runner.client.retry_policy().clone(),
         trace: trace.clone(),
         upload,
         control: control.clone(),
@@ -578,7 +598,7 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
     }
 
     let started = std::time::Instant::now();
-    let outcome = run_job(&job, &env, Arc::new(trace.clone()), &control, &hooks).await;
+    let (outcome, cleanup) = run_job_until_cleanup(&job, &env, Arc::new(trace.clone()), &control, &hooks).await;
     let wire_failure = outcome.failure.map(|r| wire_reason(Some(r), &job.features.failure_reasons));
     shared.stats.record(wire_failure.as_deref(), started.elapsed());
     drop(slot);
@@ -605,6 +625,10 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
         }
     }
     keepalive.cancel();
+    // GitLab has the final state: only now clean up the executor (a plugin whose `cleanup`
+    // hangs holds this slot until its call_timeout, never the job's state), then free the
+    // instance it ran on.
+    cleanup.run().await;
     if let Some(reservation) = reservation {
         reservation.finish(outcome.failure == Some(FailureReason::RunnerSystemFailure)).await;
     }
@@ -636,6 +660,7 @@ async fn fail_bad_payload(runner: Arc<Runner>, shared: Arc<Shared>, bad: BadJob)
     };
     let hooks = Acceptance {
         api,
+        retry: runner.client.retry_policy().clone(),
         trace: trace.clone(),
         upload: shared.settings.upload.clone(),
         control: JobControl::default(),
