@@ -142,6 +142,8 @@ struct UploadLoop {
     patching_stopped: bool,
     /// The server's offset is unknown (416 without `Range`, even from 0).
     desynced: bool,
+    /// Next wait after a failed final-phase call (PATCH or PUT), doubling.
+    backoff: Duration,
 }
 
 impl UploadLoop {
@@ -156,6 +158,7 @@ impl UploadLoop {
             api,
             trace,
             interval: config.update_interval,
+            backoff: config.final_backoff_base,
             config,
             signals,
             sent,
@@ -163,6 +166,13 @@ impl UploadLoop {
             patching_stopped: false,
             desynced: false,
         }
+    }
+
+    /// The wait after a failed final-phase call; the next one is twice as long (capped).
+    fn next_backoff(&mut self) -> Duration {
+        let wait = self.backoff;
+        self.backoff = self.backoff.saturating_mul(2).min(self.config.final_backoff_max);
+        wait
     }
 
     fn apply_interval(&mut self, interval: Option<Duration>) {
@@ -265,7 +275,6 @@ impl UploadLoop {
     /// `final_trace_retry_limit` attempts in a row that made no progress or at `deadline`.
     async fn flush(&mut self, deadline: Instant) -> Flush {
         let mut failures = 0u32;
-        let mut backoff = self.config.final_backoff_base;
         loop {
             let step = match tokio::time::timeout_at(deadline, self.send_patch()).await {
                 Ok(step) => step,
@@ -274,18 +283,13 @@ impl UploadLoop {
             let (error, wait) = match step {
                 PatchStep::Sent => {
                     failures = 0;
-                    backoff = self.config.final_backoff_base;
                     continue;
                 }
                 PatchStep::NothingToSend | PatchStep::Stopped | PatchStep::Aborted => return Flush::Complete,
                 PatchStep::Desynced => return Flush::Incomplete("GitLab does not say how much trace it has".into()),
                 // GitLab Runner waits the update interval after a range mismatch.
                 PatchStep::Resynced => ("trace range mismatch (416)".to_string(), self.interval),
-                PatchStep::Failed(error) => {
-                    let wait = backoff;
-                    backoff = backoff.saturating_mul(2).min(self.config.final_backoff_max);
-                    (format!("trace PATCH failed: {error}"), wait)
-                }
+                PatchStep::Failed(error) => (format!("trace PATCH failed: {error}"), self.next_backoff()),
             };
             failures += 1;
             if failures > self.config.final_trace_retry_limit {
@@ -334,7 +338,6 @@ impl UploadLoop {
     async fn final_update(&mut self, mut update: JobUpdate) -> Result<(), FinalUpdateError> {
         self.interval = self.config.update_interval;
         let mut failures = 0u32;
-        let mut backoff = self.config.final_backoff_base;
         let mut trace_deadline = Instant::now() + self.config.final_trace_timeout;
         loop {
             match self.final_round(&mut update, trace_deadline).await {
@@ -348,8 +351,7 @@ impl UploadLoop {
                     }
                     tracing::warn!(%error, failures, "final job update failed; retrying");
                     if back_off {
-                        sleep(backoff).await;
-                        backoff = backoff.saturating_mul(2).min(self.config.final_backoff_max);
+                        sleep(self.next_backoff()).await;
                     } else {
                         // 412: GitLab asked for the trace again; give it a fresh time budget.
                         trace_deadline = Instant::now() + self.config.final_trace_timeout;

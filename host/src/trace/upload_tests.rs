@@ -422,3 +422,91 @@ async fn large_trace_goes_in_limited_chunks() {
     assert_eq!(chunks, vec![(0, b"0123456789".to_vec()), (10, b"abcdefghij".to_vec()), (20, b"KLMNO".to_vec())]);
     assert_server_has_trace(&api, &trace);
 }
+
+#[tokio::test(start_paused = true)]
+async fn range_unknown_resends_the_whole_trace_from_zero() {
+    let api = ScriptedGitLab::new();
+    let trace = job_trace(&[]);
+    let uploader = start(&api, &trace, UploadConfig::default());
+    trace.write(&[b'a'; 100]);
+    wait(4).await;
+    trace.write(&[b'b'; 50]);
+    api.script_patch(PatchScript::Respond(PatchOutcome::RangeUnknown));
+    wait(3).await; // 416 without Range: GitLab Runner's answer is offset 0
+    wait(3).await;
+    let offsets: Vec<(u64, usize)> = api.patches().iter().map(|(o, c, _)| (*o, c.len())).collect();
+    assert_eq!(offsets, vec![(0, 100), (100, 50), (0, 150)]);
+    uploader.finish(success()).await.expect("final update accepted");
+    assert_server_has_trace(&api, &trace);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_offset_is_settled_by_the_final_checksum() {
+    let api = ScriptedGitLab::new();
+    let trace = job_trace(&[]);
+    let uploader = start(&api, &trace, UploadConfig::default());
+    trace.write(&[b'a'; 100]);
+    wait(4).await;
+    trace.write(&[b'b'; 50]);
+    // Even the resend from 0 gets a 416 without Range: patching cannot find the offset.
+    api.script_patch(PatchScript::Respond(PatchOutcome::RangeUnknown));
+    api.script_patch(PatchScript::Respond(PatchOutcome::RangeUnknown));
+    wait(60).await;
+    assert_eq!(api.patches().len(), 3, "patching pauses once the offset is unknown");
+    let started = Instant::now();
+    uploader.finish(success()).await.expect("final update accepted");
+    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    let finals: Vec<_> = api.updates().into_iter().filter(|(u, _)| u.state != JobState::Running).collect();
+    assert_eq!(finals.len(), 2, "the PUT at once (412), then again after the re-upload: {finals:?}");
+    assert_eq!(api.patches().last().map(|(o, c, _)| (*o, c.len())), Some((0, 150)));
+    assert_server_has_trace(&api, &trace);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_final_put_goes_out_when_the_trace_cannot_be_sent() {
+    let api = ScriptedGitLab::new();
+    let trace = job_trace(&[]);
+    let uploader = start(&api, &trace, UploadConfig::default());
+    trace.write(b"never arrives\n");
+    for _ in 0..1000 {
+        api.script_patch(PatchScript::Respond(PatchOutcome::Failed("connection reset".into())));
+    }
+    api.script_update(UpdateScript::Respond(UpdateOutcome::Accepted));
+    let started = Instant::now();
+    uploader.finish(success()).await.expect("the final state is accepted without the trace");
+    let updates = api.updates();
+    assert_eq!(updates.len(), 1);
+    assert_eq!(updates[0].0.state, JobState::Success);
+    // Five retries backing off 1+2+4+8+16 s, then the PUT.
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+    assert_eq!(api.patches().len(), 6, "the first try and five retries");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_final_put_goes_out_when_patches_hang() {
+    /// Answers every PATCH never; PUTs at once.
+    struct Hanging(Mutex<Vec<JobUpdate>>);
+    #[async_trait::async_trait]
+    impl JobApi for Hanging {
+        async fn patch_trace(&self, _: u64, _: &[u8]) -> PatchResponse {
+            std::future::pending().await
+        }
+        async fn update_job(&self, update: &JobUpdate) -> UpdateResponse {
+            self.0.lock().expect("lock").push(update.clone());
+            UpdateResponse {
+                outcome: UpdateOutcome::Accepted,
+                remote_status: RemoteJobStatus::Running,
+                update_interval: None,
+            }
+        }
+    }
+    let api = Arc::new(Hanging(Mutex::new(Vec::new())));
+    let trace = job_trace(&[]);
+    let config = UploadConfig { final_trace_timeout: Duration::from_secs(20), ..UploadConfig::default() };
+    let uploader = TraceUploader::start(api.clone(), trace.clone(), config);
+    trace.write(b"stuck\n");
+    let started = Instant::now();
+    uploader.finish(success()).await.expect("accepted");
+    assert!(started.elapsed() <= Duration::from_secs(21), "{:?}", started.elapsed());
+    assert_eq!(api.0.lock().expect("lock").len(), 1);
+}
