@@ -142,6 +142,10 @@ struct UploadLoop {
     patching_stopped: bool,
     /// The server's offset is unknown (416 without `Range`, even from 0).
     desynced: bool,
+    /// Where the trace would end at GitLab if PATCHes whose reply never came (a lost or cut
+    /// reply) did arrive: the offsets to try when a 416 does not say. Cleared by an answer
+    /// that says where GitLab is.
+    unconfirmed: Vec<u64>,
     /// Next wait after a failed final-phase call (PATCH or PUT), doubling.
     backoff: Duration,
 }
@@ -165,6 +169,7 @@ impl UploadLoop {
             last_ack: Instant::now(),
             patching_stopped: false,
             desynced: false,
+            unconfirmed: Vec::new(),
         }
     }
 
@@ -198,14 +203,25 @@ impl UploadLoop {
         self.apply_interval(response.update_interval);
         match response.outcome {
             PatchOutcome::Accepted => {
+                self.unconfirmed.clear();
                 self.sent.store(offset + content.len() as u64, Ordering::SeqCst);
                 self.last_ack = Instant::now();
                 PatchStep::Sent
             }
             PatchOutcome::RangeMismatch { server_size } => {
                 tracing::debug!(offset, server_size, "trace range mismatch; resending from the server's size");
+                self.unconfirmed.clear();
                 self.sent.store(server_size, Ordering::SeqCst);
                 self.last_ack = Instant::now();
+                PatchStep::Resynced
+            }
+            // A PATCH whose reply was lost probably arrived: continue after it. A wrong guess
+            // costs one more 416 (GitLab appends only at its exact size), never a duplicate.
+            PatchOutcome::RangeUnknown if self.unconfirmed.iter().any(|end| *end != offset) => {
+                let at = self.unconfirmed.iter().rposition(|end| *end != offset).unwrap_or_default();
+                let guess = self.unconfirmed.remove(at);
+                tracing::warn!(offset, guess, "trace PATCH got 416 without a Range header; assuming an earlier PATCH whose reply was lost arrived");
+                self.sent.store(guess, Ordering::SeqCst);
                 PatchStep::Resynced
             }
             // GitLab Runner reads a missing Range as offset 0: send the whole trace again.
@@ -229,7 +245,13 @@ impl UploadLoop {
                 self.patching_stopped = true;
                 PatchStep::Aborted
             }
-            PatchOutcome::Failed(error) => PatchStep::Failed(error),
+            PatchOutcome::Failed(error) => {
+                let end = offset + content.len() as u64;
+                if !self.unconfirmed.contains(&end) && self.unconfirmed.len() < 16 {
+                    self.unconfirmed.push(end);
+                }
+                PatchStep::Failed(error)
+            }
         }
     }
 
@@ -325,6 +347,7 @@ impl UploadLoop {
                 // GitLab wants the whole trace again; that also settles an unknown offset.
                 self.sent.store(0, Ordering::SeqCst);
                 self.desynced = false;
+                self.unconfirmed.clear();
                 FinalRound::Retry { error: "trace checksum validation failed (412)".into(), back_off: false }
             }
             UpdateOutcome::Abort => FinalRound::Gone("the job is not running on this runner any more".into()),
