@@ -135,3 +135,117 @@ async fn register_run_signals_metrics_unregister() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!std::fs::read_to_string(&config).expect("config").contains("[[runners]]"));
 }
+
+/// The value of `metric` for the runner named `name` in a Prometheus text, if exported.
+fn runner_metric(metrics: &str, metric: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&format!("runner_name=\"{name}\"")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+async fn scrape(port: u16, path: &str) -> String {
+    match reqwest::get(format!("http://127.0.0.1:{port}{path}")).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_executor_plugin_leaves_only_its_runner_unhealthy_until_fixed() {
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(2), trace_update_interval: 1 })
+            .await;
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugins dir");
+    let guest = Path::new(env!("RUNWAY_GUEST_DIR")).join("test_stubborn.wasm");
+    let wasm = std::fs::read(&guest).expect("stubborn plugin built");
+    // A truncated plugin file, and no stubborn.wasm yet.
+    std::fs::write(plugins.join("truncated.wasm"), &wasm[..wasm.len() / 3]).expect("write truncated plugin");
+    let port = free_port();
+    // name → (executor, its config section)
+    let runners = [
+        ("good", "shell", ""),
+        ("late", "stubborn", "mode = \"fine\""),
+        ("trapping", "stubborn", "mode = \"info_trap\""),
+        ("huge-error", "stubborn", "mode = \"info_huge\""),
+        ("truncated", "truncated", ""),
+    ];
+    let mut config = format!(
+        "concurrent = 5\ncheck_interval = 1\nlisten_address = \"127.0.0.1:{port}\"\nplugins_dir = \"{}\"\n",
+        plugins.display()
+    );
+    let mut tokens = std::collections::BTreeMap::new();
+    for (name, executor, section) in runners {
+        let token = fake.create_runner(name).token;
+        config.push_str(&format!(
+            "\n[[runners]]\nname = \"{name}\"\nurl = \"{}\"\ntoken = \"{token}\"\nexecutor = \"{executor}\"\nbuilds_dir = \"{}\"\n",
+            fake.url(),
+            dir.path().join("builds").display()
+        ));
+        if !section.is_empty() {
+            config.push_str(&format!("[runners.{executor}]\n{section}\n"));
+        }
+        tokens.insert(name, token);
+    }
+    let config_path = dir.path().join("config.toml");
+    std::fs::write(&config_path, config).expect("write config");
+    let log = || std::fs::read_to_string(dir.path().join("runway.log")).unwrap_or_default();
+
+    let mut child = start(&config_path, dir.path());
+    // The healthy runner serves although the others' plugins are missing or broken.
+    let job =
+        fake.enqueue_for(&tokens["good"], fake.job_payload(&JobSpec::new("group/project", "ok", &["echo served"])));
+    let Some(record) = fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await else {
+        let _ = child.kill();
+        panic!("the healthy runner served nothing; runway log:\n{}", log());
+    };
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+    let metrics = scrape(port, "/metrics").await;
+    assert_eq!(runner_metric(&metrics, "runway_runner_healthy", "good"), Some(1.0), "{metrics}");
+    for name in ["late", "trapping", "huge-error", "truncated"] {
+        assert_eq!(runner_metric(&metrics, "runway_runner_healthy", name), Some(0.0), "{name}: {metrics}");
+    }
+    let ready = scrape(port, "/health/ready").await;
+    assert!(ready.starts_with("ready\n") && ready.contains("(truncated) unhealthy"), "{ready}");
+
+    // Publishing the plugin (hot reload) brings the runner that was only missing it back.
+    let tmp = plugins.join(".stubborn.wasm.tmp");
+    std::fs::write(&tmp, &wasm).expect("write plugin");
+    std::fs::rename(&tmp, plugins.join("stubborn.wasm")).expect("publish plugin");
+    let mut recovered = false;
+    for _ in 0..200 {
+        let metrics = scrape(port, "/metrics").await;
+        if runner_metric(&metrics, "runway_runner_healthy", "late") == Some(1.0) {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(recovered, "the runner did not recover; runway log:\n{}", log());
+    let job = fake.enqueue_for(&tokens["late"], fake.job_payload(&JobSpec::new("group/project", "late", &["true"])));
+    let record =
+        fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await.expect("the recovered runner serves");
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+    assert!(record.trace_text().contains("ok step_script"), "{}", record.trace_text());
+
+    // The plugin that traps or fails in info() keeps its runners unhealthy, with a bounded error.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let metrics = scrape(port, "/metrics").await;
+    for name in ["trapping", "huge-error", "truncated"] {
+        assert_eq!(runner_metric(&metrics, "runway_runner_healthy", name), Some(0.0), "{name}: {metrics}");
+        let failures = runner_metric(&metrics, "gitlab_runner_worker_health_check_failures_total", name);
+        assert!(failures.is_some_and(|n| n >= 2.0), "{name} is retried: {metrics}");
+    }
+    assert!(metrics.len() < 64 * 1024, "a 50 MB plugin error must not reach the metrics");
+    let text = log();
+    assert!(text.contains("runner is unhealthy") && text.contains("runner recovered"), "{text}");
+    assert!(text.len() < 1024 * 1024, "a 50 MB plugin error must not reach the log ({} bytes)", text.len());
+    signal(&child, libc::SIGQUIT);
+    let status = wait_exit(&mut child).await;
+    assert!(status.success(), "exit status {status:?}");
+}

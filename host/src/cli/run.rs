@@ -17,6 +17,7 @@ use crate::executor::ResolvedExecutor;
 use crate::gitlab::client::{ClientOptions, GitLabClient, RequestHook, RunnerCredentials};
 use crate::job::JobEnvironment;
 use crate::manager::fleet::Fleet;
+use crate::manager::health::{PendingRunner, RunnerEntry, Unusable};
 use crate::manager::{identity, signals, Manager, ManagerSettings, RunnerSettings, Shutdown};
 use crate::metrics::Metrics;
 use crate::plugin::{builtin_plugins, HostSettings, PluginHost};
@@ -91,43 +92,88 @@ impl Fleets {
     }
 }
 
-/// Resolve every `[[runners]]` entry into what the manager needs.
+/// How often a runner whose executor cannot be resolved tries again (a plugin published by
+/// hot reload is picked up within this time).
+const RESOLVE_RETRY: Duration = Duration::from_secs(5);
+
+/// Every `[[runners]]` entry as the manager takes it. The fleet and the TLS client are set
+/// up here (their errors fail the start or the reload); the executor is resolved by the
+/// manager, so a runner whose plugin is missing or broken is only reported unhealthy while
+/// every other runner serves.
 pub async fn runner_settings(
     loaded: &Loaded,
     plugins: &PluginHost,
     system_id: &str,
     fleets: &mut Fleets,
-) -> anyhow::Result<Vec<RunnerSettings>> {
+) -> anyhow::Result<Vec<RunnerEntry>> {
     let cwd = std::env::current_dir().context("reading the working directory")?;
     let mut out = Vec::new();
     for (i, runner) in loaded.config.runners.iter().enumerate() {
-        let executor = ResolvedExecutor::resolve(plugins, &runner.executor, &runner.executor_config_json())
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "{}: runners[{i}] ({}): executor {:?}: {e}",
-                    loaded.path.display(),
-                    runner.name,
-                    runner.executor
-                )
-            })?;
         let short = config::short_token(&runner.resolved_token());
-        let shell = runner.shell.clone().unwrap_or_else(|| executor.info.default_shell.clone());
         let fleet = match runner.autoscaler {
             Some(_) => Some(fleets.get_or_start(loaded, plugins, runner, &short, system_id).await?),
             None => None,
         };
+        let client = match (&runner.tls_ca_file, &runner.tls_cert_file, &runner.tls_key_file) {
+            (None, None, None) => None,
+            _ => Some(Arc::new(super::runners::client_for(runner, None)?)),
+        };
+        let context = Arc::new(RunnerContext {
+            where_: format!("{}: runners[{i}] ({})", loaded.path.display(), runner.name),
+            runner: runner.clone(),
+            plugins: plugins.clone(),
+            system_id: system_id.to_string(),
+            short: short.clone(),
+            cwd: cwd.clone(),
+            fleet,
+            client,
+        });
+        out.push(RunnerEntry::Pending(PendingRunner {
+            name: runner.name.clone(),
+            short_token: short,
+            resolve: Arc::new(move || {
+                let context = context.clone();
+                Box::pin(async move { context.resolve().await })
+            }),
+            retry_every: RESOLVE_RETRY,
+        }));
+    }
+    Ok(out)
+}
+
+/// What resolving one runner needs, kept for its retries.
+struct RunnerContext {
+    /// `file: runners[i] (name)`, for errors.
+    where_: String,
+    runner: config::RunnerConfig,
+    plugins: PluginHost,
+    system_id: String,
+    short: String,
+    cwd: PathBuf,
+    fleet: Option<Arc<Fleet>>,
+    client: Option<Arc<GitLabClient>>,
+}
+
+impl RunnerContext {
+    /// Resolve the executor plugin and build the runner's settings from what it says.
+    async fn resolve(&self) -> Result<RunnerSettings, Unusable> {
+        let runner = &self.runner;
+        let executor = ResolvedExecutor::resolve(&self.plugins, &runner.executor, &runner.executor_config_json())
+            .await
+            .map_err(|e| Unusable::new(&format!("{}: executor {:?}: {e}", self.where_, runner.executor)))?;
+        let short = self.short.clone();
+        let shell = runner.shell.clone().unwrap_or_else(|| executor.info.default_shell.clone());
         // On a fleet, directories are the instance's: relative ones stay relative to the
         // login user's home there.
-        let (builds_dir, cache_dir) = if fleet.is_some() {
+        let (builds_dir, cache_dir) = if self.fleet.is_some() {
             (
                 PathBuf::from(runner.builds_dir.clone().unwrap_or_else(|| executor.info.default_builds_dir.clone())),
                 PathBuf::from(runner.cache_dir.clone().unwrap_or_else(|| executor.info.default_cache_dir.clone())),
             )
         } else {
             (
-                executor.builds_dir(runner.builds_dir.as_deref(), &cwd),
-                executor.cache_dir(runner.cache_dir.as_deref(), &cwd),
+                executor.builds_dir(runner.builds_dir.as_deref(), &self.cwd),
+                executor.cache_dir(runner.cache_dir.as_deref(), &self.cwd),
             )
         };
         let settings = ScriptSettings {
@@ -151,21 +197,17 @@ pub async fn runner_settings(
             shared_environment: executor.shared(),
             ..ScriptSettings::default()
         };
-        let client = match (&runner.tls_ca_file, &runner.tls_cert_file, &runner.tls_key_file) {
-            (None, None, None) => None,
-            _ => Some(Arc::new(super::runners::client_for(runner, None)?)),
-        };
-        out.push(RunnerSettings {
+        Ok(RunnerSettings {
             credentials: RunnerCredentials {
                 url: runner.resolved_url(),
                 token: runner.resolved_token(),
-                system_id: system_id.to_string(),
+                system_id: self.system_id.clone(),
             },
-            client,
+            client: self.client.clone(),
             env: JobEnvironment {
                 executor,
                 settings,
-                identity: identity(&runner.name, &short, system_id),
+                identity: identity(&runner.name, &short, &self.system_id),
                 instance: None,
             },
             limit: runner.limit,
@@ -175,10 +217,9 @@ pub async fn runner_settings(
             unhealthy_interval: runner.unhealthy_interval,
             final_update_retry_limit: runner.job_status_final_update_retry_limit,
             strict_check_interval: runner.strict_check_interval,
-            fleet,
-        });
+            fleet: self.fleet.clone(),
+        })
     }
-    Ok(out)
 }
 
 fn manager_settings(loaded: &Loaded) -> ManagerSettings {
@@ -240,7 +281,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
     let mut fleets = Fleets::default();
     let mut current = {
         let runners = runner_settings(&loaded, &plugins, &system_id, &mut fleets).await?;
-        let manager = Manager::with_capacity(
+        let manager = Manager::with_entries(
             manager_settings(&loaded),
             runners,
             client.clone(),
@@ -248,6 +289,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
             global.clone(),
         );
         metrics.attach(manager.stats(), &loaded);
+        metrics.set_health(manager.health());
         metrics.set_fleets(fleets.all());
         tokio::spawn(manager.run())
     };
@@ -282,8 +324,9 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
                         let old = std::mem::take(&mut generation);
                         old.graceful.cancel();
                         retiring.push((old, current));
-                        let manager = Manager::with_capacity(manager_settings(&next), runners, client.clone(), generation.clone(), global.clone());
+                        let manager = Manager::with_entries(manager_settings(&next), runners, client.clone(), generation.clone(), global.clone());
                         metrics.attach(manager.stats(), &next);
+                        metrics.set_health(manager.health());
                         metrics.set_fleets(fleets.all());
                         current = tokio::spawn(manager.run());
                         tracing::info!("configuration reloaded");

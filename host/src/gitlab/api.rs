@@ -74,6 +74,8 @@ pub enum PatchOutcome {
         /// Bytes the server has.
         server_size: u64,
     },
+    /// 416 without a usable `Range` header (a proxy stripped it): the server's size is unknown.
+    RangeUnknown,
     /// 404: stop patching this job.
     NotFound,
     /// 403 (or Job-Status canceled/failed): abort the job.
@@ -106,7 +108,11 @@ pub enum UpdateOutcome {
     Abort,
     /// 409 during two-phase commit: the job belongs to someone else.
     Conflict,
-    /// Anything else (after the client's retries).
+    /// GitLab did not decide: no answer at all (connection refused, reset, timeout, a reply
+    /// lost or cut) or a retryable status (408, 429, 5xx) after the client's own retries.
+    /// Asking again later may work.
+    Unavailable(String),
+    /// Any other answer (a 4xx GitLab will repeat).
     Failed(String),
 }
 

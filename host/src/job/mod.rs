@@ -137,7 +137,25 @@ pub fn fail_unplannable(trace: &dyn TraceSink, identity: &RunnerIdentity, messag
     finish(trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message))
 }
 
-/// Run `job` to its end.
+/// The executor's cleanup of a finished job, left for the caller to run once the job's final
+/// state is out (a slow or stuck plugin `cleanup` must not hold it back).
+#[must_use = "the executor environment is only cleaned up by `run`"]
+pub struct JobCleanup(Option<ExecutorSession>);
+
+impl JobCleanup {
+    fn none() -> Self {
+        JobCleanup(None)
+    }
+
+    /// Clean up the executor environment (bounded by the plugin's `call_timeout`).
+    pub async fn run(self) {
+        if let Some(session) = self.0 {
+            session.cleanup().await;
+        }
+    }
+}
+
+/// Run `job` to its end, the executor's cleanup included.
 pub async fn run_job(
     job: &JobResponse,
     env: &JobEnvironment,
@@ -145,16 +163,41 @@ pub async fn run_job(
     control: &JobControl,
     hooks: &dyn JobHooks,
 ) -> JobOutcome {
+    let (outcome, cleanup) = run_job_until_cleanup(job, env, trace, control, hooks).await;
+    cleanup.run().await;
+    outcome
+}
+
+/// Run `job` to its end and hand back the executor's cleanup, so the caller can report the
+/// outcome first (`runway run` sends the final update, then cleans up).
+pub async fn run_job_until_cleanup(
+    job: &JobResponse,
+    env: &JobEnvironment,
+    trace: Arc<dyn TraceSink>,
+    control: &JobControl,
+    hooks: &dyn JobHooks,
+) -> (JobOutcome, JobCleanup) {
+    let (outcome, session) = run_to_end(job, env, trace, control, hooks).await;
+    (outcome, session.map(|s| JobCleanup(Some(s))).unwrap_or_else(JobCleanup::none))
+}
+
+async fn run_to_end(
+    job: &JobResponse,
+    env: &JobEnvironment,
+    trace: Arc<dyn TraceSink>,
+    control: &JobControl,
+    hooks: &dyn JobHooks,
+) -> (JobOutcome, Option<ExecutorSession>) {
     trace.header(&env.identity);
     if job.run.as_deref().is_some_and(|r| !r.trim().is_empty()) {
         let message = "this job uses `run:` (CI Steps), which Runway does not execute";
         trace.error(message);
-        return finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, Some(3), message));
+        return (finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, Some(3), message)), None);
     }
     if job.steps.is_empty() && job.run.is_none() {
         let message = "invalid job payload: it has no `steps` (nothing to run)";
         trace.error(message);
-        return finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message));
+        return (finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message)), None);
     }
     // prepare_executor: plan first, so a configuration error never costs a fleet instance.
     trace.section_start("prepare_executor", SectionOptions::default());
@@ -175,7 +218,7 @@ pub async fn run_job(
     let plan = match JobPlan::new(job, &preliminary) {
         Ok(plan) => Some(plan),
         Err(e) if home_dependent && e.is_configuration_error() => None,
-        Err(e) => return finish(&*trace, plan_failed(&*trace, &e)),
+        Err(e) => return (finish(&*trace, plan_failed(&*trace, &e)), None),
     };
     let instance = match &env.instance {
         None => None,
@@ -185,7 +228,7 @@ pub async fn run_job(
                 let message = format!("preparing the instance: {e}");
                 trace.error(&message);
                 trace.section_end("prepare_executor");
-                return finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message));
+                return (finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message)), None);
             }
         },
     };
@@ -197,7 +240,7 @@ pub async fn run_job(
     };
     let plan = match plan {
         Ok(plan) => plan,
-        Err(outcome) => return finish(&*trace, outcome),
+        Err(outcome) => return (finish(&*trace, outcome), None),
     };
     let request = PrepareRequest {
         job,
@@ -212,26 +255,27 @@ pub async fn run_job(
     let mut session = match session {
         Ok(s) => s,
         Err(e @ PrepareError::InvalidConfig(_)) => {
-            return finish(&*trace, JobOutcome::failed(FailureReason::RunnerConfigurationError, None, e.to_string()))
+            let outcome = JobOutcome::failed(FailureReason::RunnerConfigurationError, None, e.to_string());
+            return (finish(&*trace, outcome), None);
         }
         Err(e @ PrepareError::Failed { .. }) => {
-            return finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.to_string()))
+            let outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.to_string());
+            return (finish(&*trace, outcome), None);
         }
     };
     if let Err(e) = hooks.prepared().await {
         tracing::warn!(job = job.id, "job dropped at acceptance: {e}");
-        session.cleanup().await;
-        return JobOutcome { aborted: true, ..JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.0) };
+        let outcome = JobOutcome { aborted: true, ..JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.0) };
+        return (outcome, Some(session));
     }
 
     let outcome = run_stages(&plan, &mut session, &*trace, control).await;
-    session.cleanup().await;
     if outcome.aborted {
         // Nobody is listening for a footer on an aborted job, but the log should still say why.
         trace.error(&format!("Job aborted: {}", outcome.message));
-        return outcome;
+        return (outcome, Some(session));
     }
-    finish(&*trace, outcome)
+    (finish(&*trace, outcome), Some(session))
 }
 
 /// Plan `job` under `settings`; a failure is written to the trace, closes the

@@ -8,6 +8,7 @@
 //! commit, with keep-alives) until a slot frees up.
 
 pub mod fleet;
+pub mod health;
 pub mod signals;
 pub mod slots;
 
@@ -26,11 +27,13 @@ use crate::gitlab::api::{JobApi, JobState, JobUpdate, UpdateOutcome};
 use crate::gitlab::client::{
     BadJob, FeaturesInfo, GitLabClient, JobClient, RequestJobResult, RunnerCredentials, VersionInfo,
 };
-use crate::job::{self, fail_unplannable, run_job, JobControl, JobEnvironment, JobHooks};
+use crate::gitlab::retry::RetryPolicy;
+use crate::job::{self, fail_unplannable, run_job_until_cleanup, JobControl, JobEnvironment, JobHooks};
 use crate::payload::JobResponse;
 use crate::trace::format::RunnerIdentity;
 use crate::trace::upload::{TraceUploader, UploadConfig};
 use crate::trace::{wire_reason, FailureReason, JobTrace, TraceOptions};
+use health::{HealthBoard, PendingRunner, RunnerEntry, Unusable};
 use slots::SlotAllocator;
 
 /// Everything the manager needs about one `[[runners]]` entry.
@@ -169,6 +172,23 @@ pub fn features(executor: ExecutorFeatures) -> FeaturesInfo {
 pub struct Manager {
     shared: Arc<Shared>,
     runners: Vec<Arc<Runner>>,
+    pending: Vec<PendingRunner>,
+    client: Arc<GitLabClient>,
+    health: Arc<HealthBoard>,
+}
+
+fn make_runner(r: RunnerSettings, client: &Arc<GitLabClient>) -> Arc<Runner> {
+    let executor = &r.env.executor;
+    let info = VersionInfo::this_runner(&executor.info.name, &r.env.settings.shell, features(executor.features()));
+    let limit = if r.limit == 0 { Semaphore::MAX_PERMITS } else { r.limit };
+    let runner_client = r.client.clone().unwrap_or_else(|| client.clone());
+    Arc::new(Runner {
+        info,
+        client: runner_client,
+        limit: Arc::new(Semaphore::new(limit)),
+        slots: Arc::default(),
+        settings: r,
+    })
 }
 
 impl Manager {
@@ -192,24 +212,44 @@ impl Manager {
         shutdown: Shutdown,
         global: Arc<Semaphore>,
     ) -> Self {
-        let runners = runners
-            .into_iter()
-            .map(|r| {
-                let executor = &r.env.executor;
-                let info =
-                    VersionInfo::this_runner(&executor.info.name, &r.env.settings.shell, features(executor.features()));
-                let limit = if r.limit == 0 { Semaphore::MAX_PERMITS } else { r.limit };
-                let runner_client = r.client.clone().unwrap_or_else(|| client.clone());
-                Arc::new(Runner {
-                    info,
-                    client: runner_client,
-                    limit: Arc::new(Semaphore::new(limit)),
-                    slots: Arc::default(),
-                    settings: r,
-                })
-            })
-            .collect();
-        Manager { shared: Arc::new(Shared { settings, global, shutdown, stats: Arc::default() }), runners }
+        let entries = runners.into_iter().map(|r| RunnerEntry::Ready(Box::new(r))).collect();
+        Self::with_entries(settings, entries, client, shutdown, global)
+    }
+
+    /// A manager whose runners may still have to be resolved: a [`RunnerEntry::Pending`]
+    /// runner is resolved in the background, reported unhealthy while that fails, and serves
+    /// once it succeeds; the other runners serve meanwhile.
+    pub fn with_entries(
+        settings: ManagerSettings,
+        entries: Vec<RunnerEntry>,
+        client: Arc<GitLabClient>,
+        shutdown: Shutdown,
+        global: Arc<Semaphore>,
+    ) -> Self {
+        let health = Arc::new(HealthBoard::default());
+        let mut runners = Vec::new();
+        let mut pending = Vec::new();
+        for entry in entries {
+            match entry {
+                RunnerEntry::Ready(r) => {
+                    health.set_healthy(&r.env.identity.short_token, &r.env.identity.name);
+                    runners.push(make_runner(*r, &client));
+                }
+                RunnerEntry::Pending(p) => pending.push(p),
+            }
+        }
+        Manager {
+            shared: Arc::new(Shared { settings, global, shutdown, stats: Arc::default() }),
+            runners,
+            pending,
+            client,
+            health,
+        }
+    }
+
+    /// The health of this manager's runners (for metrics and health endpoints).
+    pub fn health(&self) -> Arc<HealthBoard> {
+        self.health.clone()
     }
 
     /// Counters of running and finished jobs.
@@ -227,6 +267,10 @@ impl Manager {
             for _ in 0..runner.settings.request_concurrency.max(1) {
                 pollers.spawn(poll(runner.clone(), self.shared.clone(), job_tx.clone()));
             }
+        }
+        for pending in &self.pending {
+            let (shared, client, health) = (self.shared.clone(), self.client.clone(), self.health.clone());
+            pollers.spawn(resolve_then_poll(pending.clone(), shared, client, health, job_tx.clone()));
         }
         drop(job_tx);
         let stop = self.shared.shutdown.graceful.clone();
@@ -277,6 +321,55 @@ async fn sleep_or_stop(duration: Duration, stop: &CancellationToken) -> bool {
         _ = tokio::time::sleep(duration) => true,
         _ = stop.cancelled() => false,
     }
+}
+
+/// Resolve a pending runner, retrying while it fails (unhealthy, no job requests), then
+/// poll for it like any other.
+async fn resolve_then_poll(
+    pending: PendingRunner,
+    shared: Arc<Shared>,
+    client: Arc<GitLabClient>,
+    health: Arc<HealthBoard>,
+    jobs: tokio::sync::mpsc::UnboundedSender<tokio::task::JoinHandle<()>>,
+) {
+    let stop = shared.shutdown.graceful.clone();
+    let forceful = shared.shutdown.forceful.clone();
+    let mut last_error: Option<Unusable> = None;
+    let settings = loop {
+        let attempt = tokio::select! {
+            r = (pending.resolve)() => r,
+            _ = stop.cancelled() => return,
+            _ = forceful.cancelled() => return,
+        };
+        match attempt {
+            Ok(settings) => break settings,
+            Err(error) => {
+                if last_error.as_ref() != Some(&error) {
+                    tracing::error!(
+                        runner = %pending.short_token,
+                        name = %pending.name,
+                        "runner is unhealthy and requests no jobs: {error}; retrying every {:?}",
+                        pending.retry_every
+                    );
+                }
+                health.set_unhealthy(&pending.short_token, &pending.name, &error);
+                last_error = Some(error);
+                if !sleep_or_stop(pending.retry_every, &stop).await || forceful.is_cancelled() {
+                    return;
+                }
+            }
+        }
+    };
+    if last_error.is_some() {
+        tracing::info!(runner = %pending.short_token, name = %pending.name, "runner recovered; requesting jobs");
+    }
+    health.set_healthy(&pending.short_token, &pending.name);
+    let runner = make_runner(settings, &client);
+    let pollers = (0..runner.settings.request_concurrency.max(1))
+        .map(|_| poll(runner.clone(), shared.clone(), jobs.clone()))
+        .collect::<Vec<_>>();
+    drop(jobs);
+    futures::future::join_all(pollers).await;
 }
 
 async fn poll(
@@ -398,6 +491,8 @@ async fn poll(
 /// uploading the trace.
 struct Acceptance {
     api: Arc<dyn JobApi>,
+    /// Backoff between acceptance attempts GitLab did not answer (the client's policy).
+    retry: RetryPolicy,
     trace: JobTrace,
     upload: UploadConfig,
     control: JobControl,
@@ -423,12 +518,28 @@ impl Acceptance {
             return Ok(());
         }
         self.keepalive.cancel();
-        let response = self.api.update_job(&JobUpdate::state(JobState::Running)).await;
-        match response.outcome {
-            UpdateOutcome::Accepted | UpdateOutcome::AcceptedRetryLater(_) => {}
-            UpdateOutcome::Abort | UpdateOutcome::Conflict => return Err(AcceptError::Gone),
-            UpdateOutcome::TraceValidationFailed | UpdateOutcome::Failed(_) => {
-                return Err(AcceptError::Failed(response.outcome));
+        // A reset connection or an overloaded GitLab is no answer: ask again, with the same
+        // backoff as every other request, until GitLab decides (or the job is aborted).
+        let mut attempt = 0u32;
+        loop {
+            let response = self.api.update_job(&JobUpdate::state(JobState::Running)).await;
+            match response.outcome {
+                UpdateOutcome::Accepted | UpdateOutcome::AcceptedRetryLater(_) => break,
+                UpdateOutcome::Abort | UpdateOutcome::Conflict => return Err(AcceptError::Gone),
+                UpdateOutcome::Unavailable(error) => {
+                    attempt += 1;
+                    let wait = self.retry.backoff(attempt);
+                    tracing::warn!(%error, attempt, ?wait, "accepting the job got no answer; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = self.control.abort.cancelled() => {
+                            return Err(AcceptError::Failed(UpdateOutcome::Unavailable(error)));
+                        }
+                    }
+                }
+                outcome @ (UpdateOutcome::TraceValidationFailed | UpdateOutcome::Failed(_)) => {
+                    return Err(AcceptError::Failed(outcome));
+                }
             }
         }
         self.accepted.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -561,6 +672,7 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
     };
     let hooks = Acceptance {
         api: api.clone(),
+        retry: runner.client.retry_policy().clone(),
         trace: trace.clone(),
         upload,
         control: control.clone(),
@@ -578,7 +690,7 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
     }
 
     let started = std::time::Instant::now();
-    let outcome = run_job(&job, &env, Arc::new(trace.clone()), &control, &hooks).await;
+    let (outcome, cleanup) = run_job_until_cleanup(&job, &env, Arc::new(trace.clone()), &control, &hooks).await;
     let wire_failure = outcome.failure.map(|r| wire_reason(Some(r), &job.features.failure_reasons));
     shared.stats.record(wire_failure.as_deref(), started.elapsed());
     drop(slot);
@@ -605,6 +717,10 @@ async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse
         }
     }
     keepalive.cancel();
+    // GitLab has the final state: only now clean up the executor (a plugin whose `cleanup`
+    // hangs holds this slot until its call_timeout, never the job's state), then free the
+    // instance it ran on.
+    cleanup.run().await;
     if let Some(reservation) = reservation {
         reservation.finish(outcome.failure == Some(FailureReason::RunnerSystemFailure)).await;
     }
@@ -636,6 +752,7 @@ async fn fail_bad_payload(runner: Arc<Runner>, shared: Arc<Shared>, bad: BadJob)
     };
     let hooks = Acceptance {
         api,
+        retry: runner.client.retry_policy().clone(),
         trace: trace.clone(),
         upload: shared.settings.upload.clone(),
         control: JobControl::default(),

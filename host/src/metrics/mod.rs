@@ -15,6 +15,7 @@ use axum::routing::get;
 use crate::autoscaler::RemovalReason;
 use crate::config::Loaded;
 use crate::manager::fleet::Fleet;
+use crate::manager::health::HealthBoard;
 use crate::manager::ManagerStats;
 
 /// GitLab Runner's job duration buckets, seconds.
@@ -31,6 +32,7 @@ struct Inner {
     /// endpoint → (sum seconds, count)
     api_durations: BTreeMap<String, (f64, u64)>,
     fleets: Vec<Arc<Fleet>>,
+    health: Option<Arc<HealthBoard>>,
 }
 
 /// Shared metrics state. Cheap to clone.
@@ -62,6 +64,28 @@ impl Metrics {
                 .map(|r| (crate::config::short_token(&r.resolved_token()), r.limit))
                 .collect();
         }
+    }
+
+    /// Report the health of the current manager's runners (replacing the previous manager's).
+    pub fn set_health(&self, health: Arc<HealthBoard>) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.health = Some(health);
+        }
+    }
+
+    /// `/health/ready`'s body: `ready`, then one line per runner that cannot serve.
+    fn readiness(&self) -> String {
+        let mut out = String::from("ready\n");
+        let Ok(inner) = self.inner.lock() else { return out };
+        if let Some(health) = &inner.health {
+            for (runner, status) in health.snapshot() {
+                if !status.healthy {
+                    let error = status.error.unwrap_or_default();
+                    let _ = writeln!(out, "runner {runner} ({}) unhealthy: {error}", status.name);
+                }
+            }
+        }
+        out
     }
 
     /// Export the fleeting metrics of these fleets (replacing the previous list).
@@ -179,8 +203,42 @@ impl Metrics {
             );
             let _ = writeln!(out, "gitlab_runner_api_request_duration_seconds_count{{system_id=\"{sid}\",endpoint=\"{endpoint}\"}} {count}");
         }
+        if let Some(health) = &inner.health {
+            render_health(&mut out, sid, health);
+        }
         render_fleets(&mut out, sid, &inner.fleets);
         out
+    }
+}
+
+/// A Prometheus label value: `\`, `"` and newlines escaped.
+fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// `runway_runner_healthy` (1 serving, 0 not: its executor plugin is unusable) and GitLab
+/// Runner's `gitlab_runner_worker_health_check_failures_total` for each runner.
+fn render_health(out: &mut String, sid: &str, health: &HealthBoard) {
+    let runners = health.snapshot();
+    let _ = writeln!(out, "# HELP runway_runner_healthy Whether the runner requests jobs (0: its executor cannot be used).\n# TYPE runway_runner_healthy gauge");
+    for (runner, status) in &runners {
+        let _ = writeln!(
+            out,
+            "runway_runner_healthy{{runner=\"{}\",runner_name=\"{}\",system_id=\"{sid}\"}} {}",
+            label(runner),
+            label(&status.name),
+            u8::from(status.healthy)
+        );
+    }
+    let _ = writeln!(out, "# HELP gitlab_runner_worker_health_check_failures_total Total number of runner worker health check failures\n# TYPE gitlab_runner_worker_health_check_failures_total counter");
+    for (runner, status) in &runners {
+        let _ = writeln!(
+            out,
+            "gitlab_runner_worker_health_check_failures_total{{runner=\"{}\",runner_name=\"{}\",system_id=\"{sid}\"}} {}",
+            label(runner),
+            label(&status.name),
+            status.failures
+        );
     }
 }
 
@@ -339,9 +397,9 @@ pub async fn serve(address: &str, metrics: Metrics) -> Result<ServerHandle, Metr
             "/health/ready",
             get(|State(m): State<Metrics>| async move {
                 if m.ready.load(Ordering::SeqCst) {
-                    (StatusCode::OK, "ready\n")
+                    (StatusCode::OK, m.readiness())
                 } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string())
                 }
             }),
         )

@@ -30,6 +30,12 @@ pub struct UploadConfig {
     pub final_backoff_base: Duration,
     /// Longest wait between final-update rounds (60 min).
     pub final_backoff_max: Duration,
+    /// Before the final PUT, PATCHes of the rest of the trace that fail (or hit a 416) this
+    /// many times in a row give up on the trace; the PUT is sent anyway (5).
+    pub final_trace_retry_limit: u32,
+    /// The longest time spent sending the rest of the trace before the final PUT goes out
+    /// regardless (5 min).
+    pub final_trace_timeout: Duration,
 }
 
 impl Default for UploadConfig {
@@ -42,6 +48,8 @@ impl Default for UploadConfig {
             final_update_retry_limit: 10,
             final_backoff_base: Duration::from_secs(1),
             final_backoff_max: Duration::from_secs(60 * 60),
+            final_trace_retry_limit: 5,
+            final_trace_timeout: Duration::from_secs(5 * 60),
         }
     }
 }
@@ -87,13 +95,25 @@ pub enum FinalUpdateError {
 enum PatchStep {
     NothingToSend,
     Sent,
-    /// 416: the offset was moved to the server's size.
+    /// 416: the offset was moved to the server's size (or to 0 when the server did not say).
     Resynced,
+    /// 416 without a size even for a re-upload from 0: patching cannot find the server's
+    /// offset. Patches stop until the final update, whose checksum settles it (a 412 resets
+    /// the trace to 0; a 200 means GitLab keeps what it has).
+    Desynced,
     /// 404 earlier or now: no more patches for this job.
     Stopped,
     /// 403: the job must be aborted.
     Aborted,
     Failed(String),
+}
+
+/// How sending the rest of the trace before the final PUT went.
+enum Flush {
+    /// Everything GitLab will take was sent.
+    Complete,
+    /// Given up on (attempts or time exhausted, offset unknown): the PUT goes out anyway.
+    Incomplete(String),
 }
 
 /// How one round of the final update went.
@@ -102,7 +122,7 @@ enum FinalRound {
     Gone(String),
     /// 202: ask again after this long (does not count as a failure).
     AskAgainAfter(Duration),
-    /// Counts towards the retry limit; wait the update interval (416/412) or back off.
+    /// Counts towards the retry limit; wait the update interval (412) or back off.
     Retry {
         error: String,
         back_off: bool,
@@ -120,9 +140,46 @@ struct UploadLoop {
     last_ack: Instant,
     interval: Duration,
     patching_stopped: bool,
+    /// The server's offset is unknown (416 without `Range`, even from 0).
+    desynced: bool,
+    /// Where the trace would end at GitLab if PATCHes whose reply never came (a lost or cut
+    /// reply) did arrive: the offsets to try when a 416 does not say. Cleared by an answer
+    /// that says where GitLab is.
+    unconfirmed: Vec<u64>,
+    /// Next wait after a failed final-phase call (PATCH or PUT), doubling.
+    backoff: Duration,
 }
 
 impl UploadLoop {
+    fn new(
+        api: Arc<dyn JobApi>,
+        trace: JobTrace,
+        config: UploadConfig,
+        signals: RemoteSignals,
+        sent: Arc<AtomicU64>,
+    ) -> Self {
+        UploadLoop {
+            api,
+            trace,
+            interval: config.update_interval,
+            backoff: config.final_backoff_base,
+            config,
+            signals,
+            sent,
+            last_ack: Instant::now(),
+            patching_stopped: false,
+            desynced: false,
+            unconfirmed: Vec::new(),
+        }
+    }
+
+    /// The wait after a failed final-phase call; the next one is twice as long (capped).
+    fn next_backoff(&mut self) -> Duration {
+        let wait = self.backoff;
+        self.backoff = self.backoff.saturating_mul(2).min(self.config.final_backoff_max);
+        wait
+    }
+
     fn apply_interval(&mut self, interval: Option<Duration>) {
         if let Some(interval) = interval.filter(|i| !i.is_zero()) {
             self.interval = interval.min(self.config.max_update_interval);
@@ -132,6 +189,9 @@ impl UploadLoop {
     async fn send_patch(&mut self) -> PatchStep {
         if self.patching_stopped {
             return PatchStep::Stopped;
+        }
+        if self.desynced {
+            return PatchStep::Desynced;
         }
         let offset = self.sent.load(Ordering::SeqCst);
         let content = self.trace.read_from(offset, self.config.patch_limit);
@@ -143,15 +203,37 @@ impl UploadLoop {
         self.apply_interval(response.update_interval);
         match response.outcome {
             PatchOutcome::Accepted => {
+                self.unconfirmed.clear();
                 self.sent.store(offset + content.len() as u64, Ordering::SeqCst);
                 self.last_ack = Instant::now();
                 PatchStep::Sent
             }
             PatchOutcome::RangeMismatch { server_size } => {
                 tracing::debug!(offset, server_size, "trace range mismatch; resending from the server's size");
+                self.unconfirmed.clear();
                 self.sent.store(server_size, Ordering::SeqCst);
                 self.last_ack = Instant::now();
                 PatchStep::Resynced
+            }
+            // A PATCH whose reply was lost probably arrived: continue after it. A wrong guess
+            // costs one more 416 (GitLab appends only at its exact size), never a duplicate.
+            PatchOutcome::RangeUnknown if self.unconfirmed.iter().any(|end| *end != offset) => {
+                let at = self.unconfirmed.iter().rposition(|end| *end != offset).unwrap_or_default();
+                let guess = self.unconfirmed.remove(at);
+                tracing::warn!(offset, guess, "trace PATCH got 416 without a Range header; assuming an earlier PATCH whose reply was lost arrived");
+                self.sent.store(guess, Ordering::SeqCst);
+                PatchStep::Resynced
+            }
+            // GitLab Runner reads a missing Range as offset 0: send the whole trace again.
+            PatchOutcome::RangeUnknown if offset > 0 => {
+                tracing::warn!(offset, "trace PATCH got 416 without a Range header; resending the trace from 0");
+                self.sent.store(0, Ordering::SeqCst);
+                PatchStep::Resynced
+            }
+            PatchOutcome::RangeUnknown => {
+                tracing::warn!("trace PATCH from 0 got 416 without a Range header; the final update's checksum will resync the trace");
+                self.desynced = true;
+                PatchStep::Desynced
             }
             PatchOutcome::NotFound => {
                 tracing::warn!("trace PATCH returned 404; no more trace will be sent for this job");
@@ -163,7 +245,13 @@ impl UploadLoop {
                 self.patching_stopped = true;
                 PatchStep::Aborted
             }
-            PatchOutcome::Failed(error) => PatchStep::Failed(error),
+            PatchOutcome::Failed(error) => {
+                let end = offset + content.len() as u64;
+                if !self.unconfirmed.contains(&end) && self.unconfirmed.len() < 16 {
+                    self.unconfirmed.push(end);
+                }
+                PatchStep::Failed(error)
+            }
         }
     }
 
@@ -194,7 +282,7 @@ impl UploadLoop {
                 _ = sleep(self.interval) => {}
             }
             match self.send_patch().await {
-                PatchStep::Sent | PatchStep::NothingToSend => self.touch_if_idle().await,
+                PatchStep::Sent | PatchStep::NothingToSend | PatchStep::Desynced => self.touch_if_idle().await,
                 PatchStep::Failed(error) => tracing::warn!(%error, "trace PATCH failed; retrying next interval"),
                 PatchStep::Resynced | PatchStep::Stopped | PatchStep::Aborted => {}
             }
@@ -205,19 +293,43 @@ impl UploadLoop {
         }
     }
 
-    async fn final_round(&mut self, update: &mut JobUpdate) -> FinalRound {
+    /// Send what is left of the trace before the final PUT, giving up after
+    /// `final_trace_retry_limit` attempts in a row that made no progress or at `deadline`.
+    async fn flush(&mut self, deadline: Instant) -> Flush {
+        let mut failures = 0u32;
         loop {
-            match self.send_patch().await {
-                PatchStep::Sent => continue,
-                // Aborted stops patching; the PUT below tells whether the job is really gone.
-                PatchStep::NothingToSend | PatchStep::Stopped | PatchStep::Aborted => break,
-                PatchStep::Resynced => {
-                    return FinalRound::Retry { error: "trace range mismatch (416)".into(), back_off: false }
+            let step = match tokio::time::timeout_at(deadline, self.send_patch()).await {
+                Ok(step) => step,
+                Err(_) => return Flush::Incomplete("the time for sending the trace ran out".into()),
+            };
+            let (error, wait) = match step {
+                PatchStep::Sent => {
+                    failures = 0;
+                    continue;
                 }
-                PatchStep::Failed(error) => {
-                    return FinalRound::Retry { error: format!("trace PATCH failed: {error}"), back_off: true }
-                }
+                PatchStep::NothingToSend | PatchStep::Stopped | PatchStep::Aborted => return Flush::Complete,
+                PatchStep::Desynced => return Flush::Incomplete("GitLab does not say how much trace it has".into()),
+                // GitLab Runner waits the update interval after a range mismatch.
+                PatchStep::Resynced => ("trace range mismatch (416)".to_string(), self.interval),
+                PatchStep::Failed(error) => (format!("trace PATCH failed: {error}"), self.next_backoff()),
+            };
+            failures += 1;
+            if failures > self.config.final_trace_retry_limit {
+                return Flush::Incomplete(format!("{failures} trace attempts in a row failed; last: {error}"));
             }
+            tracing::warn!(%error, failures, "sending the rest of the trace failed; retrying");
+            if tokio::time::timeout_at(deadline, sleep(wait)).await.is_err() {
+                return Flush::Incomplete(format!("the time for sending the trace ran out; last: {error}"));
+            }
+        }
+    }
+
+    async fn final_round(&mut self, update: &mut JobUpdate, trace_deadline: Instant) -> FinalRound {
+        if let Flush::Incomplete(why) = self.flush(trace_deadline).await {
+            tracing::warn!(
+                sent = self.sent.load(Ordering::SeqCst),
+                "sending the final state without the rest of the trace: {why}"
+            );
         }
         let (checksum, bytesize) = self.trace.output_info();
         update.checksum = Some(checksum);
@@ -232,21 +344,26 @@ impl UploadLoop {
                 FinalRound::AskAgainAfter(wait)
             }
             UpdateOutcome::TraceValidationFailed => {
+                // GitLab wants the whole trace again; that also settles an unknown offset.
                 self.sent.store(0, Ordering::SeqCst);
+                self.desynced = false;
+                self.unconfirmed.clear();
                 FinalRound::Retry { error: "trace checksum validation failed (412)".into(), back_off: false }
             }
             UpdateOutcome::Abort => FinalRound::Gone("the job is not running on this runner any more".into()),
             UpdateOutcome::Conflict => FinalRound::Gone("the job belongs to another runner (409)".into()),
-            UpdateOutcome::Failed(error) => FinalRound::Retry { error, back_off: true },
+            UpdateOutcome::Unavailable(error) | UpdateOutcome::Failed(error) => {
+                FinalRound::Retry { error, back_off: true }
+            }
         }
     }
 
     async fn final_update(&mut self, mut update: JobUpdate) -> Result<(), FinalUpdateError> {
         self.interval = self.config.update_interval;
         let mut failures = 0u32;
-        let mut backoff = self.config.final_backoff_base;
+        let mut trace_deadline = Instant::now() + self.config.final_trace_timeout;
         loop {
-            match self.final_round(&mut update).await {
+            match self.final_round(&mut update, trace_deadline).await {
                 FinalRound::Done => return Ok(()),
                 FinalRound::Gone(why) => return Err(FinalUpdateError::JobGone(why)),
                 FinalRound::AskAgainAfter(wait) => sleep(wait).await,
@@ -257,9 +374,10 @@ impl UploadLoop {
                     }
                     tracing::warn!(%error, failures, "final job update failed; retrying");
                     if back_off {
-                        sleep(backoff).await;
-                        backoff = backoff.saturating_mul(2).min(self.config.final_backoff_max);
+                        sleep(self.next_backoff()).await;
                     } else {
+                        // 412: GitLab asked for the trace again; give it a fresh time budget.
+                        trace_deadline = Instant::now() + self.config.final_trace_timeout;
                         sleep(self.interval).await;
                     }
                 }
@@ -292,16 +410,7 @@ impl TraceUploader {
         let signals = RemoteSignals::default();
         let sent = Arc::new(AtomicU64::new(sent_offset));
         let stop = CancellationToken::new();
-        let upload_loop = UploadLoop {
-            api: api.clone(),
-            trace: trace.clone(),
-            interval: config.update_interval,
-            config: config.clone(),
-            signals: signals.clone(),
-            sent: sent.clone(),
-            last_ack: Instant::now(),
-            patching_stopped: false,
-        };
+        let upload_loop = UploadLoop::new(api.clone(), trace.clone(), config.clone(), signals.clone(), sent.clone());
         let task = tokio::spawn(upload_loop.watch(stop.clone()));
         TraceUploader { api, trace, config, signals, sent, stop, task: Some(task) }
     }
@@ -318,6 +427,12 @@ impl TraceUploader {
 
     /// Stop the loop, flush the trace's maskers, send the rest of the trace and `final_update`
     /// (its `checksum` and `bytesize` are filled in from the trace) until GitLab accepts it.
+    ///
+    /// The trace never holds the final state back for long: after
+    /// [`UploadConfig::final_trace_retry_limit`] failed attempts in a row, or
+    /// [`UploadConfig::final_trace_timeout`], or when GitLab does not say how much of the trace
+    /// it has, the PUT goes out with the checksum of the whole trace (a 412 then resends it
+    /// from 0).
     pub async fn finish(mut self, final_update: JobUpdate) -> Result<(), FinalUpdateError> {
         self.stop.cancel();
         let joined = match self.task.take() {
@@ -326,17 +441,14 @@ impl TraceUploader {
         };
         let mut upload_loop = match joined {
             Some(upload_loop) => upload_loop,
-            None => UploadLoop {
-                // The loop task panicked: carry on from what we know was acknowledged.
-                api: self.api.clone(),
-                trace: self.trace.clone(),
-                config: self.config.clone(),
-                signals: self.signals.clone(),
-                sent: self.sent.clone(),
-                last_ack: Instant::now(),
-                interval: self.config.update_interval,
-                patching_stopped: false,
-            },
+            // The loop task panicked: carry on from what we know was acknowledged.
+            None => UploadLoop::new(
+                self.api.clone(),
+                self.trace.clone(),
+                self.config.clone(),
+                self.signals.clone(),
+                self.sent.clone(),
+            ),
         };
         self.trace.finish();
         upload_loop.final_update(final_update).await
@@ -350,433 +462,5 @@ impl Drop for TraceUploader {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::VecDeque;
-    use std::sync::Mutex;
-
-    use super::*;
-    use crate::gitlab::api::{PatchResponse, UpdateResponse};
-    use crate::trace::{TraceOptions, TraceSink};
-
-    /// What the scripted server does with the next PATCH.
-    enum PatchScript {
-        /// Append like GitLab: 202 if the offset is the current size (or 0: re-upload), else 416.
-        Normal,
-        /// Normal, but the response carries this `Job-Status` and update interval.
-        NormalWith(RemoteJobStatus, Option<Duration>),
-        /// Store the bytes with the first one altered and answer 202 (a corrupted upload).
-        Corrupt,
-        /// The server loses everything after `n` bytes, then handles the patch normally.
-        LoseAfter(usize),
-        /// Answer this without storing anything.
-        Respond(PatchOutcome),
-    }
-
-    /// What the scripted server does with the next PUT.
-    enum UpdateScript {
-        /// 200 for `running`; for a final state 200 if checksum and bytesize match the stored
-        /// log, else 412.
-        Normal,
-        NormalWith(RemoteJobStatus),
-        Respond(UpdateOutcome),
-    }
-
-    #[derive(Debug, Clone, PartialEq)]
-    enum Call {
-        Patch { offset: u64, content: Vec<u8>, at: Duration },
-        Update { update: JobUpdate, at: Duration },
-    }
-
-    #[derive(Default)]
-    struct Server {
-        log: Vec<u8>,
-        patches: VecDeque<PatchScript>,
-        updates: VecDeque<UpdateScript>,
-        calls: Vec<Call>,
-    }
-
-    /// A test double of the HTTP client: records calls and answers per script.
-    struct ScriptedGitLab {
-        started: Instant,
-        server: Mutex<Server>,
-    }
-
-    impl ScriptedGitLab {
-        fn new() -> Arc<Self> {
-            Arc::new(ScriptedGitLab { started: Instant::now(), server: Mutex::new(Server::default()) })
-        }
-        fn script_patch(&self, step: PatchScript) {
-            self.server.lock().expect("server lock").patches.push_back(step);
-        }
-        fn script_update(&self, step: UpdateScript) {
-            self.server.lock().expect("server lock").updates.push_back(step);
-        }
-        fn log(&self) -> Vec<u8> {
-            self.server.lock().expect("server lock").log.clone()
-        }
-        fn calls(&self) -> Vec<Call> {
-            self.server.lock().expect("server lock").calls.clone()
-        }
-        fn patches(&self) -> Vec<(u64, Vec<u8>, Duration)> {
-            self.calls()
-                .into_iter()
-                .filter_map(|c| match c {
-                    Call::Patch { offset, content, at } => Some((offset, content, at)),
-                    Call::Update { .. } => None,
-                })
-                .collect()
-        }
-        fn updates(&self) -> Vec<(JobUpdate, Duration)> {
-            self.calls()
-                .into_iter()
-                .filter_map(|c| match c {
-                    Call::Update { update, at } => Some((update, at)),
-                    Call::Patch { .. } => None,
-                })
-                .collect()
-        }
-    }
-
-    fn append(log: &mut Vec<u8>, offset: u64, content: &[u8]) -> PatchOutcome {
-        let offset = offset as usize;
-        if offset == log.len() || offset == 0 {
-            log.truncate(offset);
-            log.extend_from_slice(content);
-            PatchOutcome::Accepted
-        } else {
-            PatchOutcome::RangeMismatch { server_size: log.len() as u64 }
-        }
-    }
-
-    fn crc(bytes: &[u8]) -> String {
-        format!("crc32:{:08x}", crc32fast::hash(bytes))
-    }
-
-    #[async_trait::async_trait]
-    impl JobApi for ScriptedGitLab {
-        async fn patch_trace(&self, offset: u64, content: &[u8]) -> PatchResponse {
-            let mut server = self.server.lock().expect("server lock");
-            let at = self.started.elapsed();
-            server.calls.push(Call::Patch { offset, content: content.to_vec(), at });
-            let step = server.patches.pop_front().unwrap_or(PatchScript::Normal);
-            let (outcome, remote_status, update_interval) = match step {
-                PatchScript::Normal => (append(&mut server.log, offset, content), RemoteJobStatus::Running, None),
-                PatchScript::NormalWith(status, interval) => {
-                    (append(&mut server.log, offset, content), status, interval)
-                }
-                PatchScript::Corrupt => {
-                    let mut bad = content.to_vec();
-                    bad[0] ^= 0xff;
-                    (append(&mut server.log, offset, &bad), RemoteJobStatus::Running, None)
-                }
-                PatchScript::LoseAfter(n) => {
-                    server.log.truncate(n);
-                    (append(&mut server.log, offset, content), RemoteJobStatus::Running, None)
-                }
-                PatchScript::Respond(outcome) => (outcome, RemoteJobStatus::Running, None),
-            };
-            PatchResponse { outcome, remote_status, update_interval }
-        }
-
-        async fn update_job(&self, update: &JobUpdate) -> UpdateResponse {
-            let mut server = self.server.lock().expect("server lock");
-            let at = self.started.elapsed();
-            server.calls.push(Call::Update { update: update.clone(), at });
-            let normal = |server: &Server| {
-                let matches = update.checksum.as_deref() == Some(crc(&server.log).as_str())
-                    && update.bytesize == Some(server.log.len() as u64);
-                if update.state == JobState::Running || matches {
-                    UpdateOutcome::Accepted
-                } else {
-                    UpdateOutcome::TraceValidationFailed
-                }
-            };
-            let (outcome, remote_status) = match server.updates.pop_front().unwrap_or(UpdateScript::Normal) {
-                UpdateScript::Normal => (normal(&server), RemoteJobStatus::Running),
-                UpdateScript::NormalWith(status) => (normal(&server), status),
-                UpdateScript::Respond(outcome) => (outcome, RemoteJobStatus::Running),
-            };
-            UpdateResponse { outcome, remote_status, update_interval: None }
-        }
-    }
-
-    fn job_trace(phrases: &[&str]) -> JobTrace {
-        JobTrace::new(&TraceOptions {
-            masked_phrases: phrases.iter().map(|s| s.to_string()).collect(),
-            ..TraceOptions::default()
-        })
-        .expect("patterns compile")
-    }
-
-    fn start(api: &Arc<ScriptedGitLab>, trace: &JobTrace, config: UploadConfig) -> TraceUploader {
-        TraceUploader::start(api.clone(), trace.clone(), config)
-    }
-
-    fn success() -> JobUpdate {
-        JobUpdate::state(JobState::Success)
-    }
-
-    async fn wait(secs: u64) {
-        sleep(Duration::from_secs(secs)).await;
-    }
-
-    /// The server holds exactly the trace and the last PUT carried its checksum and size.
-    fn assert_server_has_trace(api: &ScriptedGitLab, trace: &JobTrace) {
-        assert_eq!(api.log(), trace.contents(), "server log == trace");
-        let (last, _) = api.updates().pop().expect("a final update was sent");
-        assert_eq!(last.checksum, Some(crc(&api.log())));
-        assert_eq!(last.bytesize, Some(api.log().len() as u64));
-        assert!(api.patches().iter().all(|(_, content, _)| !content.is_empty()), "no empty patch");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn secret_split_across_writes_and_patches_is_masked() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&["TOPSECRET"]);
-        let uploader = start(&api, &trace, UploadConfig::default());
-        trace.write(b"token is TOPS");
-        wait(4).await;
-        trace.write(b"ECRET, ok\n");
-        wait(3).await;
-        let patches = api.patches();
-        assert_eq!(patches.len(), 2, "one patch per interval: {patches:?}");
-        assert_eq!(patches[0].1, b"token is ", "the partial secret is held back");
-        assert_eq!(patches[1].1, b"[MASKED], ok\n");
-        uploader.finish(success()).await.expect("final update accepted");
-        assert_eq!(api.log(), b"token is [MASKED], ok\n");
-        assert_server_has_trace(&api, &trace);
-        let (last, _) = api.updates().pop().expect("final update");
-        assert_eq!(last.state, JobState::Success);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn partial_secret_at_the_end_is_released_by_finish() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&["TOPSECRET"]);
-        let uploader = start(&api, &trace, UploadConfig::default());
-        trace.write(b"ends with TOP");
-        wait(4).await;
-        uploader.finish(success()).await.expect("final update accepted");
-        assert_eq!(api.log(), b"ends with TOP");
-        assert_server_has_trace(&api, &trace);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn range_mismatch_resends_from_the_server_size() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&[]);
-        let uploader = start(&api, &trace, UploadConfig::default());
-        trace.write(&[b'a'; 100]);
-        wait(4).await;
-        trace.write(&[b'b'; 50]);
-        api.script_patch(PatchScript::LoseAfter(60));
-        wait(3).await; // 416: the server has 60 bytes
-        wait(3).await; // resend from 60
-        let offsets: Vec<(u64, usize)> = api.patches().iter().map(|(o, c, _)| (*o, c.len())).collect();
-        assert_eq!(offsets, vec![(0, 100), (100, 50), (60, 90)]);
-        assert_eq!(uploader.sent_offset(), 150);
-        uploader.finish(success()).await.expect("final update accepted");
-        assert_server_has_trace(&api, &trace);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn checksum_mismatch_reuploads_everything_from_zero() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&[]);
-        let uploader = start(&api, &trace, UploadConfig::default());
-        api.script_patch(PatchScript::Corrupt);
-        trace.write(b"first part\n");
-        wait(4).await;
-        trace.write(b"second part\n");
-        uploader.finish(success()).await.expect("final update accepted after re-upload");
-        let offsets: Vec<u64> = api.patches().iter().map(|(o, _, _)| *o).collect();
-        assert_eq!(offsets, vec![0, 11, 0], "after 412 the whole trace is sent again from 0");
-        assert_eq!(api.patches()[2].1, b"first part\nsecond part\n");
-        let updates = api.updates();
-        assert_eq!(updates.len(), 2, "412, then accepted");
-        assert_server_has_trace(&api, &trace);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn failed_patch_is_retried_on_the_next_tick() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&[]);
-        let uploader = start(&api, &trace, UploadConfig::default());
-        api.script_patch(PatchScript::Respond(PatchOutcome::Failed("500 Internal Server Error".into())));
-        trace.write(b"hello\n");
-        wait(4).await;
-        assert_eq!(uploader.sent_offset(), 0);
-        wait(3).await;
-        assert_eq!(uploader.sent_offset(), 6);
-        let patches = api.patches();
-        assert_eq!(
-            patches.iter().map(|(o, c, _)| (*o, c.clone())).collect::<Vec<_>>(),
-            vec![(0, b"hello\n".to_vec()), (0, b"hello\n".to_vec())]
-        );
-        uploader.finish(success()).await.expect("final update accepted");
-        assert_server_has_trace(&api, &trace);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn failed_final_patch_and_put_back_off_then_recover() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&[]);
-        let uploader = start(&api, &trace, UploadConfig::default());
-        trace.write(b"output\n");
-        api.script_patch(PatchScript::Respond(PatchOutcome::Failed("502 Bad Gateway".into())));
-        api.script_update(UpdateScript::Respond(UpdateOutcome::Failed("500".into())));
-        api.script_update(UpdateScript::Respond(UpdateOutcome::Failed("503".into())));
-        uploader.finish(success()).await.expect("recovers");
-        let calls = api.calls();
-        let kinds: Vec<&str> = calls
-            .iter()
-            .map(|c| match c {
-                Call::Patch { .. } => "patch",
-                Call::Update { .. } => "put",
-            })
-            .collect();
-        assert_eq!(kinds, vec!["patch", "patch", "put", "put", "put"]);
-        let at: Vec<Duration> = calls
-            .iter()
-            .map(|c| match c {
-                Call::Patch { at, .. } | Call::Update { at, .. } => *at,
-            })
-            .collect();
-        // Exponential backoff 1 s, 2 s, 4 s between failed rounds (virtual time).
-        assert!(at[1] - at[0] >= Duration::from_secs(1), "{at:?}");
-        assert!(at[3] - at[2] >= Duration::from_secs(2), "{at:?}");
-        assert!(at[4] - at[3] >= Duration::from_secs(4), "{at:?}");
-        assert_server_has_trace(&api, &trace);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn final_update_gives_up_after_the_retry_limit() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&[]);
-        let config = UploadConfig { final_update_retry_limit: 2, ..UploadConfig::default() };
-        let uploader = start(&api, &trace, config);
-        for _ in 0..5 {
-            api.script_update(UpdateScript::Respond(UpdateOutcome::Failed("500".into())));
-        }
-        let err = uploader.finish(success()).await.expect_err("gives up");
-        assert_eq!(err, FinalUpdateError::RetriesExhausted { attempts: 3, last_error: "500".into() });
-        assert_eq!(api.updates().len(), 3, "first try plus two retries");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn accepted_retry_later_waits_the_given_interval() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&[]);
-        let uploader = start(&api, &trace, UploadConfig::default());
-        trace.write(b"done\n");
-        api.script_update(UpdateScript::Respond(UpdateOutcome::AcceptedRetryLater(Duration::from_secs(8))));
-        uploader
-            .finish(JobUpdate { exit_code: Some(2), ..JobUpdate::state(JobState::Failed) })
-            .await
-            .expect("accepted");
-        let updates = api.updates();
-        assert_eq!(updates.len(), 2);
-        assert!(updates[1].1 - updates[0].1 >= Duration::from_secs(8), "{updates:?}");
-        assert_eq!(updates[1].0.state, JobState::Failed);
-        assert_eq!(updates[1].0.exit_code, Some(2));
-        assert_server_has_trace(&api, &trace);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn canceling_then_abort_surface_as_signals() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&[]);
-        let uploader = start(&api, &trace, UploadConfig::default());
-        let signals = uploader.signals();
-        api.script_patch(PatchScript::NormalWith(RemoteJobStatus::CancelRequested, None));
-        trace.write(b"running\n");
-        wait(4).await;
-        assert!(signals.cancel_requested.is_cancelled());
-        assert!(!signals.abort.is_cancelled());
-        api.script_patch(PatchScript::Respond(PatchOutcome::Abort));
-        trace.write(b"after_script\n");
-        wait(3).await;
-        assert!(signals.abort.is_cancelled());
-        trace.write(b"more\n");
-        wait(30).await;
-        assert_eq!(api.patches().len(), 2, "no patches after abort");
-        api.script_update(UpdateScript::Respond(UpdateOutcome::Abort));
-        let err = uploader.finish(success()).await.expect_err("job is gone");
-        assert!(matches!(err, FinalUpdateError::JobGone(_)), "{err}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn keep_alive_put_after_idle_and_its_status_is_observed() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&[]);
-        let uploader = start(&api, &trace, UploadConfig::default());
-        let signals = uploader.signals();
-        wait(29).await;
-        assert!(api.updates().is_empty(), "no keep-alive before 30 s idle");
-        api.script_update(UpdateScript::NormalWith(RemoteJobStatus::CancelRequested));
-        wait(5).await;
-        let updates = api.updates();
-        assert_eq!(updates.len(), 1);
-        assert_eq!(updates[0].0.state, JobState::Running);
-        assert_eq!(updates[0].0.checksum.as_deref(), Some("crc32:00000000"));
-        assert_eq!(updates[0].0.bytesize, Some(0));
-        assert!(signals.cancel_requested.is_cancelled());
-        // Acknowledged patches count as activity: no keep-alive while output flows.
-        for _ in 0..20 {
-            trace.write(b"tick\n");
-            wait(3).await;
-        }
-        assert_eq!(api.updates().len(), 1, "patches acknowledged every 3 s keep the job alive");
-        uploader.finish(success()).await.expect("accepted");
-        assert_server_has_trace(&api, &trace);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn server_interval_is_honoured_and_capped() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&[]);
-        let uploader = start(&api, &trace, UploadConfig::default());
-        api.script_patch(PatchScript::NormalWith(RemoteJobStatus::Running, Some(Duration::from_secs(3600))));
-        trace.write(b"one\n");
-        wait(4).await;
-        trace.write(b"two\n");
-        wait(14 * 60).await;
-        assert_eq!(api.patches().len(), 1, "the next patch waits the server's interval");
-        wait(2 * 60).await;
-        let patches = api.patches();
-        assert_eq!(patches.len(), 2, "but never more than 15 minutes");
-        assert_eq!(patches[1].2 - patches[0].2, Duration::from_secs(15 * 60));
-        uploader.finish(success()).await.expect("accepted");
-        assert_server_has_trace(&api, &trace);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn not_found_stops_patching_but_final_put_is_sent() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&[]);
-        let uploader = start(&api, &trace, UploadConfig::default());
-        api.script_patch(PatchScript::Respond(PatchOutcome::NotFound));
-        trace.write(b"x\n");
-        wait(10).await;
-        assert_eq!(api.patches().len(), 1);
-        api.script_update(UpdateScript::Respond(UpdateOutcome::Accepted));
-        uploader.finish(success()).await.expect("accepted");
-        assert_eq!(api.patches().len(), 1, "no patch after 404");
-        assert_eq!(api.updates().len(), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn large_trace_goes_in_limited_chunks() {
-        let api = ScriptedGitLab::new();
-        let trace = job_trace(&[]);
-        let config = UploadConfig { patch_limit: 10, ..UploadConfig::default() };
-        let uploader = start(&api, &trace, config);
-        trace.write(b"0123456789abcdefghijKLMNO");
-        wait(4).await;
-        assert_eq!(api.patches().len(), 1, "one patch per tick while running");
-        uploader.finish(success()).await.expect("accepted");
-        let chunks: Vec<(u64, Vec<u8>)> = api.patches().into_iter().map(|(o, c, _)| (o, c)).collect();
-        assert_eq!(chunks, vec![(0, b"0123456789".to_vec()), (10, b"abcdefghij".to_vec()), (20, b"KLMNO".to_vec())]);
-        assert_server_has_trace(&api, &trace);
-    }
-}
+#[path = "upload_tests.rs"]
+mod tests;

@@ -368,6 +368,7 @@ async fn request_job_inner(shared: &Shared, req: &Incoming) -> Response {
 
     let headers: &[(&str, String)] = if long_poll.is_zero() { &[] } else { &polling };
     shared.mutate(|s| {
+        s.expire_unacknowledged();
         let paused = match s.runners.get_mut(&token) {
             None => return message(403, headers, "403 Forbidden"),
             Some(runner) => {
@@ -394,7 +395,9 @@ async fn request_job_inner(shared: &Shared, req: &Incoming) -> Response {
         if let Some(id) = eligible.and_then(|pos| s.queue.remove(pos)) {
             let Some(job) = s.jobs.get_mut(&id) else { return no_job(version) };
             job.runner_token = Some(token.clone());
-            if !two_phase {
+            if two_phase {
+                job.awaiting_ack_since = Some(Instant::now());
+            } else {
                 job.status = JobStatus::Running;
             }
             let payload = job.payload.clone();
@@ -511,9 +514,11 @@ fn update_job_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
             }
             (JobStatus::Pending, "pending") => {
                 job.pending_keepalives += 1;
+                job.awaiting_ack_since = Some(Instant::now());
                 (200, "200 OK", None)
             }
             (JobStatus::Pending, "running") => {
+                job.awaiting_ack_since = None;
                 job.status = JobStatus::Running;
                 (200, "200 OK", None)
             }
@@ -606,6 +611,7 @@ fn patch_trace_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
     let Ok(id) = id.parse::<i64>() else { return message(404, &[], "404 Not Found") };
     shared.mutate(|s| {
         let interval = s.config.trace_update_interval.to_string();
+        let send_range = !s.omit_trace_range;
         let Some(job) = s.jobs.get_mut(&id) else { return message(404, &[], "404 Not Found") };
         let mut headers =
             vec![("Job-Status", job.status.as_str().to_string()), ("X-GitLab-Trace-Update-Interval", interval)];
@@ -626,7 +632,9 @@ fn patch_trace_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
             job.trace_resets += 1;
         }
         if start != job.trace.len() as u64 {
-            headers.push(("Range", format!("0-{}", job.trace.len())));
+            if send_range {
+                headers.push(("Range", format!("0-{}", job.trace.len())));
+            }
             job.patches.push(record);
             return message(416, &headers, "416 Range Not Satisfiable");
         }
@@ -634,7 +642,9 @@ fn patch_trace_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
         job.trace.extend_from_slice(&req.body);
         record.accepted = true;
         job.patches.push(record);
-        headers.push(("Range", format!("0-{}", job.trace.len())));
+        if send_range {
+            headers.push(("Range", format!("0-{}", job.trace.len())));
+        }
         response(202, &headers, Body::empty())
     })
 }

@@ -179,6 +179,12 @@ pub struct JobRecord {
     pub updates: Vec<serde_json::Value>,
     /// `Job-Status` of every PATCH/PUT response sent for this job, in order.
     pub reported_statuses: Vec<String>,
+    /// The job created when this one was dropped waiting for the runner's ack.
+    pub retried_as: Option<i64>,
+    /// The payload as enqueued (before `id` and token were filled in), for a retry.
+    template: serde_json::Value,
+    /// Last handout or runner ping while waiting for acceptance (two-phase commit).
+    pub(crate) awaiting_ack_since: Option<Instant>,
     trace_reset_armed: bool,
     final_attempts: u32,
     first_final_attempt: Option<Instant>,
@@ -242,6 +248,12 @@ pub(crate) struct Inner {
     pub injected: HashMap<Endpoint, VecDeque<InjectedResponse>>,
     /// Final updates left to answer with 202.
     pub final_update_backoffs: u32,
+    /// Leave `Range` out of trace PATCH answers (a proxy that strips it).
+    pub omit_trace_range: bool,
+    /// How long a job handed out under two-phase commit waits for the runner's ping
+    /// (`PUT state=pending|running`) before it is dropped and retried (Rails'
+    /// `RUNNER_ACK_QUEUE_EXPIRY_TIME`, 2 minutes).
+    pub runner_ack_expiry: Duration,
     /// Repositories served over HTTP: "group/project" → public?
     pub repos: BTreeMap<String, bool>,
     pub shutting_down: bool,
@@ -259,6 +271,82 @@ impl Inner {
     pub fn tick_all_queues(&mut self) {
         for v in self.queue_versions.values_mut() {
             *v = random_hex();
+        }
+    }
+
+    /// Queue a job (see `FakeGitLab::enqueue`).
+    pub fn enqueue(&mut self, payload: serde_json::Value, only_for_runner: Option<String>) -> i64 {
+        let id = self.next_job_id;
+        self.next_job_id += 1;
+        let token = random_token("glcbt-");
+        let template = payload.clone();
+        let text =
+            payload.to_string().replace(JOB_TOKEN_PLACEHOLDER, &token).replace(JOB_ID_PLACEHOLDER, &id.to_string());
+        let mut payload: serde_json::Value = serde_json::from_str(&text).unwrap_or(payload);
+        if let Some(obj) = payload.as_object_mut() {
+            obj.insert("id".into(), id.into());
+            obj.insert("token".into(), token.clone().into());
+            if let Some(info) = obj.get_mut("job_info").and_then(|i| i.as_object_mut()) {
+                info.insert("id".into(), id.into());
+            }
+        }
+        self.jobs.insert(
+            id,
+            JobRecord {
+                id,
+                token,
+                status: JobStatus::Pending,
+                runner_token: None,
+                only_for_runner: only_for_runner.clone(),
+                payload,
+                trace: Vec::new(),
+                patches: Vec::new(),
+                trace_resets: 0,
+                final_state: None,
+                failure_reason: None,
+                exit_code: None,
+                checksum: None,
+                bytesize: None,
+                pending_keepalives: 0,
+                running_keepalives: 0,
+                updates: Vec::new(),
+                reported_statuses: Vec::new(),
+                retried_as: None,
+                template,
+                awaiting_ack_since: None,
+                trace_reset_armed: false,
+                final_attempts: 0,
+                first_final_attempt: None,
+            },
+        );
+        self.queue.push_back(id);
+        match &only_for_runner {
+            Some(token) => self.tick_queue(token),
+            None => self.tick_all_queues(),
+        }
+        id
+    }
+
+    /// Rails' `Ci::RetryWaitingJobService`: a job a runner did not acknowledge within
+    /// `runner_ack_expiry` is dropped (`runner_provisioning_timeout`) and retried as a new job.
+    pub fn expire_unacknowledged(&mut self) {
+        let expiry = self.runner_ack_expiry;
+        let expired: Vec<i64> = self
+            .jobs
+            .values()
+            .filter(|j| j.status == JobStatus::Pending && j.awaiting_ack_since.is_some_and(|t| t.elapsed() >= expiry))
+            .map(|j| j.id)
+            .collect();
+        for id in expired {
+            let Some(job) = self.jobs.get_mut(&id) else { continue };
+            job.status = JobStatus::Failed;
+            job.failure_reason = Some("runner_provisioning_timeout".into());
+            job.awaiting_ack_since = None;
+            let (template, only) = (job.template.clone(), job.only_for_runner.clone());
+            let retry = self.enqueue(template, only);
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.retried_as = Some(retry);
+            }
         }
     }
 
@@ -339,6 +427,8 @@ impl FakeGitLab {
                 requests: Vec::new(),
                 injected: HashMap::new(),
                 final_update_backoffs: 0,
+                omit_trace_range: false,
+                runner_ack_expiry: Duration::from_secs(120),
                 repos: BTreeMap::new(),
                 shutting_down: false,
                 long_polls: HashMap::new(),
@@ -422,6 +512,24 @@ impl FakeGitLab {
         self.shared.mutate(|s| s.final_update_backoffs = times);
     }
 
+    /// `false` leaves the `Range` header out of trace PATCH answers (202 and 416), as a proxy
+    /// that strips it would: the runner then cannot learn the server's trace size from a 416.
+    pub fn set_trace_range_header(&self, send: bool) {
+        self.shared.mutate(|s| s.omit_trace_range = !send);
+    }
+
+    /// How long a job handed out under two-phase commit may go without a ping from the runner
+    /// before it is dropped with `runner_provisioning_timeout` and retried as a new job
+    /// (GitLab: 2 minutes). Checked whenever a runner asks for a job.
+    pub fn set_runner_ack_expiry(&self, expiry: Duration) {
+        self.shared.mutate(|s| s.runner_ack_expiry = expiry);
+    }
+
+    /// The job that retried `id` after it was dropped, if any.
+    pub fn retried_as(&self, id: i64) -> Option<i64> {
+        self.shared.lock().jobs.get(&id).and_then(|j| j.retried_as)
+    }
+
     // ----- runners --------------------------------------------------------------------------
 
     /// Creates a runner "in the UI": returns its `glrt-` authentication token.
@@ -484,53 +592,7 @@ impl FakeGitLab {
     }
 
     fn enqueue_inner(&self, payload: serde_json::Value, only_for_runner: Option<String>) -> i64 {
-        self.shared.mutate(|s| {
-            let id = s.next_job_id;
-            s.next_job_id += 1;
-            let token = random_token("glcbt-");
-            let text =
-                payload.to_string().replace(JOB_TOKEN_PLACEHOLDER, &token).replace(JOB_ID_PLACEHOLDER, &id.to_string());
-            let mut payload: serde_json::Value = serde_json::from_str(&text).unwrap_or(payload);
-            if let Some(obj) = payload.as_object_mut() {
-                obj.insert("id".into(), id.into());
-                obj.insert("token".into(), token.clone().into());
-                if let Some(info) = obj.get_mut("job_info").and_then(|i| i.as_object_mut()) {
-                    info.insert("id".into(), id.into());
-                }
-            }
-            s.jobs.insert(
-                id,
-                JobRecord {
-                    id,
-                    token,
-                    status: JobStatus::Pending,
-                    runner_token: None,
-                    only_for_runner: only_for_runner.clone(),
-                    payload,
-                    trace: Vec::new(),
-                    patches: Vec::new(),
-                    trace_resets: 0,
-                    final_state: None,
-                    failure_reason: None,
-                    exit_code: None,
-                    checksum: None,
-                    bytesize: None,
-                    pending_keepalives: 0,
-                    running_keepalives: 0,
-                    updates: Vec::new(),
-                    reported_statuses: Vec::new(),
-                    trace_reset_armed: false,
-                    final_attempts: 0,
-                    first_final_attempt: None,
-                },
-            );
-            s.queue.push_back(id);
-            match &only_for_runner {
-                Some(token) => s.tick_queue(token),
-                None => s.tick_all_queues(),
-            }
-            id
-        })
+        self.shared.mutate(|s| s.enqueue(payload, only_for_runner))
     }
 
     /// Builds a realistic payload for `spec` pointing at this fake's git server (see

@@ -13,6 +13,7 @@ use super::{api_base_url, ApiError, Endpoint, GitLabClient, VersionInfo};
 use crate::gitlab::api::{
     JobApi, JobState, JobUpdate, PatchOutcome, PatchResponse, RemoteJobStatus, UpdateOutcome, UpdateResponse,
 };
+use crate::gitlab::retry::is_retryable_status;
 
 /// The job-token calls of one job (implements [`JobApi`]).
 pub struct JobClient {
@@ -116,7 +117,7 @@ impl JobApi for JobClient {
             },
             416 => match range_end(&headers) {
                 Some(size) => PatchOutcome::RangeMismatch { server_size: size },
-                None => PatchOutcome::Failed("patch_trace: 416 without a usable Range header".into()),
+                None => PatchOutcome::RangeUnknown,
             },
             403 => {
                 remote_status = RemoteJobStatus::Abort;
@@ -148,7 +149,13 @@ impl JobApi for JobClient {
             |rb: RequestBuilder| rb.header("JOB-TOKEN", &self.token).header(ACCEPT, "application/json").json(&body);
         let response = match self.client.execute(Endpoint::UpdateJob, Method::PUT, &url, decorate).await {
             Ok(r) => r,
-            Err(e) => return failed(format!("update_job: {e}")),
+            Err(e) => {
+                return UpdateResponse {
+                    outcome: UpdateOutcome::Unavailable(format!("update_job: {e}")),
+                    remote_status: RemoteJobStatus::Running,
+                    update_interval: None,
+                }
+            }
         };
         let headers = response.headers().clone();
         let mut remote_status = remote_status(&headers);
@@ -166,6 +173,9 @@ impl JobApi for JobClient {
                 UpdateOutcome::Abort
             }
             409 => UpdateOutcome::Conflict,
+            other if is_retryable_status(other) => {
+                UpdateOutcome::Unavailable(format!("update_job: HTTP {other}: {}", error_message(response).await))
+            }
             other => UpdateOutcome::Failed(format!("update_job: HTTP {other}: {}", error_message(response).await)),
         };
         UpdateResponse { outcome, remote_status, update_interval: interval }

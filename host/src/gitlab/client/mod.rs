@@ -183,6 +183,12 @@ impl GitLabClient {
         &self.user_agent
     }
 
+    /// How this client backs off between attempts; callers that retry a whole call (the
+    /// job's acceptance) use the same steps.
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
     /// Sends one logical request, retrying retryable statuses. `decorate` adds headers and the
     /// body; it runs once per attempt so the body is rebuilt each time.
     async fn execute(
