@@ -249,3 +249,100 @@ async fn a_broken_executor_plugin_leaves_only_its_runner_unhealthy_until_fixed()
     let status = wait_exit(&mut child).await;
     assert!(status.success(), "exit status {status:?}");
 }
+
+fn runway_log(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("runway.log")).unwrap_or_default()
+}
+
+/// A config file replaced by a bad one and delivered by SIGHUP while a job runs: the reload
+/// is refused and logged, the job finishes, and the runner keeps serving the old configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_with_a_bad_config_keeps_the_old_one() {
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+            .await;
+    let runner = fake.create_runner("reload test");
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    let good = format!(
+        "concurrent = 2\ncheck_interval = 1\n\n[[runners]]\nname = \"reload\"\nurl = \"{}\"\ntoken = \"{}\"\nexecutor = \"shell\"\nbuilds_dir = \"{}\"\n",
+        fake.url(),
+        runner.token,
+        dir.path().join("builds").display()
+    );
+    std::fs::write(&config, &good).expect("write config");
+    let mut child = start(&config, dir.path());
+    let job = fake.enqueue(fake.job_payload(&JobSpec::new(
+        "group/project",
+        "long",
+        &["echo started", "sleep 3", "echo finished"],
+    )));
+    if fake.wait_for_job_state(job, |j| j.trace_text().contains("started"), WAIT).await.is_none() {
+        let _ = child.kill();
+        panic!("job did not start; runway log:\n{}", runway_log(dir.path()));
+    }
+    // A `limit` past tokio's semaphore maximum: it used to load and then panic the manager.
+    let bad = good.replace("builds_dir", "limit = 2305843009213693952\nbuilds_dir");
+    std::fs::write(&config, bad).expect("write bad config");
+    signal(&child, libc::SIGHUP);
+    let record = fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await.expect("job reported");
+    assert_eq!(
+        (record.status, record.final_state.as_deref()),
+        (JobStatus::Success, Some("success")),
+        "{}\nrunway log:\n{}",
+        record.trace_text(),
+        runway_log(dir.path())
+    );
+    assert!(record.trace_text().contains("finished"));
+    assert!(child.try_wait().expect("wait").is_none(), "runway exited; log:\n{}", runway_log(dir.path()));
+    let log = runway_log(dir.path());
+    assert!(
+        log.contains("config reload failed, keeping the running configuration")
+            && log.contains("config.toml:9: runners[0].limit: "),
+        "{log}"
+    );
+    // Still serving: the next job runs on the old configuration.
+    let next = fake.enqueue(fake.job_payload(&JobSpec::new("group/project", "after", &["echo still serving"])));
+    let record = fake.wait_for_job_state(next, |j| j.final_state.is_some(), WAIT).await.expect("next job reported");
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+    signal(&child, libc::SIGQUIT);
+    let status = wait_exit(&mut child).await;
+    assert!(status.success(), "exit status {status:?}; log:\n{}", runway_log(dir.path()));
+    assert!(!runway_log(dir.path()).contains("panicked"), "{}", runway_log(dir.path()));
+}
+
+/// `runway verify` and `runway run` on malformed files: exit code 1, the file:line:key error,
+/// no panic.
+#[test]
+fn verify_and_run_refuse_malformed_configs_without_panicking() {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/config/bad");
+    for (fixture, expected) in [
+        ("concurrent-tokio-max.toml", ":2: concurrent: "),
+        ("unhealthy-interval-overflow.toml", ":8: runners[0].unhealthy_interval: "),
+        ("call-timeout-zero.toml", ":11: plugins.shell.call_timeout: "),
+        ("listen-address-no-port.toml", ":3: listen_address: "),
+        ("limit-huge.toml", ":8: runners[0].limit: "),
+    ] {
+        let file = corpus.join(fixture);
+        for verb in ["verify", "run"] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let config = dir.path().join("config.toml");
+            std::fs::copy(&file, &config).expect("copy fixture");
+            let out = Command::new(RUNWAY)
+                .arg("-c")
+                .arg(&config)
+                .arg(verb)
+                .current_dir(dir.path())
+                .output()
+                .expect("runway runs");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{verb} {fixture}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{}{expected}", config.display())) && !stderr.contains("panicked"),
+                "{verb} {fixture}: {stderr}"
+            );
+        }
+    }
+}

@@ -97,3 +97,40 @@ fn vars_isolate_and_errors() {
     assert_eq!(code, 1);
     assert!(err.contains(".gitlab-ci.yml:2: job.stage"), "{err}");
 }
+
+/// GitLab's limits as `runway exec` users meet them: refused at once, exit 1, file:line: key.
+#[test]
+fn gitlab_limits_are_refused_with_file_line_and_key() {
+    let values = |p: &str| (0..1000).map(|i| format!("{p}{i}")).collect::<Vec<_>>().join(", ");
+    let cases = [
+        (
+            format!(
+                "job:\n  script: echo\n  parallel:\n    matrix:\n      - A: [{}]\n        B: [{}]\n",
+                values("a"),
+                values("b")
+            ),
+            ".gitlab-ci.yml:3: job.parallel: matrix config generates too many jobs (1000000; maximum is 200)",
+        ),
+        (
+            "job:\n  script: 123\n".to_string(),
+            ".gitlab-ci.yml:2: job.script: jobs:job:script config should be a string",
+        ),
+        ("job:\n  script: [1, {a: b}]\n".to_string(), ".gitlab-ci.yml:2: job.script: jobs:job:script config should be"),
+        (
+            "include: ../../../../../../../../../../etc/passwd\njob:\n  script: echo\n".to_string(),
+            "is outside the project directory",
+        ),
+        (
+            "a:\n  script: echo\n  needs: [b]\nb:\n  script: echo\n  needs: [a]\n".to_string(),
+            ".gitlab-ci.yml:3: a.needs: needs form a cycle: a -> b -> a (jobs: a, b)",
+        ),
+    ];
+    for (yaml, expected) in cases {
+        let dir = project(&yaml);
+        let started = std::time::Instant::now();
+        let (code, out, err) = exec(dir.path(), &["--list"]);
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "{expected}: took {:?}", started.elapsed());
+        assert_eq!(code, 1, "{expected}: {out}{err}");
+        assert!(err.contains(expected) && !err.contains("panicked"), "want {expected:?} in:\n{err}");
+    }
+}

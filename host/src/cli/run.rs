@@ -332,7 +332,11 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
                         tracing::info!("configuration reloaded");
                         loaded = next;
                     }
-                    Err(e) => tracing::error!("config reload failed, keeping the running configuration: {e:#}"),
+                    Err(e) => {
+                        // Keep the old configuration whole: its grants too, not only its runners.
+                        plugins.set_grants(loaded.config.plugins.clone()).await;
+                        tracing::error!("config reload failed, keeping the running configuration: {e:#}");
+                    }
                 }
             }
         }

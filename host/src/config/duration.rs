@@ -11,6 +11,9 @@ use std::time::Duration;
 pub struct DurationError(pub String);
 
 /// Parse Go-style duration strings: `"30s"`, `"1m30s"`, `"2h"`, `"500ms"`; a bare integer is seconds.
+///
+/// Never panics: a value too large for a [`Duration`] (`"99999999999999999999h"`) is an error.
+/// Which durations make sense for a key is checked by the caller (config's range checks).
 pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let text = text.trim();
     if let Ok(secs) = text.parse::<u64>() {
@@ -42,7 +45,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
                 )))
             }
         };
-        total += Duration::from_secs_f64(seconds);
+        let part = Duration::try_from_secs_f64(seconds)
+            .map_err(|_| DurationError(format!("invalid duration {text:?}: too large")))?;
+        total =
+            total.checked_add(part).ok_or_else(|| DurationError(format!("invalid duration {text:?}: too large")))?;
         rest = &rest[unit_len..];
     }
     Ok(total)
@@ -103,5 +109,21 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("15"), Ok(Duration::from_secs(15)));
         assert!(parse_duration("3 days").is_err());
+    }
+
+    #[test]
+    fn overflowing_durations_are_errors_not_panics() {
+        for text in [
+            "99999999999999999999h",
+            "1e400s",
+            "18446744073709551615s18446744073709551615s",
+            "9999999999999999999999999999999999ns",
+            "....s",
+            "5.5.5s",
+        ] {
+            let e = parse_duration(text).expect_err(text);
+            assert!(e.0.contains(&format!("{text:?}")), "{e}");
+        }
+        assert!(parse_duration("99999999999999999999h").expect_err("huge").0.contains("too large"));
     }
 }

@@ -9,6 +9,7 @@ pub mod autoscaler;
 pub mod duration;
 mod error;
 pub mod grant;
+pub mod limits;
 mod system_id;
 
 use std::collections::BTreeMap;
@@ -25,6 +26,10 @@ pub use system_id::{short_token, system_id};
 /// Executor config sections kept as tables and handed to the plugin as JSON.
 pub const EXECUTOR_SECTIONS: &[&str] =
     &["shell", "docker", "ssh", "custom", "instance", "kubernetes", "virtualbox", "parallels"];
+
+/// GitLab Runner's other `[runners.*]` tables: accepted (and kept) though Runway does not
+/// read them, so a GitLab config.toml loads as it is.
+pub const GITLAB_RUNNER_SECTIONS: &[&str] = &["cache", "custom_build_dir", "referees", "steps"];
 
 /// The whole file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -363,7 +368,9 @@ fn line_of_offset(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
-/// Best-effort line of a key path like `runners[1].limit` or `runners.1.foo`.
+/// Best-effort line of a key path like `runners[1].limit`, `runners.1.foo` or
+/// `plugins.shell.call_timeout` (dotted table headers such as `[plugins.shell]` and nested
+/// arrays of tables such as `[[runners.autoscaler.policy]]` included).
 fn line_of_key(text: &str, path: &str) -> Option<usize> {
     let parts: Vec<String> = path
         .replace('[', ".")
@@ -373,41 +380,73 @@ fn line_of_key(text: &str, path: &str) -> Option<usize> {
         .map(str::to_string)
         .collect();
     let lines: Vec<&str> = text.lines().collect();
+    let is_header = |l: &str| l.trim_start().starts_with('[');
+    let assigns = |l: &str, key: &str| {
+        let t = l.trim_start();
+        t.strip_prefix(key)
+            .or_else(|| t.strip_prefix(&format!("\"{key}\"")))
+            .is_some_and(|rest| rest.trim_start().starts_with('='))
+    };
+    let mut prefix: Vec<&str> = Vec::new();
     let mut start = 0;
+    // The line of the innermost table (or inline key) found so far.
+    let mut found: Option<usize> = None;
     let mut i = 0;
     while i < parts.len() {
-        let part = &parts[i];
+        let part = parts[i].as_str();
+        let full = if prefix.is_empty() { part.to_string() } else { format!("{}.{part}", prefix.join(".")) };
         if let Some(Ok(index)) = parts.get(i + 1).map(|n| n.parse::<usize>()) {
-            let header = format!("[[{part}]]");
-            let found = lines.iter().enumerate().skip(start).filter(|(_, l)| l.trim() == header).nth(index);
-            start = found.map(|(n, _)| n + 1)?;
+            let header = format!("[[{full}]]");
+            let (n, _) = lines.iter().enumerate().skip(start).filter(|(_, l)| l.trim() == header).nth(index)?;
+            start = n + 1;
+            found = Some(n + 1);
+            prefix.push(part);
             i += 2;
             continue;
         }
         let is_last = i == parts.len() - 1;
-        let hit = lines.iter().enumerate().skip(start).find(|(_, l)| {
-            let t = l.trim_start();
-            let key_match = t
-                .strip_prefix(part.as_str())
-                .or_else(|| t.strip_prefix(&format!("\"{part}\"")))
-                .is_some_and(|rest| rest.trim_start().starts_with('='));
-            key_match
-                || (!is_last
-                    && t.starts_with('[')
-                    && t.trim_end_matches(']').trim_start_matches('[').ends_with(part.as_str()))
-        });
-        match hit {
-            Some((n, _)) => {
-                if is_last {
-                    return Some(n + 1);
-                }
-                start = n + 1;
+        // A key of the current table: between its header and the next one.
+        let key_line =
+            lines.iter().enumerate().skip(start).take_while(|(_, l)| !is_header(l)).find(|(_, l)| assigns(l, part));
+        if let Some((n, _)) = key_line {
+            if is_last {
+                return Some(n + 1);
             }
-            None => return None,
+            found = Some(n + 1); // an inline table: the best line there is
         }
+        let table = format!("[{full}]");
+        let array = format!("[[{full}]]");
+        if let Some((n, _)) = lines.iter().enumerate().skip(start).find(|(_, l)| l.trim() == table || l.trim() == array)
+        {
+            if is_last {
+                return Some(n + 1);
+            }
+            start = n + 1;
+            found = Some(n + 1);
+        }
+        prefix.push(part);
         i += 1;
     }
-    None
+    found
+}
+
+/// The key written on `line` (`key = value`) as a path (`runners[1].limit`), for errors the
+/// TOML reader reports with a position but no path (an integer too large for TOML).
+fn key_at_line(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let (key, _) = lines.get(line.checked_sub(1)?)?.split_once('=')?;
+    let key = key.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('[') {
+        return None;
+    }
+    let header = lines[..line - 1].iter().rev().map(|l| l.trim()).find(|l| l.starts_with('['));
+    let Some(header) = header else { return Some(key.to_string()) };
+    if let Some(array) = header.strip_prefix("[[").and_then(|h| h.strip_suffix("]]")) {
+        let index = lines[..line - 1].iter().filter(|l| l.trim() == header).count().saturating_sub(1);
+        return Some(format!("{array}[{index}].{key}"));
+    }
+    let table = header.trim_start_matches('[').trim_end_matches(']');
+    Some(format!("{table}.{key}"))
 }
 
 /// Does the `index`-th `[[runners]]` entry have a `[runners.shell]` table?
@@ -451,7 +490,7 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
             let inner = e.into_inner();
             let line = inner.span().map(|s| line_of_offset(text, s.start)).or_else(|| line_of_key(text, &key));
             let message = inner.message().to_string();
-            let key = if key == "." || key.is_empty() { None } else { Some(key) };
+            let key = if key == "." || key.is_empty() { line.and_then(|l| key_at_line(text, l)) } else { Some(key) };
             return Err(ConfigError { path: path.to_path_buf(), line, key, message });
         }
     };
@@ -528,6 +567,20 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
             }
         }
         for (name, value) in &runner.sections {
+            let known = EXECUTOR_SECTIONS.contains(&name.as_str())
+                || GITLAB_RUNNER_SECTIONS.contains(&name.as_str())
+                || *name == runner.executor;
+            if value.is_table() && !known {
+                return Err(err(
+                    format!("runners[{i}].{name}"),
+                    format!(
+                        "unknown section [runners.{name}]: not this runner's executor ({:?}), an executor section ({}) or a GitLab runner section ({})",
+                        runner.executor,
+                        EXECUTOR_SECTIONS.join(", "),
+                        GITLAB_RUNNER_SECTIONS.join(", ")
+                    ),
+                ));
+            }
             if !value.is_table() {
                 let key = format!("runners[{i}].{name}");
                 warnings.push(match line_of_key(text, &key) {
@@ -538,6 +591,18 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
         }
         runner.sections.retain(|_, v| v.is_table());
     }
+    for (i, runner) in config.runners.iter().enumerate() {
+        let token = runner.resolved_token();
+        let url = runner.resolved_url();
+        let first = config.runners[..i].iter().position(|r| r.resolved_token() == token && r.resolved_url() == url);
+        if let (Some(first), false) = (first, token.is_empty()) {
+            return Err(err(
+                format!("runners[{i}].token"),
+                format!("runners[{first}] has the same url and token: a runner must be configured once"),
+            ));
+        }
+    }
+    limits::check(&config, text, path, purpose)?;
     if config.concurrent < config.runners.len() {
         warnings.push(format!(
             "{}: CONFIGURATION: Long polling issues detected: concurrent ({}) is lower than the number of runners ({}); some runners' long polls will wait for capacity",

@@ -192,3 +192,76 @@ fn missing_connection_keys_fail_as_before_for_run_and_are_optional_for_simulate(
     assert_eq!(runner.machine.as_ref().expect("machine").idle_time, Duration::from_secs(1800));
     assert!(runner.autoscaler.as_ref().expect("autoscaler").plugin.is_empty());
 }
+
+/// Every file of tests/fixtures/config/bad starts with `# expect: LINE KEY: TEXT` (KEY `-` for
+/// none): loading it must fail, without panicking, with `file:LINE: KEY: ...TEXT...`.
+#[test]
+fn malformed_config_corpus_fails_with_file_line_and_key() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/config/bad");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("corpus")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 25, "{} fixtures", files.len());
+    let mut failures = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read");
+        let expect = text.lines().next().and_then(|l| l.strip_prefix("# expect: ")).expect("expect line");
+        let (line, rest) = expect.split_once(' ').expect("line");
+        let (key, message) = rest.split_once(": ").expect("key");
+        let line: usize = line.parse().expect("line number");
+        let key = (key != "-").then(|| key.to_string());
+        let loaded = std::panic::catch_unwind(|| load(file));
+        let err = match loaded {
+            Err(_) => {
+                failures.push(format!("{}: panicked", file.display()));
+                continue;
+            }
+            Ok(Ok(_)) => {
+                failures.push(format!("{}: loaded", file.display()));
+                continue;
+            }
+            Ok(Err(e)) => e,
+        };
+        let prefix = match &key {
+            Some(key) => format!("{}:{line}: {key}: ", file.display()),
+            None => format!("{}:{line}: ", file.display()),
+        };
+        let shown = err.to_string();
+        if err.line != Some(line) || err.key != key || !shown.starts_with(&prefix) || !err.message.contains(message) {
+            failures.push(format!("{}: got {shown:?}, want {prefix}...{message}...", file.display()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn line_of_key_finds_dotted_tables_and_nested_arrays() {
+    let text = "concurrent = 1\n[plugins.shell]\ncall_timeout = \"1s\"\n[[runners]]\nurl = \"x\"\n[runners.autoscaler]\nplugin = \"p\"\n[[runners.autoscaler.policy]]\nidle_count = 1\n[[runners.autoscaler.policy]]\nidle_time = \"1m\"\n[[runners]]\nlimit = 3\n";
+    assert_eq!(line_of_key(text, "plugins.shell.call_timeout"), Some(3));
+    assert_eq!(line_of_key(text, "plugins.shell"), Some(2));
+    assert_eq!(line_of_key(text, "runners[0].autoscaler.policy[1].idle_time"), Some(11));
+    assert_eq!(line_of_key(text, "runners[1].limit"), Some(13));
+    assert_eq!(line_of_key(text, "runners.1.limit"), Some(13));
+    assert_eq!(line_of_key(text, "concurrent"), Some(1));
+}
+
+#[test]
+fn limits_accept_the_edges() {
+    let runner = "[[runners]]\nurl = \"https://x\"\ntoken = \"t\"\nexecutor = \"shell\"\n";
+    let text = format!(
+        "concurrent = 10000\ncheck_interval = -1\nlisten_address = \"[::1]:9252\"\n{runner}limit = 10000\nrequest_concurrency = 100\noutput_limit = 0\nunhealthy_interval = \"24h\"\n[plugins.shell]\ncall_timeout = \"100ms\"\nmemory_mb = 4096\n"
+    );
+    parse_str(&text).expect("edges load");
+    let e = parse_str(&text.replace("\"100ms\"", "\"99ms\"")).expect_err("call_timeout below the minimum");
+    assert_eq!(
+        e.to_string(),
+        "/etc/runway/config.toml:13: plugins.shell.call_timeout: 99ms is out of range (must be 100ms..=86400s)"
+    );
+    // A section for another executor plugin is kept when the runner names that executor.
+    let loaded = parse_str(&format!("concurrent = 1\n{}[runners.mine]\nx = 1\n", runner.replace("shell", "mine")))
+        .expect("plugin section");
+    assert_eq!(loaded.config.runners[0].executor_config_json(), "{\"x\":1}");
+}

@@ -14,6 +14,7 @@
 //! with the job module) or talk to GitLab.
 
 pub mod isolate;
+mod parallel;
 pub mod rules;
 mod source;
 pub mod terminal;
@@ -25,9 +26,15 @@ use serde_yaml::{Mapping, Value};
 
 use crate::config::ConfigError;
 use crate::payload::{GitInfo, JobFeatures, JobInfo, JobResponse, JobVariable, RunnerInfo, Step, StepWhen};
+use parallel::expand_parallel;
+pub use parallel::PARALLEL_LIMIT;
 use source::{
-    list_of_strings, load_includes, parse_yaml, resolve_extends, resolve_references, scalar_string, str_key, Sources,
+    list_of_strings, load_includes, parse_yaml, resolve_extends, resolve_references, scalar_string, script_lines,
+    str_key, Sources, SCRIPT_SHAPE,
 };
+
+/// The script keys GitLab reads as commands.
+const SCRIPT_KEYS: &[&str] = &["before_script", "script", "after_script"];
 
 /// Keys at the top level that are not jobs.
 const RESERVED: &[&str] = &[
@@ -75,6 +82,8 @@ pub struct PlannedJob {
     pub needs: Vec<String>,
     /// The payload GitLab would send for the job.
     pub payload: JobResponse,
+    /// The job's name in the file (without the `parallel` suffix).
+    pub base: String,
 }
 
 /// The jobs of a `.gitlab-ci.yml`, in stage order.
@@ -85,6 +94,8 @@ pub struct Pipeline {
     jobs: Vec<PlannedJob>,
     /// Set when `workflow:rules` keep the pipeline from running.
     pub workflow_blocked: bool,
+    /// The pipeline file, for errors found after loading.
+    file: PathBuf,
 }
 
 fn variables_of(value: Option<&Value>) -> Vec<(String, String)> {
@@ -178,69 +189,6 @@ fn slug(name: &str) -> String {
     out.trim_matches('-').to_string()
 }
 
-/// One concrete job before rules: name, config and extra variables (parallel).
-struct Expanded {
-    name: String,
-    base: String,
-    config: Mapping,
-    extra: Vec<(String, String)>,
-}
-
-fn expand_parallel(name: &str, config: &Mapping, sources: &Sources) -> Result<Vec<Expanded>, ConfigError> {
-    let one =
-        || vec![Expanded { name: name.to_string(), base: name.to_string(), config: config.clone(), extra: Vec::new() }];
-    let Some(parallel) = config.get("parallel") else { return Ok(one()) };
-    if let Some(n) = parallel.as_u64() {
-        if !(1..=200).contains(&n) {
-            return Err(sources.error(name, Some("parallel"), "must be between 1 and 200"));
-        }
-        return Ok((1..=n)
-            .map(|i| Expanded {
-                name: format!("{name} {i}/{n}"),
-                base: name.to_string(),
-                config: config.clone(),
-                extra: vec![("CI_NODE_INDEX".into(), i.to_string()), ("CI_NODE_TOTAL".into(), n.to_string())],
-            })
-            .collect());
-    }
-    let Some(Value::Sequence(matrix)) = parallel.get("matrix") else {
-        return Err(sources.error(name, Some("parallel"), "must be a number or {matrix: [...]}"));
-    };
-    let mut combos: Vec<Vec<(String, String)>> = Vec::new();
-    for entry in matrix {
-        let Value::Mapping(entry) = entry else {
-            return Err(sources.error(name, Some("parallel"), "matrix entries must be maps"));
-        };
-        let mut partial: Vec<Vec<(String, String)>> = vec![Vec::new()];
-        for (k, v) in entry {
-            let key = str_key(k).unwrap_or_default().to_string();
-            let values = list_of_strings(v);
-            let mut next = Vec::new();
-            for p in &partial {
-                for val in &values {
-                    let mut q = p.clone();
-                    q.push((key.clone(), val.clone()));
-                    next.push(q);
-                }
-            }
-            partial = next;
-        }
-        combos.extend(partial);
-    }
-    let total = combos.len();
-    Ok(combos
-        .into_iter()
-        .enumerate()
-        .map(|(i, vars)| {
-            let label = vars.iter().map(|(_, v)| v.as_str()).collect::<Vec<_>>().join(", ");
-            let mut extra = vars.clone();
-            extra.push(("CI_NODE_INDEX".into(), (i + 1).to_string()));
-            extra.push(("CI_NODE_TOTAL".into(), total.to_string()));
-            Expanded { name: format!("{name}: [{label}]"), base: name.to_string(), config: config.clone(), extra }
-        })
-        .collect())
-}
-
 /// Outcome of `rules:` for a job.
 struct RuleResult {
     when: String,
@@ -317,7 +265,7 @@ impl Pipeline {
         }
         load_includes(project_dir, &mut root, &mut sources, 0)?;
         let snapshot = root.clone();
-        resolve_references(&mut root, &snapshot, &sources, 0)?;
+        resolve_references(&mut root, &snapshot, &sources)?;
         let Value::Mapping(top) = &root else { return Err(sources.error("", None, "not a map")) };
 
         let mut stages: Vec<String> = top
@@ -374,6 +322,20 @@ impl Pipeline {
             }
         }
 
+        // Script keys of `default:` and the legacy top-level ones: GitLab's shape or an error.
+        for key in SCRIPT_KEYS {
+            if let Some(v) = top.get(*key) {
+                if script_lines(v).is_none() {
+                    return Err(sources.error(key, None, format!("{key} {SCRIPT_SHAPE}")));
+                }
+            }
+            if let Some(v) = top.get("default").and_then(|d| d.get(*key)) {
+                if script_lines(v).is_none() {
+                    return Err(sources.error("default", Some(*key), format!("default:{key} {SCRIPT_SHAPE}")));
+                }
+            }
+        }
+
         // default: (and the legacy top-level keys)
         let mut defaults = Mapping::new();
         for key in ["image", "services", "cache", "before_script", "after_script"] {
@@ -409,7 +371,12 @@ impl Pipeline {
             if config.get("trigger").is_some() {
                 continue; // Bridge jobs trigger other pipelines; nothing runs locally.
             }
-            let script = config.get("script").map(list_of_strings).unwrap_or_default();
+            for key in SCRIPT_KEYS {
+                if config.get(*key).is_some_and(|v| script_lines(v).is_none()) {
+                    return Err(sources.error(&name, Some(*key), format!("jobs:{name}:{key} {SCRIPT_SHAPE}")));
+                }
+            }
+            let script = config.get("script").and_then(script_lines).unwrap_or_default();
             if script.is_empty() {
                 return Err(sources.error(&name, None, "job has no script"));
             }
@@ -499,16 +466,17 @@ impl Pipeline {
                 for (k, v) in overrides {
                     push(k, v);
                 }
-                let mut script_lines = expanded.config.get("before_script").map(list_of_strings).unwrap_or_default();
-                script_lines.extend(list_of_strings(expanded.config.get("script").unwrap_or(&Value::Null)));
+                let commands = |key: &str| expanded.config.get(key).and_then(script_lines).unwrap_or_default();
+                let mut lines = commands("before_script");
+                lines.extend(commands("script"));
                 let mut steps = vec![Step {
                     name: "script".into(),
-                    script: script_lines,
+                    script: lines,
                     timeout,
                     when: StepWhen::OnSuccess,
                     allow_failure: false,
                 }];
-                let after = expanded.config.get("after_script").map(list_of_strings).unwrap_or_default();
+                let after = commands("after_script");
                 if !after.is_empty() {
                     steps.push(Step {
                         name: "after_script".into(),
@@ -558,8 +526,8 @@ impl Pipeline {
                     ..JobResponse::default()
                 };
                 next_id += 1;
-                let _ = &expanded.base;
                 jobs.push(PlannedJob {
+                    base: expanded.base,
                     name: expanded.name,
                     stage: stage.clone(),
                     when,
@@ -588,7 +556,26 @@ impl Pipeline {
                 }
             }
         }
-        Ok(Pipeline { stages, jobs: if workflow_blocked { Vec::new() } else { jobs }, workflow_blocked })
+        // GitLab refuses a pipeline whose `needs` go round in a circle.
+        if let Some(cycle) = needs_cycle(&jobs) {
+            let bases: Vec<&str> = cycle.iter().map(|&i| jobs[i].base.as_str()).collect();
+            return Err(sources.error(
+                bases[0],
+                Some("needs"),
+                format!("needs form a cycle: {} (jobs: {})", bases.join(" -> "), {
+                    let mut names: Vec<&str> = bases[..bases.len() - 1].to_vec();
+                    names.sort_unstable();
+                    names.dedup();
+                    names.join(", ")
+                }),
+            ));
+        }
+        Ok(Pipeline {
+            stages,
+            jobs: if workflow_blocked { Vec::new() } else { jobs },
+            workflow_blocked,
+            file: file.to_path_buf(),
+        })
     }
 
     /// Jobs in stage order.
@@ -619,14 +606,14 @@ impl Pipeline {
         while let Some((name, path)) = stack.pop() {
             if path.contains(&name) {
                 return Err(ConfigError::new(
-                    PathBuf::new(),
+                    self.file.clone(),
                     format!("needs form a cycle: {} -> {name}", path.join(" -> ")),
                 )
                 .with_key(name.clone()));
             }
             let found = self.expand_name(&name);
             if found.is_empty() {
-                return Err(ConfigError::new(PathBuf::new(), "unknown job (`runway exec --list` shows them)")
+                return Err(ConfigError::new(self.file.clone(), "unknown job (`runway exec --list` shows them)")
                     .with_key(name.clone()));
             }
             for job in found {
@@ -641,6 +628,48 @@ impl Pipeline {
         }
         Ok(self.jobs.iter().filter(|j| chosen.contains(&j.name)).collect())
     }
+}
+
+/// Jobs `job` needs: every job of that name, or of that `parallel` job.
+fn needed<'a>(jobs: &'a [PlannedJob], job: &'a PlannedJob) -> impl Iterator<Item = usize> + 'a {
+    jobs.iter().enumerate().filter(move |(_, j)| job.needs.contains(&j.base)).map(|(i, _)| i)
+}
+
+/// A cycle of `needs` as job indexes, first job repeated at the end; none when there is none.
+fn needs_cycle(jobs: &[PlannedJob]) -> Option<Vec<usize>> {
+    // 0 = unvisited, 1 = on the current path, 2 = done. Iterative, so no depth limit matters.
+    let mut state = vec![0u8; jobs.len()];
+    for start in 0..jobs.len() {
+        if state[start] != 0 {
+            continue;
+        }
+        let mut path: Vec<(usize, Vec<usize>)> = vec![(start, needed(jobs, &jobs[start]).collect())];
+        state[start] = 1;
+        while let Some((node, pending)) = path.last_mut() {
+            let node = *node;
+            match pending.pop() {
+                Some(next) if state[next] == 1 => {
+                    let at = path.iter().position(|(n, _)| *n == next).unwrap_or(0);
+                    let mut cycle: Vec<usize> = path[at..].iter().map(|(n, _)| *n).collect();
+                    // Start from the job written first, so the message does not depend on the walk.
+                    let first = cycle.iter().enumerate().min_by_key(|(_, &n)| n).map_or(0, |(i, _)| i);
+                    cycle.rotate_left(first);
+                    cycle.push(cycle[0]);
+                    return Some(cycle);
+                }
+                Some(next) if state[next] == 0 => {
+                    state[next] = 1;
+                    path.push((next, needed(jobs, &jobs[next]).collect()));
+                }
+                Some(_) => {}
+                None => {
+                    state[node] = 2;
+                    path.pop();
+                }
+            }
+        }
+    }
+    None
 }
 
 /// `runway exec --list`.

@@ -99,18 +99,55 @@ pub(super) fn list_of_strings(v: &Value) -> Vec<String> {
     }
 }
 
-/// Replace `!reference [a, b, ...]` tags by what they point at.
-pub(super) fn resolve_references(
+/// How deep GitLab lets script lists nest (`Entry::Commands::MAX_NESTING_LEVEL`).
+pub(super) const MAX_SCRIPT_NESTING: usize = 10;
+
+/// The error GitLab gives for a script key that is not a string or a nested list of strings.
+pub(super) const SCRIPT_SHAPE: &str = "config should be a string or a nested array of strings up to 10 levels deep";
+
+/// A `script`/`before_script`/`after_script` value as GitLab reads it: a string, or a list of
+/// strings and lists (nested up to [`MAX_SCRIPT_NESTING`] levels, flattened). `None` for any
+/// other shape (`script: 123`, `script: [1, {a: b}]`).
+pub(super) fn script_lines(v: &Value) -> Option<Vec<String>> {
+    fn walk(v: &Value, depth: usize, out: &mut Vec<String>) -> bool {
+        match v {
+            Value::String(s) => {
+                out.push(s.clone());
+                true
+            }
+            Value::Sequence(items) if depth < MAX_SCRIPT_NESTING => items.iter().all(|i| walk(i, depth + 1, out)),
+            _ => false,
+        }
+    }
+    let mut out = Vec::new();
+    walk(v, 0, &mut out).then_some(out)
+}
+
+/// Most `!reference` tags one pipeline may resolve: references that point at lists of
+/// references multiply, so the total is bounded, not only the nesting.
+const MAX_REFERENCES: usize = 10_000;
+
+/// Replace `!reference [a, b, ...]` tags by what they point at (nested up to 10 levels, as on
+/// GitLab, and at most [`MAX_REFERENCES`] in all).
+pub(super) fn resolve_references(value: &mut Value, root: &Value, sources: &Sources) -> Result<(), ConfigError> {
+    resolve(value, root, sources, 0, &mut { MAX_REFERENCES })
+}
+
+fn resolve(
     value: &mut Value,
     root: &Value,
     sources: &Sources,
     depth: usize,
+    budget: &mut usize,
 ) -> Result<(), ConfigError> {
     if depth > 10 {
         return Err(sources.error("!reference", None, "references nest more than 10 levels deep"));
     }
     match value {
         Value::Tagged(tagged) if tagged.tag == "reference" => {
+            *budget = budget.checked_sub(1).ok_or_else(|| {
+                sources.error("!reference", None, format!("more than {MAX_REFERENCES} references to resolve"))
+            })?;
             let path = list_of_strings(&tagged.value);
             let mut target = root;
             for part in &path {
@@ -123,14 +160,14 @@ pub(super) fn resolve_references(
                 })?;
             }
             let mut resolved = target.clone();
-            resolve_references(&mut resolved, root, sources, depth + 1)?;
+            resolve(&mut resolved, root, sources, depth + 1, budget)?;
             *value = resolved;
         }
         Value::Sequence(items) => {
             let mut out = Vec::new();
             for mut item in std::mem::take(items) {
                 let was_reference = matches!(&item, Value::Tagged(t) if t.tag == "reference");
-                resolve_references(&mut item, root, sources, depth + 1)?;
+                resolve(&mut item, root, sources, depth, budget)?;
                 // A referenced list inside a script list is spliced in.
                 match item {
                     Value::Sequence(inner) if was_reference => out.extend(inner),
@@ -141,7 +178,7 @@ pub(super) fn resolve_references(
         }
         Value::Mapping(map) => {
             for (_, v) in map.iter_mut() {
-                resolve_references(v, root, sources, depth + 1)?;
+                resolve(v, root, sources, depth, budget)?;
             }
         }
         _ => {}
@@ -185,7 +222,10 @@ pub(super) fn load_includes(
                 format!("{pattern}: remote includes need the network; Runway's exec only includes local files"),
             ));
         }
-        let full = project_dir.join(pattern.trim_start_matches('/'));
+        let root = project_dir
+            .canonicalize()
+            .map_err(|e| sources.error("include", None, format!("project directory {}: {e}", project_dir.display())))?;
+        let full = root.join(pattern.trim_start_matches('/'));
         let full_text = full.display().to_string();
         let mut paths: Vec<PathBuf> = if full_text.contains(['*', '?', '[']) {
             glob::glob(&full_text)
@@ -200,6 +240,21 @@ pub(super) fn load_includes(
             return Err(sources.error("include", None, format!("included file {pattern} does not exist")));
         }
         for path in paths {
+            // Symlinks and `..` resolved: an include must stay inside the project, as on GitLab
+            // (a local include names a file of the project's repository).
+            let real = path.canonicalize().map_err(|e| sources.error("include", None, format!("{pattern}: {e}")))?;
+            if !real.starts_with(&root) {
+                return Err(sources.error(
+                    "include",
+                    None,
+                    format!(
+                        "{pattern}: {} is outside the project directory {}; a local include must be a file of the project",
+                        real.display(),
+                        root.display()
+                    ),
+                ));
+            }
+            let path = real;
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| sources.error("include", None, format!("{}: {e}", path.display())))?;
             let mut included = parse_yaml(&path, &text)?;

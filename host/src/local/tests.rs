@@ -188,3 +188,118 @@ fn timeouts_parse_like_gitlab() {
     assert_eq!(parse_timeout("2 hours and 10 minutes"), Some(7800));
     assert_eq!(parse_timeout("soon"), None);
 }
+
+/// Every file of tests/fixtures/ci/bad starts with `# expect: LINE KEY: TEXT` (LINE `-` for
+/// none): as a project's
+/// .gitlab-ci.yml it must be refused, quickly and without panicking, with
+/// `<project>/.gitlab-ci.yml:LINE: KEY: ...TEXT...`.
+#[test]
+fn malformed_pipeline_corpus_is_refused_with_file_line_and_key() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(fixtures().join("bad"))
+        .expect("corpus")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 20, "{} fixtures", files.len());
+    let mut failures = Vec::new();
+    for fixture in &files {
+        let text = std::fs::read_to_string(fixture).expect("read");
+        let expect = text.lines().next().and_then(|l| l.strip_prefix("# expect: ")).expect("expect line");
+        let (line, rest) = expect.split_once(' ').expect("line");
+        let (key, message) = rest.split_once(": ").expect("key");
+        let line: Option<usize> = (line != "-").then(|| line.parse().expect("line number"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join(".gitlab-ci.yml");
+        std::fs::write(&file, &text).expect("write");
+        let started = std::time::Instant::now();
+        let result = std::panic::catch_unwind(|| Pipeline::load(dir.path(), &file, &[]));
+        let name = fixture.file_name().expect("name").to_string_lossy().into_owned();
+        if started.elapsed() > std::time::Duration::from_secs(5) {
+            failures.push(format!("{name}: took {:?}", started.elapsed()));
+        }
+        let err = match result {
+            Err(_) => {
+                failures.push(format!("{name}: panicked"));
+                continue;
+            }
+            Ok(Ok(p)) => {
+                failures.push(format!("{name}: loaded {} jobs", p.jobs().len()));
+                continue;
+            }
+            Ok(Err(e)) => e,
+        };
+        let prefix = match line {
+            Some(line) => format!("{}:{line}: {key}: ", file.display()),
+            None => format!("{}: {key}: ", file.display()),
+        };
+        let shown = err.to_string();
+        if err.path != file || err.line != line || !shown.starts_with(&prefix) || !err.message.contains(message) {
+            failures.push(format!("{name}: got {shown:?}, want {prefix}...{message}..."));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn scripts_nest_up_to_ten_levels_and_are_flattened() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join(".gitlab-ci.yml");
+    let mut deep = "echo deep".to_string();
+    for _ in 0..9 {
+        deep = format!("[{deep}]");
+    }
+    let yaml = format!(
+        ".setup: &setup\n  - echo one\n  - [echo two]\njob:\n  before_script: echo before\n  script:\n    - *setup\n    - {deep}\n  after_script: [[echo after]]\n"
+    );
+    std::fs::write(&file, yaml).expect("write");
+    let p = Pipeline::load(dir.path(), &file, &[]).expect("loads");
+    let job = p.job("job").expect("job");
+    assert_eq!(script(job, "script"), vec!["echo before", "echo one", "echo two", "echo deep"]);
+    assert_eq!(script(job, "after_script"), vec!["echo after"]);
+}
+
+#[test]
+fn a_matrix_of_exactly_200_jobs_is_accepted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join(".gitlab-ci.yml");
+    let values = |p: &str, n: usize| (0..n).map(|i| format!("{p}{i}")).collect::<Vec<_>>().join(", ");
+    let yaml = format!(
+        "job:\n  script: echo\n  parallel:\n    matrix:\n      - A: [{}]\n        B: [{}]\n      - C: [{}]\n",
+        values("a", 10),
+        values("b", 10),
+        values("c", 100)
+    );
+    std::fs::write(&file, yaml).expect("write");
+    let p = Pipeline::load(dir.path(), &file, &[]).expect("200 jobs load");
+    assert_eq!(p.jobs().len(), 200, "GitLab's PARALLEL_LIMIT");
+    assert_eq!(var(p.jobs().last().expect("last"), "CI_NODE_TOTAL"), Some("200"));
+}
+
+#[test]
+fn includes_through_symlinks_must_stay_inside_the_project() {
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::write(outside.path().join("evil.yml"), "evil:\n  script: echo pwned\n").expect("write");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::symlink(outside.path().join("evil.yml"), dir.path().join("inc.yml")).expect("symlink");
+    std::fs::create_dir(dir.path().join("ci")).expect("mkdir");
+    std::fs::write(dir.path().join("ci/ok.yml"), "ok:\n  script: echo ok\n").expect("write");
+    std::os::unix::fs::symlink(dir.path().join("ci/ok.yml"), dir.path().join("inside.yml")).expect("symlink");
+    let file = dir.path().join(".gitlab-ci.yml");
+    std::fs::write(&file, "include:\n  - local: inc.yml\njob:\n  script: echo\n").expect("write");
+    let e = Pipeline::load(dir.path(), &file, &[]).expect_err("symlink out of the project");
+    assert_eq!((e.path.as_path(), e.line, e.key.as_deref()), (file.as_path(), Some(1), Some("include")), "{e}");
+    assert!(e.message.contains("outside the project directory"), "{e}");
+    // A symlink to a file of the project, and a `..` that comes back inside, are fine.
+    std::fs::write(&file, "include:\n  - local: inside.yml\n  - ci/../ci/ok.yml\njob:\n  script: echo\n")
+        .expect("write");
+    let p = Pipeline::load(dir.path(), &file, &[]).expect("inside includes load");
+    assert!(p.job("ok").is_some());
+}
+
+#[test]
+fn with_needs_errors_name_the_pipeline_file() {
+    let (dir, p) = load("basic.yml");
+    let e = p.expect("loads").with_needs(&["nope".into()]).expect_err("unknown job");
+    assert_eq!(e.path, dir.path().join(".gitlab-ci.yml"), "{e}");
+}
