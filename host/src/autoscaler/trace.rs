@@ -31,6 +31,9 @@ pub struct JobArrival {
     pub pipeline: Option<u64>,
 }
 
+/// Largest `at` or `duration` a trace may hold, in seconds.
+pub const MAX_SECONDS: f64 = 1e9;
+
 /// Read a JSONL trace; errors name the file and line. Jobs are returned sorted by `at`.
 pub fn read_trace(path: &Path) -> anyhow::Result<Vec<JobArrival>> {
     let file = std::fs::File::open(path).with_context(|| format!("cannot open trace {}", path.display()))?;
@@ -43,8 +46,14 @@ pub fn read_trace(path: &Path) -> anyhow::Result<Vec<JobArrival>> {
         }
         let job: JobArrival =
             serde_json::from_str(line).with_context(|| format!("{}:{}: not a trace entry", path.display(), n + 1))?;
-        if !(job.at.is_finite() && job.at >= 0.0 && job.duration.is_finite() && job.duration >= 0.0) {
-            anyhow::bail!("{}:{}: `at` and `duration` must be non-negative numbers", path.display(), n + 1);
+        // Bounded so every later `Duration::from_secs_f64` holds (about 31 years).
+        let valid = |v: f64| v.is_finite() && (0.0..=MAX_SECONDS).contains(&v);
+        if !(valid(job.at) && valid(job.duration)) {
+            anyhow::bail!(
+                "{}:{}: `at` and `duration` must be numbers of seconds from 0 to {MAX_SECONDS}",
+                path.display(),
+                n + 1
+            );
         }
         jobs.push(job);
     }
@@ -200,6 +209,17 @@ pub const BURSTY_SEED: u64 = 35;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn out_of_range_entries_are_errors_with_file_and_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for bad in [r#"{"at":-1,"duration":5}"#, r#"{"at":1e300,"duration":5}"#, r#"{"at":1,"duration":1e30}"#] {
+            let path = dir.path().join("t.jsonl");
+            std::fs::write(&path, format!("{{\"at\":0,\"duration\":1}}\n{bad}\n")).expect("write");
+            let error = read_trace(&path).expect_err(bad).to_string();
+            assert!(error.contains("t.jsonl:2:"), "{bad}: {error}");
+        }
+    }
 
     #[test]
     fn diurnal_rate_has_office_hours_lunch_dip_and_quiet_weekends() {
