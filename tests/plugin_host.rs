@@ -7,13 +7,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use runway::bindings::executor::exports::runway::executor::executor::Job;
 use runway::capability::CallContext;
 use runway::config::grant::PluginGrant;
 use runway::executor::{ExecutorFailure, ExecutorSession, Stage};
 use runway::plugin::{HostSettings, PluginErrorKind, PluginHost};
 use runway::stop::{StopReason, StopSignal};
 use runway::trace::MemorySink;
+
+#[path = "support/wit_job.rs"]
+mod wit_job;
+use wit_job::job;
 
 const GUEST_DIR: &str = env!("RUNWAY_GUEST_DIR");
 
@@ -38,22 +41,6 @@ async fn host_with(dir: &Path, grants: BTreeMap<String, PluginGrant>) -> PluginH
     })
     .await
     .expect("plugin host starts")
-}
-
-fn job(dir: &Path) -> Job {
-    Job {
-        id: 1,
-        name: "test".into(),
-        project_path: "group/project".into(),
-        shell: "bash".into(),
-        builds_dir: dir.display().to_string(),
-        project_dir: dir.display().to_string(),
-        cache_dir: dir.join("cache").display().to_string(),
-        config: "{}".into(),
-        timeout_seconds: 3600,
-        image: None,
-        services: Vec::new(),
-    }
 }
 
 fn stage(name: &str, script: &str) -> Stage {

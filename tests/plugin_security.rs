@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use runway::bindings::executor::exports::runway::executor::executor::Job;
 use runway::capability::CallContext;
 use runway::config::grant::PluginGrant;
 use runway::executor::{ExecutorFailure, ExecutorSession, ResolvedExecutor, Stage};
@@ -19,6 +18,10 @@ use runway::script::ScriptSettings;
 use runway::stop::StopSignal;
 use runway::trace::format::RunnerIdentity;
 use runway::trace::{JobTrace, MemorySink, TraceOptions};
+
+#[path = "support/wit_job.rs"]
+mod wit_job;
+use wit_job::job;
 
 const GUEST_DIR: &str = env!("RUNWAY_GUEST_DIR");
 
@@ -50,22 +53,6 @@ fn plugins_dir(root: &Path) -> PathBuf {
     let dir = root.join("plugins");
     std::fs::create_dir_all(&dir).expect("mkdir");
     dir
-}
-
-fn job(dir: &Path) -> Job {
-    Job {
-        id: 1,
-        name: "test".into(),
-        project_path: "group/project".into(),
-        shell: "bash".into(),
-        builds_dir: dir.display().to_string(),
-        project_dir: dir.display().to_string(),
-        cache_dir: dir.join("cache").display().to_string(),
-        config: "{}".into(),
-        timeout_seconds: 3600,
-        image: None,
-        services: Vec::new(),
-    }
 }
 
 /// Run one stage of `plugin` in a fresh session; returns the result and the trace text.
