@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::format::ansi;
-use super::mask::{MaskError, Masker};
+use super::mask::{MaskError, Masker, MaskerState};
 use super::TraceSink;
 
 /// GitLab Runner's default `output_limit` in KiB (4 MiB).
@@ -53,6 +53,8 @@ struct TraceState {
     limit_reached: bool,
     /// Where the footer's room ends, once the footer started.
     footer_end: Option<usize>,
+    /// The detached log last followed into the trace, and how much of it the trace holds.
+    follow: Option<(String, u64)>,
 }
 
 impl TraceState {
@@ -98,6 +100,37 @@ fn utf8_safe_cut(data: &[u8], room: usize) -> usize {
     cut
 }
 
+/// Where a job's log stands, for resuming it after a restart: with the first `len` bytes of
+/// the log, [`JobTrace::restore`] builds a trace that goes on exactly as this one would have.
+/// `masker` holds fragments of secrets: keep a checkpoint sealed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TraceCheckpoint {
+    /// Bytes kept so far.
+    pub len: u64,
+    /// What the maskers held back.
+    pub masker: MaskerState,
+    /// The detached log last followed and how much of it is in the trace.
+    pub follow: Option<(String, u64)>,
+    /// The output limit was reached (later output is dropped).
+    pub limit_reached: bool,
+}
+
+/// Why a trace could not be restored from a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The masker could not be built.
+    #[error(transparent)]
+    Mask(#[from] MaskError),
+    /// The bytes given are not the checkpoint's.
+    #[error("the stored trace has {got} bytes, its checkpoint says {expected}")]
+    Length {
+        /// Bytes given.
+        got: u64,
+        /// Bytes the checkpoint says.
+        expected: u64,
+    },
+}
+
 /// One job's log. Cheap to clone (shared); every clone writes to and reads from the same log.
 #[derive(Clone)]
 pub struct JobTrace {
@@ -117,8 +150,41 @@ impl JobTrace {
                 limit: options.limit_bytes(),
                 limit_reached: false,
                 footer_end: None,
+                follow: None,
             })),
         })
+    }
+
+    /// A trace that goes on from a [`TraceCheckpoint`]: `bytes` are the first
+    /// `checkpoint.len` bytes of the checkpointed trace, `options` the ones it was made with.
+    pub fn restore(options: &TraceOptions, bytes: Vec<u8>, checkpoint: TraceCheckpoint) -> Result<Self, RestoreError> {
+        if bytes.len() as u64 != checkpoint.len {
+            return Err(RestoreError::Length { got: bytes.len() as u64, expected: checkpoint.len });
+        }
+        let trace = JobTrace::new(options)?;
+        {
+            let mut state = trace.lock();
+            state.masker.restore(checkpoint.masker);
+            state.crc.update(&bytes);
+            state.bytes = bytes;
+            state.limit_reached = checkpoint.limit_reached;
+            state.follow = checkpoint.follow;
+        }
+        Ok(trace)
+    }
+
+    /// Where the trace stands, and the kept bytes from `from` on (those a store does not have
+    /// yet), read in one step.
+    pub fn checkpoint(&self, from: u64) -> (TraceCheckpoint, Vec<u8>) {
+        let state = self.lock();
+        let start = usize::try_from(from).unwrap_or(usize::MAX).min(state.bytes.len());
+        let checkpoint = TraceCheckpoint {
+            len: state.bytes.len() as u64,
+            masker: state.masker.state(),
+            follow: state.follow.clone(),
+            limit_reached: state.limit_reached,
+        };
+        (checkpoint, state.bytes[start..].to_vec())
     }
 
     fn lock(&self) -> MutexGuard<'_, TraceState> {
@@ -178,18 +244,37 @@ impl JobTrace {
     }
 }
 
-impl TraceSink for JobTrace {
-    fn write(&self, data: &[u8]) {
-        let mut state = self.lock();
-        let state = &mut *state;
-        if state.limit_reached {
+impl TraceState {
+    /// Mask `data` and keep it (nothing once the limit was reached).
+    fn write(&mut self, data: &[u8]) {
+        if self.limit_reached {
             return;
         }
-        state.masked.clear();
-        state.masker.push(data, &mut state.masked);
-        let masked = std::mem::take(&mut state.masked);
-        state.keep(&masked);
-        state.masked = masked;
+        self.masked.clear();
+        self.masker.push(data, &mut self.masked);
+        let masked = std::mem::take(&mut self.masked);
+        self.keep(&masked);
+        self.masked = masked;
+    }
+}
+
+impl TraceSink for JobTrace {
+    fn write(&self, data: &[u8]) {
+        self.lock().write(data);
+    }
+
+    /// Written and the cursor moved in one step, so a checkpoint sees both or neither.
+    fn write_followed(&self, source: &str, end: u64, data: &[u8]) {
+        let mut state = self.lock();
+        state.write(data);
+        match &mut state.follow {
+            Some((followed, at)) if followed == source => *at = end,
+            follow => *follow = Some((source.to_string(), end)),
+        }
+    }
+
+    fn followed(&self, source: &str) -> Option<u64> {
+        self.lock().follow.as_ref().filter(|(followed, _)| followed == source).map(|(_, at)| *at)
     }
 
     /// The footer is kept even after the output limit was reached (within [`FOOTER_RESERVE`]),
@@ -221,6 +306,32 @@ mod tests {
 
     fn crc_of(bytes: &[u8]) -> String {
         format!("crc32:{:08x}", crc32fast::hash(bytes))
+    }
+
+    #[test]
+    fn a_restored_trace_goes_on_as_the_checkpointed_one_would_have() {
+        let options = TraceOptions { masked_phrases: vec!["SECRET".into()], ..TraceOptions::default() };
+        let original = JobTrace::new(&options).expect("trace");
+        original.write(b"line 1\n");
+        original.write_followed("/b/01.log", 10, b"value: SEC");
+        let (checkpoint, bytes) = original.checkpoint(0);
+        assert_eq!(checkpoint.len, bytes.len() as u64);
+        assert_eq!(checkpoint.follow, Some(("/b/01.log".to_string(), 10)));
+        let resumed = JobTrace::restore(&options, bytes.clone(), checkpoint.clone()).expect("restore");
+        assert_eq!(resumed.followed("/b/01.log"), Some(10));
+        assert_eq!(resumed.followed("/b/02.log"), None);
+        for t in [&original, &resumed] {
+            t.write_followed("/b/01.log", 15, b"RET!\n");
+            t.finish();
+        }
+        assert_eq!(resumed.contents(), original.contents());
+        assert_eq!(resumed.checksum(), original.checksum());
+        assert_eq!(resumed.contents(), b"line 1\nvalue: [MASKED]!\n");
+        // Only what a store does not have yet is handed out.
+        let (_, tail) = original.checkpoint(7);
+        assert_eq!(tail, b"value: [MASKED]!\n");
+        let short = JobTrace::restore(&options, bytes[..3].to_vec(), checkpoint);
+        assert!(matches!(short, Err(RestoreError::Length { got: 3, .. })));
     }
 
     #[test]

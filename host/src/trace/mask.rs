@@ -157,8 +157,9 @@ impl PhraseMasker {
 }
 
 /// Where the URL sanitizer is in its scan.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum UrlState {
+    #[default]
     /// Looking for `?` or `&`.
     Scanning,
     /// After `?`/`&`: collecting a parameter name up to `=`.
@@ -343,6 +344,19 @@ impl TokenPrefixSanitizer {
     }
 }
 
+/// What a [`Masker`] carries from one write to the next — bytes held back (possibly the start
+/// of a secret) and where each scanner is — so that a job's log resumed after a restart is
+/// masked exactly as it would have been without one. Holds fragments of secrets: store it
+/// sealed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MaskerState {
+    phrase_pending: Vec<u8>,
+    url: UrlState,
+    token_pending: Vec<u8>,
+    in_token: bool,
+    token_dropped: bool,
+}
+
 /// The whole chain: phrases → URL parameters → token prefixes.
 pub struct Masker {
     phrases: PhraseMasker,
@@ -376,6 +390,26 @@ impl Masker {
         self.phrases.push(input, &mut self.after_phrases);
         self.url_params.push(&self.after_phrases, &mut self.after_url_params);
         self.token_prefixes.push(&self.after_url_params, out);
+    }
+
+    /// What the chain carries into the next write.
+    pub fn state(&self) -> MaskerState {
+        MaskerState {
+            phrase_pending: self.phrases.pending.clone(),
+            url: self.url_params.state.clone(),
+            token_pending: self.token_prefixes.pending.clone(),
+            in_token: self.token_prefixes.in_token,
+            token_dropped: self.token_prefixes.token_dropped,
+        }
+    }
+
+    /// Carry on from `state` (taken from a masker built with the same phrases and prefixes).
+    pub fn restore(&mut self, state: MaskerState) {
+        self.phrases.pending = state.phrase_pending;
+        self.url_params.state = state.url;
+        self.token_prefixes.pending = state.token_pending;
+        self.token_prefixes.in_token = state.in_token;
+        self.token_prefixes.token_dropped = state.token_dropped;
     }
 
     /// End of stream: release every held-back byte through the rest of the chain.
@@ -418,6 +452,23 @@ mod tests {
                 let got = run(&mut masker(phrases, prefixes), &[&bytes[..i], &bytes[i..j], &bytes[j..]]);
                 assert_eq!(got, expected, "split at {i},{j}");
             }
+        }
+    }
+
+    #[test]
+    fn a_restored_masker_goes_on_as_the_original_would_have() {
+        let input = "a ?private_token=abcdef&x=1 SECRET-VALUE glpat-123456 end";
+        for split in 0..=input.len() {
+            let mut whole = masker(&["SECRET-VALUE"], &[]);
+            let expected = run(&mut whole, &[input.as_bytes()]);
+            let mut first = masker(&["SECRET-VALUE"], &[]);
+            let mut out = Vec::new();
+            first.push(&input.as_bytes()[..split], &mut out);
+            let mut second = masker(&["SECRET-VALUE"], &[]);
+            second.restore(first.state());
+            second.push(&input.as_bytes()[split..], &mut out);
+            second.flush(&mut out);
+            assert_eq!(String::from_utf8_lossy(&out), expected, "split at {split}");
         }
     }
 

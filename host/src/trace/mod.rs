@@ -15,7 +15,7 @@ pub mod format;
 pub mod mask;
 pub mod upload;
 
-pub use buffer::{JobTrace, TraceOptions};
+pub use buffer::{JobTrace, RestoreError, TraceCheckpoint, TraceOptions};
 pub use failure::{wire_reason, FailureReason};
 pub use format::TraceLog;
 pub use upload::{FinalUpdateError, RemoteSignals, TraceUploader, UploadConfig};
@@ -31,6 +31,23 @@ pub trait TraceSink: Send + Sync {
     /// the log always says how the job ended. By default, the same as [`TraceSink::write`].
     fn write_footer(&self, data: &[u8]) {
         self.write(data)
+    }
+
+    /// Append bytes read from the detached command log `source` (a path on the job's
+    /// instance), after which the log holds bytes up to `end` that are in this trace. A sink
+    /// that can survive a restart remembers `(source, end)` so that a resumed job follows the
+    /// log on from there ([`TraceSink::followed`]). By default, the same as [`TraceSink::write`].
+    fn write_followed(&self, source: &str, end: u64, data: &[u8]) {
+        let _ = (source, end);
+        self.write(data)
+    }
+
+    /// How many bytes of the detached command log `source` this trace already holds, when it
+    /// knows (the last log followed, also after a restart). Followers start past them, so no
+    /// byte of a log is written twice.
+    fn followed(&self, source: &str) -> Option<u64> {
+        let _ = source;
+        None
     }
 }
 
