@@ -31,7 +31,7 @@ use crate::plugin::{LoadedPlugin, PluginHost};
 
 pub use failure::ExecutorFailure;
 pub use instance::{depends_on_home, resolve_in_home, ConnectedInstance, InstanceError, InstanceLease, InstanceSource};
-pub use prepare::{prepare, PrepareError, PrepareRequest, PREPARATION_ATTEMPTS, PREPARATION_RETRY_INTERVAL};
+pub use prepare::{prepare, resume, PrepareError, PrepareRequest, PREPARATION_ATTEMPTS, PREPARATION_RETRY_INTERVAL};
 pub use session::ExecutorSession;
 pub use stage::{run_stage, Stage, StageOutcome};
 

@@ -2,7 +2,10 @@
 //! session per attempt, up to [`PREPARATION_ATTEMPTS`] attempts [`PREPARATION_RETRY_INTERVAL`]
 //! apart (GitLab's `PreparationRetries`), with the trace lines GitLab prints for them.
 //!
-//! Owns: preparation and its retries. Must not touch: acquiring instances
+//! [`resume`] rebuilds a session from an executor's saved state after a runner restart
+//! (once: a failed resume is not retried, the job fails).
+//!
+//! Owns: preparation and its retries, resuming. Must not touch: acquiring instances
 //! ([`super::instance`]), the job's sections, acceptance or failure reasons (`crate::job`
 //! maps [`PrepareError`] to them).
 
@@ -132,4 +135,24 @@ pub async fn prepare(
         }
     }
     Err(PrepareError::Failed { last_error })
+}
+
+/// Rebuild the session of a job started before a runner restart from the executor's saved
+/// `state` (`environment.state`). Calls of the session work for `trace` and, on a fleet,
+/// `instance`. Not retried: a job whose environment cannot be rebuilt fails.
+pub async fn resume(
+    executor: &ResolvedExecutor,
+    request: PrepareRequest<'_>,
+    state: &str,
+    trace: Arc<dyn TraceSink>,
+    instance: Option<&ConnectedInstance>,
+) -> Result<ExecutorSession, PrepareError> {
+    let wit = wit_job(&request, executor);
+    let call = CallContext { trace: Some(trace), stop: StopSignal::new(), remote: instance.map(|i| i.remote.clone()) };
+    let failed = |e: ExecutorFailure| PrepareError::Failed { last_error: e.to_string() };
+    let mut session = ExecutorSession::start(&executor.host, &executor.plugin, call)
+        .await
+        .map_err(|e| failed(ExecutorFailure::Plugin(e)))?;
+    session.resume(&wit, state).await.map_err(failed)?;
+    Ok(session)
 }

@@ -6,24 +6,35 @@
 //! told about cancels through [`JobControl`]. `runway run` (GitLab) and `runway exec` (local)
 //! both drive it.
 //!
+//! - [`stages`]: the stage loop and its boundaries;
+//! - [`progress`]: where the job stands, for a restarted manager;
+//! - [`resume`]: going on with a job a previous manager started.
+//!
 //! Owns: the job's lifecycle and what each outcome means (failure reasons, footers). Must not
 //! touch: plugins, WIT types or host interfaces — everything about the executor goes through
-//! `crate::executor` (preparation, the fleet instance, stages, failures).
+//! `crate::executor` (preparation, the fleet instance, stages, failures); stores (the hooks
+//! save the progress).
+
+pub mod progress;
+pub mod resume;
+mod stages;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::executor::{
-    depends_on_home, prepare, resolve_in_home, run_stage, ConnectedInstance, ExecutorSession, InstanceLease,
-    PrepareError, PrepareRequest, ResolvedExecutor, Stage, StageOutcome,
+    depends_on_home, prepare, resolve_in_home, ConnectedInstance, ExecutorSession, InstanceLease, PrepareError,
+    PrepareRequest, ResolvedExecutor,
 };
-use crate::payload::{JobResponse, StepWhen};
-use crate::script::{BuildStage, JobPlan, PlanError, ScriptSettings};
-use crate::stop::{StopReason, StopSignal};
+use crate::payload::JobResponse;
+use crate::script::{JobPlan, PlanError, ScriptSettings};
 use crate::trace::format::{section_header_line, RunnerIdentity, SectionOptions};
 use crate::trace::{FailureReason, TraceLog, TraceSink};
+pub use progress::{JobProgress, Progress};
+use stages::{run_stages, StageStart};
 
 /// Outside control of a running job.
 #[derive(Clone, Default)]
@@ -57,6 +68,15 @@ pub trait JobHooks: Send + Sync {
     /// The executor is prepared; accept the job (`PUT state=running`). An error means the
     /// job is gone for this runner and must be dropped.
     async fn prepared(&self) -> Result<(), AcceptError>;
+
+    /// Where the job keeps its progress for a restarted manager; `None` (the default): not kept.
+    fn progress(&self) -> Option<Progress> {
+        None
+    }
+
+    /// The job passed a boundary (accepted, a stage started or ended, finished) and its
+    /// [`Progress`] says so: save it before the job goes on.
+    async fn checkpoint(&self) {}
 }
 
 /// No remote side (`runway exec`, tests).
@@ -97,10 +117,12 @@ pub struct JobOutcome {
 }
 
 impl JobOutcome {
-    fn success() -> Self {
+    /// A job that succeeded (so far).
+    pub fn success() -> Self {
         JobOutcome { failure: None, exit_code: None, message: String::new(), aborted: false }
     }
-    fn failed(reason: FailureReason, exit_code: Option<i32>, message: impl Into<String>) -> Self {
+    /// A job that failed for `reason`.
+    pub fn failed(reason: FailureReason, exit_code: Option<i32>, message: impl Into<String>) -> Self {
         JobOutcome { failure: Some(reason), exit_code, message: message.into(), aborted: false }
     }
     /// Did the job succeed?
@@ -269,13 +291,47 @@ async fn run_to_end(
         return (outcome, Some(session));
     }
 
-    let outcome = run_stages(&plan, &mut session, &*trace, control).await;
-    if outcome.aborted {
-        // Nobody is listening for a footer on an aborted job, but the log should still say why.
-        trace.error(&format!("Job aborted: {}", outcome.message));
-        return (outcome, Some(session));
+    // Boundary: accepted. From here on a restarted manager can go on with the job.
+    let progress = hooks.progress();
+    let executor_state = if progress.is_some() { session.state().await } else { None };
+    if let Some(progress) = &progress {
+        let mut p = progress.lock();
+        p.started = unix_now();
+        p.executor_state = executor_state;
     }
-    (finish(&*trace, outcome), Some(session))
+    hooks.checkpoint().await;
+    let start = StageStart { index: 0, running: false, outcome: JobOutcome::success(), started: Instant::now() };
+    let outcome = run_stages(&plan, &mut session, &*trace, control, hooks, start).await;
+    (conclude(&*trace, hooks, outcome).await, Some(session))
+}
+
+/// The last boundary: the footer (or why the job was aborted) and the progress saying only
+/// the final update is left.
+async fn conclude(trace: &dyn TraceSink, hooks: &dyn JobHooks, outcome: JobOutcome) -> JobOutcome {
+    let progress = hooks.progress();
+    let outcome = {
+        let mut guard = progress.as_ref().map(Progress::lock);
+        let outcome = if outcome.aborted {
+            // Nobody is listening for a footer on an aborted job, but the log should still say why.
+            trace.error(&format!("Job aborted: {}", outcome.message));
+            outcome
+        } else {
+            finish(trace, outcome)
+        };
+        if let Some(p) = guard.as_deref_mut() {
+            p.set_outcome(&outcome);
+            p.finished = true;
+            p.running = false;
+        }
+        outcome
+    };
+    hooks.checkpoint().await;
+    outcome
+}
+
+/// Now as unix seconds (0 before 1970).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// Plan `job` under `settings`; a failure is written to the trace, closes the
@@ -302,158 +358,6 @@ fn on_instance(settings: &ScriptSettings, instance: &ConnectedInstance) -> Scrip
     let builds_dir = instance.resolve_dir(&settings.builds_dir);
     let cache_dir = instance.resolve_dir(&settings.cache_dir);
     ScriptSettings { builds_dir, cache_dir, ..settings.clone() }
-}
-
-/// Whether a stage runs, given what happened so far.
-fn should_run(plan: &JobPlan, stage: &BuildStage, failed: bool) -> bool {
-    match stage {
-        BuildStage::PrepareScript
-        | BuildStage::GetSources
-        | BuildStage::RestoreCache
-        | BuildStage::DownloadArtifacts => !failed,
-        BuildStage::Step(name) => match plan.step(name).map(|s| s.when).unwrap_or_default() {
-            StepWhen::OnSuccess => !failed,
-            StepWhen::OnFailure => failed,
-            StepWhen::Always => true,
-        },
-        BuildStage::AfterScript | BuildStage::CleanupFileVariables => true,
-        BuildStage::ArchiveCache | BuildStage::UploadArtifactsOnSuccess => !failed,
-        BuildStage::ArchiveCacheOnFailure | BuildStage::UploadArtifactsOnFailure => failed,
-    }
-}
-
-/// Which outside signals stop a stage: user stages stop on cancel; after_script, cache
-/// archiving and cleanup only on abort.
-fn cancellable(stage: &BuildStage) -> bool {
-    !matches!(
-        stage,
-        BuildStage::AfterScript
-            | BuildStage::ArchiveCache
-            | BuildStage::ArchiveCacheOnFailure
-            | BuildStage::UploadArtifactsOnSuccess
-            | BuildStage::UploadArtifactsOnFailure
-            | BuildStage::CleanupFileVariables
-    )
-}
-
-async fn run_stages(
-    plan: &JobPlan,
-    session: &mut ExecutorSession,
-    trace: &dyn TraceSink,
-    control: &JobControl,
-) -> JobOutcome {
-    let started = tokio::time::Instant::now();
-    let job_timeout = plan.job_timeout();
-    let mut outcome = JobOutcome::success();
-    for stage in plan.stages() {
-        if control.abort.is_cancelled() {
-            outcome.aborted = true;
-            break;
-        }
-        if !should_run(plan, &stage, outcome.failure.is_some()) {
-            continue;
-        }
-        let is_after_script = matches!(stage, BuildStage::AfterScript);
-        let status = if is_after_script { outcome.status_word() } else { "running" };
-        let script = match plan.script(&stage, status) {
-            Ok(s) => s,
-            Err(e) => {
-                trace.error(&e.to_string());
-                outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.to_string());
-                continue;
-            }
-        };
-        let timeout = match stage {
-            BuildStage::AfterScript => plan.after_script_timeout(),
-            BuildStage::Step(_) => plan.script_timeout().min(job_timeout.saturating_sub(started.elapsed())),
-            _ => job_timeout.saturating_sub(started.elapsed()),
-        };
-        let name = stage.name();
-        trace.section_start(&name, SectionOptions::default());
-        trace.write_str(&section_header_line(&stage.description()));
-        let stop = StopSignal::new();
-        let watcher = {
-            let stop = stop.clone();
-            let control = control.clone();
-            let on_cancel = cancellable(&stage);
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = control.abort.cancelled() => stop.stop(StopReason::Canceled),
-                    _ = async { if on_cancel { control.cancel.cancelled().await } else { std::future::pending().await } } => stop.stop(StopReason::Canceled),
-                }
-            })
-        };
-        let attempts = if matches!(stage, BuildStage::GetSources) { plan.get_sources_attempts().max(1) } else { 1 };
-        let mut result = StageOutcome::Exited(0);
-        for attempt in 1..=attempts {
-            let script_stage = Stage { name: name.clone(), script: script.clone(), predefined: stage.predefined() };
-            result = run_stage(session, &script_stage, stop.clone(), timeout).await;
-            if matches!(result, StageOutcome::Exited(0)) || attempt == attempts || stop.is_stopped() {
-                break;
-            }
-            trace.warning(&format!("Retrying {name} (attempt {} of {attempts})", attempt + 1));
-        }
-        watcher.abort();
-        trace.section_end(&name);
-
-        match result {
-            StageOutcome::Exited(0) => {}
-            StageOutcome::Exited(code) => {
-                if is_after_script {
-                    trace.warning(&format!("after_script failed, but job will continue unaffected: exit code {code}"));
-                } else if matches!(
-                    stage,
-                    BuildStage::ArchiveCache | BuildStage::ArchiveCacheOnFailure | BuildStage::CleanupFileVariables
-                ) {
-                    trace.warning(&format!("{name} failed: exit code {code}"));
-                } else if outcome.failure.is_none() {
-                    outcome = JobOutcome::failed(FailureReason::ScriptFailure, Some(code), format!("exit code {code}"));
-                }
-            }
-            StageOutcome::Stopped(reason) => {
-                if control.abort.is_cancelled() {
-                    let why = control.abort_reason.lock().ok().and_then(|r| *r).unwrap_or(FailureReason::JobCanceled);
-                    outcome = JobOutcome { aborted: true, ..JobOutcome::failed(why, None, "job aborted") };
-                    break;
-                }
-                match reason {
-                    StopReason::TimedOut if is_after_script => {
-                        trace.warning(&format!("after_script timed out after {} seconds", timeout.as_secs()));
-                    }
-                    StopReason::TimedOut => {
-                        if outcome.failure.is_none() {
-                            // Name the limit that fired: RUNNER_SCRIPT_TIMEOUT for a step that
-                            // has its own, else the job timeout.
-                            let limit = match stage {
-                                BuildStage::Step(_) if plan.script_timeout() < job_timeout => plan.script_timeout(),
-                                _ => job_timeout,
-                            };
-                            outcome = JobOutcome::failed(
-                                FailureReason::JobExecutionTimeout,
-                                None,
-                                format!("execution took longer than {} seconds", limit.as_secs()),
-                            );
-                        }
-                    }
-                    StopReason::Canceled => {
-                        trace.error("script canceled externally (UI, API)");
-                        outcome = JobOutcome::failed(FailureReason::JobCanceled, None, "canceled");
-                    }
-                }
-            }
-            StageOutcome::Failed(e) => {
-                trace.error(&e.to_string());
-                if outcome.failure.is_none() || is_after_script {
-                    outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.to_string());
-                }
-                if e.is_plugin_failure() {
-                    // The plugin instance is unusable after a trap; nothing else can run.
-                    break;
-                }
-            }
-        }
-    }
-    outcome
 }
 
 #[cfg(test)]

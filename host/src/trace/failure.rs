@@ -1,8 +1,9 @@
 //! Failure reasons the runner reports in the final `PUT /jobs/:id` and their mapping onto what
 //! the GitLab instance supports (§3.2, GitLab Runner's `failureReasonMapper`).
 
-/// Why a job failed, as the runner attributes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Why a job failed, as the runner attributes it (stored by its wire name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FailureReason {
     /// A user script exited non-zero.
     ScriptFailure,
