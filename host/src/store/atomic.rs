@@ -35,6 +35,25 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     write(path, bytes, Some(0o600))
 }
 
+/// Create `path` with `bytes` and mode 0600 unless it exists, atomically (temp file, fsync,
+/// link without replacing, directory fsync): `Ok(false)` when another writer created it first,
+/// whose content is then left as it is. For files that must be created once (keys).
+pub fn create_private(path: &Path, bytes: &[u8]) -> Result<bool, StoreError> {
+    let dir = parent_dir(path);
+    std::fs::create_dir_all(dir).map_err(StoreError::io("creating the directory of", path))?;
+    let mut tmp =
+        tempfile::NamedTempFile::new_in(dir).map_err(StoreError::io("creating a temporary file for", path))?;
+    tmp.write_all(bytes).map_err(StoreError::io("writing", path))?;
+    tmp.as_file().sync_all().map_err(StoreError::io("syncing", path))?;
+    match tmp.persist_noclobber(path) {
+        Ok(_) => {}
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) => return Err(StoreError::Io { action: "creating", path: path.to_path_buf(), source: e.error }),
+    }
+    sync_dir(dir).map_err(StoreError::io("syncing the directory of", path))?;
+    Ok(true)
+}
+
 /// The directory a file lives in (`.` for a bare file name).
 fn parent_dir(path: &Path) -> &Path {
     path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
@@ -49,7 +68,7 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
-    use super::{write, write_private};
+    use super::{create_private, write, write_private};
 
     #[test]
     fn replaces_the_file_and_leaves_no_temporary_behind() {
@@ -72,6 +91,17 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).expect("metadata").permissions().mode() & 0o777, 0o644);
         write_private(&path, b"y").expect("write");
         assert_eq!(std::fs::metadata(&path).expect("metadata").permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn create_private_never_replaces() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("key");
+        assert!(create_private(&path, b"first").expect("created"));
+        assert!(!create_private(&path, b"second").expect("exists"));
+        assert_eq!(std::fs::read(&path).expect("read"), b"first");
+        assert_eq!(std::fs::metadata(&path).expect("metadata").permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 1, "no temporary left behind");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Files the runner keeps on disk: [`atomic`] writes (temp file in the same directory, fsync,
 //! optional mode, rename, fsync of the directory) used by every writer of runner state, and
-//! the autoscaled fleet's state file ([`fleet_state`]). The job store of a later issue lives
-//! here too.
+//! the autoscaled fleet's state file ([`fleet_state`]), and the job store ([`jobs`]: what a
+//! manager keeps about each running job so it can be resumed after a crash, on files or in Redis).
 //!
 //! `store` imports nothing of the crate (it is a leaf, so `config`, `capability` and `plugin`
 //! can write through it without a cycle): it knows how to keep bytes safe on disk, never what
@@ -9,6 +9,7 @@
 
 pub mod atomic;
 pub mod fleet_state;
+pub mod jobs;
 
 use std::path::PathBuf;
 
