@@ -102,6 +102,7 @@ impl World {
             final_update_retry_limit: 10,
             strict_check_interval: false,
             fleet: None,
+            store: None,
         }
     }
 

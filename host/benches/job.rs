@@ -70,6 +70,7 @@ async fn setup(concurrent: usize) -> Setup {
         final_update_retry_limit: 10,
         strict_check_interval: false,
         fleet: None,
+        store: None,
     };
     let shutdown = Shutdown::default();
     let manager = Manager::new(

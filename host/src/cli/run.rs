@@ -218,6 +218,7 @@ impl RunnerContext {
             final_update_retry_limit: runner.job_status_final_update_retry_limit,
             strict_check_interval: runner.strict_check_interval,
             fleet: self.fleet.clone(),
+            store: None,
         })
     }
 }

@@ -9,31 +9,29 @@
 
 pub mod fleet;
 pub mod health;
+pub mod persist;
+mod received;
+mod resume;
 pub mod signals;
 pub mod slots;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::autoscaler::ReserveError;
 use crate::executor::ExecutorFeatures;
-use crate::executor::InstanceLease;
-use crate::gitlab::api::{JobApi, JobState, JobUpdate, UpdateOutcome};
-use crate::gitlab::client::{
-    BadJob, FeaturesInfo, GitLabClient, JobClient, RequestJobResult, RunnerCredentials, VersionInfo,
-};
-use crate::gitlab::retry::RetryPolicy;
-use crate::job::{self, fail_unplannable, run_job_until_cleanup, JobControl, JobEnvironment, JobHooks};
-use crate::payload::JobResponse;
+use crate::gitlab::client::{FeaturesInfo, GitLabClient, RequestJobResult, RunnerCredentials, VersionInfo};
+use crate::job::{JobControl, JobEnvironment};
+use crate::store::jobs::{JobStore, StoreSettings};
 use crate::trace::format::RunnerIdentity;
-use crate::trace::upload::{TraceUploader, UploadConfig};
-use crate::trace::{wire_reason, FailureReason, JobTrace, TraceOptions};
+use crate::trace::upload::UploadConfig;
+use crate::trace::FailureReason;
 use health::{HealthBoard, PendingRunner, RunnerEntry, Unusable};
+use received::{fail_bad_payload, run_received, Reservation};
 use slots::SlotAllocator;
 
 /// Everything the manager needs about one `[[runners]]` entry.
@@ -62,6 +60,17 @@ pub struct RunnerSettings {
     pub strict_check_interval: bool,
     /// The autoscaled fleet jobs run on (`[runners.autoscaler]`).
     pub fleet: Option<Arc<fleet::Fleet>>,
+    /// The job store running jobs are kept in (`[runners.store]`), when on.
+    pub store: Option<RunnerStore>,
+}
+
+/// A runner's job store and its settings.
+#[derive(Clone)]
+pub struct RunnerStore {
+    /// The opened store.
+    pub store: Arc<dyn JobStore>,
+    /// Intervals, timeouts and limits of `[runners.store]`.
+    pub settings: StoreSettings,
 }
 
 /// Global settings.
@@ -113,6 +122,13 @@ pub struct ManagerStats {
     pub failed: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Durations of finished jobs, seconds.
     pub durations: Mutex<Vec<f64>>,
+    /// Stored jobs taken up again, by result (`resumed`, `finished`, `canceled`, `gone`,
+    /// `stale`, `max_retries`, `not_resumable`, `corrupt`).
+    pub store_resumes: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Jobs taken over from another manager whose lease had expired.
+    pub store_takeovers: std::sync::atomic::AtomicU64,
+    /// Jobs this manager keeps in a store now.
+    pub store_entries: std::sync::atomic::AtomicUsize,
 }
 
 impl ManagerStats {
@@ -124,6 +140,12 @@ impl ManagerStats {
         }
         if let Ok(mut durations) = self.durations.lock() {
             durations.push(duration.as_secs_f64());
+        }
+    }
+
+    fn record_resume(&self, result: &str) {
+        if let Ok(mut resumes) = self.store_resumes.lock() {
+            *resumes.entry(result.to_string()).or_default() += 1;
         }
     }
 }
@@ -141,6 +163,67 @@ struct Runner {
     info: VersionInfo,
     limit: Arc<Semaphore>,
     slots: Arc<SlotAllocator>,
+    /// Jobs of this runner running in this manager (the store watcher leaves them alone).
+    active: Mutex<std::collections::HashSet<i64>>,
+}
+
+/// Capacity for one job: a global and a runner permit.
+struct Permits {
+    _global: tokio::sync::OwnedSemaphorePermit,
+    _limit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// Wait for a global and a runner permit; `None` when a forceful shutdown came first.
+async fn capacity(runner: &Runner, shared: &Shared) -> Option<Permits> {
+    let global = tokio::select! {
+        g = shared.global.clone().acquire_owned() => g.ok()?,
+        _ = shared.shutdown.forceful.cancelled() => return None,
+    };
+    let limit = tokio::select! {
+        l = runner.limit.clone().acquire_owned() => l.ok()?,
+        _ = shared.shutdown.forceful.cancelled() => return None,
+    };
+    Some(Permits { _global: global, _limit: limit })
+}
+
+/// A job counted as running (stats, the runner's active set) until dropped.
+struct Running {
+    shared: Arc<Shared>,
+    runner: Arc<Runner>,
+    job: i64,
+}
+
+impl Running {
+    fn start(shared: &Arc<Shared>, runner: &Arc<Runner>, job: i64) -> Self {
+        use std::sync::atomic::Ordering::SeqCst;
+        let running = shared.stats.running.fetch_add(1, SeqCst) + 1;
+        shared.stats.max_running.fetch_max(running, SeqCst);
+        if let Ok(mut active) = runner.active.lock() {
+            active.insert(job);
+        }
+        Running { shared: shared.clone(), runner: runner.clone(), job }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if let Ok(mut active) = self.runner.active.lock() {
+            active.remove(&self.job);
+        }
+        self.shared.stats.running.fetch_sub(1, SeqCst);
+        self.shared.stats.finished.fetch_add(1, SeqCst);
+    }
+}
+
+/// Abort the job with `runner_interrupted` when the manager is told to stop forcefully.
+fn interrupt_on_shutdown(shared: &Shared, control: &JobControl) -> tokio::task::JoinHandle<()> {
+    let forceful = shared.shutdown.forceful.clone();
+    let control = control.clone();
+    tokio::spawn(async move {
+        forceful.cancelled().await;
+        control.abort_with(FailureReason::RunnerInterrupted);
+    })
 }
 
 /// The features Runway's job path really supports, for `info.features` (§1.6).
@@ -187,6 +270,7 @@ fn make_runner(r: RunnerSettings, client: &Arc<GitLabClient>) -> Arc<Runner> {
         client: runner_client,
         limit: Arc::new(Semaphore::new(limit)),
         slots: Arc::default(),
+        active: Mutex::default(),
         settings: r,
     })
 }
@@ -264,6 +348,9 @@ impl Manager {
         let (job_tx, mut job_rx) = tokio::sync::mpsc::unbounded_channel::<tokio::task::JoinHandle<()>>();
         let mut pollers = JoinSet::new();
         for runner in &self.runners {
+            if runner.settings.store.is_some() {
+                pollers.spawn(resume::watch(runner.clone(), self.shared.clone(), job_tx.clone()));
+            }
             for _ in 0..runner.settings.request_concurrency.max(1) {
                 pollers.spawn(poll(runner.clone(), self.shared.clone(), job_tx.clone()));
             }
@@ -365,11 +452,12 @@ async fn resolve_then_poll(
     }
     health.set_healthy(&pending.short_token, &pending.name);
     let runner = make_runner(settings, &client);
+    let watcher = runner.settings.store.is_some().then(|| resume::watch(runner.clone(), shared.clone(), jobs.clone()));
     let pollers = (0..runner.settings.request_concurrency.max(1))
         .map(|_| poll(runner.clone(), shared.clone(), jobs.clone()))
         .collect::<Vec<_>>();
     drop(jobs);
-    futures::future::join_all(pollers).await;
+    futures::future::join(futures::future::join_all(pollers), futures::future::OptionFuture::from(watcher)).await;
 }
 
 async fn poll(
@@ -436,7 +524,7 @@ async fn poll(
         match result {
             RequestJobResult::Job(received) => {
                 unhealthy = 0;
-                let handle = tokio::spawn(run_received(runner.clone(), shared.clone(), received.job, reservation));
+                let handle = tokio::spawn(run_received(runner.clone(), shared.clone(), *received, reservation));
                 if jobs.send(handle).is_err() {
                     return;
                 }
@@ -483,299 +571,6 @@ async fn poll(
                     return;
                 }
             }
-        }
-    }
-}
-
-/// The two-phase commit point: stop the pending keep-alives, `PUT state=running`, and start
-/// uploading the trace.
-struct Acceptance {
-    api: Arc<dyn JobApi>,
-    /// Backoff between acceptance attempts GitLab did not answer (the client's policy).
-    retry: RetryPolicy,
-    trace: JobTrace,
-    upload: UploadConfig,
-    control: JobControl,
-    keepalive: CancellationToken,
-    uploader: Mutex<Option<TraceUploader>>,
-    accepted: std::sync::atomic::AtomicBool,
-}
-
-/// Why GitLab did not take a job's acceptance (`PUT state=running`).
-#[derive(Debug, thiserror::Error)]
-enum AcceptError {
-    /// 403/404/409: the job is gone or someone else's.
-    #[error("GitLab no longer assigns this job to us")]
-    Gone,
-    /// Any other answer.
-    #[error("accepting the job failed: {0:?}")]
-    Failed(UpdateOutcome),
-}
-
-impl Acceptance {
-    async fn accept(&self) -> Result<(), AcceptError> {
-        if self.accepted.load(std::sync::atomic::Ordering::SeqCst) {
-            return Ok(());
-        }
-        self.keepalive.cancel();
-        // A reset connection or an overloaded GitLab is no answer: ask again, with the same
-        // backoff as every other request, until GitLab decides (or the job is aborted).
-        let mut attempt = 0u32;
-        loop {
-            let response = self.api.update_job(&JobUpdate::state(JobState::Running)).await;
-            match response.outcome {
-                UpdateOutcome::Accepted | UpdateOutcome::AcceptedRetryLater(_) => break,
-                UpdateOutcome::Abort | UpdateOutcome::Conflict => return Err(AcceptError::Gone),
-                UpdateOutcome::Unavailable(error) => {
-                    attempt += 1;
-                    let wait = self.retry.backoff(attempt);
-                    tracing::warn!(%error, attempt, ?wait, "accepting the job got no answer; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => {}
-                        _ = self.control.abort.cancelled() => {
-                            return Err(AcceptError::Failed(UpdateOutcome::Unavailable(error)));
-                        }
-                    }
-                }
-                outcome @ (UpdateOutcome::TraceValidationFailed | UpdateOutcome::Failed(_)) => {
-                    return Err(AcceptError::Failed(outcome));
-                }
-            }
-        }
-        self.accepted.store(true, std::sync::atomic::Ordering::SeqCst);
-        let uploader = TraceUploader::start(self.api.clone(), self.trace.clone(), self.upload.clone());
-        let signals = uploader.signals();
-        let control = self.control.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = signals.cancel_requested.cancelled() => control.cancel.cancel(),
-                _ = signals.abort.cancelled() => control.abort_with(FailureReason::JobCanceled),
-                _ = control.abort.cancelled() => {}
-            }
-            // A cancel may be followed by an abort (force cancel).
-            tokio::select! {
-                _ = signals.abort.cancelled() => control.abort_with(FailureReason::JobCanceled),
-                _ = control.abort.cancelled() => {}
-            }
-        });
-        if let Ok(mut slot) = self.uploader.lock() {
-            *slot = Some(uploader);
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl JobHooks for Acceptance {
-    async fn prepared(&self) -> Result<(), job::AcceptError> {
-        self.accept().await.map_err(|e| job::AcceptError(e.to_string()))
-    }
-}
-
-fn start_pending_keepalive(api: Arc<dyn JobApi>, every: Duration, stop: CancellationToken) {
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(every) => {}
-                _ = stop.cancelled() => return,
-            }
-            let _ = api.update_job(&JobUpdate::state(JobState::Pending)).await;
-        }
-    });
-}
-
-/// A fleet slot reserved for a job request; given back on drop unless the job finished it.
-struct Reservation {
-    fleet: Arc<fleet::Fleet>,
-    key: String,
-    open: bool,
-}
-
-impl Reservation {
-    fn new(fleet: Arc<fleet::Fleet>, key: String) -> Self {
-        Reservation { fleet, key, open: true }
-    }
-
-    /// The job ended: free the slot (after probing the instance on a system failure).
-    async fn finish(mut self, system_failure: bool) {
-        self.open = false;
-        self.fleet.finish(&self.key, system_failure).await;
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        if self.open {
-            self.fleet.unreserve(&self.key);
-        }
-    }
-}
-
-async fn run_received(runner: Arc<Runner>, shared: Arc<Shared>, job: JobResponse, reservation: Option<Reservation>) {
-    let settings = &runner.settings;
-    // Never run a job whose secrets cannot be masked: fail it with only the error in its log.
-    let trace = match JobTrace::new(&TraceOptions {
-        masked_phrases: job.masked_values(),
-        token_prefixes: job.features.token_mask_prefixes.clone(),
-        output_limit_kib: settings.output_limit_kib,
-    }) {
-        Ok(t) => t,
-        Err(e) => {
-            let error = format!("cannot set up masking for this job's log: {e}");
-            let bad = BadJob {
-                id: job.id,
-                token: job.token.clone(),
-                error,
-                failure_reasons: job.features.failure_reasons.clone(),
-            };
-            return fail_bad_payload(runner, shared, bad).await;
-        }
-    };
-    let api: Arc<dyn JobApi> =
-        match JobClient::new(runner.client.clone(), &settings.credentials.url, job.id, &job.token, runner.info.clone())
-        {
-            Ok(c) => Arc::new(c.with_debug_trace(job.variable("CI_DEBUG_TRACE") == Some("true"))),
-            Err(e) => {
-                tracing::error!(job = job.id, "cannot talk to GitLab about job: {e}");
-                return;
-            }
-        };
-    let keepalive = CancellationToken::new();
-    start_pending_keepalive(api.clone(), shared.settings.pending_keepalive, keepalive.clone());
-
-    // Wait for capacity while the job stays pending at GitLab.
-    let permits = tokio::select! {
-        g = shared.global.clone().acquire_owned() => g.ok().map(|g| (g, runner.limit.clone())),
-        _ = shared.shutdown.forceful.cancelled() => None,
-    };
-    let Some((global, limit)) = permits else {
-        keepalive.cancel();
-        return;
-    };
-    let Ok(limit) = limit.acquire_owned().await else {
-        keepalive.cancel();
-        return;
-    };
-    let running = shared.stats.running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-    shared.stats.max_running.fetch_max(running, std::sync::atomic::Ordering::SeqCst);
-
-    let mut upload = shared.settings.upload.clone();
-    upload.final_update_retry_limit = settings.final_update_retry_limit;
-    let control = JobControl::default();
-    let forceful = shared.shutdown.forceful.clone();
-    let interrupt = {
-        let control = control.clone();
-        tokio::spawn(async move {
-            forceful.cancelled().await;
-            control.abort_with(FailureReason::RunnerInterrupted);
-        })
-    };
-    let hooks = Acceptance {
-        api: api.clone(),
-        retry: runner.client.retry_policy().clone(),
-        trace: trace.clone(),
-        upload,
-        control: control.clone(),
-        keepalive: keepalive.clone(),
-        uploader: Mutex::new(None),
-        accepted: false.into(),
-    };
-    let slot = runner.slots.take(job.job_info.project_id);
-    let mut env = settings.env.clone();
-    env.settings.concurrent_id = slot.concurrent_id;
-    env.settings.concurrent_project_id = slot.concurrent_project_id;
-    if let Some(reservation) = &reservation {
-        reservation.fleet.track(&reservation.key, control.clone());
-        env.instance = Some(InstanceLease { source: reservation.fleet.clone(), key: reservation.key.clone() });
-    }
-
-    let started = std::time::Instant::now();
-    let (outcome, cleanup) = run_job_until_cleanup(&job, &env, Arc::new(trace.clone()), &control, &hooks).await;
-    let wire_failure = outcome.failure.map(|r| wire_reason(Some(r), &job.features.failure_reasons));
-    shared.stats.record(wire_failure.as_deref(), started.elapsed());
-    drop(slot);
-    interrupt.abort();
-
-    // A job that failed before acceptance (preparation failed) is accepted now, so its trace
-    // and failure reach GitLab.
-    if let Err(e) = hooks.accept().await {
-        tracing::warn!(job = job.id, "job dropped: {e}");
-    } else {
-        let update = JobUpdate {
-            state: if outcome.succeeded() { JobState::Success } else { JobState::Failed },
-            failure_reason: wire_failure,
-            exit_code: outcome.exit_code.filter(|c| *c != 0),
-            checksum: None,
-            bytesize: None,
-        };
-        let uploader = hooks.uploader.lock().ok().and_then(|mut u| u.take());
-        if let Some(uploader) = uploader {
-            match uploader.finish(update).await {
-                Ok(()) => tracing::info!(job = job.id, state = ?outcome.failure, "job finished"),
-                Err(e) => tracing::warn!(job = job.id, "final job update failed: {e:?}"),
-            }
-        }
-    }
-    keepalive.cancel();
-    // GitLab has the final state: only now clean up the executor (a plugin whose `cleanup`
-    // hangs holds this slot until its call_timeout, never the job's state), then free the
-    // instance it ran on.
-    cleanup.run().await;
-    if let Some(reservation) = reservation {
-        reservation.finish(outcome.failure == Some(FailureReason::RunnerSystemFailure)).await;
-    }
-    shared.stats.running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    shared.stats.finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    drop((global, limit));
-}
-
-/// A job whose payload does not decode: accept it, write why, fail it with
-/// `runner_system_failure` — never leave it running until GitLab's timeout.
-async fn fail_bad_payload(runner: Arc<Runner>, shared: Arc<Shared>, bad: BadJob) {
-    let settings = &runner.settings;
-    let api: Arc<dyn JobApi> =
-        match JobClient::new(runner.client.clone(), &settings.credentials.url, bad.id, &bad.token, runner.info.clone())
-        {
-            Ok(c) => Arc::new(c),
-            Err(e) => {
-                tracing::error!(job = bad.id, "cannot report bad job payload: {e}");
-                return;
-            }
-        };
-    tracing::error!(job = bad.id, "{}", bad.error);
-    let Ok(trace) = JobTrace::new(&TraceOptions {
-        masked_phrases: vec![bad.token.clone()],
-        token_prefixes: Vec::new(),
-        output_limit_kib: settings.output_limit_kib,
-    }) else {
-        return;
-    };
-    let hooks = Acceptance {
-        api,
-        retry: runner.client.retry_policy().clone(),
-        trace: trace.clone(),
-        upload: shared.settings.upload.clone(),
-        control: JobControl::default(),
-        keepalive: CancellationToken::new(),
-        uploader: Mutex::new(None),
-        accepted: false.into(),
-    };
-    let outcome = fail_unplannable(&trace, &settings.env.identity, &bad.error);
-    if let Err(e) = hooks.accept().await {
-        tracing::warn!(job = bad.id, "bad job dropped: {e}");
-        return;
-    }
-    let update = JobUpdate {
-        state: JobState::Failed,
-        failure_reason: outcome.failure.map(|r| wire_reason(Some(r), &bad.failure_reasons)),
-        exit_code: None,
-        checksum: None,
-        bytesize: None,
-    };
-    let uploader = hooks.uploader.lock().ok().and_then(|mut u| u.take());
-    if let Some(uploader) = uploader {
-        if let Err(e) = uploader.finish(update).await {
-            tracing::warn!(job = bad.id, "final job update failed: {e:?}");
         }
     }
 }

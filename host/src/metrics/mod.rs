@@ -207,8 +207,32 @@ impl Metrics {
             render_health(&mut out, sid, health);
         }
         render_fleets(&mut out, sid, &inner.fleets);
+        render_store(&mut out, sid, &inner.stats);
         out
     }
+}
+
+/// `runway_store_entries` (jobs kept in a job store now), `runway_store_resumes_total` by
+/// result and `runway_store_lease_takeovers_total`.
+fn render_store(out: &mut String, sid: &str, stats: &[Arc<ManagerStats>]) {
+    let entries: usize = stats.iter().map(|s| s.store_entries.load(Ordering::SeqCst)).sum();
+    let takeovers: u64 = stats.iter().map(|s| s.store_takeovers.load(Ordering::SeqCst)).sum();
+    let mut resumes: BTreeMap<String, u64> = BTreeMap::new();
+    for s in stats {
+        if let Ok(r) = s.store_resumes.lock() {
+            for (result, count) in r.iter() {
+                *resumes.entry(result.clone()).or_default() += count;
+            }
+        }
+    }
+    let _ = writeln!(out, "# HELP runway_store_entries Running jobs this manager keeps in a job store.\n# TYPE runway_store_entries gauge");
+    let _ = writeln!(out, "runway_store_entries{{system_id=\"{sid}\"}} {entries}");
+    let _ = writeln!(out, "# HELP runway_store_resumes_total Stored jobs taken up again after a manager stopped, by result.\n# TYPE runway_store_resumes_total counter");
+    for (result, count) in &resumes {
+        let _ = writeln!(out, "runway_store_resumes_total{{result=\"{}\",system_id=\"{sid}\"}} {count}", label(result));
+    }
+    let _ = writeln!(out, "# HELP runway_store_lease_takeovers_total Jobs taken over from another manager whose lease expired.\n# TYPE runway_store_lease_takeovers_total counter");
+    let _ = writeln!(out, "runway_store_lease_takeovers_total{{system_id=\"{sid}\"}} {takeovers}");
 }
 
 /// A Prometheus label value: `\`, `"` and newlines escaped.

@@ -425,6 +425,12 @@ impl TraceUploader {
         self.sent.load(Ordering::SeqCst)
     }
 
+    /// A handle reading [`TraceUploader::sent_offset`] that outlives borrows of the uploader
+    /// (a job store saving where GitLab's copy of the trace ends).
+    pub fn sent_counter(&self) -> Arc<AtomicU64> {
+        self.sent.clone()
+    }
+
     /// Stop the loop, flush the trace's maskers, send the rest of the trace and `final_update`
     /// (its `checksum` and `bytesize` are filled in from the trace) until GitLab accepts it.
     ///
