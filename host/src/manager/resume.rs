@@ -156,8 +156,16 @@ async fn resume_one(runner: Arc<Runner>, shared: Arc<Shared>, entry: Entry) {
     let trace = match restored {
         Ok(trace) => trace,
         Err(why) => {
-            // Without its trace the job cannot go on: fail it at GitLab (its log there stays
-            // what GitLab has), then forget it.
+            // Without its trace the job cannot go on: clean up what its manager left running,
+            // fail it at GitLab (its log there stays what GitLab has), then forget it.
+            if let Ok(scratch) = JobTrace::new(&trace_options(&job, &runner)) {
+                let hooks = crate::job::NoHooks;
+                let env = &runner.settings.env;
+                let why = "its stored trace is unreadable";
+                let (_, cleanup) =
+                    abandon_job_until_cleanup(&job, env, Arc::new(scratch), &hooks, body.progress, why).await;
+                cleanup.run().await;
+            }
             let update = JobUpdate {
                 failure_reason: Some(wire_reason(
                     Some(FailureReason::RunnerSystemFailure),

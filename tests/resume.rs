@@ -1,0 +1,469 @@
+//! Jobs that survive the death of their manager (issue 11), with real processes: `runway run`
+//! killed with SIGKILL at random moments and started again, with the file store and with a
+//! real `redis-server`; two managers on one Redis; and the stored jobs that may not go on
+//! (stale, resumed too often, cancelled meanwhile, corrupt), which are failed and cleaned up
+//! while the manager keeps serving.
+//!
+//! Every job counts its side effects in files (one line per start of a stage script), so a
+//! stage that ran twice shows; its log must hold each numbered line exactly once, in order.
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
+use redis_server::RedisServer;
+
+const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
+const WAIT: Duration = Duration::from_secs(120);
+/// A masked variable's value: never in the store in clear.
+const SECRET: &str = "s3cr3t-resume-Value-91ab";
+/// Lines the counting job prints, 100 ms apart.
+const LINES: u32 = 100;
+
+struct World {
+    fake: FakeGitLab,
+    token: String,
+    root: tempfile::TempDir,
+}
+
+async fn world() -> World {
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+            .await;
+    let runner = fake.create_runner("resume test");
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hello\n")], "first");
+    World { fake, token: runner.token, root: tempfile::tempdir().expect("tempdir") }
+}
+
+/// A small deterministic generator (seed printed, so a failing run can be replayed).
+struct Rng(u64);
+
+impl Rng {
+    fn from_clock() -> Self {
+        let seed = std::env::var("RESUME_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7)
+        });
+        eprintln!("RESUME_SEED={seed}");
+        Rng(seed | 1)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// One `runway run` process with its own config directory (so its own system id).
+struct Manager {
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl World {
+    /// A manager named `name` whose `[runners.store]` section is `store`.
+    fn manager(&self, name: &str, store: &str) -> Manager {
+        let dir = self.root.path().join(name);
+        std::fs::create_dir_all(&dir).expect("manager dir");
+        let config = format!(
+            r#"concurrent = 4
+check_interval = 1
+shutdown_timeout = 5
+
+[plugins.shell]
+allow_process = true
+
+[[runners]]
+name = "{name}"
+url = "{url}"
+token = "{token}"
+executor = "shell"
+builds_dir = "{builds}"
+cache_dir = "{cache}"
+  [runners.shell]
+  login = false
+  [runners.store]
+{store}
+"#,
+            url = self.fake.url(),
+            token = self.token,
+            builds = self.root.path().join("builds").display(),
+            cache = self.root.path().join("cache").display(),
+        );
+        std::fs::write(dir.join("config.toml"), config).expect("config");
+        Manager { dir, child: None }
+    }
+
+    /// The counting job: its step and after_script record each start in `effects`.
+    fn counting_job(&self, name: &str) -> (i64, PathBuf) {
+        let effects = self.root.path().join(format!("effects-{name}"));
+        std::fs::create_dir_all(&effects).expect("effects dir");
+        let step = format!("echo started >> {}/step", effects.display());
+        let count = format!("for i in $(seq 1 {LINES}); do echo \"line $i of {LINES}\"; sleep 0.1; done");
+        let after = format!("echo ran >> {}/after", effects.display());
+        let mut spec = JobSpec::new("group/project", name, &[&step, "echo \"the secret is $RESUME_SECRET\"", &count]);
+        spec = spec.after_script(&[&after]);
+        spec.masked_variables.push(("RESUME_SECRET".into(), SECRET.into()));
+        (self.fake.enqueue(self.fake.job_payload(&spec)), effects)
+    }
+
+    async fn wait_for(&self, job: i64, what: &str, f: impl Fn(&JobRecord) -> bool) -> JobRecord {
+        match self.fake.wait_for_job_state(job, f, WAIT).await {
+            Some(record) => record,
+            None => panic!("job {job}: {what} did not happen; trace:\n{}", self.trace(job)),
+        }
+    }
+
+    fn trace(&self, job: i64) -> String {
+        self.fake.job(job).map(|j| j.trace_text()).unwrap_or_default()
+    }
+
+    /// Wait until `job`'s trace shows its `n`th line.
+    async fn wait_line(&self, job: i64, n: u32) {
+        let needle = format!("line {n} of {LINES}");
+        self.wait_for(job, &needle, |j| j.trace_text().contains(&needle)).await;
+    }
+}
+
+impl Manager {
+    fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("runway.log"))
+            .expect("log file");
+        let child = Command::new(RUNWAY)
+            .arg("-c")
+            .arg(self.dir.join("config.toml"))
+            .arg("run")
+            .current_dir(&self.dir)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("runway run starts");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: no cleanup, no final update, nothing saved on the way out.
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("runway.log")).unwrap_or_default()
+    }
+
+    fn system_id(&self) -> String {
+        std::fs::read_to_string(self.dir.join(".runner_system_id")).unwrap_or_default().trim().to_string()
+    }
+
+    fn store_dir(&self) -> PathBuf {
+        self.dir.join(".runway/store")
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// The numbered lines of a trace, in order.
+fn numbered_lines(trace: &str) -> Vec<u32> {
+    trace
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("line ")?.strip_suffix(&format!(" of {LINES}"))?.parse().ok())
+        .collect()
+}
+
+/// How many times each counted stage started.
+fn starts(effects: &Path, stage: &str) -> usize {
+    std::fs::read_to_string(effects.join(stage)).map(|t| t.lines().count()).unwrap_or(0)
+}
+
+/// The job succeeded with every line exactly once, in order, and each stage started once.
+fn assert_whole(w: &World, job: i64, effects: &Path, logs: &[&Manager]) {
+    let record = w.fake.job(job).expect("job");
+    let trace = record.trace_text();
+    let logs = logs.iter().map(|m| m.log()).collect::<Vec<_>>().join("\n----\n");
+    assert_eq!(
+        (record.status, record.final_state.as_deref()),
+        (JobStatus::Success, Some("success")),
+        "trace:\n{trace}\nmanager logs:\n{logs}"
+    );
+    assert_eq!(numbered_lines(&trace), (1..=LINES).collect::<Vec<_>>(), "trace:\n{trace}\nmanager logs:\n{logs}");
+    assert_eq!(starts(effects, "step"), 1, "step_script started more than once; trace:\n{trace}");
+    assert_eq!(starts(effects, "after"), 1, "after_script did not run exactly once; trace:\n{trace}");
+    assert!(trace.contains("the secret is [MASKED]") && !trace.contains(SECRET), "{trace}");
+    assert_eq!(Some(record.trace_checksum()), record.checksum, "{trace}");
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                out.extend(files_under(&path));
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The file store holds the job and never the masked value in clear.
+fn assert_store_sealed(manager: &Manager) {
+    let files = files_under(&manager.store_dir());
+    assert!(files.iter().any(|f| f.extension().is_some_and(|e| e == "json")), "no entry in {files:?}");
+    for file in files {
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(!contains(&bytes, SECRET.as_bytes()), "{} holds the masked value in clear", file.display());
+    }
+}
+
+/// Every value in `redis` (strings, hashes, sets), none holding the masked value in clear.
+async fn assert_redis_sealed(redis: &RedisServer) {
+    let client = redis::Client::open(redis.url()).expect("redis url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis connection");
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.expect("keys");
+    assert!(!keys.is_empty(), "nothing stored in Redis");
+    for key in keys {
+        let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut conn).await.expect("type");
+        let values: Vec<Vec<u8>> = match kind.as_str() {
+            "string" => vec![redis::cmd("GET").arg(&key).query_async(&mut conn).await.expect("get")],
+            "hash" => redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await.expect("hgetall"),
+            "set" => redis::cmd("SMEMBERS").arg(&key).query_async(&mut conn).await.expect("smembers"),
+            _ => Vec::new(),
+        };
+        for value in values {
+            assert!(!contains(&value, SECRET.as_bytes()), "{key} holds the masked value in clear");
+        }
+    }
+}
+
+/// Kill `manager` at random moments of `job` (`rounds` times) and start it again, checking
+/// the store (`check`) while no manager runs.
+async fn kill_at_random_moments(w: &World, manager: &mut Manager, job: i64, rounds: u32, check: impl AsyncCheck) {
+    let mut rng = Rng::from_clock();
+    for round in 0..rounds {
+        // Somewhere in the next part of the job (0.3 to 2.3 s from now).
+        tokio::time::sleep(Duration::from_millis(300 + rng.below(2000))).await;
+        if w.fake.job(job).is_some_and(|j| j.status.is_final()) {
+            break;
+        }
+        eprintln!("round {round}: kill -9 at {} lines", numbered_lines(&w.trace(job)).len());
+        manager.kill9();
+        check.check().await;
+        tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
+        manager.start();
+    }
+}
+
+/// A check run while no manager is alive.
+trait AsyncCheck {
+    async fn check(&self);
+}
+
+struct FileStoreSealed<'a>(&'a Path);
+
+impl AsyncCheck for FileStoreSealed<'_> {
+    async fn check(&self) {
+        for file in files_under(self.0) {
+            let bytes = std::fs::read(&file).unwrap_or_default();
+            assert!(!contains(&bytes, SECRET.as_bytes()), "{} holds the masked value in clear", file.display());
+        }
+    }
+}
+
+struct RedisSealed<'a>(&'a RedisServer);
+
+impl AsyncCheck for RedisSealed<'_> {
+    async fn check(&self) {
+        assert_redis_sealed(self.0).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_store_job_survives_kill_9_at_random_moments() {
+    let w = world().await;
+    let mut manager = w.manager("file", "  health_interval = 1");
+    manager.start();
+    let (job, effects) = w.counting_job("file");
+    w.wait_line(job, 1).await;
+    assert_store_sealed(&manager);
+    let store = manager.store_dir();
+    kill_at_random_moments(&w, &mut manager, job, 4, FileStoreSealed(&store)).await;
+    w.wait_for(job, "success", |j| j.final_state.is_some()).await;
+    assert_whole(&w, job, &effects, &[&manager]);
+    // The entry is gone once GitLab has the final state.
+    let left = files_under(&manager.store_dir()).into_iter().filter(|f| f.extension().is_some_and(|e| e == "json"));
+    assert_eq!(left.count(), 0, "store entries left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_job_survives_kill_9_at_random_moments() {
+    let w = world().await;
+    let redis = RedisServer::start();
+    let store = format!("  name = \"redis\"\n  health_interval = 1\n  [runners.store.redis]\n  url = \"{}\"", redis.url());
+    let mut manager = w.manager("redis", &store);
+    manager.start();
+    let (job, effects) = w.counting_job("redis");
+    w.wait_line(job, 1).await;
+    assert_redis_sealed(&redis).await;
+    kill_at_random_moments(&w, &mut manager, job, 4, RedisSealed(&redis)).await;
+    w.wait_for(job, "success", |j| j.final_state.is_some()).await;
+    assert_whole(&w, job, &effects, &[&manager]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_managers_on_one_redis_the_live_one_finishes_the_dead_ones_job() {
+    let w = world().await;
+    let redis = RedisServer::start();
+    let store = format!(
+        "  name = \"redis\"\n  health_interval = 1\n  health_timeout = 3\n  [runners.store.redis]\n  url = \"{}\"",
+        redis.url()
+    );
+    let mut a = w.manager("a", &store);
+    let mut b = w.manager("b", &store);
+    a.start();
+    b.start();
+    let (job, effects) = w.counting_job("two");
+    w.wait_line(job, 10).await;
+    // Whoever owns it dies; the other takes it over once the lease expires.
+    let owner = owner_of(&redis, job).await;
+    let (dead, live) = if owner == a.system_id() { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    assert_eq!(owner, dead.system_id(), "the job's owner is one of the two managers");
+    dead.kill9();
+    let taken = Instant::now();
+    w.wait_for(job, "success after takeover", |j| j.final_state.is_some()).await;
+    eprintln!("taken over and finished {:?} after the kill", taken.elapsed());
+    assert!(live.log().contains("taking over a job"), "{}", live.log());
+    // The dead manager comes back: the job is someone else's (and over); it leaves it alone.
+    dead.start();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_whole(&w, job, &effects, &[&*dead, &*live]);
+}
+
+/// The `owner` of `job`'s entry in Redis.
+async fn owner_of(redis: &RedisServer, job: i64) -> String {
+    let client = redis::Client::open(redis.url()).expect("redis url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis connection");
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.expect("keys");
+    for key in keys {
+        let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut conn).await.expect("type");
+        if kind != "hash" {
+            continue;
+        }
+        let meta: Option<String> = redis::cmd("HGET").arg(&key).arg("meta").query_async(&mut conn).await.expect("meta");
+        if let Some(meta) = meta.and_then(|m| serde_json::from_str::<serde_json::Value>(&m).ok()) {
+            if meta["job_id"].as_i64() == Some(job) {
+                return meta["owner"].as_str().unwrap_or_default().to_string();
+            }
+        }
+    }
+    panic!("no entry for job {job} in Redis");
+}
+
+/// The stage's processes are gone: no process has `marker` on its command line.
+fn no_process_with(marker: &str) -> bool {
+    let out = Command::new("pgrep").arg("-f").arg(marker).output().expect("pgrep");
+    out.stdout.is_empty()
+}
+
+/// A job that sleeps under a unique process name, to find its processes.
+fn sleeping_job(w: &World, name: &str) -> (i64, String) {
+    let marker = format!("runway-resume-{}-{name}", std::process::id());
+    let spec = JobSpec::new("group/project", name, &["echo begun", &format!("(exec -a {marker} sleep 600)")]);
+    (w.fake.enqueue(w.fake.job_payload(&spec)), marker)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_jobs_that_may_not_go_on_are_failed_and_cleaned_up() {
+    let w = world().await;
+    // Stale: the entry is older than stale_timeout when a manager comes back.
+    let mut manager = w.manager("stale", "  health_interval = 1\n  stale_timeout = 4");
+    manager.start();
+    let (job, marker) = sleeping_job(&w, "stale");
+    w.wait_for(job, "start", |j| j.trace_text().contains("begun")).await;
+    manager.kill9();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    manager.start();
+    let record = w.wait_for(job, "failure", |j| j.final_state.is_some()).await;
+    assert_eq!(record.failure_reason.as_deref(), Some("runner_system_failure"), "{}", record.trace_text());
+    assert!(record.trace_text().contains("cannot be resumed") && record.trace_text().contains("stale_timeout"));
+    wait_until(|| no_process_with(&marker), "the stale job's process is killed").await;
+    manager.kill9();
+
+    // max_retries: the second resume is one too many.
+    let mut manager = w.manager("retries", "  health_interval = 1\n  max_retries = 1");
+    manager.start();
+    let (job, marker) = sleeping_job(&w, "retries");
+    w.wait_for(job, "start", |j| j.trace_text().contains("begun")).await;
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        manager.kill9();
+        manager.start();
+    }
+    let record = w.wait_for(job, "failure", |j| j.final_state.is_some()).await;
+    assert_eq!(record.failure_reason.as_deref(), Some("runner_system_failure"), "{}", record.trace_text());
+    assert!(record.trace_text().contains("max_retries = 1"), "{}", record.trace_text());
+    wait_until(|| no_process_with(&marker), "the job's process is killed").await;
+
+    // Cancelled in GitLab while no manager was alive: cancelled and cleaned up.
+    let (job, marker) = sleeping_job(&w, "cancel");
+    w.wait_for(job, "start", |j| j.trace_text().contains("begun")).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    manager.kill9();
+    w.fake.cancel(job);
+    manager.start();
+    let record = w.wait_for(job, "cancel", |j| j.status.is_final()).await;
+    assert_eq!(record.status, JobStatus::Canceled, "{}", record.trace_text());
+    wait_until(|| no_process_with(&marker), "the cancelled job's process is killed").await;
+
+    // Corrupt: an entry that is not one, and a job whose stored trace is cut short.
+    let (job, marker) = sleeping_job(&w, "corrupt");
+    w.wait_for(job, "start", |j| j.trace_text().contains("begun")).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    manager.kill9();
+    let dir = files_under(&manager.store_dir())
+        .into_iter()
+        .find(|f| f.file_name().is_some_and(|n| n.to_string_lossy() == format!("{job}.trace")))
+        .expect("stored trace");
+    std::fs::write(&dir, b"cut").expect("cut the stored trace");
+    let garbage = dir.with_file_name("999999.json");
+    std::fs::write(&garbage, b"{ this is not an entry").expect("garbage entry");
+    manager.start();
+    let record = w.wait_for(job, "failure", |j| j.final_state.is_some()).await;
+    assert_eq!(record.failure_reason.as_deref(), Some("runner_system_failure"), "{}", record.trace_text());
+    wait_until(|| !garbage.exists(), "the corrupt entry is removed").await;
+    assert!(manager.log().contains("corrupt"), "{}", manager.log());
+    wait_until(|| no_process_with(&marker), "the corrupt job's process is killed").await;
+    // The manager keeps serving.
+    let next = w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", "after", &["echo still serving"])));
+    let record = w.wait_for(next, "the next job", |j| j.final_state.is_some()).await;
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+}
+
+async fn wait_until(f: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
