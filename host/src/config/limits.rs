@@ -151,6 +151,9 @@ impl Checker<'_> {
         if let Some(m) = &r.machine {
             self.machine(&key("machine"), m)?;
         }
+        if let Some(store) = &r.store {
+            store.check().map_err(|(k, message)| self.error(&key(&format!("store.{k}")), message))?;
+        }
         Ok(())
     }
 

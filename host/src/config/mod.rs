@@ -10,6 +10,7 @@ pub mod duration;
 mod error;
 pub mod grant;
 pub mod limits;
+pub mod store;
 mod system_id;
 
 use std::collections::BTreeMap;
@@ -207,6 +208,9 @@ pub struct RunnerConfig {
     /// Legacy `[runners.machine]` (docker+machine keys).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<autoscaler::MachineConfig>,
+    /// `[runners.store]` (the job store); absent means the defaults: the file store, on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<store::StoreConfig>,
     /// Executor sections: `[runners.shell]`, `[runners.docker]`, `[runners.<plugin>]`, ...
     #[serde(flatten)]
     pub sections: BTreeMap<String, toml::Value>,
@@ -272,6 +276,7 @@ impl RunnerConfig {
             labels: BTreeMap::new(),
             autoscaler: None,
             machine: None,
+            store: None,
             sections: BTreeMap::new(),
         }
     }
@@ -286,6 +291,25 @@ impl RunnerConfig {
     /// `token` with `$VAR`/`${VAR}` expanded from the environment.
     pub fn resolved_token(&self) -> String {
         expand_env(&self.token)
+    }
+
+    /// `[runners.store]` as the job store needs it (the defaults when the section is absent):
+    /// the file path with its variables expanded and made absolute against the directory of
+    /// `config_path` (the config file, also named in errors), the Redis URL expanded from the
+    /// environment and its namespace set to the short token. `vars` are what config cannot know.
+    pub fn store_settings(
+        &self,
+        config_path: &Path,
+        vars: &store::StorePathVariables<'_>,
+    ) -> Result<crate::store::jobs::StoreSettings, ConfigError> {
+        let dir = config_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let token = self.resolved_token();
+        let identity =
+            store::RunnerIdentity { id: self.id, short_token: &short_token(&token), environment: &self.environment };
+        self.store.clone().unwrap_or_default().settings(dir, &identity, vars).map_err(|(key, message)| {
+            ConfigError::new(config_path, format!("runner {:?}: {message}", self.name))
+                .with_key(format!("runners.store.{key}"))
+        })
     }
 
     /// The executor's section (`[runners.<executor>]`) as JSON, `{}` when absent.

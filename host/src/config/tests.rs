@@ -265,3 +265,37 @@ fn limits_accept_the_edges() {
         .expect("plugin section");
     assert_eq!(loaded.config.runners[0].executor_config_json(), "{\"x\":1}");
 }
+
+#[test]
+fn the_store_section_parses_saves_and_maps_onto_store_settings() {
+    use crate::config::store::{StoreName, StorePathVariables};
+    use crate::store::jobs::Backend;
+    let text = "concurrent = 1\n[[runners]]\nname = \"r\"\nurl = \"https://x\"\ntoken = \"glrt-t1_abcdefghijk\"\nexecutor = \"shell\"\nenvironment = [\"ROOT=/srv\"]\n[runners.store]\nname = \"redis\"\nhealth_interval = \"2s\"\nhealth_timeout = 20\nmystery = 1\n[runners.store.redis]\nurl = \"redis://127.0.0.1:6379/1\"\n[runners.store.file]\npath = \"$ROOT/$CI_RUNNER_SHORT_TOKEN\"\n";
+    let loaded = parse_str(text).expect("loads");
+    assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+    assert!(loaded.warnings[0].contains(":12: runners.0.store.?.mystery: unknown key"), "{:?}", loaded.warnings);
+    let runner = &loaded.config.runners[0];
+    let store = runner.store.as_ref().expect("store");
+    assert_eq!(
+        (store.name, store.health_interval, store.health_timeout),
+        (StoreName::Redis, Duration::from_secs(2), Duration::from_secs(20))
+    );
+    let vars = StorePathVariables::default();
+    let settings = runner.store_settings(&loaded.path, &vars).expect("settings");
+    assert_eq!(
+        settings.backend,
+        Some(Backend::Redis { url: "redis://127.0.0.1:6379/1".into(), namespace: "abcdefghi".into() })
+    );
+    // Saving keeps the section (integer seconds, as seed 003 writes them).
+    let saved = toml::to_string_pretty(&loaded.config).expect("serialize");
+    assert!(saved.contains("health_interval = 2"), "{saved}");
+    let again = parse_str(&saved).expect("reloads");
+    assert_eq!(again.config.runners[0].store, runner.store);
+    // Without the section: the file store under the config directory, keyed by the short token.
+    let plain = parse_str(
+        "concurrent = 1\n[[runners]]\nurl = \"https://x\"\ntoken = \"glrt-t1_abcdefghijk\"\nexecutor = \"shell\"\n",
+    )
+    .expect("loads");
+    let settings = plain.config.runners[0].store_settings(&plain.path, &vars).expect("settings");
+    assert_eq!(settings.backend, Some(Backend::File { path: PathBuf::from("/etc/runway/.runway/store/abcdefghi") }));
+}
