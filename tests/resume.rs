@@ -132,11 +132,8 @@ cache_dir = "{cache}"
 
 impl Manager {
     fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("runway.log"))
-            .expect("log file");
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("runway.log")).expect("log file");
         let child = Command::new(RUNWAY)
             .arg("-c")
             .arg(self.dir.join("config.toml"))
@@ -320,7 +317,8 @@ async fn file_store_job_survives_kill_9_at_random_moments() {
 async fn redis_store_job_survives_kill_9_at_random_moments() {
     let w = world().await;
     let redis = RedisServer::start();
-    let store = format!("  name = \"redis\"\n  health_interval = 1\n  [runners.store.redis]\n  url = \"{}\"", redis.url());
+    let store =
+        format!("  name = \"redis\"\n  health_interval = 1\n  [runners.store.redis]\n  url = \"{}\"", redis.url());
     let mut manager = w.manager("redis", &store);
     manager.start();
     let (job, effects) = w.counting_job("redis");

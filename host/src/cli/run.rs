@@ -12,17 +12,20 @@ use anyhow::Context as _;
 use tokio::sync::Semaphore;
 
 use crate::config::autoscaler::AutoscalerConfig;
+use crate::config::store::StorePathVariables;
 use crate::config::{self, Loaded};
 use crate::executor::ResolvedExecutor;
 use crate::gitlab::client::{ClientOptions, GitLabClient, RequestHook, RunnerCredentials};
 use crate::job::JobEnvironment;
 use crate::manager::fleet::Fleet;
 use crate::manager::health::{PendingRunner, RunnerEntry, Unusable};
-use crate::manager::{identity, signals, Manager, ManagerSettings, RunnerSettings, Shutdown};
+use crate::manager::{identity, signals, Manager, ManagerSettings, RunnerSettings, RunnerStore, Shutdown};
 use crate::metrics::Metrics;
 use crate::plugin::{builtin_plugins, HostSettings, PluginHost};
 use crate::script::ScriptSettings;
 use crate::store::fleet_state;
+use crate::store::jobs::seal::StoreKey;
+use crate::store::jobs::{JobStore, JobStoreError, StoreSettings};
 
 /// Load and report a config file.
 pub fn load_config(path: &Path) -> anyhow::Result<Loaded> {
@@ -92,6 +95,36 @@ impl Fleets {
     }
 }
 
+/// The opened job stores, by backend. A store (and a file store's lock) outlives config
+/// reloads like a fleet: the new manager takes the old one's jobs over without a second lock.
+pub struct Stores {
+    key_path: PathBuf,
+    opened: tokio::sync::Mutex<HashMap<String, Arc<dyn JobStore>>>,
+}
+
+impl Stores {
+    /// Stores sealing with the key from `RUNWAY_STORE_KEY` or the key file `key_path`.
+    pub fn new(key_path: PathBuf) -> Self {
+        Stores { key_path, opened: tokio::sync::Mutex::default() }
+    }
+
+    /// The store `settings` select (opened once), `None` when the store is off.
+    async fn open(&self, settings: &StoreSettings) -> Result<Option<Arc<dyn JobStore>>, JobStoreError> {
+        let Some(backend) = &settings.backend else { return Ok(None) };
+        let name = format!("{backend:?}");
+        let mut opened = self.opened.lock().await;
+        if let Some(store) = opened.get(&name) {
+            return Ok(Some(store.clone()));
+        }
+        let key = StoreKey::load_or_create(&self.key_path)?;
+        let store = crate::store::jobs::open(settings, key).await?;
+        if let Some(store) = &store {
+            opened.insert(name, store.clone());
+        }
+        Ok(store)
+    }
+}
+
 /// How often a runner whose executor cannot be resolved tries again (a plugin published by
 /// hot reload is picked up within this time).
 const RESOLVE_RETRY: Duration = Duration::from_secs(5);
@@ -105,6 +138,7 @@ pub async fn runner_settings(
     plugins: &PluginHost,
     system_id: &str,
     fleets: &mut Fleets,
+    stores: &Arc<Stores>,
 ) -> anyhow::Result<Vec<RunnerEntry>> {
     let cwd = std::env::current_dir().context("reading the working directory")?;
     let mut out = Vec::new();
@@ -118,7 +152,12 @@ pub async fn runner_settings(
             (None, None, None) => None,
             _ => Some(Arc::new(super::runners::client_for(runner, None)?)),
         };
+        let vars =
+            StorePathVariables { version: crate::buildinfo::VERSION, revision: crate::buildinfo::REVISION, tags: "" };
+        let store = runner.store_settings(&loaded.path, &vars)?;
         let context = Arc::new(RunnerContext {
+            store,
+            stores: stores.clone(),
             where_: format!("{}: runners[{i}] ({})", loaded.path.display(), runner.name),
             runner: runner.clone(),
             plugins: plugins.clone(),
@@ -143,6 +182,9 @@ pub async fn runner_settings(
 
 /// What resolving one runner needs, kept for its retries.
 struct RunnerContext {
+    /// `[runners.store]`.
+    store: StoreSettings,
+    stores: Arc<Stores>,
     /// `file: runners[i] (name)`, for errors.
     where_: String,
     runner: config::RunnerConfig,
@@ -161,6 +203,10 @@ impl RunnerContext {
         let executor = ResolvedExecutor::resolve(&self.plugins, &runner.executor, &runner.executor_config_json())
             .await
             .map_err(|e| Unusable::new(&format!("{}: executor {:?}: {e}", self.where_, runner.executor)))?;
+        let store = match self.stores.open(&self.store).await {
+            Ok(store) => store.map(|store| RunnerStore { store, settings: self.store.clone() }),
+            Err(e) => return Err(Unusable::new(&format!("{}: job store: {e}", self.where_))),
+        };
         let short = self.short.clone();
         let shell = runner.shell.clone().unwrap_or_else(|| executor.info.default_shell.clone());
         // On a fleet, directories are the instance's: relative ones stay relative to the
@@ -218,7 +264,7 @@ impl RunnerContext {
             final_update_retry_limit: runner.job_status_final_update_retry_limit,
             strict_check_interval: runner.strict_check_interval,
             fleet: self.fleet.clone(),
-            store: None,
+            store,
         })
     }
 }
@@ -280,8 +326,9 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
 
     let mut generation = Shutdown::default();
     let mut fleets = Fleets::default();
+    let stores = Arc::new(Stores::new(loaded.dir().join(".runway-store.key")));
     let mut current = {
-        let runners = runner_settings(&loaded, &plugins, &system_id, &mut fleets).await?;
+        let runners = runner_settings(&loaded, &plugins, &system_id, &mut fleets, &stores).await?;
         let manager = Manager::with_entries(
             manager_settings(&loaded),
             runners,
@@ -318,7 +365,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
                 if next.config.concurrent != loaded.config.concurrent {
                     tracing::warn!("changing `concurrent` takes effect after a restart");
                 }
-                match runner_settings(&next, &plugins, &system_id, &mut fleets).await {
+                match runner_settings(&next, &plugins, &system_id, &mut fleets, &stores).await {
                     Ok(runners) => {
                         // The old manager stops requesting; its jobs finish in the background
                         // while the new one serves, sharing the same capacity.
