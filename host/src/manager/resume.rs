@@ -1,5 +1,6 @@
-//! Taking stored jobs up again: a runner's store is read when the manager starts and then every
-//! `health_interval`. An entry this manager owns (a previous run of it crashed), or whose
+//! Taking stored jobs up again: a runner's store is read when the manager starts, then every
+//! `health_interval` with Redis (other managers' leases expire) and every `cleanup_interval`
+//! with the file store (only this manager writes it: the sweeps find entries nothing runs). An entry this manager owns (a previous run of it crashed), or whose
 //! heartbeat is older than `health_timeout` (its manager is gone; with Redis, another one), is
 //! claimed — exactly one manager wins it — and the job goes on where its last checkpoint left
 //! it: the trace restored from the store, the executor's environment rebuilt, the running stage
@@ -24,21 +25,25 @@ use crate::gitlab::api::{JobApi, JobState, JobUpdate, RemoteJobStatus, UpdateOut
 use crate::job::resume::{abandon_job_until_cleanup, resume_job_until_cleanup};
 use crate::job::{JobControl, Progress};
 use crate::payload::JobResponse;
-use crate::store::jobs::{Entry, JobStore, JobStoreError, Listed};
+use crate::store::jobs::{Backend, Entry, JobStore, JobStoreError, Listed};
 use crate::trace::{wire_reason, FailureReason, JobTrace};
 
 type JobSender = tokio::sync::mpsc::UnboundedSender<tokio::task::JoinHandle<()>>;
 
-/// Read `runner`'s store now and every `health_interval` until shutdown, resuming what may be.
+/// Read `runner`'s store now and then periodically until shutdown, resuming what may be.
 pub(super) async fn watch(runner: Arc<Runner>, shared: Arc<Shared>, jobs: JobSender) {
     let Some(store) = runner.settings.store.clone() else { return };
     tracing::info!(runner = %runner.settings.env.identity.short_token, "job store: {}", store.store.describe());
+    let every = match store.settings.backend {
+        Some(Backend::Redis { .. }) => store.settings.health_interval,
+        _ => store.settings.cleanup_interval,
+    };
     loop {
         if let Err(e) = scan(&runner, &shared, &*store.store, &jobs).await {
             tracing::warn!(runner = %runner.settings.env.identity.short_token, "reading the job store failed: {e}");
         }
         if shared.shutdown.forceful.is_cancelled()
-            || !sleep_or_stop(store.settings.health_interval, &shared.shutdown.graceful).await
+            || !sleep_or_stop(every, &shared.shutdown.graceful).await
         {
             return;
         }
