@@ -364,3 +364,125 @@ async fn a_redis_store_reconnects_after_the_server_restarts() {
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
+
+// ---- `runway store` ----
+
+const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
+/// The token of the test runner; its short token is `abcdefghi`.
+const TOKEN: &str = "glrt-t1_abcdefghijkl";
+
+fn write_config(dir: &std::path::Path, store_section: &str) -> std::path::PathBuf {
+    let path = dir.join("config.toml");
+    let text = format!(
+        "concurrent = 1\n[[runners]]\nname = \"r1\"\nurl = \"https://gitlab.example.com\"\ntoken = \"{TOKEN}\"\nexecutor = \"shell\"\n{store_section}"
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn runway(config: &std::path::Path, args: &[&str], env: &[(&str, &std::path::Path)]) -> Run {
+    let mut command = std::process::Command::new(RUNWAY);
+    command.arg("-c").arg(config).args(args).env_remove("RUNWAY_STORE_KEY");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().expect("runway runs");
+    let run = Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    assert!(!run.stdout.contains(SECRET) && !run.stderr.contains(SECRET), "a body was shown");
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runway_store_reads_a_store_a_manager_holds_and_forgets_only_once_it_is_free() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), "");
+    let store_dir = dir.path().join(".runway/store/abcdefghi");
+    // The manager's store (the default path), holding its lock.
+    let manager = FileStore::open(&store_dir, key()).expect("open");
+    manager.save(&entry(77, "s_0123456789ab", format!("token={SECRET}").as_bytes())).await.expect("save");
+    std::fs::write(store_dir.join("78.json"), b"{ torn").expect("corrupt entry");
+
+    let list = runway(&config, &["store", "list"], &[]);
+    assert_eq!(list.code, Some(0), "{}", list.stderr);
+    let lines: Vec<&str> = list.stdout.lines().collect();
+    assert!(lines[0].starts_with("RUNNER") && lines[0].contains("HEARTBEAT"), "{}", list.stdout);
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(row[..7], ["r1", "(abcdefghi)", "77", "group/project", "s_0123456789ab", "build_script", row[6]]);
+    assert!(row[6].ends_with('s') && row[7] == "ago" && row[8] == "0", "{}", list.stdout);
+    assert!(list.stdout.contains("job 78: unreadable entry"), "{}", list.stdout);
+
+    let show = runway(&config, &["store", "show", "77", "--runner", "abcdefghi"], &[]);
+    assert_eq!(show.code, Some(0), "{}", show.stderr);
+    assert!(
+        show.stdout.contains("project:   group/project") && show.stdout.contains("body:      sealed"),
+        "{}",
+        show.stdout
+    );
+    assert_eq!(runway(&config, &["store", "show", "79"], &[]).code, Some(1));
+    let unknown = runway(&config, &["store", "list", "--runner", "nosuch"], &[]);
+    assert!(unknown.code == Some(1) && unknown.stderr.contains("r1 (abcdefghi)"), "{}", unknown.stderr);
+
+    let refused = runway(&config, &["store", "forget", "77"], &[]);
+    assert_eq!(refused.code, Some(1), "{}", refused.stdout);
+    assert!(
+        refused.stderr.contains(&format!("pid {}", std::process::id())) && refused.stderr.contains("stop that manager"),
+        "{}",
+        refused.stderr
+    );
+    assert!(store_dir.join("77.json").exists(), "nothing removed while locked");
+
+    drop(manager);
+    for job in ["77", "78"] {
+        let forgot = runway(&config, &["store", "forget", job], &[]);
+        assert_eq!(forgot.code, Some(0), "{}", forgot.stderr);
+        assert!(forgot.stdout.contains(&format!("Forgot job {job} of runner r1 (abcdefghi)")), "{}", forgot.stdout);
+    }
+    assert_eq!(runway(&config, &["store", "forget", "77"], &[]).code, Some(1), "already gone");
+    assert_eq!(runway(&config, &["store", "list"], &[]).stdout.trim(), "No stored jobs.");
+    assert!(!dir.path().join(".runway-store.key").exists(), "runway store never needs (or creates) the key");
+}
+
+#[test]
+fn runway_store_says_when_the_store_is_off_or_empty() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), "[runners.store]\nname = \"none\"\n");
+    let off = runway(&config, &["store", "list"], &[]);
+    assert!(off.code == Some(0) && off.stdout.contains("r1 (abcdefghi): the job store is off"), "{}", off.stdout);
+    let config = write_config(dir.path(), "");
+    let empty = runway(&config, &["store", "list"], &[]);
+    assert!(empty.code == Some(0) && empty.stdout.contains("does not exist yet"), "{}", empty.stdout);
+    assert!(!dir.path().join(".runway").exists(), "listing creates nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runway_store_lists_a_redis_store_over_tls_and_verifies_the_certificate() {
+    let server = RedisServer::start_tls();
+    let (_, ca) = server.tls.clone().expect("tls");
+    // A manager wrote through the plain port; the operator reads over TLS.
+    let manager = redis_store(&server, "abcdefghi", key()).await;
+    manager.save(&entry(90, "s_0123456789ab", format!("token={SECRET}").as_bytes())).await.expect("save");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let section = format!("[runners.store]\nname = \"redis\"\n[runners.store.redis]\nurl = \"{}\"\n", server.tls_url());
+    let config = write_config(dir.path(), &section);
+    let list = runway(&config, &["store", "list"], &[("SSL_CERT_FILE", &ca)]);
+    assert_eq!(list.code, Some(0), "{}", list.stderr);
+    assert!(list.stdout.contains("90") && list.stdout.contains("s_0123456789ab"), "{}", list.stdout);
+    // Without the test CA the server's certificate is not trusted: TLS is verified.
+    let untrusted = runway(&config, &["store", "list"], &[("SSL_CERT_FILE", std::path::Path::new("/dev/null"))]);
+    assert_eq!(untrusted.code, Some(1), "{}", untrusted.stdout);
+    assert!(untrusted.stderr.contains("redis rediss://127.0.0.1"), "{}", untrusted.stderr);
+    let forgot = runway(&config, &["store", "forget", "90"], &[("SSL_CERT_FILE", &ca)]);
+    assert_eq!(forgot.code, Some(0), "{}", forgot.stderr);
+    assert!(manager.list().await.expect("list").is_empty());
+}

@@ -1,10 +1,11 @@
 //! The `runway` command line: verbs and flags as gitlab-runner has them, plus `exec`,
-//! `plugins` and `simulate`. Each verb lives in its own file and calls into the library.
+//! `plugins`, `simulate` and `store`. Each verb lives in its own file and calls into the library.
 
 mod exec;
 mod plugins;
 mod run;
 pub(crate) mod runners;
+mod store;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -58,6 +59,12 @@ pub enum Command {
         #[arg(long)]
         svg: Option<PathBuf>,
     },
+    /// Inspect the job store: running jobs kept so a restarted manager can resume them.
+    Store {
+        /// `list`, `show JOB_ID` or `forget JOB_ID`.
+        #[command(subcommand)]
+        command: store::StoreCommand,
+    },
     /// Inspect executor and fleeting plugins.
     Plugins {
         /// `list` or `check FILE`.
@@ -104,6 +111,7 @@ pub fn main() -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Plugins { command } => plugins::run(command, cli.config.as_deref()).await,
+            Command::Store { command } => store::run(command, &config_path).await,
         }
     });
     match result {

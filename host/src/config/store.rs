@@ -211,7 +211,7 @@ impl StoreConfig {
                 Some(Backend::File { path: if path.is_absolute() { path } else { config_dir.join(path) } })
             }
             StoreName::Redis => {
-                let url = expand_env(&self.redis.as_ref().map(|r| r.url.as_str()).unwrap_or_default());
+                let url = expand_env(self.redis.as_ref().map(|r| r.url.as_str()).unwrap_or_default());
                 check_redis_url(&url).map_err(|m| ("redis.url".to_string(), m))?;
                 if runner.short_token.is_empty() {
                     return Err(("name".into(), "the Redis store needs the runner's token (its namespace)".into()));

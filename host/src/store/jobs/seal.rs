@@ -20,6 +20,9 @@ use super::JobStoreError;
 /// key file.
 pub const KEY_ENV: &str = "RUNWAY_STORE_KEY";
 
+/// The key file's name in the config directory (`<config dir>/.runway-store.key`).
+pub const KEY_FILE: &str = ".runway-store.key";
+
 /// Length of the random nonce that starts every sealed body.
 const NONCE_LEN: usize = 24;
 
