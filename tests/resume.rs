@@ -371,7 +371,9 @@ async fn owner_of(redis: &RedisServer, job: i64) -> String {
         let meta: Option<String> = redis::cmd("HGET").arg(&key).arg("meta").query_async(&mut conn).await.expect("meta");
         if let Some(meta) = meta.and_then(|m| serde_json::from_str::<serde_json::Value>(&m).ok()) {
             if meta["job_id"].as_i64() == Some(job) {
-                return meta["owner"].as_str().unwrap_or_default().to_string();
+                let owner: Option<String> =
+                    redis::cmd("HGET").arg(&key).arg("owner").query_async(&mut conn).await.expect("owner");
+                return owner.or_else(|| meta["owner"].as_str().map(str::to_string)).unwrap_or_default();
             }
         }
     }
