@@ -22,7 +22,22 @@ pub trait Executor: 'static {
     /// Prepare the environment for one job.
     fn prepare(job: Job) -> Result<Self::Environment, ExecutorError>;
 
-    /// Rebuild an environment from [`Environment::state`] after a runner restart.
+    /// Rebuild an environment from [`Environment::state`] after a runner restart (or in
+    /// another runner manager that took the job over). What `resume` must guarantee:
+    ///
+    /// - the environment it returns behaves as the one `state` was taken from: the same
+    ///   directories, the same stage files, and [`Environment::cleanup`] releases what the
+    ///   previous runner created — including stopping a stage it started that still runs (a
+    ///   job that cannot go on is cleaned up through `resume` + `cleanup`);
+    /// - [`Environment::run`] of a stage that was already started when the state was taken
+    ///   (or after) reattaches to it instead of starting it again: no stage runs twice;
+    /// - output already in the job log is not repeated. The host takes care of that when the
+    ///   plugin follows the stage through [`crate::remote::attach`]: it starts past what the
+    ///   restored log holds of that stage's log file.
+    ///
+    /// Stages that must survive the runner therefore run detached
+    /// ([`crate::remote::start_detached`]); an executor whose stages die with the runner
+    /// keeps this default, and the host fails its interrupted jobs instead.
     fn resume(job: Job, state: String) -> Result<Self::Environment, ExecutorError> {
         let _ = (job, state);
         Err(ExecutorError::Other("this executor cannot resume jobs".into()))
@@ -31,13 +46,17 @@ pub trait Executor: 'static {
 
 /// A prepared job environment.
 pub trait Environment: 'static {
-    /// Run one stage script; a non-zero exit code is a normal result.
+    /// Run one stage script; a non-zero exit code is a normal result. After
+    /// [`Executor::resume`], a stage already started reattaches instead (see there).
     fn run(&self, stage: StageScript) -> Result<ExitStatus, ExecutorError>;
 
     /// Release what `prepare` created.
     fn cleanup(&self) {}
 
-    /// State from which [`Executor::resume`] can rebuild this environment.
+    /// State from which [`Executor::resume`] can rebuild this environment (any string; JSON
+    /// is usual). The host stores it at every stage boundary, so it must name what a later
+    /// `resume` needs to find the stages already started; `None` means the environment cannot
+    /// be resumed.
     fn state(&self) -> Option<String> {
         None
     }

@@ -1,28 +1,71 @@
-//! The instance acquired for the current job, reached over the host's SSH connector.
+//! The machine the current job runs on: the instance acquired for it (reached over the host's
+//! SSH connector), or — for a plugin with the `allow_process` grant whose job has no fleet
+//! instance — the runner's own machine. Without either, calls fail with
+//! [`RemoteError::NoInstance`].
 
 pub use crate::bindings::executor::runway::host::process::ExitStatus;
 use crate::bindings::executor::runway::host::remote as wit;
 pub use crate::bindings::executor::runway::host::remote::RemoteError;
 
-/// Run a shell command on the instance, streaming its output into the job log.
+/// Run a shell command, streaming its output into the job log.
 pub fn run(command: &str, stdin: Option<&[u8]>) -> Result<ExitStatus, RemoteError> {
     wit::run(&wit::RemoteCommand { command: command.to_string(), stdin: stdin.map(<[u8]>::to_vec) })
 }
-/// Start a command detached from the connection, logging to `log_path` and writing its
-/// exit code to `exit_path`.
+/// Start a command detached from the connection and from the runner (it keeps running when
+/// either is gone), logging to `log_path` and writing its exit code to `exit_path`; its
+/// process group ID goes to `<exit_path>.pid`. Returns once it runs.
 pub fn start_detached(command: &str, stdin: Option<&[u8]>, log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
     let cmd = wit::RemoteCommand { command: command.to_string(), stdin: stdin.map(<[u8]>::to_vec) };
     wit::start_detached(&cmd, log_path, exit_path)
 }
-/// Follow a detached command's log from `offset` until it exits.
+/// Follow a detached command's log into the job log until it exits. The host starts at
+/// `offset` or past what the job log already holds of this log (after a resume), whichever is
+/// further, so attaching again never repeats output; pass 0 to get everything not yet shown.
 pub fn attach(log_path: &str, exit_path: &str, offset: u64) -> Result<ExitStatus, RemoteError> {
     wit::attach(log_path, exit_path, offset)
 }
-/// Write a file on the instance.
+/// Write a file.
 pub fn upload(path: &str, data: &[u8], mode: u32) -> Result<(), RemoteError> {
     wit::upload(path, data, mode)
 }
-/// Read a file from the instance.
+/// Read a file.
 pub fn download(path: &str, max_bytes: u32) -> Result<Vec<u8>, RemoteError> {
     wit::download(path, max_bytes)
+}
+
+/// POSIX shell single-quoting, for paths in commands.
+pub fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// Does `path` exist? One cheap command (`test -e`).
+pub fn exists(path: &str) -> Result<bool, RemoteError> {
+    Ok(run(&format!("test -e {}", quote(path)), None)?.code == 0)
+}
+
+/// Stop every detached command started with its exit file directly in `dir` that has not
+/// ended (no exit file yet): SIGTERM to its process group, SIGKILL to what is still alive
+/// after `grace_seconds`. For an executor's `cleanup`, which must also stop what a previous
+/// runner started before it died (cleanup after `resume`).
+pub fn stop_detached_in(dir: &str, grace_seconds: u32) -> Result<(), RemoteError> {
+    // `live G`: does process group G have a member that is not a zombie nobody reaps?
+    let script = format!(
+        r#"live() {{ kill -s 0 -- -"$1" 2>/dev/null || return 1; [ -r /proc/self/stat ] || return 0; g=$1; for f in /proc/[0-9]*/stat; do read -r l 2>/dev/null < "$f" || continue; set -- ${{l##*) }}; [ "$3" = "$g" ] && [ "$1" != Z ] && return 0; done; return 1; }}
+groups=""
+for f in {dir}/*.exit.pid; do
+  [ -e "$f" ] && [ ! -e "${{f%.pid}}" ] || continue
+  p=$(cat -- "$f" 2>/dev/null); [ -n "$p" ] || continue
+  kill -s TERM -- -"$p" 2>/dev/null && groups="$groups $p"
+done
+i=0
+while [ -n "$groups" ] && [ $i -lt {tenths} ]; do
+  left=""; for p in $groups; do live "$p" && left="$left $p"; done; groups=$left
+  [ -n "$groups" ] && sleep 0.1; i=$((i+1))
+done
+for p in $groups; do kill -s KILL -- -"$p" 2>/dev/null; done
+exit 0"#,
+        dir = quote(dir.trim_end_matches('/')),
+        tenths = grace_seconds.saturating_mul(10),
+    );
+    run(&script, None).map(|_| ())
 }

@@ -1,36 +1,48 @@
-//! `runway:host/remote`: commands and files on the instance the autoscaler acquired for the
-//! job. The connector does the work through its [`RemoteSession`]; this capability maps the
-//! connector's [`connector::ExitStatus`]/[`connector::RemoteError`] to the WIT types, and
-//! calls without an acquired instance get `no-instance`.
+//! `runway:host/remote`: commands and files on the machine the job runs on — the instance the
+//! autoscaler acquired for the job, or, for a plugin with the `allow_process` grant whose job
+//! has no fleet instance, the runner's own machine ([`connector::LocalSession`]). The
+//! connector does the work through its [`RemoteSession`]; this capability picks the session,
+//! maps the connector's [`connector::ExitStatus`]/[`connector::RemoteError`] to the WIT types,
+//! and calls with neither get `no-instance`.
 //!
-//! Owns: [`RemoteCtx`] (the transfer limit), [`RemoteView`] and the `remote` host trait on it.
+//! Owns: [`RemoteCtx`] (the transfer limit, the local session of the grant), [`RemoteView`]
+//! and the `remote` host trait on it.
 //! Must not touch: plugins or stores (the plugin host projects its store data onto a
 //! [`RemoteView`]), connections (the connector owns them).
+
+use std::sync::Arc;
 
 use wasmtime::component::HasData;
 
 use crate::bindings::executor::runway::host::process::ExitStatus;
 use crate::bindings::executor::runway::host::remote::{Host, RemoteCommand, RemoteError};
 use crate::capability::call::{CallBudget, CallContext};
-use crate::connector::{self, RemoteSession};
+use crate::connector::{self, LocalSession, RemoteSession};
+use crate::trace::TraceSink;
 
 /// Most bytes one upload or download may move.
 pub const MAX_TRANSFER: usize = 16 << 20;
 
-/// The `remote` capability's own state: how much one transfer may buffer.
+/// The `remote` capability's own state: how much one transfer may buffer, and the runner's
+/// machine when the plugin's grant allows local processes.
 pub struct RemoteCtx {
     max_transfer: usize,
+    local: Option<Arc<dyn RemoteSession>>,
 }
 
 impl RemoteCtx {
-    /// The capability for a plugin that may buffer `max_buffer` bytes per call.
-    pub fn new(max_buffer: usize) -> Self {
-        RemoteCtx { max_transfer: MAX_TRANSFER.min(max_buffer) }
+    /// The capability for a plugin that may buffer `max_buffer` bytes per call; with
+    /// `allow_process` (its `allow_process` grant) a job without a fleet instance runs on the
+    /// runner's own machine.
+    pub fn new(max_buffer: usize, allow_process: bool) -> Self {
+        let local = allow_process.then(|| Arc::new(LocalSession::new()) as Arc<dyn RemoteSession>);
+        RemoteCtx { max_transfer: MAX_TRANSFER.min(max_buffer), local }
     }
 }
 
-/// The `remote` capability as one call sees it: its limits, the call's instance, log and stop
-/// signal, and the budget whose clock stops while the instance works.
+/// The `remote` capability as one call sees it: its limits, the call's instance (else the
+/// local session of the grant), log and stop signal, and the budget whose clock stops while
+/// the machine works.
 pub struct RemoteView<'a> {
     /// The limits.
     pub ctx: &'a RemoteCtx,
@@ -63,18 +75,33 @@ pub fn wit_error(error: connector::RemoteError) -> RemoteError {
 }
 
 impl RemoteView<'_> {
+    /// The job's fleet instance, else the runner's machine when the grant allows it.
     fn remote(&self) -> Result<&dyn RemoteSession, RemoteError> {
-        self.call.remote.as_deref().ok_or(RemoteError::NoInstance)
+        self.call.remote.as_deref().or(self.ctx.local.as_deref()).ok_or(RemoteError::NoInstance)
     }
+
+    /// The job log; outside a job (no log), output is dropped.
+    fn trace(&self) -> Arc<dyn TraceSink> {
+        self.call.trace.clone().unwrap_or_else(|| Arc::new(Discard))
+    }
+}
+
+/// Where output goes when a call has no job log (an executor's cleanup outside a job).
+struct Discard;
+
+impl TraceSink for Discard {
+    fn write(&self, _: &[u8]) {}
 }
 
 impl Host for RemoteView<'_> {
     async fn run(&mut self, cmd: RemoteCommand) -> wasmtime::Result<Result<ExitStatus, RemoteError>> {
-        let (Some(remote), Some(trace)) = (&self.call.remote, &self.call.trace) else {
-            return Ok(Err(RemoteError::NoInstance));
+        let remote = match self.remote() {
+            Ok(remote) => remote,
+            Err(e) => return Ok(Err(e)),
         };
+        let trace = self.trace();
         let result =
-            self.budget.in_host(remote.run(&cmd.command, cmd.stdin.as_deref(), &**trace, &self.call.stop)).await;
+            self.budget.in_host(remote.run(&cmd.command, cmd.stdin.as_deref(), &*trace, &self.call.stop)).await;
         Ok(result.map(wit_status).map_err(wit_error))
     }
 
@@ -99,10 +126,12 @@ impl Host for RemoteView<'_> {
         exit_path: String,
         offset: u64,
     ) -> wasmtime::Result<Result<ExitStatus, RemoteError>> {
-        let (Some(remote), Some(trace)) = (&self.call.remote, &self.call.trace) else {
-            return Ok(Err(RemoteError::NoInstance));
+        let remote = match self.remote() {
+            Ok(remote) => remote,
+            Err(e) => return Ok(Err(e)),
         };
-        let result = self.budget.in_host(remote.attach(&log_path, &exit_path, offset, &**trace, &self.call.stop)).await;
+        let trace = self.trace();
+        let result = self.budget.in_host(remote.attach(&log_path, &exit_path, offset, &*trace, &self.call.stop)).await;
         Ok(result.map(wit_status).map_err(wit_error))
     }
 

@@ -1,21 +1,31 @@
-//! Connections to fleet instances. [`ssh`] is the SSH connector (russh): key and password
-//! authentication, keepalive, connect timeouts, commands with streamed output, file upload
-//! and download, and detached commands that survive the connection. It backs the
-//! `runway:host/remote` capability of instance executors. [`spec`] turns what a provider
-//! says about an instance (plus the configured defaults) into a [`ConnectSpec`]; [`probe`]
-//! runs the autoscaler's `instance_ready_command`, health probes and the `$HOME` lookup.
+//! Connections to the machines jobs run on. [`ssh`] is the SSH connector (russh) to fleet
+//! instances: key and password authentication, keepalive, connect timeouts, commands with
+//! streamed output, file upload and download. [`local`] is the runner's own machine behind the
+//! same [`RemoteSession`] trait, on [`process`] (local processes in their own group, streamed
+//! or captured, killed on stop — also what the `process` capability runs). [`detached`] holds
+//! the detached commands both share: started under `setsid` so they outlive the connection or
+//! the runner, followed again from any byte offset without a byte twice. Together they back
+//! the `runway:host/remote` capability. [`spec`] turns what a provider says about an instance
+//! (plus the configured defaults) into a [`ConnectSpec`]; [`probe`] runs the autoscaler's
+//! `instance_ready_command`, health probes and the `$HOME` lookup.
 //!
 //! `connector` imports only `stop` and `trace`: never plugin, capability or WIT types; the
 //! manager converts the fleeting plugin's records into [`InstanceConnectInfo`].
 //!
-//! Owns: connections and remote operations ([`remote`] has the domain types). Must not touch:
-//! WIT bindings, capabilities or plugins (the `remote` capability maps our types to WIT).
+//! Owns: connections, local processes and remote operations ([`remote`] has the domain types).
+//! Must not touch: WIT bindings, capabilities or plugins (the `remote` capability maps our types
+//! to WIT).
 
+pub mod detached;
+pub mod local;
 pub mod probe;
+pub mod process;
 pub mod remote;
 pub mod spec;
 pub mod ssh;
 
+pub use detached::ShellHost;
+pub use local::LocalSession;
 pub use probe::ProbeError;
 pub use remote::{ExitStatus, RemoteError, RemoteSession};
 pub use spec::{ConnectorDefaults, InstanceConnectInfo, SpecError};

@@ -1,6 +1,7 @@
-//! What the host can do on an acquired instance, in the connector's own terms: the
-//! [`RemoteSession`] trait (implemented by [`super::SshSession`]), the [`ExitStatus`] of a
-//! remote command and the [`RemoteError`] of a remote operation.
+//! What the host can do on the machine a job runs on, in the connector's own terms: the
+//! [`RemoteSession`] trait (implemented by [`super::SshSession`] for a fleet instance and by
+//! [`super::LocalSession`] for the runner's own machine), the [`ExitStatus`] of a command and
+//! the [`RemoteError`] of an operation.
 //!
 //! Owns: the remote-operation contract and its domain types. Must not touch: WIT bindings or
 //! capabilities (`capability::remote` maps these types to the WIT ones), plugins.
@@ -43,7 +44,7 @@ pub enum RemoteError {
     Other(String),
 }
 
-/// A connection to the job's instance, owned by the host.
+/// The machine a job runs on (a fleet instance, or the runner's own), owned by the host.
 #[async_trait]
 pub trait RemoteSession: Send + Sync {
     /// Run `command`, streaming output into `trace`, until it exits or `stop` fires.
@@ -54,7 +55,9 @@ pub trait RemoteSession: Send + Sync {
         trace: &dyn TraceSink,
         stop: &StopSignal,
     ) -> Result<ExitStatus, RemoteError>;
-    /// Start `command` detached, logging to `log_path`, exit code to `exit_path`.
+    /// Start `command` detached, logging to `log_path`, exit code to `exit_path`, process
+    /// group in `<exit_path>.pid`: it keeps running when the session or the runner is gone.
+    /// Returns once it runs, not when it ends.
     async fn start_detached(
         &self,
         command: &str,
@@ -62,7 +65,10 @@ pub trait RemoteSession: Send + Sync {
         log_path: &str,
         exit_path: &str,
     ) -> Result<(), RemoteError>;
-    /// Follow a detached command from `offset` until it exits.
+    /// Follow a detached command into `trace` until it exits, from byte `offset` of its log
+    /// or past what `trace` already holds of it ([`TraceSink::followed`]), whichever is
+    /// further; every chunk goes to [`TraceSink::write_followed`]. When `stop` fires the
+    /// command's process group is killed and the result is [`RemoteError::Canceled`].
     async fn attach(
         &self,
         log_path: &str,
@@ -71,8 +77,8 @@ pub trait RemoteSession: Send + Sync {
         trace: &dyn TraceSink,
         stop: &StopSignal,
     ) -> Result<ExitStatus, RemoteError>;
-    /// Write a file.
+    /// Write a file atomically with Unix `mode`, creating its directory.
     async fn upload(&self, path: &str, data: &[u8], mode: u32) -> Result<(), RemoteError>;
-    /// Read a file (at most `max_bytes`).
+    /// Read a file; [`RemoteError::TooLarge`] when it has more than `max_bytes`.
     async fn download(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, RemoteError>;
 }

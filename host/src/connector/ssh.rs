@@ -1,10 +1,10 @@
 //! The SSH connector: one authenticated russh client connection to an instance, and the
 //! remote operations jobs need on it.
 //!
-//! Every operation is an `exec` channel on the connection. Detached commands are started
-//! under `setsid` with their output in a log file, their process-group ID in `<exit>.pid`
-//! and their exit code written to the exit file when they end, so they survive the
-//! connection and can be followed again from any byte offset ([`SshSession::attach`]).
+//! Every operation is an `exec` channel on the connection. Detached commands are
+//! [`super::detached`]'s (the same snippets as on the runner's own machine), run through
+//! [`ShellHost`] on this connection: they survive the connection and can be followed again
+//! from any byte offset ([`RemoteSession::attach`]).
 //! Host keys: fleeting providers do not publish host keys (GitLab's connector ignores them
 //! as well), so the first key seen is accepted, reported by [`SshSession::host_key`], and
 //! can be pinned for later connections through [`ConnectSpec::host_key`].
@@ -17,12 +17,10 @@ use russh::client;
 use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use russh::ChannelMsg;
 
+use crate::connector::detached::{self, quote, OutputFn, ShellHost};
 use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession};
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;
-
-/// How a detached command is stopped: SIGTERM to its process group, SIGKILL after this.
-const KILL_GRACE_TENTHS: u32 = 50;
 
 /// Where and how to connect.
 #[derive(Clone, Debug)]
@@ -145,11 +143,6 @@ fn connection(e: impl std::fmt::Display) -> RemoteError {
     RemoteError::Connection(e.to_string())
 }
 
-/// POSIX shell single-quoting.
-pub fn quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
-
 impl SshSession {
     /// Connect and authenticate, within `spec.timeout`.
     pub async fn connect(spec: &ConnectSpec) -> Result<SshSession, ConnectError> {
@@ -231,7 +224,7 @@ impl SshSession {
         &self,
         command: &str,
         stdin: Option<&[u8]>,
-        output: &(dyn Fn(&[u8]) + Send + Sync),
+        output: &OutputFn<'_>,
         stop: &StopSignal,
     ) -> Result<i32, RemoteError> {
         let mut channel =
@@ -260,24 +253,6 @@ impl SshSession {
         code.ok_or_else(|| connection(format!("{}: the connection closed before the command exited", self.target)))
     }
 
-    /// Run `command` with its output collected (at most `limit` bytes kept).
-    pub async fn output(
-        &self,
-        command: &str,
-        stdin: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<(i32, Vec<u8>), RemoteError> {
-        let collected = Mutex::new(Vec::new());
-        let sink = |bytes: &[u8]| {
-            if let Ok(mut c) = collected.lock() {
-                let room = (limit + 1).saturating_sub(c.len());
-                c.extend_from_slice(&bytes[..bytes.len().min(room)]);
-            }
-        };
-        let code = self.exec(command, stdin, &sink, &StopSignal::new()).await?;
-        Ok((code, collected.into_inner().unwrap_or_default()))
-    }
-
     /// Run `command` without input or captured output, bounded by `timeout`.
     pub async fn probe(&self, command: &str, timeout: Duration) -> Result<i32, RemoteError> {
         let stop = StopSignal::new();
@@ -288,18 +263,6 @@ impl SshSession {
                 Err(RemoteError::Other(format!("{command:?} did not finish within {timeout:?}")))
             }
         }
-    }
-
-    /// SIGTERM the process group of the detached command whose pid file is `pid_path`,
-    /// SIGKILL it if still alive after the grace period.
-    async fn kill_detached(&self, pid_path: &str) {
-        let script = format!(
-            "p=$(cat {pid} 2>/dev/null) || exit 0; kill -TERM -- -$p 2>/dev/null || exit 0; \
-             i=0; while [ $i -lt {KILL_GRACE_TENTHS} ]; do kill -0 -- -$p 2>/dev/null || exit 0; sleep 0.1; i=$((i+1)); done; \
-             kill -KILL -- -$p 2>/dev/null; exit 0",
-            pid = quote(pid_path)
-        );
-        let _ = self.probe(&script, Duration::from_secs(30)).await;
     }
 }
 
@@ -353,29 +316,7 @@ impl RemoteSession for SshSession {
         log_path: &str,
         exit_path: &str,
     ) -> Result<(), RemoteError> {
-        let stdin_path = match stdin {
-            Some(data) => {
-                let path = format!("{log_path}.stdin");
-                self.upload(&path, data, 0o600).await?;
-                path
-            }
-            None => "/dev/null".to_string(),
-        };
-        // $0 = command, $1 = log, $2 = pid file, $3 = stdin, $4 = exit file.
-        let body = r#"echo $$ > "$2"; sh -c "$0" > "$1" 2>&1 < "$3"; echo $? > "$4.tmp" && mv -f "$4.tmp" "$4""#;
-        let (log, exit, pid) = (quote(log_path), quote(exit_path), quote(&format!("{exit_path}.pid")));
-        let launcher = format!(
-            "mkdir -p \"$(dirname -- {log})\" \"$(dirname -- {exit})\" && rm -f {exit} {pid} && : > {log} || exit 1\n\
-             nohup setsid sh -c {body} {command} {log} {pid} {stdin} {exit} > /dev/null 2>&1 < /dev/null &",
-            body = quote(body),
-            command = quote(command),
-            stdin = quote(&stdin_path),
-        );
-        let (code, output) = self.output(&launcher, None, 4096).await?;
-        if code != 0 {
-            return Err(other("starting the detached command", code, &output));
-        }
-        Ok(())
+        detached::start(self, command, stdin, log_path, exit_path).await
     }
 
     async fn attach(
@@ -386,49 +327,7 @@ impl RemoteSession for SshSession {
         trace: &dyn TraceSink,
         stop: &StopSignal,
     ) -> Result<ExitStatus, RemoteError> {
-        let (log, exit) = (quote(log_path), quote(exit_path));
-        let pid = quote(&format!("{exit_path}.pid"));
-        // Follow until the exit file appears, the command's process group is gone, or the SSH
-        // session that runs this loop is (a dropped connection must not leave it polling
-        // forever on the instance).
-        let follow = format!(
-            "tail -c +{from} -F -- {log} 2>/dev/null & t=$!; \
-             while [ ! -e {exit} ]; do \
-               if [ -s {pid} ] && ! kill -0 -- -$(cat {pid}) 2>/dev/null; then break; fi; \
-               kill -0 $PPID 2>/dev/null || break; \
-               sleep 0.1; \
-             done; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0",
-            from = offset + 1
-        );
-        let received = std::sync::atomic::AtomicU64::new(0);
-        let forward = |bytes: &[u8]| {
-            received.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            trace.write(bytes);
-        };
-        match self.exec(&follow, None, &forward, stop).await {
-            Ok(_) => {}
-            Err(RemoteError::Canceled) => {
-                self.kill_detached(&format!("{exit_path}.pid")).await;
-                return Err(RemoteError::Canceled);
-            }
-            Err(e) => return Err(e),
-        }
-        // What `tail -f` had not shown yet when it was stopped.
-        let done = offset + received.load(std::sync::atomic::Ordering::Relaxed);
-        let drain = format!("tail -c +{} -- {log}", done + 1);
-        self.exec(&drain, None, &|bytes| trace.write(bytes), &StopSignal::new()).await?;
-        let (code, text) = self.output(&format!("cat -- {exit}"), None, 64).await?;
-        if code != 0 {
-            return Err(RemoteError::Other(format!(
-                "{exit_path}: the command ended without an exit code (killed or the instance restarted)"
-            )));
-        }
-        let text = String::from_utf8_lossy(&text);
-        let code = text
-            .trim()
-            .parse::<i32>()
-            .map_err(|_| RemoteError::Other(format!("{exit_path}: unreadable exit code {text:?}")))?;
-        Ok(status(code))
+        detached::attach(self, log_path, exit_path, offset, trace, stop).await
     }
 
     async fn upload(&self, path: &str, data: &[u8], mode: u32) -> Result<(), RemoteError> {
@@ -436,7 +335,7 @@ impl RemoteSession for SshSession {
         let script = format!(
             "d=$(dirname -- {target}) && mkdir -p \"$d\" && t={target}.runway-tmp.$$ && cat > \"$t\" && chmod {mode:o} \"$t\" && mv -f \"$t\" {target}"
         );
-        let (code, output) = self.output(&script, Some(data), 4096).await?;
+        let (code, output) = self.capture(&script, Some(data), 4096).await?;
         if code != 0 {
             return Err(other(&format!("writing {path}"), code, &output));
         }
@@ -447,7 +346,7 @@ impl RemoteSession for SshSession {
         let script = format!("cat -- {} | head -c {}", quote(path), max_bytes + 1);
         let script =
             format!("[ -r {p} ] || {{ echo 'no such readable file' >&2; exit 1; }}; {script}", p = quote(path));
-        let (code, data) = self.output(&script, None, max_bytes + 1).await?;
+        let (code, data) = self.capture(&script, None, max_bytes).await?;
         if code != 0 {
             return Err(other(&format!("reading {path}"), code, &data));
         }
@@ -458,13 +357,17 @@ impl RemoteSession for SshSession {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::quote;
-
-    #[test]
-    fn quoting_survives_single_quotes() {
-        assert_eq!(quote("a b"), "'a b'");
-        assert_eq!(quote("it's"), r"'it'\''s'");
+/// Scripts run by the login shell of the instance user (which must be POSIX), in one `exec`
+/// channel each.
+#[async_trait]
+impl ShellHost for SshSession {
+    async fn shell(
+        &self,
+        script: &str,
+        stdin: Option<&[u8]>,
+        output: &OutputFn<'_>,
+        stop: &StopSignal,
+    ) -> Result<i32, RemoteError> {
+        self.exec(script, stdin, output, stop).await
     }
 }

@@ -84,7 +84,7 @@ impl PluginState {
             log: LogCtx::new(plugin.clone(), log),
             kv: KvCtx::new(kv),
             process: ProcessCtx::new(plugin, grant.allow_process, max_buffer),
-            remote: RemoteCtx::new(max_buffer),
+            remote: RemoteCtx::new(max_buffer, grant.allow_process),
             grant,
             wasi: wasi.build(),
             http,

@@ -2,18 +2,26 @@
 //! the job, through the host's `remote` capability (SSH). The plugin never sees the
 //! instance's address or credentials.
 //!
-//! Every stage runs detached on the instance: its script is uploaded, its output goes to a
-//! log file and its exit code to a file under `<builds_dir>/.runway-stages/<job id>/`, and
-//! the host follows the log into the job trace. A dropped connection therefore does not kill
-//! the stage, and a later manager can reattach from the environment's `state`.
+//! Every stage runs detached on the instance (in its own session, the script on its standard
+//! input): its output goes to a log file and its exit code to a file under
+//! `<builds_dir>/.runway-stages/<job id>/`, and the host follows the log into the job trace.
+//! A dropped connection therefore does not kill the stage, and a later manager can reattach
+//! from the environment's `state`: after `resume`, a stage already started (its log exists) is
+//! only followed, never started again. `cleanup` stops whatever stage still runs, then
+//! removes the stage files.
 //!
 //! Config (`[runners.instance]`, optional): `login = true|false` (default true) runs
 //! `bash --login`, as the shell executor does.
 
+use std::cell::{Cell, RefCell};
+
 use runway_sdk::executor::*;
-use runway_sdk::remote::{self, RemoteError};
+use runway_sdk::remote::{self, quote, RemoteError};
 
 struct Instance;
+
+/// Seconds between SIGTERM and SIGKILL when `cleanup` stops a stage still running.
+const STOP_GRACE_SECONDS: u32 = 5;
 
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -43,12 +51,13 @@ struct InstanceEnvironment {
     stages_dir: String,
     /// Stages started so far (names the next stage's files).
     #[serde(default)]
-    started: std::cell::Cell<u32>,
-}
-
-/// POSIX single-quoting.
-fn quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
+    started: Cell<u32>,
+    /// The stage started last.
+    #[serde(default)]
+    last: RefCell<Option<String>>,
+    /// Rebuilt by `resume`: a stage may already have been started by the previous manager.
+    #[serde(skip)]
+    resumed: bool,
 }
 
 fn remote_error(e: RemoteError) -> ExecutorError {
@@ -95,13 +104,35 @@ impl Executor for Instance {
             builds_dir: job.builds_dir,
             project_dir: job.project_dir,
             stages_dir,
-            started: Default::default(),
+            started: Cell::new(0),
+            last: RefCell::new(None),
+            resumed: false,
         })
     }
 
     fn resume(_job: Job, state: String) -> Result<InstanceEnvironment, ExecutorError> {
-        serde_json::from_str(&state)
-            .map_err(|e| ExecutorError::Other(format!("unreadable instance executor state: {e}")))
+        let mut env: InstanceEnvironment = serde_json::from_str(&state)
+            .map_err(|e| ExecutorError::Other(format!("unreadable instance executor state: {e}")))?;
+        env.resumed = true;
+        Ok(env)
+    }
+}
+
+impl InstanceEnvironment {
+    /// The log and exit files of stage `name`, and whether it was started already. After
+    /// `resume`, the stage the state was taken in (the last one started) keeps its files, and
+    /// an existing log means a previous manager started it; otherwise nothing is checked.
+    fn stage_files(&self, name: &str) -> Result<(String, String, bool), ExecutorError> {
+        let mut index = self.started.get();
+        if self.resumed && index > 0 && self.last.borrow().as_deref() == Some(name) {
+            index -= 1;
+        }
+        self.started.set(index + 1);
+        *self.last.borrow_mut() = Some(name.to_string());
+        let base = format!("{}/{index:02}-{name}", self.stages_dir);
+        let (log, exit) = (format!("{base}.log"), format!("{base}.exit"));
+        let started = self.resumed && remote::exists(&log).map_err(remote_error)?;
+        Ok((log, exit, started))
     }
 }
 
@@ -113,19 +144,20 @@ impl Environment for InstanceEnvironment {
         } else {
             &self.builds_dir
         };
-        let index = self.started.get();
-        self.started.set(index + 1);
-        let base = format!("{}/{index:02}-{}", self.stages_dir, stage.name);
-        let (log, exit) = (format!("{base}.log"), format!("{base}.exit"));
-        let login = if self.login && self.shell == "bash" { " --login" } else { "" };
-        let command = format!("cd {} && exec {}{login}", quote(cwd), self.shell);
-        remote::start_detached(&command, Some(stage.script.as_bytes()), &log, &exit).map_err(remote_error)?;
+        let (log, exit, started) = self.stage_files(&stage.name)?;
+        if !started {
+            let login = if self.login && self.shell == "bash" { " --login" } else { "" };
+            let command = format!("cd {} && exec {}{login}", quote(cwd), self.shell);
+            remote::start_detached(&command, Some(stage.script.as_bytes()), &log, &exit).map_err(remote_error)?;
+        }
         let status = remote::attach(&log, &exit, 0).map_err(remote_error)?;
         Ok(ExitStatus { code: status.code })
     }
 
     fn cleanup(&self) {
-        // Best effort: the stage logs are only needed while the job runs.
+        // Best effort: stop a stage still running (one a previous manager started, too), then
+        // remove the stage logs, only needed while the job runs.
+        let _ = remote::stop_detached_in(&self.stages_dir, STOP_GRACE_SECONDS);
         let _ = remote::run(&format!("rm -rf {}", quote(&self.stages_dir)), None);
     }
 

@@ -1,15 +1,30 @@
 //! The shell executor: runs each stage script with the job's shell (bash) on the runner's
-//! machine through the host's `process` capability. The host streams the shell's output
-//! into the job log and kills its process group on cancel; this plugin decides only what to
-//! run and where.
+//! machine. This plugin decides only what to run and where; the host runs it.
+//!
+//! Every stage runs detached, as the instance executor's do, through the host's `remote`
+//! capability on the runner's own machine (which the `allow_process` grant gives a job with
+//! no fleet instance): `cd <dir> && exec bash --login` with the script on its standard input,
+//! in its own session, output to `<builds_dir>/.runway-stages-<job id>-<nonce>/NN-<stage>.log`
+//! (a new 0700 directory per job), exit code to `….exit`, and the host follows the log into
+//! the job log. A stage therefore keeps running while no runner is alive, and a runner that
+//! resumes the job (`resume` with the environment's `state`) reattaches to it instead of
+//! running it again. Cancel kills the stage's process group; `cleanup` stops whatever stage
+//! still runs and removes the stage files.
 //!
 //! Config (`[runners.shell]`, optional): `login = true|false` (default true) runs
 //! `bash --login`, as gitlab-runner's shell executor does.
 
+use std::cell::{Cell, RefCell};
+use std::hash::BuildHasher;
+
 use runway_sdk::executor::*;
 use runway_sdk::process::{Command, ProcessError};
+use runway_sdk::remote::{self, quote, RemoteError};
 
 struct Shell;
+
+/// Seconds between SIGTERM and SIGKILL when `cleanup` stops a stage still running.
+const STOP_GRACE_SECONDS: u32 = 5;
 
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -22,11 +37,23 @@ fn default_login() -> bool {
     true
 }
 
+/// The job's environment; `state` saves it as JSON and `resume` reads it back.
+#[derive(serde::Serialize, serde::Deserialize)]
 struct ShellEnvironment {
     shell: String,
     project_dir: String,
     builds_dir: String,
     login: bool,
+    stages_dir: String,
+    /// Stages started so far (names the next stage's files).
+    #[serde(default)]
+    started: Cell<u32>,
+    /// The stage started last.
+    #[serde(default)]
+    last: RefCell<Option<String>>,
+    /// Rebuilt by `resume`: a stage may already have been started by the previous runner.
+    #[serde(skip)]
+    resumed: bool,
 }
 
 fn parse_config(config: &str) -> Result<Config, ExecutorError> {
@@ -35,6 +62,8 @@ fn parse_config(config: &str) -> Result<Config, ExecutorError> {
     }
     serde_json::from_str(config).map_err(|e| ExecutorError::InvalidConfig(format!("[runners.shell]: {e}")))
 }
+
+const GRANT_NEEDED: &str = "the shell plugin needs `allow_process = true` in its [plugins.shell] grant";
 
 impl Executor for Shell {
     type Environment = ShellEnvironment;
@@ -53,38 +82,80 @@ impl Executor for Shell {
             )));
         }
         // The builds directory must exist before get_sources can clone into it.
-        let status = Command::new("mkdir").args(["-p", &job.builds_dir]).output(4096).map_err(process_error)?;
-        if status.status.code != 0 {
-            return Err(ExecutorError::Unavailable(format!(
-                "cannot create builds directory {}: {}",
-                job.builds_dir,
-                String::from_utf8_lossy(&status.stderr).trim()
-            )));
-        }
+        mkdir(&["-p", job.builds_dir.as_str()], &job.builds_dir)?;
+        // The stage files (unmasked output, scripts) in a new directory of the runner's user
+        // alone, under a name no one else can have taken: `runway exec` numbers its jobs from 1
+        // and puts builds in the parent of the project (`/tmp` with `--isolate`), which other
+        // runs, and other users, share.
+        let nonce = std::collections::hash_map::RandomState::new().hash_one(job.id) as u32;
+        let stages_dir = format!("{}/.runway-stages-{}-{nonce:08x}", job.builds_dir.trim_end_matches('/'), job.id);
+        mkdir(&["-m", "700", stages_dir.as_str()], &stages_dir)?;
         Ok(ShellEnvironment {
             shell: job.shell,
             project_dir: job.project_dir,
             builds_dir: job.builds_dir,
             login: config.login,
+            stages_dir,
+            started: Cell::new(0),
+            last: RefCell::new(None),
+            resumed: false,
         })
     }
 
-    fn resume(job: Job, _state: String) -> Result<ShellEnvironment, ExecutorError> {
-        // A local shell process cannot outlive the runner that started it, so there is
-        // nothing to reattach to: say so and let the host fail the job honestly.
-        let _ = job;
-        Err(ExecutorError::Unavailable("shell executor processes do not survive a runner restart".into()))
+    fn resume(_job: Job, state: String) -> Result<ShellEnvironment, ExecutorError> {
+        let mut env: ShellEnvironment = serde_json::from_str(&state)
+            .map_err(|e| ExecutorError::Other(format!("unreadable shell executor state: {e}")))?;
+        env.resumed = true;
+        Ok(env)
     }
+}
+
+/// `mkdir` with `args`, creating `dir`.
+fn mkdir(args: &[&str], dir: &str) -> Result<(), ExecutorError> {
+    let output = Command::new("mkdir").args(args.iter().copied()).output(4096).map_err(process_error)?;
+    if output.status.code != 0 {
+        return Err(ExecutorError::Unavailable(format!(
+            "cannot create directory {dir}: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(())
 }
 
 fn process_error(e: ProcessError) -> ExecutorError {
     match e {
         ProcessError::Canceled | ProcessError::TimedOut => ExecutorError::Canceled,
-        ProcessError::NotPermitted(m) => ExecutorError::InvalidConfig(format!(
-            "the shell plugin needs `allow_process = true` in its [plugins.shell] grant: {m}"
-        )),
+        ProcessError::NotPermitted(m) => ExecutorError::InvalidConfig(format!("{GRANT_NEEDED}: {m}")),
         ProcessError::SpawnFailed(m) => ExecutorError::Unavailable(m),
         ProcessError::Other(m) => ExecutorError::Other(m),
+    }
+}
+
+fn remote_error(e: RemoteError) -> ExecutorError {
+    match e {
+        RemoteError::NoInstance => ExecutorError::InvalidConfig(format!("{GRANT_NEEDED} (no machine to run on)")),
+        RemoteError::Connection(m) => ExecutorError::Unavailable(m),
+        RemoteError::Canceled => ExecutorError::Canceled,
+        RemoteError::TooLarge(limit) => ExecutorError::Other(format!("transfer larger than {limit} bytes")),
+        RemoteError::Other(m) => ExecutorError::Other(m),
+    }
+}
+
+impl ShellEnvironment {
+    /// The log and exit files of stage `name`, and whether it was started already. After
+    /// `resume`, the stage the state was taken in (the last one started) keeps its files, and
+    /// an existing log means a previous runner started it; otherwise nothing is checked.
+    fn stage_files(&self, name: &str) -> Result<(String, String, bool), ExecutorError> {
+        let mut index = self.started.get();
+        if self.resumed && index > 0 && self.last.borrow().as_deref() == Some(name) {
+            index -= 1;
+        }
+        self.started.set(index + 1);
+        *self.last.borrow_mut() = Some(name.to_string());
+        let base = format!("{}/{index:02}-{name}", self.stages_dir);
+        let (log, exit) = (format!("{base}.log"), format!("{base}.exit"));
+        let started = self.resumed && remote::exists(&log).map_err(remote_error)?;
+        Ok((log, exit, started))
     }
 }
 
@@ -96,12 +167,25 @@ impl Environment for ShellEnvironment {
         } else {
             &self.builds_dir
         };
-        let mut cmd = Command::new(&self.shell);
-        if self.login && self.shell == "bash" {
-            cmd = cmd.arg("--login");
+        let (log, exit, started) = self.stage_files(&stage.name)?;
+        if !started {
+            let login = if self.login && self.shell == "bash" { " --login" } else { "" };
+            let command = format!("cd {} && exec {}{login}", quote(cwd), self.shell);
+            remote::start_detached(&command, Some(stage.script.as_bytes()), &log, &exit).map_err(remote_error)?;
         }
-        let status = cmd.current_dir(cwd.as_str()).stdin(stage.script.into_bytes()).run().map_err(process_error)?;
+        let status = remote::attach(&log, &exit, 0).map_err(remote_error)?;
         Ok(ExitStatus { code: status.code })
+    }
+
+    fn cleanup(&self) {
+        // Best effort: stop a stage still running (one a previous runner started, too), then
+        // remove the stage files (logs, exit codes) — only needed while the job runs.
+        let _ = remote::stop_detached_in(&self.stages_dir, STOP_GRACE_SECONDS);
+        let _ = remote::run(&format!("rm -rf {}", quote(&self.stages_dir)), None);
+    }
+
+    fn state(&self) -> Option<String> {
+        serde_json::to_string(self).ok()
     }
 }
 

@@ -1,0 +1,370 @@
+//! Detached stages on the runner's own machine, with real processes: a stage outlives the
+//! call that follows it (a manager that died), a restored trace gets the rest of its log and
+//! no byte twice, cancel and cleanup leave no process behind, and a resumed shell executor
+//! reattaches to a stage a previous session started instead of running it again.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runway::capability::CallContext;
+use runway::connector::{ConnectSpec, LocalSession, RemoteError, RemoteSession, SshAuth, SshSession};
+use runway::executor::{ExecutorFailure, ExecutorSession, Stage};
+use runway::plugin::{HostSettings, PluginHost};
+use runway::stop::{StopReason, StopSignal};
+use runway::trace::{JobTrace, TraceOptions, TraceSink};
+
+#[path = "support/sshd.rs"]
+mod sshd;
+#[path = "support/wit_job.rs"]
+mod wit_job;
+use sshd::{ClientKey, SshServer};
+use wit_job::job;
+
+/// Generous: only the event matters, and the machine may be loaded.
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Is `pid` a running process (not gone, not a zombie nobody reaped)?
+fn running(pid: i32) -> bool {
+    // SAFETY: probing a pid with signal 0 has no effect.
+    let exists = unsafe { libc::kill(pid, 0) } == 0;
+    exists && stat(pid).is_none_or(|fields| fields[0] != "Z")
+}
+
+/// The fields of `/proc/<pid>/stat` after the command name: state, ppid, pgrp, session, ….
+fn stat(pid: i32) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(") ")?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+fn trace() -> Arc<JobTrace> {
+    Arc::new(JobTrace::new(&TraceOptions::default()).expect("trace"))
+}
+
+/// A trace as a resumed manager restores it from the checkpoint of `trace`.
+fn restored(trace: &JobTrace) -> Arc<JobTrace> {
+    let (checkpoint, bytes) = trace.checkpoint(0);
+    Arc::new(JobTrace::restore(&TraceOptions::default(), bytes, checkpoint).expect("restore"))
+}
+
+fn text(trace: &JobTrace) -> String {
+    trace.finish();
+    String::from_utf8_lossy(&trace.contents()).into_owned()
+}
+
+fn lines(from: u32, to: u32) -> String {
+    (from..=to).map(|i| format!("line {i}\n")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_detached_command_outlives_its_follower_and_a_restored_trace_gets_every_byte_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (log, exit) = (dir.path().join("s/00.log"), dir.path().join("s/00.exit"));
+    let (log, exit) = (log.display().to_string(), exit.display().to_string());
+    let gate = dir.path().join("gate");
+    let script = format!(
+        "i=1; while [ $i -le 10 ]; do echo \"line $i\"; i=$((i+1)); done\n\
+         while [ ! -e {gate} ]; do sleep 0.05; done\n\
+         while [ $i -le 20 ]; do echo \"line $i\"; i=$((i+1)); done; exit 5\n",
+        gate = gate.display()
+    );
+    let session = Arc::new(LocalSession::new());
+    session.start_detached("sh", Some(script.as_bytes()), &log, &exit).await.expect("start");
+
+    // A follower that dies mid-stage, as a manager killed with -9 would.
+    let first = trace();
+    let follower = {
+        let (session, first, log, exit) = (session.clone(), first.clone(), log.clone(), exit.clone());
+        tokio::spawn(async move { session.attach(&log, &exit, 0, &*first, &StopSignal::new()).await })
+    };
+    let followed_all = || first.followed(&log) == Some(lines(1, 10).len() as u64);
+    wait_until("the first ten lines are followed", followed_all).await;
+    follower.abort();
+    let _ = follower.await;
+
+    // The command runs on, in its own session, not a member of any group of ours.
+    let pid: i32 = std::fs::read_to_string(format!("{exit}.pid")).expect("pid file").trim().parse().expect("pid");
+    assert!(running(pid), "the detached command died with its follower");
+    let fields = stat(pid).expect("stat");
+    assert_eq!((fields[2].as_str(), fields[3].as_str()), (pid.to_string().as_str(), pid.to_string().as_str()));
+    assert!(!Path::new(&exit).exists());
+    // The unmasked output is the runner user's alone; the script (secrets) is not left on disk.
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&log).expect("log").permissions().mode() & 0o777, 0o600);
+    assert!(!Path::new(&format!("{log}.stdin")).exists(), "the script's stdin file was left behind");
+
+    // A resumed manager follows on from what its restored trace holds: the rest, once.
+    let second = restored(&first);
+    std::fs::write(&gate, "").expect("open the gate");
+    let status = session.attach(&log, &exit, 0, &*second, &StopSignal::new()).await.expect("attach again");
+    assert_eq!((status.code, status.signal), (5, None));
+    assert_eq!(text(&second), lines(1, 20));
+    assert_eq!(second.followed(&log), Some(lines(1, 20).len() as u64));
+    // An explicit offset further on wins over the trace's cursor.
+    let third = restored(&first);
+    session.attach(&log, &exit, lines(1, 15).len() as u64, &*third, &StopSignal::new()).await.expect("attach");
+    assert_eq!(text(&third), format!("{}{}", lines(1, 10), lines(16, 20)));
+    wait_until("the finished command is gone", || !running(pid)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_kills_the_process_group_of_a_local_detached_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (log, exit) =
+        (dir.path().join("00.log").display().to_string(), dir.path().join("00.exit").display().to_string());
+    let pids = dir.path().join("pids");
+    // A background child and a foreground child.
+    let script = format!("sleep 300 & echo $! > {p}; sh -c 'echo $$ >> {p}; sleep 300'\n", p = pids.display());
+    let session = Arc::new(LocalSession::new());
+    session.start_detached("sh", Some(script.as_bytes()), &log, &exit).await.expect("start");
+    let stop = StopSignal::new();
+    let attached = {
+        let (session, stop, log, exit) = (session.clone(), stop.clone(), log.clone(), exit.clone());
+        tokio::spawn(async move { session.attach(&log, &exit, 0, &*trace(), &stop).await })
+    };
+    let count = || std::fs::read_to_string(&pids).map(|s| s.lines().count()).unwrap_or(0);
+    wait_until("both children run", || count() == 2).await;
+    let leader: i32 = std::fs::read_to_string(format!("{exit}.pid")).expect("pid").trim().parse().expect("pid");
+    stop.stop(StopReason::Canceled);
+    let result = attached.await.expect("task");
+    assert!(matches!(result, Err(RemoteError::Canceled)), "{result:?}");
+    let mut all: Vec<i32> =
+        std::fs::read_to_string(&pids).expect("pids").lines().map(|l| l.trim().parse().expect("pid")).collect();
+    all.push(leader);
+    for pid in all {
+        assert!(!running(pid), "process {pid} of the cancelled command survived");
+    }
+}
+
+async fn shell_host(root: &Path) -> PluginHost {
+    PluginHost::new(HostSettings {
+        plugins_dir: Some(root.to_path_buf()),
+        // Compiled once for every test of this file (the cache is keyed by the wasm's hash and
+        // written atomically), not once per test.
+        cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("detached-stages-plugin-cache")),
+        state_dir: None,
+        grants: BTreeMap::new(),
+        builtins: runway::plugin::builtin_plugins(),
+    })
+    .await
+    .expect("plugin host starts")
+}
+
+async fn shell_session(host: &PluginHost, trace: Arc<JobTrace>) -> ExecutorSession {
+    let plugin = host.executor("shell").expect("the built-in shell executor");
+    let call = CallContext { trace: Some(trace), ..CallContext::default() };
+    ExecutorSession::start(host, &plugin, call).await.expect("instantiates")
+}
+
+/// An instance executor session on a new SSH connection to `server`.
+async fn instance_session(
+    host: &PluginHost,
+    trace: Arc<JobTrace>,
+    server: &SshServer,
+    key: &ClientKey,
+) -> ExecutorSession {
+    let spec = ConnectSpec {
+        host: server.addr.to_string(),
+        port: server.port,
+        username: server.user.clone(),
+        auth: SshAuth::Key { pem: key.private_pem.clone(), passphrase: None },
+        keepalive: Some(Duration::from_secs(1)),
+        timeout: Duration::from_secs(10),
+        host_key: None,
+    };
+    let ssh = SshSession::connect(&spec).await.unwrap_or_else(|e| panic!("connect: {e}\n{}", server.log()));
+    let plugin = host.executor("instance").expect("the built-in instance executor");
+    let call = CallContext { trace: Some(trace), remote: Some(Arc::new(ssh)), ..CallContext::default() };
+    ExecutorSession::start(host, &plugin, call).await.expect("instantiates")
+}
+
+/// The stage directories in builds directory `dir`.
+fn stage_dirs(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .expect("builds dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with(".runway-stages"))
+        .collect()
+}
+
+fn stage(name: &str, script: &str) -> Stage {
+    Stage { name: name.into(), script: script.into(), predefined: false }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_shell_executor_reattaches_to_a_started_stage_instead_of_running_it_twice() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let work = root.path().join("work");
+    std::fs::create_dir_all(&work).expect("mkdir");
+    let host = shell_host(root.path()).await;
+    let (runs, gate) = (root.path().join("runs"), root.path().join("gate"));
+    let script = format!(
+        "echo run >> {runs}\necho before\nwhile [ ! -e {gate} ]; do sleep 0.05; done\necho after\nexit 3\n",
+        runs = runs.display(),
+        gate = gate.display()
+    );
+
+    // Session 1 prepares, its state is stored, it starts the stage — and its manager dies.
+    let first = trace();
+    let mut session = shell_session(&host, first.clone()).await;
+    session.prepare(&job(&work)).await.expect("prepares");
+    let dirs = stage_dirs(&work);
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(work.join(&dirs[0])).expect("stage dir").permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "the stage files are the runner user's alone");
+    let state = session.state().await.expect("the shell executor has state");
+    let running_stage = {
+        let script = script.clone();
+        tokio::spawn(async move { session.run(&stage("step_script", &script), StopSignal::new()).await })
+    };
+    wait_until("the stage printed", || first.contents() == b"before\n").await;
+    running_stage.abort();
+    let _ = running_stage.await;
+
+    // Session 2 resumes from the stored state: the stage is followed, not started again.
+    let second = restored(&first);
+    let mut session = shell_session(&host, second.clone()).await;
+    session.resume(&job(&work), &state).await.expect("resumes");
+    let resumed_run = tokio::spawn(async move {
+        let code = session.run(&stage("step_script", &script), StopSignal::new()).await;
+        (session, code, script)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    std::fs::write(&gate, "").expect("open the gate");
+    let (mut session, code, script) = resumed_run.await.expect("task");
+    assert_eq!(code.expect("the stage's exit code"), 3);
+    assert_eq!(text(&second), "before\nafter\n");
+    assert_eq!(std::fs::read_to_string(&runs).expect("runs"), "run\n", "the stage ran twice");
+
+    // State taken after the stage started: a resumed run of it attaches to the finished stage.
+    let state = session.state().await.expect("state");
+    let third = restored(&second);
+    let mut again = shell_session(&host, third.clone()).await;
+    again.resume(&job(&work), &state).await.expect("resumes");
+    assert_eq!(again.run(&stage("step_script", &script), StopSignal::new()).await.expect("runs"), 3);
+    assert_eq!(text(&third), "before\nafter\n", "output was repeated");
+    assert_eq!(std::fs::read_to_string(&runs).expect("runs"), "run\n", "the stage ran twice");
+    // The next stage is a new one and runs.
+    assert_eq!(again.run(&stage("after_script", "echo after_script"), StopSignal::new()).await.expect("runs"), 0);
+    assert_eq!(text(&third), "before\nafter\nafter_script\n");
+
+    again.cleanup().await;
+    session.cleanup().await;
+    assert_eq!(stage_dirs(&work), Vec::<String>::new(), "cleanup left stage files");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_after_resume_stops_the_stage_a_previous_manager_started() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let work = root.path().join("work");
+    std::fs::create_dir_all(&work).expect("mkdir");
+    let host = shell_host(root.path()).await;
+    let pids = root.path().join("pids");
+    let script = format!("sleep 300 & echo $! > {p}; sh -c 'echo $$ >> {p}; sleep 300'\n", p = pids.display());
+
+    let first = trace();
+    let mut session = shell_session(&host, first.clone()).await;
+    session.prepare(&job(&work)).await.expect("prepares");
+    let state = session.state().await.expect("state");
+    let running_stage =
+        tokio::spawn(async move { session.run(&stage("step_script", &script), StopSignal::new()).await });
+    let count = || std::fs::read_to_string(&pids).map(|s| s.lines().count()).unwrap_or(0);
+    wait_until("both children run", || count() == 2).await;
+    running_stage.abort();
+    let _ = running_stage.await;
+    let pids: Vec<i32> =
+        std::fs::read_to_string(&pids).expect("pids").lines().map(|l| l.trim().parse().expect("pid")).collect();
+    assert!(pids.iter().all(|pid| running(*pid)), "the stage died with its manager");
+
+    // The job cannot go on: a new manager resumes the environment only to clean it up.
+    let mut session = shell_session(&host, restored(&first)).await;
+    session.resume(&job(&work), &state).await.expect("resumes");
+    session.cleanup().await;
+    for pid in pids {
+        assert!(!running(pid), "process {pid} of the abandoned stage survived the cleanup");
+    }
+    assert_eq!(stage_dirs(&work), Vec::<String>::new(), "cleanup left stage files");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_of_a_shell_stage_returns_canceled_and_the_environment_serves_on() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let work = root.path().join("work");
+    std::fs::create_dir_all(&work).expect("mkdir");
+    let host = shell_host(root.path()).await;
+    let log = trace();
+    let mut session = shell_session(&host, log.clone()).await;
+    session.prepare(&job(&work)).await.expect("prepares");
+    let stop = StopSignal::new();
+    let stopper = {
+        let (stop, log) = (stop.clone(), log.clone());
+        tokio::spawn(async move {
+            wait_until("the stage printed", || log.contents() == b"started\n").await;
+            stop.stop(StopReason::Canceled);
+        })
+    };
+    let result = session.run(&stage("step_script", "echo started; sleep 300"), stop).await;
+    stopper.await.expect("stopper");
+    assert!(matches!(result, Err(ExecutorFailure::Canceled)), "{result:?}");
+    // after_script runs in the same environment after a cancel.
+    let code = session.run(&stage("after_script", "echo cleaning up"), StopSignal::new()).await.expect("runs");
+    assert_eq!(code, 0);
+    assert_eq!(text(&log), "started\ncleaning up\n");
+    session.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_instance_executor_reattaches_over_a_new_connection_instead_of_running_a_stage_twice() {
+    let key = ClientKey::generate();
+    let server = SshServer::start(std::net::Ipv4Addr::new(127, 0, 0, 5), &key);
+    let root = tempfile::tempdir().expect("tempdir");
+    let work = root.path().join("work");
+    std::fs::create_dir_all(&work).expect("mkdir");
+    let host = shell_host(root.path()).await;
+    let (runs, gate) = (root.path().join("runs"), root.path().join("gate"));
+    let script = format!(
+        "echo run >> {runs}\necho before\nwhile [ ! -e {gate} ]; do sleep 0.05; done\necho after\nexit 4\n",
+        runs = runs.display(),
+        gate = gate.display()
+    );
+
+    // The manager dies mid-stage, with its connection.
+    let first = trace();
+    let mut session = instance_session(&host, first.clone(), &server, &key).await;
+    session.prepare(&job(&work)).await.expect("prepares");
+    let state = session.state().await.expect("the instance executor has state");
+    let running_stage = {
+        let script = script.clone();
+        tokio::spawn(async move { session.run(&stage("step_script", &script), StopSignal::new()).await })
+    };
+    wait_until("the stage printed", || first.contents() == b"before\n").await;
+    running_stage.abort();
+    let _ = running_stage.await;
+
+    let second = restored(&first);
+    let mut session = instance_session(&host, second.clone(), &server, &key).await;
+    session.resume(&job(&work), &state).await.expect("resumes");
+    let resumed_run = tokio::spawn(async move {
+        let code = session.run(&stage("step_script", &script), StopSignal::new()).await;
+        (session, code)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    std::fs::write(&gate, "").expect("open the gate");
+    let (session, code) = resumed_run.await.expect("task");
+    assert_eq!(code.expect("the stage's exit code"), 4);
+    assert_eq!(text(&second), "before\nafter\n");
+    assert_eq!(std::fs::read_to_string(&runs).expect("runs"), "run\n", "the stage ran twice");
+    session.cleanup().await;
+    assert!(!work.join(".runway-stages/1").exists(), "cleanup left stage files");
+}
