@@ -42,9 +42,7 @@ pub(super) async fn watch(runner: Arc<Runner>, shared: Arc<Shared>, jobs: JobSen
         if let Err(e) = scan(&runner, &shared, &*store.store, &jobs).await {
             tracing::warn!(runner = %runner.settings.env.identity.short_token, "reading the job store failed: {e}");
         }
-        if shared.shutdown.forceful.is_cancelled()
-            || !sleep_or_stop(every, &shared.shutdown.graceful).await
-        {
+        if shared.shutdown.forceful.is_cancelled() || !sleep_or_stop(every, &shared.shutdown.graceful).await {
             return;
         }
     }
@@ -59,6 +57,9 @@ async fn scan(
 ) -> Result<(), JobStoreError> {
     let Some(settings) = runner.settings.store.as_ref().map(|s| s.settings.clone()) else { return Ok(()) };
     let me = runner.settings.credentials.system_id.clone();
+    // Only this manager writes a file store (its lock says so): its own entries are its
+    // previous run's at once. A shared store's are someone's while their heartbeat is fresh.
+    let exclusive = matches!(settings.backend, Some(Backend::File { .. }));
     let now = store.now().await?;
     for listed in store.list().await? {
         let meta = match listed {
@@ -74,7 +75,13 @@ async fn scan(
         };
         let active = runner.active.lock().map(|a| a.contains(&(meta.job_id as i64))).unwrap_or(true);
         let expired = now.saturating_sub(meta.heartbeat) > settings.health_timeout.as_secs();
-        if active || (meta.owner != me && !expired) {
+        if active || (!expired && !(meta.owner == me && exclusive)) {
+            if !active && !expired && meta.owner == me {
+                // Only with a shared store: a live heartbeat under our own system_id is another
+                // process's (a manager restarted so fast its old self's heartbeat is fresh, or
+                // a second manager with this system_id). Wait for it to expire.
+                tracing::debug!(job = meta.job_id, "stored job of this system_id has a live heartbeat; waiting");
+            }
             continue;
         }
         let entry = match store.claim(meta.job_id, &me, settings.health_timeout).await {
