@@ -24,7 +24,7 @@ const SECRET: &str = "s3cr3t-resume-Value-91ab";
 /// The store key every manager of these tests shares (a Redis store's managers must).
 const STORE_KEY: &str = "8f3b5c2a9d1e4f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
 /// Lines the counting job prints, 100 ms apart.
-const LINES: u32 = 100;
+const LINES: u32 = 200;
 
 struct World {
     fake: FakeGitLab,
@@ -265,16 +265,23 @@ async fn assert_redis_sealed(redis: &RedisServer) {
 }
 
 /// Kill `manager` at random moments of `job` (`rounds` times) and start it again, checking
-/// the store (`check`) while no manager runs.
+/// the store (`check`) while no manager runs. Each round waits until the manager resumed the
+/// job and GitLab saw it make progress, then kills it somewhere in the next 0 to 1.5 s.
 async fn kill_at_random_moments(w: &World, manager: &mut Manager, job: i64, rounds: u32, check: impl AsyncCheck) {
     let mut rng = Rng::from_clock();
+    let mut seen = 0;
     for round in 0..rounds {
-        // Somewhere in the next part of the job (0.8 to 3.3 s from now).
-        tokio::time::sleep(Duration::from_millis(800 + rng.below(2500))).await;
+        let deadline = Instant::now() + WAIT;
+        while numbered_lines(&w.trace(job)).len() <= seen && !w.fake.job(job).is_some_and(|j| j.status.is_final()) {
+            assert!(Instant::now() < deadline, "job {job} made no progress after a restart:\n{}", manager.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
         if w.fake.job(job).is_some_and(|j| j.status.is_final()) {
             break;
         }
-        eprintln!("round {round}: kill -9 at {} lines", numbered_lines(&w.trace(job)).len());
+        seen = numbered_lines(&w.trace(job)).len();
+        eprintln!("round {round}: kill -9 at {seen} lines");
         manager.kill9();
         check.check().await;
         tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
@@ -315,7 +322,7 @@ async fn file_store_job_survives_kill_9_at_random_moments() {
     w.wait_line(job, 1).await;
     assert_store_sealed(&manager);
     let store = manager.store_dir();
-    kill_at_random_moments(&w, &mut manager, job, 4, FileStoreSealed(&store)).await;
+    kill_at_random_moments(&w, &mut manager, job, 5, FileStoreSealed(&store)).await;
     w.wait_for(job, "success", |j| j.final_state.is_some()).await;
     assert_whole(&w, job, &effects, &[&manager]);
     // The entry goes once GitLab has the final state (and the executor is cleaned up).
@@ -335,7 +342,7 @@ async fn redis_store_job_survives_kill_9_at_random_moments() {
     let (job, effects) = w.counting_job("redis");
     w.wait_line(job, 1).await;
     assert_redis_sealed(&redis).await;
-    kill_at_random_moments(&w, &mut manager, job, 4, RedisSealed(&redis)).await;
+    kill_at_random_moments(&w, &mut manager, job, 5, RedisSealed(&redis)).await;
     w.wait_for(job, "success", |j| j.final_state.is_some()).await;
     assert_whole(&w, job, &effects, &[&manager]);
 }
