@@ -135,7 +135,7 @@ cache_dir = "{cache}"
 impl Manager {
     /// Give this manager a system id of its own (as on a machine of its own) and the shared
     /// store key every manager of one Redis store needs.
-    fn as_own_machine(self, id: &str) -> Self {
+    fn on_own_machine(self, id: &str) -> Self {
         std::fs::write(self.dir.join(".runner_system_id"), format!("{id}\n")).expect("system id");
         self
     }
@@ -335,8 +335,10 @@ async fn file_store_job_survives_kill_9_at_random_moments() {
 async fn redis_store_job_survives_kill_9_at_random_moments() {
     let w = world().await;
     let redis = RedisServer::start();
-    let store =
-        format!("  name = \"redis\"\n  health_interval = 1\n  [runners.store.redis]\n  url = \"{}\"", redis.url());
+    let store = format!(
+        "  name = \"redis\"\n  health_interval = 1\n  health_timeout = 2\n  [runners.store.redis]\n  url = \"{}\"",
+        redis.url()
+    );
     let mut manager = w.manager("redis", &store);
     manager.start();
     let (job, effects) = w.counting_job("redis");
@@ -355,8 +357,8 @@ async fn two_managers_on_one_redis_the_live_one_finishes_the_dead_ones_job() {
         "  name = \"redis\"\n  health_interval = 1\n  health_timeout = 3\n  [runners.store.redis]\n  url = \"{}\"",
         redis.url()
     );
-    let mut a = w.manager("a", &store).as_own_machine("s_aaaaaaaaaaaa");
-    let mut b = w.manager("b", &store).as_own_machine("s_bbbbbbbbbbbb");
+    let mut a = w.manager("a", &store).on_own_machine("s_aaaaaaaaaaaa");
+    let mut b = w.manager("b", &store).on_own_machine("s_bbbbbbbbbbbb");
     a.start();
     b.start();
     let (job, effects) = w.counting_job("two");

@@ -75,7 +75,8 @@ async fn scan(
         };
         let active = runner.active.lock().map(|a| a.contains(&(meta.job_id as i64))).unwrap_or(true);
         let expired = now.saturating_sub(meta.heartbeat) > settings.health_timeout.as_secs();
-        if active || (!expired && !(meta.owner == me && exclusive)) {
+        let claimable = expired || (meta.owner == me && exclusive);
+        if active || !claimable {
             if !active && !expired && meta.owner == me {
                 // Only with a shared store: a live heartbeat under our own system_id is another
                 // process's (a manager restarted so fast its old self's heartbeat is fresh, or
