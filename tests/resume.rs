@@ -65,6 +65,8 @@ impl Rng {
 struct Manager {
     dir: PathBuf,
     child: Option<Child>,
+    /// `/metrics` is served here.
+    port: u16,
 }
 
 impl World {
@@ -72,10 +74,12 @@ impl World {
     fn manager(&self, name: &str, store: &str) -> Manager {
         let dir = self.root.path().join(name);
         std::fs::create_dir_all(&dir).expect("manager dir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
         let config = format!(
             r#"concurrent = 4
 check_interval = 1
 shutdown_timeout = 5
+listen_address = "127.0.0.1:{port}"
 
 [plugins.shell]
 allow_process = true
@@ -98,7 +102,7 @@ cache_dir = "{cache}"
             cache = self.root.path().join("cache").display(),
         );
         std::fs::write(dir.join("config.toml"), config).expect("config");
-        Manager { dir, child: None }
+        Manager { dir, child: None, port }
     }
 
     /// The counting job: its step and after_script record each start in `effects`.
@@ -162,6 +166,14 @@ impl Manager {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        let url = format!("http://127.0.0.1:{}/metrics", self.port);
+        match reqwest::get(url).await {
+            Ok(response) => response.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
         }
     }
 
@@ -375,6 +387,13 @@ async fn two_managers_on_one_redis_the_live_one_finishes_the_dead_ones_job() {
     w.wait_for(job, "success after takeover", |j| j.final_state.is_some()).await;
     eprintln!("taken over and finished {:?} after the kill", taken.elapsed());
     assert!(live.log().contains("taking over a job"), "{}", live.log());
+    let metrics = live.metrics().await;
+    assert!(
+        metrics.contains("runway_store_lease_takeovers_total{")
+            && !metrics.contains("takeovers_total{system_id=\"s_bbbbbbbbbbbb\"} 0")
+            && !metrics.contains("takeovers_total{system_id=\"s_aaaaaaaaaaaa\"} 0"),
+        "{metrics}"
+    );
     // The dead manager comes back: the job is someone else's (and over); it leaves it alone.
     dead.start();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -432,6 +451,9 @@ async fn stored_jobs_that_may_not_go_on_are_failed_and_cleaned_up() {
     assert_eq!(record.failure_reason.as_deref(), Some("runner_system_failure"), "{}", record.trace_text());
     assert!(record.trace_text().contains("cannot be resumed") && record.trace_text().contains("stale_timeout"));
     wait_until(|| no_process_with(&marker), "the stale job's process is killed").await;
+    let metrics = manager.metrics().await;
+    assert!(metrics.contains("runway_store_resumes_total{result=\"stale\""), "{metrics}");
+    assert!(metrics.contains("runway_store_entries{"), "{metrics}");
     manager.kill9();
 
     // max_retries: the second resume is one too many.
