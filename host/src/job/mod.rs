@@ -264,14 +264,7 @@ async fn run_to_end(
         Ok(plan) => plan,
         Err(outcome) => return (finish(&*trace, outcome), None),
     };
-    let request = PrepareRequest {
-        job,
-        shell: &env.settings.shell,
-        builds_dir: plan.builds_dir(),
-        project_dir: plan.project_dir(),
-        cache_dir: plan.cache_dir(),
-        timeout: plan.job_timeout(),
-    };
+    let request = prepare_request(job, env, &plan);
     let session = prepare(&env.executor, request, trace.clone(), &control.abort, instance.as_ref()).await;
     trace.section_end("prepare_executor");
     let mut session = match session {
@@ -332,6 +325,18 @@ async fn conclude(trace: &dyn TraceSink, hooks: &dyn JobHooks, outcome: JobOutco
 /// Now as unix seconds (0 before 1970).
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// What the executor is prepared (or resumed) for: `job` where `plan` put it.
+fn prepare_request<'a>(job: &'a JobResponse, env: &'a JobEnvironment, plan: &'a JobPlan) -> PrepareRequest<'a> {
+    PrepareRequest {
+        job,
+        shell: &env.settings.shell,
+        builds_dir: plan.builds_dir(),
+        project_dir: plan.project_dir(),
+        cache_dir: plan.cache_dir(),
+        timeout: plan.job_timeout(),
+    }
 }
 
 /// Plan `job` under `settings`; a failure is written to the trace, closes the

@@ -17,8 +17,8 @@ use tokio::time::Instant;
 
 use super::progress::JobProgress;
 use super::stages::{run_stages, StageStart};
-use super::{conclude, unix_now, JobCleanup, JobControl, JobEnvironment, JobHooks, JobOutcome};
-use crate::executor::{resume, ExecutorSession, PrepareRequest};
+use super::{conclude, prepare_request, unix_now, JobCleanup, JobControl, JobEnvironment, JobHooks, JobOutcome};
+use crate::executor::{resume, ExecutorSession};
 use crate::payload::JobResponse;
 use crate::script::JobPlan;
 use crate::trace::{FailureReason, TraceLog, TraceSink};
@@ -83,14 +83,7 @@ async fn restore(
     let Some(state) = stored.executor_state.as_deref() else {
         return Err((format!("the \"{}\" executor cannot resume jobs", env.executor.name()), None));
     };
-    let request = PrepareRequest {
-        job,
-        shell: &env.settings.shell,
-        builds_dir: plan.builds_dir(),
-        project_dir: plan.project_dir(),
-        cache_dir: plan.cache_dir(),
-        timeout: plan.job_timeout(),
-    };
+    let request = prepare_request(job, env, &plan);
     match resume(&env.executor, request, state, trace.clone(), None).await {
         Ok(session) => Ok((plan, session)),
         Err(e) => Err((format!("restoring the \"{}\" executor: {e}", env.executor.name()), None)),
