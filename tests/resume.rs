@@ -513,3 +513,23 @@ async fn wait_until(f: impl Fn() -> bool, what: &str) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_reload_does_not_resume_what_the_retiring_manager_still_runs() {
+    let w = world().await;
+    let mut manager = w.manager("reload", "  health_interval = 1\n  cleanup_interval = 1");
+    manager.start();
+    let (job, effects) = w.counting_job("reload");
+    w.wait_line(job, 10).await;
+    // SIGHUP: a new manager takes over polling while the old one's job runs on; the new one's
+    // store watcher (sweeping every second) must leave that job to it.
+    let pid = manager.child.as_ref().map(Child::id).expect("running");
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGHUP);
+    }
+    w.wait_for(job, "success", |j| j.final_state.is_some()).await;
+    assert_whole(&w, job, &effects, &[&manager]);
+    assert!(manager.log().contains("reload"), "{}", manager.log());
+    assert!(!manager.log().contains("resuming a stored job"), "{}", manager.log());
+}

@@ -19,7 +19,7 @@ use crate::gitlab::client::{ClientOptions, GitLabClient, RequestHook, RunnerCred
 use crate::job::JobEnvironment;
 use crate::manager::fleet::Fleet;
 use crate::manager::health::{PendingRunner, RunnerEntry, Unusable};
-use crate::manager::{identity, signals, Manager, ManagerSettings, RunnerSettings, RunnerStore, Shutdown};
+use crate::manager::{identity, signals, ActiveJobs, Manager, ManagerSettings, RunnerSettings, RunnerStore, Shutdown};
 use crate::metrics::Metrics;
 use crate::plugin::{builtin_plugins, HostSettings, PluginHost};
 use crate::script::ScriptSettings;
@@ -96,11 +96,14 @@ impl Fleets {
 }
 
 /// The opened job stores, by backend. A store (and a file store's lock) outlives config
-/// reloads like a fleet: the new manager takes the old one's jobs over without a second lock.
+/// reloads like a fleet: the new manager shares the old one's lock and its set of running jobs.
 pub struct Stores {
     key_path: PathBuf,
-    opened: tokio::sync::Mutex<HashMap<String, Arc<dyn JobStore>>>,
+    opened: tokio::sync::Mutex<HashMap<String, OpenStore>>,
 }
+
+/// An opened store and the jobs this process runs from it.
+type OpenStore = (Arc<dyn JobStore>, ActiveJobs);
 
 impl Stores {
     /// Stores sealing with the key from `RUNWAY_STORE_KEY` or the key file `key_path`.
@@ -108,20 +111,23 @@ impl Stores {
         Stores { key_path, opened: tokio::sync::Mutex::default() }
     }
 
-    /// The store `settings` select (opened once), `None` when the store is off.
-    async fn open(&self, settings: &StoreSettings) -> Result<Option<Arc<dyn JobStore>>, JobStoreError> {
+    /// The store `settings` select (opened once) with the jobs this process runs from it,
+    /// `None` when the store is off.
+    async fn open(&self, settings: &StoreSettings) -> Result<Option<RunnerStore>, JobStoreError> {
         let Some(backend) = &settings.backend else { return Ok(None) };
         let name = format!("{backend:?}");
         let mut opened = self.opened.lock().await;
-        if let Some(store) = opened.get(&name) {
-            return Ok(Some(store.clone()));
-        }
-        let key = StoreKey::load_or_create(&self.key_path)?;
-        let store = crate::store::jobs::open(settings, key).await?;
-        if let Some(store) = &store {
-            opened.insert(name, store.clone());
-        }
-        Ok(store)
+        let (store, active) = match opened.get(&name) {
+            Some(open) => open.clone(),
+            None => {
+                let key = StoreKey::load_or_create(&self.key_path)?;
+                let Some(store) = crate::store::jobs::open(settings, key).await? else { return Ok(None) };
+                let open = (store, ActiveJobs::default());
+                opened.insert(name, open.clone());
+                open
+            }
+        };
+        Ok(Some(RunnerStore { store, settings: settings.clone(), active }))
     }
 }
 
@@ -204,7 +210,7 @@ impl RunnerContext {
             .await
             .map_err(|e| Unusable::new(&format!("{}: executor {:?}: {e}", self.where_, runner.executor)))?;
         let store = match self.stores.open(&self.store).await {
-            Ok(store) => store.map(|store| RunnerStore { store, settings: self.store.clone() }),
+            Ok(store) => store,
             Err(e) => return Err(Unusable::new(&format!("{}: job store: {e}", self.where_))),
         };
         let short = self.short.clone();

@@ -71,7 +71,13 @@ pub struct RunnerStore {
     pub store: Arc<dyn JobStore>,
     /// Intervals, timeouts and limits of `[runners.store]`.
     pub settings: StoreSettings,
+    /// Jobs of this store that this process runs, across config reloads (a new manager's
+    /// watcher must not resume what the retiring one still runs). Share it with the store.
+    pub active: ActiveJobs,
 }
+
+/// Job ids running in this process, shared by every manager generation of one store.
+pub type ActiveJobs = Arc<Mutex<std::collections::HashSet<i64>>>;
 
 /// Global settings.
 #[derive(Clone)]
@@ -163,8 +169,6 @@ struct Runner {
     info: VersionInfo,
     limit: Arc<Semaphore>,
     slots: Arc<SlotAllocator>,
-    /// Jobs of this runner running in this manager (the store watcher leaves them alone).
-    active: Mutex<std::collections::HashSet<i64>>,
 }
 
 /// Capacity for one job: a global and a runner permit.
@@ -186,7 +190,7 @@ async fn capacity(runner: &Runner, shared: &Shared) -> Option<Permits> {
     Some(Permits { _global: global, _limit: limit })
 }
 
-/// A job counted as running (stats, the runner's active set) until dropped.
+/// A job counted as running (stats, its store's active set) until dropped.
 struct Running {
     shared: Arc<Shared>,
     runner: Arc<Runner>,
@@ -198,7 +202,7 @@ impl Running {
         use std::sync::atomic::Ordering::SeqCst;
         let running = shared.stats.running.fetch_add(1, SeqCst) + 1;
         shared.stats.max_running.fetch_max(running, SeqCst);
-        if let Ok(mut active) = runner.active.lock() {
+        if let Some(Ok(mut active)) = runner.settings.store.as_ref().map(|s| s.active.lock()) {
             active.insert(job);
         }
         Running { shared: shared.clone(), runner: runner.clone(), job }
@@ -208,7 +212,7 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         use std::sync::atomic::Ordering::SeqCst;
-        if let Ok(mut active) = self.runner.active.lock() {
+        if let Some(Ok(mut active)) = self.runner.settings.store.as_ref().map(|s| s.active.lock()) {
             active.remove(&self.job);
         }
         self.shared.stats.running.fetch_sub(1, SeqCst);
@@ -270,7 +274,6 @@ fn make_runner(r: RunnerSettings, client: &Arc<GitLabClient>) -> Arc<Runner> {
         client: runner_client,
         limit: Arc::new(Semaphore::new(limit)),
         slots: Arc::default(),
-        active: Mutex::default(),
         settings: r,
     })
 }

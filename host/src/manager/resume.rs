@@ -55,7 +55,10 @@ async fn scan(
     store: &dyn JobStore,
     jobs: &JobSender,
 ) -> Result<(), JobStoreError> {
-    let Some(settings) = runner.settings.store.as_ref().map(|s| s.settings.clone()) else { return Ok(()) };
+    let Some((settings, store_active)) = runner.settings.store.as_ref().map(|s| (s.settings.clone(), s.active.clone()))
+    else {
+        return Ok(());
+    };
     let me = runner.settings.credentials.system_id.clone();
     // Only this manager writes a file store (its lock says so): its own entries are its
     // previous run's at once. A shared store's are someone's while their heartbeat is fresh.
@@ -73,7 +76,7 @@ async fn scan(
                 continue;
             }
         };
-        let active = runner.active.lock().map(|a| a.contains(&(meta.job_id as i64))).unwrap_or(true);
+        let active = store_active.lock().map(|a| a.contains(&(meta.job_id as i64))).unwrap_or(true);
         let expired = now.saturating_sub(meta.heartbeat) > settings.health_timeout.as_secs();
         let claimable = expired || (meta.owner == me && exclusive);
         if active || !claimable {
