@@ -25,6 +25,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 
@@ -94,7 +95,8 @@ pub struct FaultPlan {
     pub seed: u64,
     /// Probability that a request of a faulted kind gets a fault.
     pub rate: f64,
-    /// The faults to choose from (uniformly).
+    /// The faults to choose from. Each request kind deals them from its own seeded, shuffled
+    /// deck, so every fault is injected once into a kind before any is injected twice.
     pub faults: Vec<Fault>,
     /// The request kinds that get faults.
     pub kinds: Vec<RequestKind>,
@@ -124,6 +126,7 @@ struct State {
     plan: FaultPlan,
     rng: StdRng,
     consecutive: BTreeMap<RequestKind, u32>,
+    decks: BTreeMap<RequestKind, Vec<Fault>>,
     injected: BTreeMap<(RequestKind, Fault), u64>,
     forwarded: BTreeMap<RequestKind, u64>,
 }
@@ -140,7 +143,12 @@ impl State {
             return None;
         }
         *run += 1;
-        let fault = self.plan.faults[self.rng.random_range(0..self.plan.faults.len())];
+        let deck = self.decks.entry(kind).or_default();
+        if deck.is_empty() {
+            deck.extend(self.plan.faults.iter().copied());
+            deck.shuffle(&mut self.rng);
+        }
+        let Some(fault) = deck.pop() else { return None };
         *self.injected.entry((kind, fault)).or_default() += 1;
         Some(fault)
     }
@@ -176,6 +184,7 @@ impl FaultProxy {
             rng: StdRng::seed_from_u64(plan.seed),
             plan,
             consecutive: BTreeMap::new(),
+            decks: BTreeMap::new(),
             injected: BTreeMap::new(),
             forwarded: BTreeMap::new(),
         }));
@@ -324,6 +333,7 @@ mod tests {
             rng: StdRng::seed_from_u64(plan.seed),
             plan,
             consecutive: BTreeMap::new(),
+            decks: BTreeMap::new(),
             injected: BTreeMap::new(),
             forwarded: BTreeMap::new(),
         };
