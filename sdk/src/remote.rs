@@ -48,13 +48,18 @@ pub fn exists(path: &str) -> Result<bool, RemoteError> {
 /// after `grace_seconds`. For an executor's `cleanup`, which must also stop what a previous
 /// runner started before it died (cleanup after `resume`).
 pub fn stop_detached_in(dir: &str, grace_seconds: u32) -> Result<(), RemoteError> {
+    run(&stop_detached_script(dir, grace_seconds), None).map(|_| ())
+}
+
+/// The shell script of [`stop_detached_in`], to run with more commands in one [`run`].
+pub fn stop_detached_script(dir: &str, grace_seconds: u32) -> String {
     // `live G`: does process group G have a member that is not a zombie nobody reaps?
-    let script = format!(
+    format!(
         r#"live() {{ kill -s 0 -- -"$1" 2>/dev/null || return 1; [ -r /proc/self/stat ] || return 0; g=$1; for f in /proc/[0-9]*/stat; do read -r l 2>/dev/null < "$f" || continue; set -- ${{l##*) }}; [ "$3" = "$g" ] && [ "$1" != Z ] && return 0; done; return 1; }}
 groups=""
 for f in {dir}/*.exit.pid; do
   [ -e "$f" ] && [ ! -e "${{f%.pid}}" ] || continue
-  p=$(cat -- "$f" 2>/dev/null); [ -n "$p" ] || continue
+  p=; read -r p 2>/dev/null < "$f"; [ -n "$p" ] || continue
   kill -s TERM -- -"$p" 2>/dev/null && groups="$groups $p"
 done
 i=0
@@ -63,9 +68,8 @@ while [ -n "$groups" ] && [ $i -lt {tenths} ]; do
   [ -n "$groups" ] && sleep 0.1; i=$((i+1))
 done
 for p in $groups; do kill -s KILL -- -"$p" 2>/dev/null; done
-exit 0"#,
+"#,
         dir = quote(dir.trim_end_matches('/')),
         tenths = grace_seconds.saturating_mul(10),
-    );
-    run(&script, None).map(|_| ())
+    )
 }

@@ -4,16 +4,21 @@
 //! over SSH ([`super::SshSession`]) and the runner's own machine ([`super::LocalSession`]),
 //! both through the small [`ShellHost`] trait.
 //!
-//! A detached command runs under `setsid` (its own session and process group, nothing that
-//! dies with the starter), with its output in the log file, its process-group ID in
-//! `<exit>.pid`, and its exit code written to the exit file via a temporary file and `mv`
-//! when it ends; whatever it left running in its group is then killed, so nothing a stage
-//! started outlives it. The log (unmasked job output) is created 0600; the standard input is a
-//! 0600 file next to it, removed as soon as the command has it open.
+//! A detached command runs under `setsid` (its own session and process group without a
+//! terminal, so no hangup reaches it; nothing that dies with the starter), with its output in
+//! the log file, its process-group ID in `<exit>.pid`, and its exit code written to the exit
+//! file via a temporary file and `mv` when it ends; whatever it left running in its group is
+//! then killed, so nothing a stage started outlives it ([`WRAPPER`]). The log (unmasked job
+//! output) is created 0600; the standard input is a 0600 file next to it, removed as soon as
+//! the command has it open.
 //!
-//! Following is `tail -c +N -F` until the exit file appears (or the command's leader is gone,
-//! or the follower's parent — the SSH session, the runner — is), then a final drain from the
-//! exact byte count received, so nothing is lost or shown twice.
+//! Following ([`ShellHost::follow`]) is by default `tail -c +N -F` until the exit file appears
+//! (polled every 5 ms at first, then every 100 ms), or the command's leader is gone, or the
+//! follower's parent — the SSH session — is; then a final drain from the exact byte count
+//! received, so nothing is lost or shown twice, which also reads the exit code. The runner's
+//! own machine writes, starts and reads the same files itself ([`super::LocalSession`]), with
+//! one process per start and none per poll.
+//!
 //! Every chunk goes to [`TraceSink::write_followed`] with the log's byte count after it, and a
 //! follower starts past [`TraceSink::followed`]: a trace restored after a crash goes on from
 //! exactly where it was.
@@ -33,9 +38,9 @@ use crate::trace::TraceSink;
 /// How a detached command is stopped: SIGTERM to its process group, SIGKILL after this many
 /// tenths of a second.
 const KILL_GRACE_TENTHS: u32 = 50;
-/// How long starting may take before the command's pid file must exist, in twentieths of a
-/// second.
-const START_WAIT_TWENTIETHS: u32 = 200;
+/// Polls of the follow script at 5 ms (a short stage ends within them) before it polls every
+/// 100 ms.
+const FAST_POLLS: u32 = 40;
 
 /// Where a script's output goes, chunk by chunk (stdout and stderr in arrival order).
 pub type OutputFn<'a> = dyn Fn(&[u8]) + Send + Sync + 'a;
@@ -68,6 +73,30 @@ pub trait ShellHost: Send + Sync {
         let code = self.shell(script, stdin, &sink, &StopSignal::new()).await?;
         Ok((code, collected.into_inner().unwrap_or_default()))
     }
+
+    /// Start `command` detached ([`start`]); by default with [`start_with_shell`], and a host
+    /// that can write files and start processes itself does it with one process.
+    async fn start(&self, command: &str, stdin: &[u8], log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
+        start_with_shell(self, command, stdin, log_path, exit_path).await
+    }
+
+    /// Forward the log of the detached command of `log_path`/`exit_path` from byte `from` to
+    /// `output` until the command has ended (its exit file exists, or its leader is gone
+    /// without writing one) and every byte of the log is forwarded, in order and once; then
+    /// return the code its exit file holds. When `stop` fires, return
+    /// [`RemoteError::Canceled`] at once (the caller stops the command). By default, `tail -F`
+    /// and a drain script through [`ShellHost::shell`]; a host that can read the files itself
+    /// does it without starting processes.
+    async fn follow(
+        &self,
+        log_path: &str,
+        exit_path: &str,
+        from: u64,
+        output: &OutputFn<'_>,
+        stop: &StopSignal,
+    ) -> Result<i32, RemoteError> {
+        follow_with_shell(self, log_path, exit_path, from, output, stop).await
+    }
 }
 
 /// POSIX shell single-quoting.
@@ -80,8 +109,37 @@ pub fn pid_path(exit_path: &str) -> String {
     format!("{exit_path}.pid")
 }
 
+/// The directory of `path` (`.` for a bare name, `/` for a file at the root).
+fn parent(path: &str) -> &str {
+    match path.trim_end_matches('/').rsplit_once('/') {
+        Some(("", _)) => "/",
+        Some((dir, _)) => dir,
+        None => ".",
+    }
+}
+
 fn failed(what: &str, code: i32, output: &[u8]) -> RemoteError {
     RemoteError::Other(format!("{what} failed (exit code {code}): {}", String::from_utf8_lossy(output).trim()))
+}
+
+/// The `sh -c` script of a detached command's leader, run under `setsid` with the arguments
+/// of [`wrapper_args`]: `$0` = command, `$1` = log, `$2` = pid file, `$3` = stdin file, `$4` =
+/// exit file. It writes the pid file, takes the stdin file as its input, then closes its own
+/// standard output: that EOF is what tells the starter it runs (no polling), after which the
+/// starter removes the stdin file. The exit code goes to the exit file via tmp + `mv`; then
+/// the group is killed (what the command left running). Few processes: every fork is a few
+/// milliseconds of every stage.
+pub const WRAPPER: &str = r#"echo $$ > "$2"; exec < "$3" > /dev/null 2>&1; (eval "$0") > "$1" 2>&1; echo $? > "$4.tmp" && mv -f -- "$4.tmp" "$4"; kill -s KILL 0"#;
+
+/// The stdin file of the detached command whose log is `log_path`.
+pub fn stdin_path(log_path: &str) -> String {
+    format!("{log_path}.stdin")
+}
+
+/// `sh -c` [`WRAPPER`] and its arguments.
+pub fn wrapper_args(command: &str, log_path: &str, exit_path: &str) -> Vec<String> {
+    let args = [command, log_path, &pid_path(exit_path), &stdin_path(log_path), exit_path].map(str::to_string);
+    ["sh", "-c", WRAPPER].into_iter().map(str::to_string).chain(args).collect()
 }
 
 /// Start `command` (an `sh -c` command line) detached: output to `log_path`, exit code to
@@ -94,23 +152,36 @@ pub async fn start(
     log_path: &str,
     exit_path: &str,
 ) -> Result<(), RemoteError> {
-    // $0 = command, $1 = log, $2 = pid file, $3 = stdin file, $4 = exit file. The stdin file
-    // is opened before it is removed; the group is killed once the exit code is safe.
-    let body = r#"echo $$ > "$2"; { rm -f -- "$3"; sh -c "$0"; } > "$1" 2>&1 < "$3"; echo $? > "$4.tmp" && mv -f -- "$4.tmp" "$4"; kill -s KILL 0"#;
-    let pid = pid_path(exit_path);
-    let (log, exit, pid, input) = (quote(log_path), quote(exit_path), quote(&pid), quote(&format!("{log_path}.stdin")));
+    host.start(command, stdin.unwrap_or_default(), log_path, exit_path).await
+}
+
+/// [`ShellHost::start`] with one launcher script: directories, a fresh 0600 log and stdin file,
+/// then [`WRAPPER`] under `setsid` in a command substitution, which returns when the wrapper
+/// closes its standard output.
+pub async fn start_with_shell<H: ShellHost + ?Sized>(
+    host: &H,
+    command: &str,
+    stdin: &[u8],
+    log_path: &str,
+    exit_path: &str,
+) -> Result<(), RemoteError> {
+    let mut dirs: Vec<&str> = [log_path, exit_path].iter().map(|p| parent(p)).collect();
+    dirs.dedup();
+    let mkdirs: String =
+        dirs.iter().map(|d| format!("[ -d {d} ] || mkdir -p -- {d} || exit 1\n", d = quote(d))).collect();
+    let wrapper: Vec<String> = wrapper_args(command, log_path, exit_path).iter().map(|a| quote(a)).collect();
+    let (log, exit, pid, input) =
+        (quote(log_path), quote(exit_path), quote(&pid_path(exit_path)), quote(&stdin_path(log_path)));
     let launcher = format!(
-        "mkdir -p \"$(dirname -- {log})\" \"$(dirname -- {exit})\" && rm -f -- {exit} {pid} \
-           && (umask 077 && : > {log} && cat > {input}) || exit 1\n\
-         nohup setsid sh -c {body} {command} {log} {pid} {input} {exit} > /dev/null 2>&1 < /dev/null &\n\
-         i=0; while [ ! -s {pid} ]; do \
-           if [ $i -ge {START_WAIT_TWENTIETHS} ]; then echo 'the command did not start (is setsid installed?)' >&2; exit 1; fi; \
-           sleep 0.05; i=$((i+1)); \
-         done",
-        body = quote(body),
-        command = quote(command),
+        "{mkdirs}\
+         if [ -e {exit} ] || [ -e {pid} ]; then rm -f -- {exit} {pid} || exit 1; fi\n\
+         (umask 077 && : > {log} && exec cat > {input}) || exit 1\n\
+         : \"$(setsid {wrapper} 2> /dev/null < /dev/null &)\"\n\
+         rm -f -- {input}\n\
+         [ -s {pid} ] || {{ echo 'the command did not start (is setsid installed?)' >&2; exit 1; }}",
+        wrapper = wrapper.join(" "),
     );
-    let (code, output) = host.capture(&launcher, Some(stdin.unwrap_or_default()), 4096).await?;
+    let (code, output) = host.capture(&launcher, Some(stdin), 4096).await?;
     if code != 0 {
         return Err(failed("starting the detached command", code, &output));
     }
@@ -140,6 +211,42 @@ pub async fn attach(
     stop: &StopSignal,
 ) -> Result<ExitStatus, RemoteError> {
     let start = offset.max(trace.followed(log_path).unwrap_or(0));
+    let received = AtomicU64::new(start);
+    let forward = |bytes: &[u8]| {
+        let end = received.fetch_add(bytes.len() as u64, Ordering::SeqCst) + bytes.len() as u64;
+        trace.write_followed(log_path, end, bytes);
+    };
+    match host.follow(log_path, exit_path, start, &forward, stop).await {
+        Ok(code) => Ok(ExitStatus::from_code(code)),
+        Err(RemoteError::Canceled) => {
+            kill(host, exit_path).await;
+            Err(RemoteError::Canceled)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The error of a command that ended without an exit code.
+pub fn no_exit_code(exit_path: &str) -> RemoteError {
+    RemoteError::Other(format!("{exit_path}: the command ended without an exit code (killed or the machine restarted)"))
+}
+
+/// The exit code in the text of an exit file.
+pub fn parse_exit_code(exit_path: &str, text: &[u8]) -> Result<i32, RemoteError> {
+    let text = String::from_utf8_lossy(text);
+    text.trim().parse::<i32>().map_err(|_| RemoteError::Other(format!("{exit_path}: unreadable exit code {text:?}")))
+}
+
+/// [`ShellHost::follow`] with scripts: `tail -c +N -F` until the command ended, then a drain
+/// from the exact byte count forwarded, which also reads the exit code.
+pub async fn follow_with_shell<H: ShellHost + ?Sized>(
+    host: &H,
+    log_path: &str,
+    exit_path: &str,
+    from: u64,
+    output: &OutputFn<'_>,
+    stop: &StopSignal,
+) -> Result<i32, RemoteError> {
     let (log, exit) = (quote(log_path), quote(exit_path));
     let pid = quote(&pid_path(exit_path));
     // Follow until the exit file appears, the command's leader is gone without writing it, or
@@ -147,42 +254,36 @@ pub async fn attach(
     // it polling forever).
     let follow = format!(
         "{GONE_FN}\n\
-         tail -c +{from} -F -- {log} 2>/dev/null & t=$!; p=$(cat -- {pid} 2>/dev/null); \
+         tail -c +{start} -F -- {log} 2>/dev/null & t=$!; p=; read -r p 2>/dev/null < {pid}; s=0.005; n=0; \
          while [ ! -e {exit} ]; do \
            if [ -n \"$p\" ] && gone \"$p\"; then break; fi; \
            kill -0 $PPID 2>/dev/null || break; \
-           sleep 0.1; \
+           sleep $s; n=$((n+1)); [ $n -lt {FAST_POLLS} ] || s=0.1; \
          done; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0",
-        from = start + 1
+        start = from + 1
     );
-    let received = AtomicU64::new(start);
-    let forward = |bytes: &[u8]| {
-        let end = received.fetch_add(bytes.len() as u64, Ordering::SeqCst) + bytes.len() as u64;
-        trace.write_followed(log_path, end, bytes);
+    let forwarded = AtomicU64::new(from);
+    let counted = |bytes: &[u8]| {
+        forwarded.fetch_add(bytes.len() as u64, Ordering::SeqCst);
+        output(bytes);
     };
-    match host.shell(&follow, None, &forward, stop).await {
-        Ok(_) => {}
-        Err(RemoteError::Canceled) => {
-            kill(host, exit_path).await;
-            return Err(RemoteError::Canceled);
-        }
-        Err(e) => return Err(e),
+    host.shell(&follow, None, &counted, stop).await?;
+    // What `tail -F` had not shown yet when it was stopped, and the exit code as the drain's
+    // own (255 for anything else: then the exit file is read on its own, to tell why).
+    let drain = format!(
+        "tail -c +{start} -- {log}; read -r c 2>/dev/null < {exit} || exit 255; \
+         case $c in ''|*[!0-9]*) exit 255;; esac; [ \"$c\" -lt 255 ] || exit 255; exit \"$c\"",
+        start = forwarded.load(Ordering::SeqCst) + 1
+    );
+    let code = host.shell(&drain, None, &counted, &StopSignal::new()).await?;
+    if (0..255).contains(&code) {
+        return Ok(code);
     }
-    // What `tail -F` had not shown yet when it was stopped.
-    let drain = format!("tail -c +{} -- {log}", received.load(Ordering::SeqCst) + 1);
-    host.shell(&drain, None, &forward, &StopSignal::new()).await?;
     let (code, text) = host.capture(&format!("cat -- {exit}"), None, 64).await?;
     if code != 0 {
-        return Err(RemoteError::Other(format!(
-            "{exit_path}: the command ended without an exit code (killed or the machine restarted)"
-        )));
+        return Err(no_exit_code(exit_path));
     }
-    let text = String::from_utf8_lossy(&text);
-    let code = text
-        .trim()
-        .parse::<i32>()
-        .map_err(|_| RemoteError::Other(format!("{exit_path}: unreadable exit code {text:?}")))?;
-    Ok(ExitStatus::from_code(code))
+    parse_exit_code(exit_path, &text)
 }
 
 /// The script that stops the detached command of `exit_path` if it still runs: SIGTERM to its
@@ -208,6 +309,14 @@ pub async fn kill(host: &dyn ShellHost, exit_path: &str) {
 #[cfg(test)]
 mod tests {
     use super::quote;
+
+    #[test]
+    fn parents_of_paths() {
+        assert_eq!(super::parent("/b/s/01.log"), "/b/s");
+        assert_eq!(super::parent("/01.log"), "/");
+        assert_eq!(super::parent("01.log"), ".");
+        assert_eq!(super::parent("s/01.log"), "s");
+    }
 
     #[test]
     fn quoting_survives_single_quotes() {

@@ -4,34 +4,74 @@
 //! Commands are `sh -c` in the runner's working directory with nothing of the runner's
 //! environment but [`super::process::PASSTHROUGH`], leading their own process group, output
 //! streamed into the trace, the group killed on stop ([`super::process`]). Detached commands
-//! are [`super::detached`]'s: under `setsid`, in their own session and not a child of the
-//! runner, with no parent-death signal, so they outlive the runner; a follower ends when the
-//! runner is gone. Files are written atomically (a temporary file in the same directory,
-//! renamed over the target) and read with the caller's size cap.
+//! are [`super::detached`]'s: under `setsid`, in their own session, outside the runner's
+//! process group, with no parent-death signal, so they outlive the runner (started with one
+//! process, which the runner reaps while it lives); they are followed by reading their log and
+//! exit files directly (in the runner: it ends with the runner), with no process per poll,
+//! waking at once when a leader this session started exits. Files are written atomically (a
+//! temporary file in the same directory, renamed over the target) and read with the caller's
+//! size cap.
 //!
 //! Owns: [`LocalSession`]. Must not touch: WIT types, plugins, grants (the capability decides
 //! who gets a local session).
 
-use std::io::{Read, Write};
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::watch;
 
 use crate::connector::detached::{self, OutputFn, ShellHost};
-use crate::connector::process::{run_streaming, LocalCommand, ProcessFailure};
+use crate::connector::process::{run_streaming, start_background, LocalCommand, ProcessFailure};
 use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession};
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;
 
-/// The runner's own machine. Holds nothing: every operation starts its own process.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LocalSession;
+/// The runner's own machine. Holds only the ends of the detached commands it started itself
+/// (it is their parent while it lives), so that following one of them wakes at its end
+/// instead of at the next poll.
+#[derive(Debug, Default)]
+pub struct LocalSession {
+    /// Exit path → set when that command's leader exited.
+    ended: Mutex<HashMap<String, watch::Receiver<bool>>>,
+}
 
 impl LocalSession {
     /// The runner's machine.
     pub fn new() -> Self {
-        LocalSession
+        LocalSession::default()
     }
+
+    /// Note the end of `child`, the leader of the detached command of `exit_path`.
+    fn watch_end(&self, exit_path: &str, mut child: tokio::process::Child) {
+        let (ended, receiver) = watch::channel(false);
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+            let _ = ended.send(true);
+        });
+        if let Ok(mut map) = self.ended.lock() {
+            map.insert(exit_path.to_string(), receiver);
+        }
+    }
+
+    /// The end of the detached command of `exit_path`, if this session started it.
+    fn take_end(&self, exit_path: &str) -> Option<watch::Receiver<bool>> {
+        self.ended.lock().ok()?.remove(exit_path)
+    }
+}
+
+/// Resolves when `end` says the command ended; never without one.
+async fn leader_exit(end: &mut Option<watch::Receiver<bool>>) {
+    if let Some(receiver) = end {
+        if receiver.wait_for(|done| *done).await.is_ok() {
+            return;
+        }
+        *end = None;
+    }
+    std::future::pending::<()>().await
 }
 
 fn remote_error(failure: ProcessFailure) -> RemoteError {
@@ -70,11 +110,69 @@ fn read_file(path: &str, max_bytes: usize) -> Result<Vec<u8>, RemoteError> {
     Ok(data)
 }
 
+/// The files of a detached command before it starts: directories, no exit or pid file from an
+/// earlier run, an empty 0600 log, the stdin file (0600).
+fn prepare_detached(log: &str, exit: &str, input: &str, data: &[u8]) -> Result<(), RemoteError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    for path in [log, exit] {
+        if let Some(dir) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| io_error("creating the directory of", path, e))?;
+        }
+    }
+    for path in [exit.to_string(), detached::pid_path(exit), input.to_string()] {
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_error("removing", &path, e)),
+            _ => {}
+        }
+    }
+    let private = || {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).mode(0o600);
+        options
+    };
+    private().create(true).truncate(true).open(log).map_err(|e| io_error("creating", log, e))?;
+    let mut file = private().create_new(true).open(input).map_err(|e| io_error("creating", input, e))?;
+    file.write_all(data).map_err(|e| io_error("writing", input, e))
+}
+
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, RemoteError> + Send + 'static,
 ) -> Result<T, RemoteError> {
     tokio::task::spawn_blocking(work).await.map_err(|e| RemoteError::Other(format!("file operation failed: {e}")))?
 }
+
+/// Is process `pid` gone: exited, or a zombie nobody reaps (read from `/proc` where it exists)?
+fn gone(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists; it has no effect on it.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'))
+}
+
+/// Most bytes forwarded from a followed log before the follower lets other tasks run.
+const FOLLOW_SLICE: usize = 4 << 20;
+
+/// Forward what `file` holds past its position to `output`, at most about [`FOLLOW_SLICE`]
+/// bytes; returns whether its end was reached.
+fn forward_new(file: &mut std::fs::File, buf: &mut [u8], output: &OutputFn<'_>) -> std::io::Result<bool> {
+    let mut total = 0;
+    while total < FOLLOW_SLICE {
+        match file.read(buf)? {
+            0 => return Ok(true),
+            n => {
+                output(&buf[..n]);
+                total += n;
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// First poll of a followed log after 1 ms, each next one half as long again, up to this: the
+/// end of a short stage is seen within half its run time, a long one costs a `stat` per poll.
+const MAX_POLL: Duration = Duration::from_millis(50);
 
 #[async_trait]
 impl ShellHost for LocalSession {
@@ -87,6 +185,65 @@ impl ShellHost for LocalSession {
     ) -> Result<i32, RemoteError> {
         let status = run_streaming(&LocalCommand::shell(script, stdin), output, stop).await.map_err(remote_error)?;
         Ok(status.code)
+    }
+
+    /// The files are written here and [`detached::WRAPPER`] started in a session of its own
+    /// directly: one process, not a launcher script.
+    async fn start(&self, command: &str, stdin: &[u8], log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
+        let (log, exit, input) = (log_path.to_string(), exit_path.to_string(), detached::stdin_path(log_path));
+        let data = stdin.to_vec();
+        blocking(move || prepare_detached(&log, &exit, &input, &data)).await?;
+        let mut args = detached::wrapper_args(command, log_path, exit_path).into_iter();
+        let program = args.next().unwrap_or_default();
+        let launch = LocalCommand { program, args: args.collect(), ..LocalCommand::default() };
+        let started = start_background(&launch).await.map_err(remote_error);
+        let _ = std::fs::remove_file(detached::stdin_path(log_path));
+        self.watch_end(exit_path, started?);
+        match std::fs::read_to_string(detached::pid_path(exit_path)) {
+            Ok(pid) if !pid.trim().is_empty() => Ok(()),
+            _ => Err(RemoteError::Other(format!("{log_path}: the detached command did not start"))),
+        }
+    }
+
+    /// The files are on this machine: read them, no process per poll. Dies with the runner.
+    async fn follow(
+        &self,
+        log_path: &str,
+        exit_path: &str,
+        from: u64,
+        output: &OutputFn<'_>,
+        stop: &StopSignal,
+    ) -> Result<i32, RemoteError> {
+        let mut file = std::fs::File::open(log_path).map_err(|e| io_error("following", log_path, e))?;
+        file.seek(SeekFrom::Start(from)).map_err(|e| io_error("following", log_path, e))?;
+        let leader = std::fs::read_to_string(detached::pid_path(exit_path)).ok().and_then(|p| p.trim().parse().ok());
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut poll = Duration::from_millis(1);
+        let mut end = self.take_end(exit_path);
+        loop {
+            if stop.is_stopped() {
+                return Err(RemoteError::Canceled);
+            }
+            // Whether it ended is decided before the read, so the read gets every last byte.
+            let ended = Path::new(exit_path).exists() || leader.is_some_and(gone);
+            if !forward_new(&mut file, &mut buf, output).map_err(|e| io_error("following", log_path, e))? {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            if ended {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(poll) => {}
+                _ = leader_exit(&mut end) => {}
+                _ = stop.stopped() => return Err(RemoteError::Canceled),
+            }
+            poll = (poll * 3 / 2).min(MAX_POLL);
+        }
+        match std::fs::read(exit_path) {
+            Ok(text) => detached::parse_exit_code(exit_path, &text),
+            Err(_) => Err(detached::no_exit_code(exit_path)),
+        }
     }
 }
 

@@ -4,8 +4,8 @@
 //!
 //! A stop signal sends SIGTERM to the group, then SIGKILL after [`KILL_GRACE`]; stragglers a
 //! finished command left in its group are killed too (they would hold the pipe open), and a
-//! dropped call kills the group. A command that must outlive its caller leaves the group
-//! itself (`setsid`, as [`super::detached`] does).
+//! dropped call kills the group. A command that must outlive its caller is started with
+//! [`start_background`] and leaves the group itself (`setsid`, as [`super::detached`] does).
 //!
 //! Owns: spawning, streaming, capturing and stopping local processes, in the connector's own
 //! types ([`LocalCommand`], [`ProcessFailure`]). Must not touch: WIT types (the `process`
@@ -119,7 +119,8 @@ fn exit_status(status: std::process::ExitStatus) -> ExitStatus {
     }
 }
 
-fn build(cmd: &LocalCommand) -> tokio::process::Command {
+/// `cmd` with only [`PASSTHROUGH`] of the runner's environment under its own.
+fn command_of(cmd: &LocalCommand) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(&cmd.program);
     command.args(&cmd.args).env_clear();
     for key in PASSTHROUGH {
@@ -133,6 +134,11 @@ fn build(cmd: &LocalCommand) -> tokio::process::Command {
     if let Some(cwd) = &cmd.cwd {
         command.current_dir(cwd);
     }
+    command
+}
+
+fn build(cmd: &LocalCommand) -> tokio::process::Command {
+    let mut command = command_of(cmd);
     command.process_group(0).kill_on_drop(true);
     command.stdin(if cmd.stdin.is_some() { Stdio::piped() } else { Stdio::null() });
     command
@@ -248,6 +254,25 @@ pub async fn run_streaming(
     }
     drop(guard);
     result
+}
+
+/// Start `cmd` in a session of its own (`setsid`: its own process group, no controlling
+/// terminal, no parent-death signal), so that it outlives this call and the runner; nothing on
+/// its standard input and error. Returns once it closed its standard output, which is how it
+/// says it is ready; the caller may wait for its end (dropped, the runtime reaps it).
+pub async fn start_background(cmd: &LocalCommand) -> Result<tokio::process::Child, ProcessFailure> {
+    let mut command = command_of(cmd);
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| if libc::setsid() == -1 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
+    }
+    command.kill_on_drop(false).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = command.spawn().map_err(|e| spawn_failed(cmd, e))?;
+    if let Some(mut stdout) = child.stdout.take() {
+        let mut sink = Vec::new();
+        let _ = stdout.read_to_end(&mut sink).await;
+    }
+    Ok(child)
 }
 
 async fn read_capped(stream: Option<impl tokio::io::AsyncRead + Unpin>, cap: usize) -> (Vec<u8>, bool) {

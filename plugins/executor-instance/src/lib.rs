@@ -157,8 +157,8 @@ impl Environment for InstanceEnvironment {
     fn cleanup(&self) {
         // Best effort: stop a stage still running (one a previous manager started, too), then
         // remove the stage logs, only needed while the job runs.
-        let _ = remote::stop_detached_in(&self.stages_dir, STOP_GRACE_SECONDS);
-        let _ = remote::run(&format!("rm -rf {}", quote(&self.stages_dir)), None);
+        let stop = remote::stop_detached_script(&self.stages_dir, STOP_GRACE_SECONDS);
+        let _ = remote::run(&format!("{stop}rm -rf {}", quote(&self.stages_dir)), None);
     }
 
     fn state(&self) -> Option<String> {

@@ -81,15 +81,17 @@ impl Executor for Shell {
                 job.shell
             )));
         }
-        // The builds directory must exist before get_sources can clone into it.
-        mkdir(&["-p", job.builds_dir.as_str()], &job.builds_dir)?;
         // The stage files (unmasked output, scripts) in a new directory of the runner's user
         // alone, under a name no one else can have taken: `runway exec` numbers its jobs from 1
         // and puts builds in the parent of the project (`/tmp` with `--isolate`), which other
-        // runs, and other users, share.
+        // runs, and other users, share. Its parent, the builds directory, must exist before
+        // get_sources can clone into it: created only when the first try says it is missing.
         let nonce = std::collections::hash_map::RandomState::new().hash_one(job.id) as u32;
         let stages_dir = format!("{}/.runway-stages-{}-{nonce:08x}", job.builds_dir.trim_end_matches('/'), job.id);
-        mkdir(&["-m", "700", stages_dir.as_str()], &stages_dir)?;
+        if mkdir(&["-m", "700", stages_dir.as_str()], &stages_dir).is_err() {
+            mkdir(&["-p", job.builds_dir.as_str()], &job.builds_dir)?;
+            mkdir(&["-m", "700", stages_dir.as_str()], &stages_dir)?;
+        }
         Ok(ShellEnvironment {
             shell: job.shell,
             project_dir: job.project_dir,
@@ -180,8 +182,8 @@ impl Environment for ShellEnvironment {
     fn cleanup(&self) {
         // Best effort: stop a stage still running (one a previous runner started, too), then
         // remove the stage files (logs, exit codes) — only needed while the job runs.
-        let _ = remote::stop_detached_in(&self.stages_dir, STOP_GRACE_SECONDS);
-        let _ = remote::run(&format!("rm -rf {}", quote(&self.stages_dir)), None);
+        let stop = remote::stop_detached_script(&self.stages_dir, STOP_GRACE_SECONDS);
+        let _ = remote::run(&format!("{stop}rm -rf {}", quote(&self.stages_dir)), None);
     }
 
     fn state(&self) -> Option<String> {
