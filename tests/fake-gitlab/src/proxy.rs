@@ -148,7 +148,7 @@ impl State {
             deck.extend(self.plan.faults.iter().copied());
             deck.shuffle(&mut self.rng);
         }
-        let Some(fault) = deck.pop() else { return None };
+        let fault = deck.pop()?;
         *self.injected.entry((kind, fault)).or_default() += 1;
         Some(fault)
     }
