@@ -6,12 +6,13 @@
 //! contexts, `plugin` instantiates and links, `executor` calls the exports. Everything else
 //! speaks the domain types of those modules, never these.
 
-/// `runway:executor/executor-plugin`.
+/// `runway:executor/executor-plugin@0.2.0` (which links plugins built against 0.1.0 too: the
+/// exported interface is the same, the imports a superset).
 #[allow(missing_docs)] // generated; the WIT files carry the documentation
 pub mod executor {
     wasmtime::component::bindgen!({
-        world: "runway:executor/executor-plugin@0.1.0",
-        path: ["../wit/host", "../wit/executor"],
+        world: "runway:executor/executor-plugin@0.2.0",
+        path: ["../wit/host", "../wit/executor", "../wit/0.2.0/host", "../wit/0.2.0/executor"],
         imports: { default: async | trappable },
         exports: { default: async },
     });
@@ -27,9 +28,9 @@ pub mod fleeting {
         imports: { default: async | trappable },
         exports: { default: async },
         with: {
-            "runway:host/log": super::executor::runway::host::log,
-            "runway:host/kv": super::executor::runway::host::kv,
-            "runway:host/plugin": super::executor::runway::host::plugin,
+            "runway:host/log@0.1.0": super::executor::runway::host0_1_0::log,
+            "runway:host/kv@0.1.0": super::executor::runway::host0_1_0::kv,
+            "runway:host/plugin@0.1.0": super::executor::runway::host0_1_0::plugin,
         },
     });
 }

@@ -3,8 +3,8 @@
 /// The `runway:executor/executor-plugin` world.
 pub mod executor {
     wit_bindgen::generate!({
-        world: "runway:executor/executor-plugin@0.1.0",
-        path: ["../wit/host", "../wit/executor"],
+        world: "runway:executor/executor-plugin@0.2.0",
+        path: ["../wit/host", "../wit/executor", "../wit/0.2.0/host", "../wit/0.2.0/executor"],
         runtime_path: "::runway_sdk::wit_bindgen::rt",
         pub_export_macro: true,
         export_macro_name: "export",
@@ -24,9 +24,9 @@ pub mod fleeting {
         export_macro_name: "export",
         default_bindings_module: "::runway_sdk::bindings::fleeting",
         with: {
-            "runway:host/log@0.1.0": crate::bindings::executor::runway::host::log,
-            "runway:host/kv@0.1.0": crate::bindings::executor::runway::host::kv,
-            "runway:host/plugin@0.1.0": crate::bindings::executor::runway::host::plugin,
+            "runway:host/log@0.1.0": crate::bindings::executor::runway::host0_1_0::log,
+            "runway:host/kv@0.1.0": crate::bindings::executor::runway::host0_1_0::kv,
+            "runway:host/plugin@0.1.0": crate::bindings::executor::runway::host0_1_0::plugin,
         },
         generate_all,
     });

@@ -3,12 +3,12 @@
 
 use crate::export::{Component, Named};
 
-use crate::bindings::executor::exports::runway::executor::executor as wit;
-pub use crate::bindings::executor::exports::runway::executor::executor::{
+use crate::bindings::executor::exports::runway::executor0_1_0::executor as wit;
+pub use crate::bindings::executor::exports::runway::executor0_1_0::executor::{
     ExecutorError, ExitStatus, Job, ProviderInfo, StageScript,
 };
-pub use crate::bindings::executor::runway::executor::types::{Features, Image};
-use crate::bindings::executor::runway::host::plugin as wit_plugin;
+pub use crate::bindings::executor::runway::executor0_1_0::types::{Features, Image};
+use crate::bindings::executor::runway::host0_1_0::plugin as wit_plugin;
 
 /// An executor: how jobs are run. One value of the plugin's type is never created; the
 /// functions are associated, and per-job state lives in [`Executor::Environment`].

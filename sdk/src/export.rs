@@ -4,7 +4,7 @@
 
 use std::marker::PhantomData;
 
-use crate::bindings::executor::runway::host::plugin::{PluginKind, PluginMetadata};
+use crate::bindings::executor::runway::host0_1_0::plugin::{PluginKind, PluginMetadata};
 
 /// Name, description and version of a plugin type, implemented by the export macros.
 pub trait Named {

@@ -4,7 +4,7 @@
 use crate::export::{Component, Named};
 use std::cell::RefCell;
 
-use crate::bindings::executor::runway::host::plugin as wit_plugin;
+use crate::bindings::executor::runway::host0_1_0::plugin as wit_plugin;
 use crate::bindings::fleeting::exports::runway::fleeting::instance_group as wit;
 pub use crate::bindings::fleeting::exports::runway::fleeting::instance_group::{
     ConnectInfo, ConnectorConfig, Instance, Interruption, ProviderError, ProviderInfo,

@@ -1,7 +1,7 @@
 //! Small persistent state scoped to the plugin, kept by the host.
 
-use crate::bindings::executor::runway::host::kv as wit;
-pub use crate::bindings::executor::runway::host::kv::KvError;
+use crate::bindings::executor::runway::host0_1_0::kv as wit;
+pub use crate::bindings::executor::runway::host0_1_0::kv::KvError;
 
 /// The value under `key`.
 pub fn get(key: &str) -> Result<Option<Vec<u8>>, KvError> {

@@ -28,7 +28,7 @@
 //! Build with `cargo build --release --target wasm32-wasip2` and copy the `.wasm` file into
 //! the runner's `plugins_dir`. The SDK hides the generated bindings; it re-exports the WIT
 //! types under friendlier modules and wraps the host capabilities (`log`, `trace`, `process`,
-//! `kv`, `remote`) in small idiomatic APIs.
+//! `kv`, `remote`, `docker`, `job`) in small idiomatic APIs.
 
 #![deny(missing_docs)]
 
@@ -43,8 +43,10 @@ pub mod bindings;
 #[doc(hidden)]
 pub mod export;
 
+pub mod docker;
 pub mod executor;
 pub mod fleeting;
+pub mod job;
 pub mod kv;
 pub mod log;
 pub mod process;
@@ -53,7 +55,7 @@ pub mod trace;
 
 /// Version of the WIT packages this SDK implements; the host refuses plugins whose major
 /// (or, before 1.0, minor) version differs from its own.
-pub const API_VERSION: &str = "0.1.0";
+pub const API_VERSION: &str = "0.2.0";
 
 #[doc(hidden)]
 pub mod meta {
@@ -91,7 +93,7 @@ macro_rules! __embed_metadata {
             "version=",
             env!("CARGO_PKG_VERSION"),
             "\n",
-            "api=0.1.0\n",
+            "api=0.2.0\n",
             "description=",
             $description,
             "\n",

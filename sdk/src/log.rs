@@ -1,6 +1,6 @@
 //! Log lines into the runner's own log (not the job log), tagged with the plugin's name.
 
-use crate::bindings::executor::runway::host::log::{write, Level};
+use crate::bindings::executor::runway::host0_1_0::log::{write, Level};
 
 /// Write a debug line.
 pub fn debug(message: &str) {

@@ -1,8 +1,8 @@
 //! Local processes (needs the `allow_process` grant). Output of [`Command::run`] streams
 //! straight into the job log on the host side.
 
-use crate::bindings::executor::runway::host::process as wit;
-pub use crate::bindings::executor::runway::host::process::{ExitStatus, Output, ProcessError};
+use crate::bindings::executor::runway::host0_1_0::process as wit;
+pub use crate::bindings::executor::runway::host0_1_0::process::{ExitStatus, Output, ProcessError};
 
 /// A command builder, in the spirit of `std::process::Command`.
 #[derive(Debug, Clone)]

@@ -3,9 +3,9 @@
 //! instance — the runner's own machine. Without either, calls fail with
 //! [`RemoteError::NoInstance`].
 
-pub use crate::bindings::executor::runway::host::process::ExitStatus;
-use crate::bindings::executor::runway::host::remote as wit;
-pub use crate::bindings::executor::runway::host::remote::RemoteError;
+pub use crate::bindings::executor::runway::host0_1_0::process::ExitStatus;
+use crate::bindings::executor::runway::host0_1_0::remote as wit;
+pub use crate::bindings::executor::runway::host0_1_0::remote::RemoteError;
 
 /// Run a shell command, streaming its output into the job log.
 pub fn run(command: &str, stdin: Option<&[u8]>) -> Result<ExitStatus, RemoteError> {

@@ -1,7 +1,7 @@
 //! The job log. The host masks secrets and uploads it; plugins only append.
 
-use crate::bindings::executor::runway::host::trace as wit;
-pub use crate::bindings::executor::runway::host::trace::TraceError;
+use crate::bindings::executor::runway::host0_1_0::trace as wit;
+pub use crate::bindings::executor::runway::host0_1_0::trace::TraceError;
 
 /// Most bytes the host accepts in one write.
 pub const MAX_CHUNK: usize = 1 << 20;

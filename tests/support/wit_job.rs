@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use runway::bindings::executor::exports::runway::executor::executor::Job;
+use runway::bindings::executor::exports::runway::executor0_1_0::executor::Job;
 
 /// A one-hour job of `group/project` whose builds, project and cache live under `dir`.
 pub fn job(dir: &Path) -> Job {

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use sha2::{Digest, Sha256};
 
-use crate::bindings::executor::runway::host::kv::{Host, KvError};
+use crate::bindings::executor::runway::host0_1_0::kv::{Host, KvError};
 
 /// Longest key.
 pub const MAX_KEY: usize = 256;

@@ -15,7 +15,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::bindings::executor::runway::host::log::{Host, Level};
+use crate::bindings::executor::runway::host0_1_0::log::{Host, Level};
 
 /// Longest line kept; the rest is cut.
 const MAX_LINE: usize = 64 * 1024;

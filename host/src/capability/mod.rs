@@ -34,6 +34,6 @@ impl HasData for TypesOnly {
     type Data<'a> = TypesOnly;
 }
 
-impl executor::runway::host::plugin::Host for TypesOnly {}
-impl executor::runway::executor::types::Host for TypesOnly {}
+impl executor::runway::host0_1_0::plugin::Host for TypesOnly {}
+impl executor::runway::executor0_1_0::types::Host for TypesOnly {}
 impl fleeting::runway::fleeting::types::Host for TypesOnly {}

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use wasmtime::component::HasData;
 
-use crate::bindings::executor::runway::host::process::{Command, ExitStatus, Host, Output, ProcessError};
+use crate::bindings::executor::runway::host0_1_0::process::{Command, ExitStatus, Host, Output, ProcessError};
 use crate::capability::call::{CallBudget, CallContext};
 use crate::connector::process::{self as local, Captured, LocalCommand, ProcessFailure};
 use crate::stop::StopSignal;

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use wasmtime::component::HasData;
 
-use crate::bindings::executor::runway::host::process::ExitStatus;
-use crate::bindings::executor::runway::host::remote::{Host, RemoteCommand, RemoteError};
+use crate::bindings::executor::runway::host0_1_0::process::ExitStatus;
+use crate::bindings::executor::runway::host0_1_0::remote::{Host, RemoteCommand, RemoteError};
 use crate::capability::call::{CallBudget, CallContext};
 use crate::connector::{self, LocalSession, RemoteSession};
 use crate::trace::TraceSink;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use wasmtime::component::HasData;
 
-use crate::bindings::executor::runway::host::trace::{Host, TraceError};
+use crate::bindings::executor::runway::host0_1_0::trace::{Host, TraceError};
 use crate::trace::TraceSink;
 
 /// Most bytes accepted in one write.

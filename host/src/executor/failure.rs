@@ -5,7 +5,7 @@
 //! Owns: [`ExecutorFailure`] and its mapping from the WIT `executor-error`. Must not touch:
 //! jobs (which decide what a failure means for the job), sessions.
 
-use crate::bindings::executor::runway::executor::types::ExecutorError;
+use crate::bindings::executor::runway::executor0_1_0::types::ExecutorError;
 use crate::plugin::{bound_message, PluginError};
 
 /// Why an executor step failed.

@@ -24,8 +24,8 @@ pub mod stage;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::bindings::executor::exports::runway::executor::executor::ProviderInfo;
-use crate::bindings::executor::runway::executor::types::Features;
+use crate::bindings::executor::exports::runway::executor0_1_0::executor::ProviderInfo;
+use crate::bindings::executor::runway::executor0_1_0::types::Features;
 use crate::capability::CallContext;
 use crate::plugin::{LoadedPlugin, PluginHost};
 

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::bindings::executor::exports::runway::executor::executor::Job;
-use crate::bindings::executor::runway::executor::types::Image;
+use crate::bindings::executor::exports::runway::executor0_1_0::executor::Job;
+use crate::bindings::executor::runway::executor0_1_0::types::Image;
 use crate::capability::CallContext;
 use crate::executor::failure::ExecutorFailure;
 use crate::executor::instance::ConnectedInstance;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use wasmtime::component::ResourceAny;
 
-use crate::bindings::executor::exports::runway::executor::executor::{Job, StageScript};
+use crate::bindings::executor::exports::runway::executor0_1_0::executor::{Job, StageScript};
 use crate::capability::CallContext;
 use crate::executor::failure::ExecutorFailure;
 use crate::executor::stage::Stage;

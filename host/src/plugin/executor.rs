@@ -11,8 +11,8 @@ use std::sync::Arc;
 use wasmtime::component::ResourceAny;
 use wasmtime::Store;
 
-use crate::bindings::executor::exports::runway::executor::executor::{ExecutorError, Job, ProviderInfo, StageScript};
-use crate::bindings::executor::runway::executor::types::ExitStatus;
+use crate::bindings::executor::exports::runway::executor0_1_0::executor::{ExecutorError, Job, ProviderInfo, StageScript};
+use crate::bindings::executor::runway::executor0_1_0::types::ExitStatus;
 use crate::bindings::executor::ExecutorPlugin;
 use crate::capability::CallContext;
 use crate::plugin::call::{classify, guarded, PluginError, PluginErrorKind, RawFailure};
@@ -85,21 +85,21 @@ impl ExecutorInstance {
     /// `info`: describe the executor and validate `config_json`.
     pub async fn info(&mut self, config_json: &str) -> ExecutorCall<ProviderInfo> {
         let budget = self.store.data().budget.clone();
-        let call = self.bindings.runway_executor_executor().call_info(&mut self.store, config_json);
+        let call = self.bindings.runway_executor0_1_0_executor().call_info(&mut self.store, config_json);
         guarded(budget, call).await.map_err(|f| self.classify(f))
     }
 
     /// `prepare`: create the job's environment.
     pub async fn prepare(&mut self, job: &Job) -> ExecutorCall<ResourceAny> {
         let budget = self.store.data().budget.clone();
-        let call = self.bindings.runway_executor_executor().call_prepare(&mut self.store, job);
+        let call = self.bindings.runway_executor0_1_0_executor().call_prepare(&mut self.store, job);
         guarded(budget, call).await.map_err(|f| self.classify(f))
     }
 
     /// `resume`: rebuild the environment from saved state after a runner restart.
     pub async fn resume(&mut self, job: &Job, state: &str) -> ExecutorCall<ResourceAny> {
         let budget = self.store.data().budget.clone();
-        let call = self.bindings.runway_executor_executor().call_resume(&mut self.store, job, state);
+        let call = self.bindings.runway_executor0_1_0_executor().call_resume(&mut self.store, job, state);
         guarded(budget, call).await.map_err(|f| self.classify(f))
     }
 
@@ -107,7 +107,7 @@ impl ExecutorInstance {
     pub async fn run(&mut self, env: ResourceAny, stage: &StageScript, stop: StopSignal) -> ExecutorCall<ExitStatus> {
         self.store.data_mut().call.stop = stop;
         let budget = self.store.data().budget.clone();
-        let environment = self.bindings.runway_executor_executor().environment();
+        let environment = self.bindings.runway_executor0_1_0_executor().environment();
         let call = environment.call_run(&mut self.store, env, stage);
         guarded(budget, call).await.map_err(|f| self.classify(f))
     }
@@ -115,7 +115,7 @@ impl ExecutorInstance {
     /// `environment.state`: opaque state for `resume`, when the executor supports it.
     pub async fn state(&mut self, env: ResourceAny) -> Result<Option<String>, PluginError> {
         let budget = self.store.data().budget.clone();
-        let environment = self.bindings.runway_executor_executor().environment();
+        let environment = self.bindings.runway_executor0_1_0_executor().environment();
         let call = environment.call_state(&mut self.store, env);
         guarded(budget, call).await.map_err(|f| self.classify(f))
     }
@@ -124,7 +124,7 @@ impl ExecutorInstance {
     pub async fn cleanup(&mut self, env: ResourceAny) -> Result<(), PluginError> {
         self.store.data_mut().call.stop = StopSignal::new();
         let budget = self.store.data().budget.clone();
-        let environment = self.bindings.runway_executor_executor().environment();
+        let environment = self.bindings.runway_executor0_1_0_executor().environment();
         let call = environment.call_cleanup(&mut self.store, env);
         guarded(budget, call).await.map_err(|f| self.classify(f))?;
         let _ = env.resource_drop_async(&mut self.store).await;

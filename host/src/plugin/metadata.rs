@@ -50,7 +50,7 @@ pub enum MetadataError {
 
 /// Versions of the WIT packages this host implements. A plugin built against another
 /// version is refused with a message naming both.
-pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.1"];
+pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.1", "0.2"];
 
 /// Which contract a plugin implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -356,7 +356,7 @@ impl Registry {
             PluginPre::Executor(pre) => {
                 let bindings =
                     pre.instantiate_async(&mut store).await.map_err(|e| LoadError::Instantiate(format!("{e:#}")))?;
-                guarded(budget, bindings.runway_executor_executor().call_metadata(&mut store)).await
+                guarded(budget, bindings.runway_executor0_1_0_executor().call_metadata(&mut store)).await
             }
             PluginPre::Fleeting(pre) => {
                 let bindings =

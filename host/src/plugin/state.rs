@@ -154,7 +154,7 @@ impl WasiHttpView for PluginState {
 
 /// Link the `runway:host` interfaces of the executor world, each to its capability's view.
 pub(crate) fn add_executor_imports(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
-    use executor::runway::{executor as exec, host};
+    use executor::runway::{executor0_1_0 as exec, host0_1_0 as host};
     host::log::add_to_linker::<_, HasSelf<LogCtx>>(linker, PluginState::log)?;
     host::kv::add_to_linker::<_, HasSelf<KvCtx>>(linker, PluginState::kv)?;
     host::trace::add_to_linker::<_, HasTrace>(linker, PluginState::trace)?;
@@ -167,7 +167,7 @@ pub(crate) fn add_executor_imports(linker: &mut Linker<PluginState>) -> wasmtime
 
 /// Link the `runway:host` interfaces of the fleeting world, each to its capability's view.
 pub(crate) fn add_fleeting_imports(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
-    use executor::runway::host;
+    use executor::runway::host0_1_0 as host;
     host::log::add_to_linker::<_, HasSelf<LogCtx>>(linker, PluginState::log)?;
     host::kv::add_to_linker::<_, HasSelf<KvCtx>>(linker, PluginState::kv)?;
     host::plugin::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;

@@ -107,7 +107,7 @@ impl Environment for Env {
             }
             // One oversized write straight through the raw binding: the host must refuse it.
             let big = vec![b'y'; 2 << 20];
-            match runway_sdk::bindings::executor::runway::host::trace::write(&big) {
+            match runway_sdk::bindings::executor::runway::host0_1_0::trace::write(&big) {
                 Ok(()) => runway_sdk::trace::write_str("\noversized write accepted\n"),
                 Err(e) => runway_sdk::trace::write_str(&format!("\noversized write refused: {e:?}\n")),
             }
