@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use fake_gitlab::{FakeGitLab, JobSpec};
-use runway::executor0_1_0::ResolvedExecutor;
+use runway::executor::ResolvedExecutor;
 use runway::gitlab::client::{ClientOptions, GitLabClient, RunnerCredentials};
 use runway::job::JobEnvironment;
 use runway::manager::{identity, Manager, ManagerSettings, RunnerSettings, Shutdown};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion};
 use runway::bindings::executor::exports::runway::executor0_1_0::executor::Job;
 use runway::capability::CallContext;
-use runway::executor0_1_0::{ExecutorSession, Stage};
+use runway::executor::{ExecutorSession, Stage};
 use runway::plugin::{builtin_plugins, HostSettings, PluginHost};
 use runway::stop::StopSignal;
 use runway::trace::MemorySink;
