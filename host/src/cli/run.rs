@@ -44,6 +44,7 @@ pub async fn plugin_host(loaded: &Loaded) -> anyhow::Result<PluginHost> {
         state_dir: Some(loaded.state_dir()),
         grants: loaded.config.plugins.clone(),
         builtins: builtin_plugins(),
+        helper_image: None,
     })
     .await
 }
@@ -206,7 +207,7 @@ impl RunnerContext {
     /// Resolve the executor plugin and build the runner's settings from what it says.
     async fn resolve(&self) -> Result<RunnerSettings, Unusable> {
         let runner = &self.runner;
-        let executor = ResolvedExecutor::resolve(&self.plugins, &runner.executor, &runner.executor_config_json())
+        let executor = ResolvedExecutor::resolve(&self.plugins, runner.executor_plugin(), &runner.executor_config_json())
             .await
             .map_err(|e| Unusable::new(&format!("{}: executor {:?}: {e}", self.where_, runner.executor)))?;
         let store = match self.stores.open(&self.store).await {
