@@ -101,8 +101,8 @@ pub fn normalize_image_path(image: &str) -> String {
 pub fn registry_path(server: &str) -> String {
     let lower = server.to_ascii_lowercase();
     for scheme in ["https://", "http://"] {
-        if lower.starts_with(scheme) {
-            let host = lower[scheme.len()..].split('/').next().unwrap_or_default().to_string();
+        if let Some(rest) = lower.strip_prefix(scheme) {
+            let host = rest.split('/').next().unwrap_or_default().to_string();
             return if host == format!("index.{DOCKER_HUB}") { DOCKER_HUB.to_string() } else { host };
         }
     }
