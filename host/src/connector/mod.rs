@@ -7,7 +7,9 @@
 //! the runner, followed again from any byte offset without a byte twice. Together they back
 //! the `runway:host/remote` capability. [`spec`] turns what a provider says about an instance
 //! (plus the configured defaults) into a [`ConnectSpec`]; [`probe`] runs the autoscaler's
-//! `instance_ready_command`, health probes and the `$HOME` lookup.
+//! `instance_ready_command`, health probes and the `$HOME` lookup. [`rootfs`] makes root
+//! filesystem tars from this machine's files (Runway's helper image, test images) for
+//! `docker import`.
 //!
 //! `connector` imports only `stop` and `trace`: never plugin, capability or WIT types; the
 //! manager converts the fleeting plugin's records into [`InstanceConnectInfo`].
@@ -21,6 +23,7 @@ pub mod local;
 pub mod probe;
 pub mod process;
 pub mod remote;
+pub mod rootfs;
 pub mod spec;
 pub mod ssh;
 
