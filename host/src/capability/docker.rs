@@ -68,7 +68,7 @@ impl DockerPolicy {
 }
 
 /// What builds Runway's helper image: its reference and root filesystem tar.
-type BuildHelper = dyn Fn() -> Result<(String, Vec<u8>), String> + Send + Sync;
+type BuildHelper = dyn Fn() -> Result<(String, bytes::Bytes), String> + Send + Sync;
 
 /// Builds Runway's helper image for an engine that lacks it (the runner wires the connector's
 /// root filesystem builder in; tests may give their own).
@@ -77,11 +77,11 @@ pub struct HelperImageSource(Arc<BuildHelper>);
 
 impl HelperImageSource {
     /// A source that runs `build`.
-    pub fn new(build: impl Fn() -> Result<(String, Vec<u8>), String> + Send + Sync + 'static) -> Self {
+    pub fn new(build: impl Fn() -> Result<(String, bytes::Bytes), String> + Send + Sync + 'static) -> Self {
         HelperImageSource(Arc::new(build))
     }
 
-    fn build(&self) -> Result<(String, Vec<u8>), String> {
+    fn build(&self) -> Result<(String, bytes::Bytes), String> {
         (self.0)()
     }
 }
@@ -163,7 +163,8 @@ impl DockerView<'_> {
         if let Some(session) = &self.call.remote {
             if !self.ctx.policy.allows_instance() {
                 return Err(DockerError::NotPermitted(
-                    "the engine on the job's instance: the plugin's allow_docker grant does not name \"instance\"".into(),
+                    "the engine on the job's instance: the plugin's allow_docker grant does not name \"instance\""
+                        .into(),
                 ));
             }
             let host = if endpoint.host.trim().is_empty() {
@@ -226,10 +227,9 @@ impl HostEngine for DockerView<'_> {
         if body.as_ref().is_some_and(|b| b.len() > self.ctx.max_buffer) {
             return Ok(Err(DockerError::TooLarge(u32::try_from(self.ctx.max_buffer).unwrap_or(u32::MAX))));
         }
-        let body = body.map(|data| Body { data, content_type });
+        let body = body.map(|data| Body { data: data.into(), content_type });
         let stop = self.call.stop.clone();
-        let result =
-            self.budget.in_host(client.request(&method, &path, body, &[], self.ctx.max_buffer, &stop)).await;
+        let result = self.budget.in_host(client.request(&method, &path, body, &[], self.ctx.max_buffer, &stop)).await;
         Ok(result.map(|(status, body)| Response { status, body }).map_err(wit_error))
     }
 

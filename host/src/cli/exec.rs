@@ -67,8 +67,13 @@ async fn plugins(config: Option<&Path>) -> anyhow::Result<PluginHost> {
         let loaded = super::run::load_config(path)?;
         return super::run::plugin_host(&loaded).await;
     }
-    PluginHost::new(HostSettings { cache_dir: cache_dir(), builtins: builtin_plugins(), ..HostSettings::default() })
-        .await
+    PluginHost::new(HostSettings {
+        cache_dir: cache_dir(),
+        builtins: builtin_plugins(),
+        helper_image: Some(super::run::helper_image()),
+        ..HostSettings::default()
+    })
+    .await
 }
 
 /// Where a local job's files are, as the executor sees them.
@@ -86,7 +91,8 @@ impl Layout {
     /// its cache volume. Either way the user's environment is already loaded: no login shell.
     fn new(args: &ExecArgs, run_dir: &Path) -> Layout {
         if args.executor == "docker" {
-            let name = run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "project".into());
+            let name =
+                run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "project".into());
             let project_dir = PathBuf::from("/builds").join(&name);
             let mut config = serde_json::json!({
                 "volumes": [format!("{}:{}", run_dir.display(), project_dir.display())],

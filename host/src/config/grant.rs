@@ -78,7 +78,9 @@ fn docker_endpoints<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String
     let entries = Vec::<String>::deserialize(d)?;
     for entry in &entries {
         let ok = matches!(entry.as_str(), "*" | "instance")
-            || ["unix:///", "/", "tcp://", "http://", "https://"].iter().any(|p| entry.starts_with(p) && entry.len() > p.len());
+            || ["unix:///", "/", "tcp://", "http://", "https://"]
+                .iter()
+                .any(|p| entry.starts_with(p) && entry.len() > p.len());
         if !ok {
             return Err(serde::de::Error::custom(format!(
                 "{entry:?} is not a Docker endpoint: use unix:///path, tcp://host:port, \"instance\" or \"*\""

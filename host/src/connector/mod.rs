@@ -8,7 +8,9 @@
 //! the `runway:host/remote` capability. [`spec`] turns what a provider says about an instance
 //! (plus the configured defaults) into a [`ConnectSpec`]; [`probe`] runs the autoscaler's
 //! `instance_ready_command`, health probes and the `$HOME` lookup. [`docker`] carries the Docker
-//! Engine API for the container executors, locally or through a session's unix socket forwarding.
+//! Engine API for the container executors, locally or through a session's unix socket forwarding;
+//! [`rootfs`] makes root filesystem tars from this machine's files (Runway's helper image, test
+//! images) for `docker import`.
 //!
 //! `connector` imports only `stop` and `trace`: never plugin, capability or WIT types; the
 //! manager converts the fleeting plugin's records into [`InstanceConnectInfo`].
@@ -23,6 +25,7 @@ pub mod local;
 pub mod probe;
 pub mod process;
 pub mod remote;
+pub mod rootfs;
 pub mod spec;
 pub mod ssh;
 

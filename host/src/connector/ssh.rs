@@ -357,9 +357,11 @@ impl RemoteSession for SshSession {
     }
 
     async fn connect_unix(&self, path: &str) -> Result<Box<dyn SocketStream>, RemoteError> {
-        let channel = self.handle.channel_open_direct_streamlocal(path).await.map_err(|e| {
-            RemoteError::Connection(format!("{}: forwarding to {path}: {e}", self.target))
-        })?;
+        let channel = self
+            .handle
+            .channel_open_direct_streamlocal(path)
+            .await
+            .map_err(|e| RemoteError::Connection(format!("{}: forwarding to {path}: {e}", self.target)))?;
         Ok(Box::new(channel.into_stream()))
     }
 }

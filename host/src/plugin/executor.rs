@@ -11,7 +11,9 @@ use std::sync::Arc;
 use wasmtime::component::ResourceAny;
 use wasmtime::Store;
 
-use crate::bindings::executor::exports::runway::executor0_1_0::executor::{ExecutorError, Job, ProviderInfo, StageScript};
+use crate::bindings::executor::exports::runway::executor0_1_0::executor::{
+    ExecutorError, Job, ProviderInfo, StageScript,
+};
 use crate::bindings::executor::runway::executor0_1_0::types::ExitStatus;
 use crate::bindings::executor::ExecutorPlugin;
 use crate::capability::CallContext;

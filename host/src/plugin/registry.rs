@@ -13,9 +13,9 @@ use wasmtime::Store;
 
 use crate::bindings::executor::ExecutorPluginPre;
 use crate::bindings::fleeting::FleetingPluginPre;
+use crate::capability::docker::HelperImageSource;
 use crate::capability::kv::{KvQuota, KvStore};
 use crate::capability::log::LogLimiter;
-use crate::capability::docker::HelperImageSource;
 use crate::capability::CallContext;
 use crate::config::grant::PluginGrant;
 use crate::plugin::cache::{content_hash, CompileCache};
@@ -143,15 +143,19 @@ impl LoadedPlugin {
         call: CallContext,
     ) -> Result<Store<PluginState>, PluginError> {
         let name = self.meta.name.as_str().into();
-        let state =
-            PluginState::new(name, self.grant.clone(), self.kv.clone(), self.log.clone(), call, self.helper_image.clone())
-                .map_err(|e| {
-                PluginError {
-                    plugin: self.meta.name.clone(),
-                    kind: PluginErrorKind::Incompatible,
-                    message: format!("{e:#}"),
-                }
-            })?;
+        let state = PluginState::new(
+            name,
+            self.grant.clone(),
+            self.kv.clone(),
+            self.log.clone(),
+            call,
+            self.helper_image.clone(),
+        )
+        .map_err(|e| PluginError {
+            plugin: self.meta.name.clone(),
+            kind: PluginErrorKind::Incompatible,
+            message: format!("{e:#}"),
+        })?;
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limits);
         arm(&mut store);

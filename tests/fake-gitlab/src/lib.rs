@@ -451,6 +451,12 @@ impl FakeGitLab {
         FakeGitLab { addr, shared, shutdown: Some(tx), server: Some(server), _repo_dir: repo_dir }
     }
 
+    /// Number the next enqueued jobs from `id` on (tests sharing one Docker daemon keep their
+    /// job ids, and so the containers labelled with them, apart).
+    pub fn set_next_job_id(&self, id: i64) {
+        self.shared.mutate(|inner| inner.next_job_id = id);
+    }
+
     /// `http://127.0.0.1:<port>` (what a runner's `url` is set to).
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

@@ -90,8 +90,7 @@ impl Transport {
                     None => Ok(Box::new(stream)),
                     Some((config, name)) => {
                         let connector = tokio_rustls::TlsConnector::from(config.clone());
-                        let stream =
-                            connector.connect(name.clone(), stream).await.map_err(|e| refused(&where_, &e))?;
+                        let stream = connector.connect(name.clone(), stream).await.map_err(|e| refused(&where_, &e))?;
                         Ok(Box::new(stream))
                     }
                 }
@@ -114,7 +113,7 @@ pub struct DockerClient {
 /// A request's body and its content type.
 pub struct Body {
     /// The bytes.
-    pub data: Vec<u8>,
+    pub data: Bytes,
     /// `application/json` when `None`.
     pub content_type: Option<String>,
 }
@@ -174,7 +173,7 @@ impl DockerClient {
             Some(body) => {
                 let kind = body.content_type.unwrap_or_else(|| "application/json".into());
                 builder = builder.header("content-type", kind);
-                Bytes::from(body.data)
+                body.data
             }
             None => Bytes::new(),
         };
@@ -231,7 +230,7 @@ impl DockerClient {
     }
 
     /// `POST /images/create?fromSrc=-` with a root filesystem tar: the image `reference`.
-    pub async fn import(&self, reference: &str, tar: Vec<u8>, stop: &StopSignal) -> Result<(), DockerError> {
+    pub async fn import(&self, reference: &str, tar: Bytes, stop: &StopSignal) -> Result<(), DockerError> {
         let (name, tag) = split_reference(reference);
         let path = format!(
             "/images/create?fromSrc=-&repo={}&tag={}",

@@ -113,9 +113,8 @@ pub fn parse_address(host: &str) -> Result<Address, DockerError> {
 pub fn tls_config(dir: &Path) -> Result<Arc<tokio_rustls::rustls::ClientConfig>, DockerError> {
     use tokio_rustls::rustls;
     let file = |name: &str| dir.join(name);
-    let read_err = |name: &str, e: &dyn std::fmt::Display| {
-        DockerError::Other(format!("reading {}: {e}", file(name).display()))
-    };
+    let read_err =
+        |name: &str, e: &dyn std::fmt::Display| DockerError::Other(format!("reading {}: {e}", file(name).display()));
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(file("ca.pem")).map_err(|e| read_err("ca.pem", &e))? {
         let cert = cert.map_err(|e| read_err("ca.pem", &e))?;
