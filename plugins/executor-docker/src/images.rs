@@ -5,7 +5,7 @@
 
 use docker_logic::auth::{self, JobCredential};
 use docker_logic::policy::{effective_pull_policies, PullPolicy};
-use docker_logic::reference::pull_reference;
+use docker_logic::reference::{pull_reference, validate_reference};
 use runway_sdk::docker::{DockerError, RegistryAuth};
 use runway_sdk::executor::ExecutorError;
 use runway_sdk::trace;
@@ -40,6 +40,7 @@ fn stop_or_next(e: DockerError, what: &str) -> Failure {
 /// Make sure the engine has `image` (as the job or config names it), following `policies`
 /// (already effective). Returns the image's ID.
 pub fn ensure_with(api: &Api, job: &JobContext, image: &str, policies: &[PullPolicy]) -> Result<String, ExecutorError> {
+    validate_reference(image).map_err(ExecutorError::InvalidConfig)?;
     let mut last = String::new();
     for (index, policy) in policies.iter().enumerate() {
         if index > 0 {
@@ -64,9 +65,6 @@ pub fn ensure_with(api: &Api, job: &JobContext, image: &str, policies: &[PullPol
                 last = e;
             }
         }
-    }
-    if policies.len() == 1 {
-        return Err(ExecutorError::Other(last));
     }
     let names: Vec<&str> = policies.iter().map(|p| p.as_str()).collect();
     Err(ExecutorError::Other(format!(

@@ -20,7 +20,7 @@ use docker_logic::config::{self, DockerConfig};
 use docker_logic::names;
 use docker_logic::policy::{check_allowed, PullPolicy};
 use docker_logic::state::State;
-use docker_logic::volumes::{self, VolumeSpec};
+use docker_logic::volumes::{self, Owner};
 use runway_sdk::executor::*;
 use runway_sdk::trace;
 
@@ -121,6 +121,7 @@ impl Executor for Docker {
             tls_cert_path: config.tls_cert_path.clone(),
             job_id: job.id,
             suffix,
+            // Cleanup removes it by name too, even when `volumes` mounts the builds directory.
             build_volume: names::build_volume(&prefix),
             builds_dir: job.builds_dir.clone(),
             ..Default::default()
@@ -186,48 +187,16 @@ impl DockerEnv {
         images::ensure_with(&self.api, ctx, &name, &[PullPolicy::IfNotPresent])
     }
 
-    /// The build volume, cache volumes and `volumes` binds of the stage containers. A path
-    /// mounted by `volumes` is not mounted again by the build or cache volume.
+    /// The build volume, cache volumes and `volumes` binds of the job's containers.
     fn create_volumes(&mut self, job: &Job) -> Result<(), ExecutorError> {
+        let plan = volumes::plan_mounts(&self.config, &self.prefix, &job.project_path, &job.builds_dir, &job.cache_dir);
         let job_labels = names::job_labels(self.state.job_id, &self.state.suffix, "");
         let cache_labels = names::cache_labels(&job.project_path);
-        let mut binds: Vec<(String, String)> = Vec::new();
-        let create = |name: &str, labels| {
-            self.api.create_volume(name, labels).map_err(|e| executor_error(e, &format!("creating volume {name}")))
-        };
-        for (index, volume) in self.config.volumes.iter().enumerate() {
-            let (bind, target) = match volume {
-                VolumeSpec::Bind { source, target, mode } => (volumes::bind(source, target, mode), target),
-                VolumeSpec::Named { name, target, mode } => (volumes::bind(name, target, mode), target),
-                VolumeSpec::Cache { target } if self.config.disable_cache => {
-                    let name = format!("{}-vol{index}", self.prefix);
-                    create(&name, &job_labels)?;
-                    (volumes::bind(&name, target, ""), target)
-                }
-                VolumeSpec::Cache { target } => {
-                    let (bind, name) = volumes::cache_bind(&self.config.cache_dir, &job.project_path, target);
-                    if let Some(name) = name {
-                        create(&name, &cache_labels)?;
-                    }
-                    (bind, target)
-                }
-            };
-            if !binds.iter().any(|(_, t)| t == target) {
-                binds.push((bind, target.clone()));
-            }
+        for (name, owner) in &plan.volumes {
+            let labels = if *owner == Owner::Job { &job_labels } else { &cache_labels };
+            self.api.create_volume(name, labels).map_err(|e| executor_error(e, &format!("creating volume {name}")))?;
         }
-        if !binds.iter().any(|(_, t)| *t == job.builds_dir) {
-            create(&self.state.build_volume, &job_labels)?;
-            binds.insert(0, (volumes::bind(&self.state.build_volume, &job.builds_dir, ""), job.builds_dir.clone()));
-        }
-        if !self.config.disable_cache && !binds.iter().any(|(_, t)| *t == job.cache_dir) {
-            let (bind, name) = volumes::cache_bind(&self.config.cache_dir, &job.project_path, &job.cache_dir);
-            if let Some(name) = name {
-                create(&name, &cache_labels)?;
-            }
-            binds.push((bind, job.cache_dir.clone()));
-        }
-        self.state.binds = binds.into_iter().map(|(bind, _)| bind).collect();
+        self.state.binds = plan.binds;
         Ok(())
     }
 }

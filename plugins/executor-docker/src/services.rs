@@ -6,7 +6,7 @@
 
 use docker_logic::names;
 use docker_logic::policy::check_allowed;
-use docker_logic::reference::service_aliases;
+use docker_logic::reference::assign_aliases;
 use docker_logic::spec::{self, ContainerSpec, Role};
 use docker_logic::state::ServiceState;
 use runway_sdk::docker::DockerError;
@@ -71,20 +71,12 @@ fn definitions(env: &DockerEnv, ctx: &JobContext) -> Result<Vec<Definition>, Exe
 /// Start the job's services and wait for them.
 pub fn start(env: &mut DockerEnv, ctx: &JobContext) -> Result<(), ExecutorError> {
     let definitions = definitions(env, ctx)?;
-    let mut used: Vec<String> = Vec::new();
-    for (index, def) in definitions.iter().enumerate() {
-        let mut mine: Vec<String> = Vec::new();
-        for alias in service_aliases(&def.image).into_iter().chain(def.aliases.iter().cloned()) {
-            if used.contains(&alias) {
-                images::warn(&format!(
-                    "Skipping alias \"{alias}\" for service \"{}\" (services[{index}]): alias is already in use by another service.",
-                    def.image
-                ));
-            } else if !mine.contains(&alias) {
-                mine.push(alias);
-            }
-        }
-        used.extend(mine.iter().cloned());
+    let named: Vec<(String, Vec<String>)> = definitions.iter().map(|d| (d.image.clone(), d.aliases.clone())).collect();
+    let (aliases, warnings) = assign_aliases(&named);
+    for warning in &warnings {
+        images::warn(warning);
+    }
+    for ((index, def), mine) in definitions.iter().enumerate().zip(aliases) {
         trace::write_str(&format!("Starting service {} ...\n", def.image));
         let image = images::ensure(&env.api, ctx, &env.config, &def.image, &def.pull_policies)?;
         let name = names::service_container(&env.prefix, index, mine.first().map_or("", String::as_str));
