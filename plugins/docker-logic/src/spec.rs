@@ -78,7 +78,12 @@ pub fn create_body(spec: &ContainerSpec, config: &DockerConfig) -> Value {
     if !spec.working_dir.is_empty() {
         body.insert("WorkingDir".into(), json!(spec.working_dir));
     }
-    body.insert("Labels".into(), json!(spec.labels));
+    let mut labels = config.container_labels.clone();
+    labels.extend(spec.labels.clone());
+    body.insert("Labels".into(), json!(labels));
+    if matches!(spec.role, Role::Build | Role::Helper) && !config.hostname.is_empty() {
+        body.insert("Hostname".into(), json!(config.hostname));
+    }
     body.insert("Tty".into(), json!(false));
     body.insert("OpenStdin".into(), json!(false));
     body.insert("AttachStdin".into(), json!(false));
@@ -102,9 +107,29 @@ pub fn create_body(spec: &ContainerSpec, config: &DockerConfig) -> Value {
     if !config.extra_hosts.is_empty() {
         host.insert("ExtraHosts".into(), strings(&config.extra_hosts));
     }
+    if spec.role != Role::Wait {
+        insert_string(&mut host, "Runtime", &config.runtime);
+        insert_string(&mut host, "UsernsMode", &config.userns_mode);
+    }
     match spec.role {
         Role::Build | Role::Helper => {
             host.insert("Privileged".into(), json!(config.privileged));
+            insert_string(&mut host, "CgroupParent", &config.cgroup_parent);
+            insert_string(&mut host, "CpusetMems", &config.cpuset_mems);
+            insert_string(&mut host, "PidMode", &config.pid_mode);
+            insert_string(&mut host, "IpcMode", &config.ipc_mode);
+            insert_nonempty(&mut host, "GroupAdd", &config.group_add);
+            if config.cpu_shares != 0 {
+                host.insert("CpuShares".into(), json!(config.cpu_shares));
+            }
+            if config.oom_score_adjust != 0 {
+                host.insert("OomScoreAdj".into(), json!(config.oom_score_adjust));
+            }
+            if !config.ulimits.is_empty() {
+                let ulimits: Vec<Value> =
+                    config.ulimits.iter().map(|u| json!({ "Name": u.name, "Soft": u.soft, "Hard": u.hard })).collect();
+                host.insert("Ulimits".into(), Value::Array(ulimits));
+            }
             insert_nonempty(&mut host, "CapAdd", &config.cap_add);
             insert_nonempty(&mut host, "CapDrop", &config.cap_drop);
             insert_nonempty(&mut host, "SecurityOpt", &config.security_opt);
@@ -147,7 +172,7 @@ pub fn create_body(spec: &ContainerSpec, config: &DockerConfig) -> Value {
             }
         }
         Role::Service => {
-            host.insert("Privileged".into(), json!(config.privileged));
+            host.insert("Privileged".into(), json!(config.services_privileged.unwrap_or(config.privileged)));
             if !config.services_tmpfs.is_empty() {
                 host.insert("Tmpfs".into(), json!(config.services_tmpfs));
             }
@@ -163,6 +188,12 @@ pub fn create_body(spec: &ContainerSpec, config: &DockerConfig) -> Value {
         );
     }
     Value::Object(body)
+}
+
+fn insert_string(map: &mut Map<String, Value>, key: &str, value: &str) {
+    if !value.is_empty() {
+        map.insert(key.into(), json!(value));
+    }
 }
 
 fn insert_nonempty(map: &mut Map<String, Value>, key: &str, values: &[String]) {
@@ -294,6 +325,33 @@ mod tests {
         let wait = create_body(&spec(Role::Wait), &config);
         assert!(wait["HostConfig"].get("Privileged").is_none());
         assert_eq!(wait["HostConfig"]["Dns"], json!(["10.0.0.2"]));
+    }
+
+    #[test]
+    fn gitlab_extras_go_where_gitlab_puts_them() {
+        let config = parse(
+            r#"{"hostname": "ci", "runtime": "runsc", "cpu_shares": 512, "pid_mode": "host", "group_add": ["docker"],
+                "ulimit": {"nofile": "1024:2048"}, "privileged": true, "services_privileged": false,
+                "container_labels": {"team": "a", "runway.managed": "false"}}"#,
+        )
+        .unwrap()
+        .config;
+        let build = create_body(&spec(Role::Build), &config);
+        assert_eq!(build["Hostname"], "ci");
+        assert_eq!(build["HostConfig"]["Runtime"], "runsc");
+        assert_eq!(build["HostConfig"]["CpuShares"], 512);
+        assert_eq!(build["HostConfig"]["PidMode"], "host");
+        assert_eq!(build["HostConfig"]["GroupAdd"], json!(["docker"]));
+        assert_eq!(build["HostConfig"]["Ulimits"], json!([{"Name": "nofile", "Soft": 1024, "Hard": 2048}]));
+        assert_eq!(build["Labels"]["team"], "a");
+        assert_eq!(build["Labels"]["runway.managed"], "true");
+        let service = create_body(&spec(Role::Service), &config);
+        assert_eq!(service["HostConfig"]["Privileged"], false);
+        assert_eq!(service["HostConfig"]["Runtime"], "runsc");
+        assert!(service.get("Hostname").is_none());
+        assert!(service["HostConfig"].get("PidMode").is_none());
+        let wait = create_body(&spec(Role::Wait), &config);
+        assert!(wait["HostConfig"].get("Runtime").is_none());
     }
 
     #[test]

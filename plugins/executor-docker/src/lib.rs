@@ -156,7 +156,11 @@ impl DockerEnv {
         image: &runway_sdk::job::ImageDetails,
     ) -> Result<(), ExecutorError> {
         self.state.image = images::ensure(&self.api, ctx, &self.config, &image.name, &image.pull_policies)?;
-        self.state.entrypoint = (!image.entrypoint.is_empty()).then(|| image.entrypoint.clone());
+        if !image.entrypoint.is_empty() && self.config.disable_entrypoint_overwrite {
+            images::warn("Entrypoint override disabled");
+        } else if !image.entrypoint.is_empty() {
+            self.state.entrypoint = Some(image.entrypoint.clone());
+        }
         self.state.user = if image.user.is_empty() { self.config.user.clone() } else { image.user.clone() };
         self.state.helper_image = self.helper_image(ctx)?;
 

@@ -71,6 +71,12 @@ fn definitions(env: &DockerEnv, ctx: &JobContext) -> Result<Vec<Definition>, Exe
 /// Start the job's services and wait for them.
 pub fn start(env: &mut DockerEnv, ctx: &JobContext) -> Result<(), ExecutorError> {
     let definitions = definitions(env, ctx)?;
+    if let Some(limit) = env.config.services_limit.filter(|limit| definitions.len() > *limit) {
+        return Err(ExecutorError::InvalidConfig(format!(
+            "too many services requested: {}, only {limit} allowed (services_limit)",
+            definitions.len()
+        )));
+    }
     let named: Vec<(String, Vec<String>)> = definitions.iter().map(|d| (d.image.clone(), d.aliases.clone())).collect();
     let (aliases, warnings) = assign_aliases(&named);
     for warning in &warnings {
@@ -85,7 +91,8 @@ pub fn start(env: &mut DockerEnv, ctx: &JobContext) -> Result<(), ExecutorError>
         let spec = ContainerSpec {
             image,
             cmd: def.command.clone(),
-            entrypoint: (!def.entrypoint.is_empty()).then(|| def.entrypoint.clone()),
+            entrypoint: (!def.entrypoint.is_empty() && !env.config.disable_entrypoint_overwrite)
+                .then(|| def.entrypoint.clone()),
             env: environment,
             user: def.user.clone(),
             working_dir: String::new(),
