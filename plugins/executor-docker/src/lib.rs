@@ -14,6 +14,7 @@
 //! The decisions that need no engine (config, pull policies, names, request bodies, state)
 //! live in the `docker-logic` crate, tested natively.
 
+use std::cell::RefCell;
 use std::hash::BuildHasher;
 
 use docker_logic::config::{self, DockerConfig};
@@ -41,6 +42,9 @@ pub struct DockerEnv {
     config: DockerConfig,
     state: State,
     prefix: String,
+    /// Stage containers this instance ran to the end: one still found under such a name (its
+    /// removal failed) is stale, not a stage to reattach to.
+    finished: RefCell<Vec<String>>,
 }
 
 fn parse_config(json: &str) -> Result<config::Parsed, ExecutorError> {
@@ -126,7 +130,7 @@ impl Executor for Docker {
             builds_dir: job.builds_dir.clone(),
             ..Default::default()
         };
-        let mut env = DockerEnv { api, config, state, prefix };
+        let mut env = DockerEnv { api, config, state, prefix, finished: RefCell::default() };
         match env.setup(&job, &ctx, &image) {
             Ok(()) => Ok(env),
             Err(e) => {
@@ -143,7 +147,7 @@ impl Executor for Docker {
         let api = Api::connect(&state.host, state.tls_verify, &state.tls_cert_path)
             .map_err(|e| executor_error(e, "connecting to the Docker engine"))?;
         let prefix = names::job_prefix(state.job_id, &state.suffix);
-        Ok(DockerEnv { api, config, state, prefix })
+        Ok(DockerEnv { api, config, state, prefix, finished: RefCell::default() })
     }
 }
 
