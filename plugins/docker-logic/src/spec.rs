@@ -233,18 +233,19 @@ pub fn stage_command() -> Vec<String> {
     vec!["sh".into(), "-c".into(), script]
 }
 
-/// The command of a health-check container: bash tries to open a TCP connection to any of
-/// `ports` of `host` once a second, exiting 0 on the first success and 1 after `timeout` seconds.
-pub fn wait_command(host: &str, ports: &[u16], timeout: u64) -> Vec<String> {
+/// The command and environment of a health-check container: bash tries to open a TCP
+/// connection to any of `ports` of `host` once a second, exiting 0 on the first success and 1
+/// after `timeout` seconds. Host and ports travel in the environment (`RUNWAY_SERVICE_HOST`,
+/// `RUNWAY_SERVICE_PORTS`), never in the script text: a job's alias cannot inject commands.
+pub fn wait_command(host: &str, ports: &[u16], timeout: u64) -> (Vec<String>, Vec<String>) {
     let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
     let script = format!(
-        "while :; do for p in {ports}; do (exec 3<>/dev/tcp/{host}/$p) 2>/dev/null && exit 0; done; \
-         if [ $SECONDS -ge {timeout} ]; then echo \"no answer on {host} port(s) {list} within {timeout}s\"; exit 1; fi; \
-         sleep 1; done",
-        ports = ports.join(" "),
-        list = ports.join(", "),
+        "while :; do for p in $RUNWAY_SERVICE_PORTS; do (exec 3<>\"/dev/tcp/$RUNWAY_SERVICE_HOST/$p\") 2>/dev/null && exit 0; done; \
+         if [ $SECONDS -ge {timeout} ]; then echo \"no answer on $RUNWAY_SERVICE_HOST port(s) $RUNWAY_SERVICE_PORTS within {timeout}s\"; exit 1; fi; \
+         sleep 1; done"
     );
-    vec!["bash".into(), "-c".into(), script]
+    let env = vec![format!("RUNWAY_SERVICE_HOST={host}"), format!("RUNWAY_SERVICE_PORTS={}", ports.join(" "))];
+    (vec!["bash".into(), "-c".into(), script], env)
 }
 
 /// The TCP ports of `Config.ExposedPorts` (`{"5432/tcp": {}}`) of a container or image
@@ -389,11 +390,13 @@ mod tests {
 
     #[test]
     fn wait_command_and_ports() {
-        let cmd = wait_command("db", &[5432, 8080], 30);
+        let (cmd, env) = wait_command("db;reboot", &[5432, 8080], 30);
         assert_eq!(cmd[0], "bash");
-        assert!(cmd[2].contains("for p in 5432 8080;"));
-        assert!(cmd[2].contains("/dev/tcp/db/$p"));
+        assert!(cmd[2].contains("for p in $RUNWAY_SERVICE_PORTS;"));
+        assert!(cmd[2].contains("\"/dev/tcp/$RUNWAY_SERVICE_HOST/$p\""));
         assert!(cmd[2].contains("-ge 30"));
+        assert!(!cmd[2].contains("reboot"));
+        assert_eq!(env, vec!["RUNWAY_SERVICE_HOST=db;reboot", "RUNWAY_SERVICE_PORTS=5432 8080"]);
         let inspect = json!({"Config": {"ExposedPorts": {"8080/tcp": {}, "53/udp": {}, "5432/tcp": {}, "80": {}}}});
         assert_eq!(exposed_tcp_ports(&inspect), vec![80, 5432, 8080]);
         assert_eq!(exposed_tcp_ports(&json!({"Config": {"ExposedPorts": null}})), Vec::<u16>::new());

@@ -172,11 +172,12 @@ fn start_check(env: &DockerEnv, service: &ServiceState, timeout: u64) -> Result<
     } else {
         Vec::new()
     };
+    let (cmd, environment) = spec::wait_command(&host, &ports, timeout);
     let spec = ContainerSpec {
         image: env.state.helper_image.clone(),
-        cmd: spec::wait_command(&host, &ports, timeout),
+        cmd,
         entrypoint: None,
-        env: Vec::new(),
+        env: environment,
         user: String::new(),
         working_dir: String::new(),
         labels: names::job_labels(env.state.job_id, &env.state.suffix, "wait"),
