@@ -85,6 +85,47 @@ pub struct DockerConfig {
     pub tmpfs: BTreeMap<String, String>,
     /// tmpfs mounts of service containers (path → options).
     pub services_tmpfs: BTreeMap<String, String>,
+    /// Host name of the build and helper containers (empty: the engine's).
+    pub hostname: String,
+    /// OCI runtime (`runc`, `runsc`, …; empty: the engine's default).
+    pub runtime: String,
+    /// Parent cgroup of every container.
+    pub cgroup_parent: String,
+    /// Memory nodes the containers may use.
+    pub cpuset_mems: String,
+    /// Relative CPU weight (0: the engine's default).
+    pub cpu_shares: i64,
+    /// Extra groups of the build user.
+    pub group_add: Vec<String>,
+    /// User namespace mode (`host`).
+    pub userns_mode: String,
+    /// PID namespace (`host`, `container:<name>`).
+    pub pid_mode: String,
+    /// IPC namespace (`host`, `shareable`, `private`, …).
+    pub ipc_mode: String,
+    /// OOM score adjustment.
+    pub oom_score_adjust: i64,
+    /// Privileged service containers; `None`: as `privileged`.
+    pub services_privileged: Option<bool>,
+    /// Ignore the job's entrypoint override.
+    pub disable_entrypoint_overwrite: bool,
+    /// Labels added to every container (Runway's `runway.*` labels win).
+    pub container_labels: BTreeMap<String, String>,
+    /// Most services a job may have (`None`: no limit; the key's negative values).
+    pub services_limit: Option<usize>,
+    /// Resource limits (`nofile` → `1024` or `1024:2048`).
+    pub ulimits: Vec<Ulimit>,
+}
+
+/// One `ulimit` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ulimit {
+    /// Resource name (`nofile`, `nproc`, …).
+    pub name: String,
+    /// Soft limit.
+    pub soft: i64,
+    /// Hard limit.
+    pub hard: i64,
 }
 
 /// One entry of `services` / `[[runners.docker.services]]`.
@@ -149,21 +190,26 @@ pub const SUPPORTED_KEYS: &[&str] = &[
     "sysctls",
     "tmpfs",
     "services_tmpfs",
-];
-
-/// GitLab's `[runners.docker]` keys Runway accepts and ignores (warned about by name).
-pub const UNSUPPORTED_GITLAB_KEYS: &[&str] = &[
     "hostname",
     "runtime",
     "cgroup_parent",
     "cpuset_mems",
     "cpu_shares",
-    "services_privileged",
-    "disable_entrypoint_overwrite",
-    "allowed_users",
     "group_add",
     "userns_mode",
+    "pid_mode",
+    "ipcmode",
     "oom_score_adjust",
+    "services_privileged",
+    "disable_entrypoint_overwrite",
+    "container_labels",
+    "services_limit",
+    "ulimit",
+];
+
+/// GitLab's `[runners.docker]` keys Runway accepts and ignores (warned about by name).
+pub const UNSUPPORTED_GITLAB_KEYS: &[&str] = &[
+    "allowed_users",
     "services_security_opt",
     "device_cgroup_rules",
     "gpus",
@@ -172,11 +218,8 @@ pub const UNSUPPORTED_GITLAB_KEYS: &[&str] = &[
     "volume_driver",
     "volume_driver_ops",
     "volumes_from",
-    "pid_mode",
-    "ipcmode",
     "mac_address",
     "links",
-    "services_limit",
     "service_memory",
     "service_memory_swap",
     "service_memory_reservation",
@@ -190,9 +233,7 @@ pub const UNSUPPORTED_GITLAB_KEYS: &[&str] = &[
     "allowed_privileged_services",
     "isolation",
     "helper_image_flavor",
-    "container_labels",
     "enable_ipv6",
-    "ulimit",
     "network_mtu",
     "log_options",
     "use_common_build_dir",
@@ -239,7 +280,10 @@ pub fn parse(json: &str) -> Result<Parsed, String> {
             continue;
         }
         if UNSUPPORTED_GITLAB_KEYS.contains(&key.as_str()) {
-            parsed.unsupported.push(key.clone());
+            // `false`, `0`, `""`, `[]` ask for nothing (gitlab-runner register writes some).
+            if !is_zero(&map[key]) {
+                parsed.unsupported.push(key.clone());
+            }
         } else {
             parsed.unknown.push(key.clone());
         }
@@ -288,6 +332,25 @@ pub fn parse(json: &str) -> Result<Parsed, String> {
     c.sysctls = f.string_map("sysctls")?;
     c.tmpfs = f.string_map("tmpfs")?;
     c.services_tmpfs = f.string_map("services_tmpfs")?;
+    c.hostname = f.get("hostname")?.unwrap_or_default();
+    c.runtime = f.get("runtime")?.unwrap_or_default();
+    c.cgroup_parent = f.get("cgroup_parent")?.unwrap_or_default();
+    c.cpuset_mems = f.get("cpuset_mems")?.unwrap_or_default();
+    c.cpu_shares = f.get("cpu_shares")?.unwrap_or_default();
+    c.group_add = f.strings("group_add")?;
+    c.userns_mode = f.get("userns_mode")?.unwrap_or_default();
+    c.pid_mode = f.get("pid_mode")?.unwrap_or_default();
+    c.ipc_mode = f.get("ipcmode")?.unwrap_or_default();
+    c.oom_score_adjust = f.get("oom_score_adjust")?.unwrap_or_default();
+    c.services_privileged = f.get("services_privileged")?;
+    c.disable_entrypoint_overwrite = f.get("disable_entrypoint_overwrite")?.unwrap_or_default();
+    c.container_labels = f.string_map("container_labels")?;
+    c.services_limit = f.get::<i64>("services_limit")?.and_then(|n| usize::try_from(n).ok());
+    c.ulimits = f
+        .string_map("ulimit")?
+        .iter()
+        .map(|(name, value)| parse_ulimit(name, value).map_err(|e| format!("[runners.docker] ulimit: {e}")))
+        .collect::<Result<_, _>>()?;
     if c.memory_swap > 0 && c.memory > 0 && c.memory_swap < c.memory {
         return Err("[runners.docker] memory_swap must be at least memory".into());
     }
@@ -298,6 +361,18 @@ pub fn parse(json: &str) -> Result<Parsed, String> {
         ));
     }
     Ok(parsed)
+}
+
+/// Whether a value asks for nothing: null, false, 0, an empty string, list or table.
+fn is_zero(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+    }
 }
 
 /// Typed access to the section's keys, with errors naming the key.
@@ -451,6 +526,22 @@ fn service(entry: &Value) -> Result<ServiceConfig, String> {
     })
 }
 
+/// A `ulimit` entry: `name = "soft"` or `name = "soft:hard"` (`-1`: unlimited).
+pub fn parse_ulimit(name: &str, value: &str) -> Result<Ulimit, String> {
+    let number = |v: &str| v.trim().parse::<i64>().map_err(|_| format!("{name} = {value:?} is not soft[:hard]"));
+    let (soft, hard) = match value.split_once(':') {
+        Some((soft, hard)) => (number(soft)?, number(hard)?),
+        None => {
+            let n = number(value)?;
+            (n, n)
+        }
+    };
+    if soft > hard && hard >= 0 {
+        return Err(format!("{name} = {value:?}: the soft limit is above the hard limit"));
+    }
+    Ok(Ulimit { name: name.to_string(), soft, hard })
+}
+
 /// GitLab's alias list: space or comma separated.
 pub fn split_aliases(alias: &str) -> Vec<String> {
     alias.split([' ', ',']).filter(|a| !a.is_empty()).map(str::to_string).collect()
@@ -532,13 +623,43 @@ mod tests {
 
     #[test]
     fn ignored_keys_are_named_once() {
-        let parsed = parse(r#"{"image": "a", "gpus": "all", "ulimit": {}, "frobnicate": 1}"#).unwrap();
-        assert_eq!(parsed.unsupported, vec!["gpus", "ulimit"]);
+        let parsed = parse(r#"{"image": "a", "gpus": "all", "volume_driver": "x", "frobnicate": 1}"#).unwrap();
+        assert_eq!(parsed.unsupported, vec!["gpus", "volume_driver"]);
         assert_eq!(parsed.unknown, vec!["frobnicate"]);
         assert_eq!(
             parsed.warning().unwrap(),
-            "[runners.docker]: unsupported keys ignored: gpus, ulimit; unknown keys ignored: frobnicate"
+            "[runners.docker]: unsupported keys ignored: gpus, volume_driver; unknown keys ignored: frobnicate"
         );
+    }
+
+    #[test]
+    fn zero_values_of_unsupported_keys_are_not_warned_about() {
+        let parsed =
+            parse(r#"{"network_mtu": 0, "gpus": "", "volumes_from": [], "enable_ipv6": false, "log_options": {}}"#)
+                .unwrap();
+        assert_eq!(parsed.warning(), None);
+    }
+
+    #[test]
+    fn gitlab_extras_are_read() {
+        let c = parse(
+            r#"{"hostname": "ci", "runtime": "runsc", "cgroup_parent": "/ci", "cpuset_mems": "0", "cpu_shares": 512,
+                "group_add": ["docker"], "userns_mode": "host", "pid_mode": "host", "ipcmode": "private",
+                "oom_score_adjust": 100, "services_privileged": false, "disable_entrypoint_overwrite": true,
+                "container_labels": {"team": "a"}, "services_limit": 2, "ulimit": {"nofile": "1024:2048", "nproc": "-1"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.warning(), None);
+        let c = c.config;
+        assert_eq!((c.hostname.as_str(), c.runtime.as_str(), c.ipc_mode.as_str()), ("ci", "runsc", "private"));
+        assert_eq!((c.cpu_shares, c.oom_score_adjust, c.services_limit), (512, 100, Some(2)));
+        assert_eq!(c.services_privileged, Some(false));
+        assert!(c.disable_entrypoint_overwrite);
+        assert_eq!(c.ulimits[0], Ulimit { name: "nofile".into(), soft: 1024, hard: 2048 });
+        assert_eq!(c.ulimits[1], Ulimit { name: "nproc".into(), soft: -1, hard: -1 });
+        assert_eq!(parse(r#"{"services_limit": -1}"#).unwrap().config.services_limit, None);
+        assert!(parse(r#"{"ulimit": {"nofile": "a:b"}}"#).unwrap_err().contains("ulimit"));
+        assert!(parse(r#"{"ulimit": {"nofile": "10:5"}}"#).unwrap_err().contains("above the hard limit"));
     }
 
     #[test]

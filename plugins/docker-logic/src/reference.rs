@@ -56,6 +56,44 @@ pub fn service_aliases(image: &str) -> Vec<String> {
     aliases
 }
 
+/// The host names of each service, in order: GitLab's derived names, then the explicit ones
+/// (`services[i].1`), each name at most once over all services. Returns them with GitLab's
+/// warning for every name skipped because an earlier service has it.
+pub fn assign_aliases(services: &[(String, Vec<String>)]) -> (Vec<Vec<String>>, Vec<String>) {
+    let mut used: Vec<String> = Vec::new();
+    let mut warnings = Vec::new();
+    let mut out = Vec::new();
+    for (index, (image, explicit)) in services.iter().enumerate() {
+        let mut mine: Vec<String> = Vec::new();
+        for alias in service_aliases(image).into_iter().chain(explicit.iter().cloned()) {
+            if used.contains(&alias) {
+                warnings.push(format!(
+                    "Skipping alias \"{alias}\" for service \"{image}\" (services[{index}]): alias is already in use by another service."
+                ));
+            } else if !mine.contains(&alias) {
+                mine.push(alias);
+            }
+        }
+        used.extend(mine.iter().cloned());
+        out.push(mine);
+    }
+    (out, warnings)
+}
+
+/// Check that `image` is an image reference the Engine API paths can carry: not empty, no
+/// whitespace, no `..`, no characters beyond `[A-Za-z0-9._/:@-]`.
+pub fn validate_reference(image: &str) -> Result<(), String> {
+    let ok = !image.is_empty()
+        && !image.contains("..")
+        && !image.starts_with('/')
+        && image.bytes().all(|c| c.is_ascii_alphanumeric() || b"._/:@-".contains(&c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{image:?} is not a valid image reference"))
+    }
+}
+
 /// The reference to pull: `:latest` added when there is neither tag nor digest (so the engine
 /// pulls one image, not every tag).
 pub fn pull_reference(image: &str) -> String {
@@ -183,6 +221,30 @@ mod tests {
         );
         assert_eq!(service_aliases("redis@sha256:0123"), vec!["redis"]);
         assert_eq!(service_aliases("Not/Valid"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn aliases_are_unique_over_services() {
+        let services = vec![
+            ("postgres:14".to_string(), vec!["db".to_string()]),
+            ("postgres:15".to_string(), vec!["db".to_string(), "pg15".to_string(), "pg15".to_string()]),
+        ];
+        let (aliases, warnings) = assign_aliases(&services);
+        assert_eq!(aliases, vec![vec!["postgres", "db"], vec!["pg15"]]);
+        assert_eq!(warnings.len(), 2);
+        assert_eq!(
+            warnings[0],
+            "Skipping alias \"postgres\" for service \"postgres:15\" (services[1]): alias is already in use by another service."
+        );
+    }
+
+    #[test]
+    fn validates_references() {
+        assert!(validate_reference("registry.example.com:5000/g/img:1.0@sha256:abc").is_ok());
+        assert!(validate_reference("Alpine").is_ok());
+        for bad in ["", "a b", "../containers/x", "img?x=1", "/abs", "a\nb"] {
+            assert!(validate_reference(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

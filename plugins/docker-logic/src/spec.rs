@@ -78,7 +78,12 @@ pub fn create_body(spec: &ContainerSpec, config: &DockerConfig) -> Value {
     if !spec.working_dir.is_empty() {
         body.insert("WorkingDir".into(), json!(spec.working_dir));
     }
-    body.insert("Labels".into(), json!(spec.labels));
+    let mut labels = config.container_labels.clone();
+    labels.extend(spec.labels.clone());
+    body.insert("Labels".into(), json!(labels));
+    if matches!(spec.role, Role::Build | Role::Helper) && !config.hostname.is_empty() {
+        body.insert("Hostname".into(), json!(config.hostname));
+    }
     body.insert("Tty".into(), json!(false));
     body.insert("OpenStdin".into(), json!(false));
     body.insert("AttachStdin".into(), json!(false));
@@ -102,9 +107,29 @@ pub fn create_body(spec: &ContainerSpec, config: &DockerConfig) -> Value {
     if !config.extra_hosts.is_empty() {
         host.insert("ExtraHosts".into(), strings(&config.extra_hosts));
     }
+    if spec.role != Role::Wait {
+        insert_string(&mut host, "Runtime", &config.runtime);
+        insert_string(&mut host, "UsernsMode", &config.userns_mode);
+    }
     match spec.role {
         Role::Build | Role::Helper => {
             host.insert("Privileged".into(), json!(config.privileged));
+            insert_string(&mut host, "CgroupParent", &config.cgroup_parent);
+            insert_string(&mut host, "CpusetMems", &config.cpuset_mems);
+            insert_string(&mut host, "PidMode", &config.pid_mode);
+            insert_string(&mut host, "IpcMode", &config.ipc_mode);
+            insert_nonempty(&mut host, "GroupAdd", &config.group_add);
+            if config.cpu_shares != 0 {
+                host.insert("CpuShares".into(), json!(config.cpu_shares));
+            }
+            if config.oom_score_adjust != 0 {
+                host.insert("OomScoreAdj".into(), json!(config.oom_score_adjust));
+            }
+            if !config.ulimits.is_empty() {
+                let ulimits: Vec<Value> =
+                    config.ulimits.iter().map(|u| json!({ "Name": u.name, "Soft": u.soft, "Hard": u.hard })).collect();
+                host.insert("Ulimits".into(), Value::Array(ulimits));
+            }
             insert_nonempty(&mut host, "CapAdd", &config.cap_add);
             insert_nonempty(&mut host, "CapDrop", &config.cap_drop);
             insert_nonempty(&mut host, "SecurityOpt", &config.security_opt);
@@ -147,7 +172,7 @@ pub fn create_body(spec: &ContainerSpec, config: &DockerConfig) -> Value {
             }
         }
         Role::Service => {
-            host.insert("Privileged".into(), json!(config.privileged));
+            host.insert("Privileged".into(), json!(config.services_privileged.unwrap_or(config.privileged)));
             if !config.services_tmpfs.is_empty() {
                 host.insert("Tmpfs".into(), json!(config.services_tmpfs));
             }
@@ -163,6 +188,12 @@ pub fn create_body(spec: &ContainerSpec, config: &DockerConfig) -> Value {
         );
     }
     Value::Object(body)
+}
+
+fn insert_string(map: &mut Map<String, Value>, key: &str, value: &str) {
+    if !value.is_empty() {
+        map.insert(key.into(), json!(value));
+    }
 }
 
 fn insert_nonempty(map: &mut Map<String, Value>, key: &str, values: &[String]) {
@@ -202,18 +233,19 @@ pub fn stage_command() -> Vec<String> {
     vec!["sh".into(), "-c".into(), script]
 }
 
-/// The command of a health-check container: bash tries to open a TCP connection to any of
-/// `ports` of `host` once a second, exiting 0 on the first success and 1 after `timeout` seconds.
-pub fn wait_command(host: &str, ports: &[u16], timeout: u64) -> Vec<String> {
+/// The command and environment of a health-check container: bash tries to open a TCP
+/// connection to any of `ports` of `host` once a second, exiting 0 on the first success and 1
+/// after `timeout` seconds. Host and ports travel in the environment (`RUNWAY_SERVICE_HOST`,
+/// `RUNWAY_SERVICE_PORTS`), never in the script text: a job's alias cannot inject commands.
+pub fn wait_command(host: &str, ports: &[u16], timeout: u64) -> (Vec<String>, Vec<String>) {
     let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
     let script = format!(
-        "while :; do for p in {ports}; do (exec 3<>/dev/tcp/{host}/$p) 2>/dev/null && exit 0; done; \
-         if [ $SECONDS -ge {timeout} ]; then echo \"no answer on {host} port(s) {list} within {timeout}s\"; exit 1; fi; \
-         sleep 1; done",
-        ports = ports.join(" "),
-        list = ports.join(", "),
+        "while :; do for p in $RUNWAY_SERVICE_PORTS; do (exec 3<>\"/dev/tcp/$RUNWAY_SERVICE_HOST/$p\") 2>/dev/null && exit 0; done; \
+         if [ $SECONDS -ge {timeout} ]; then echo \"no answer on $RUNWAY_SERVICE_HOST port(s) $RUNWAY_SERVICE_PORTS within {timeout}s\"; exit 1; fi; \
+         sleep 1; done"
     );
-    vec!["bash".into(), "-c".into(), script]
+    let env = vec![format!("RUNWAY_SERVICE_HOST={host}"), format!("RUNWAY_SERVICE_PORTS={}", ports.join(" "))];
+    (vec!["bash".into(), "-c".into(), script], env)
 }
 
 /// The TCP ports of `Config.ExposedPorts` (`{"5432/tcp": {}}`) of a container or image
@@ -297,6 +329,33 @@ mod tests {
     }
 
     #[test]
+    fn gitlab_extras_go_where_gitlab_puts_them() {
+        let config = parse(
+            r#"{"hostname": "ci", "runtime": "runsc", "cpu_shares": 512, "pid_mode": "host", "group_add": ["docker"],
+                "ulimit": {"nofile": "1024:2048"}, "privileged": true, "services_privileged": false,
+                "container_labels": {"team": "a", "runway.managed": "false"}}"#,
+        )
+        .unwrap()
+        .config;
+        let build = create_body(&spec(Role::Build), &config);
+        assert_eq!(build["Hostname"], "ci");
+        assert_eq!(build["HostConfig"]["Runtime"], "runsc");
+        assert_eq!(build["HostConfig"]["CpuShares"], 512);
+        assert_eq!(build["HostConfig"]["PidMode"], "host");
+        assert_eq!(build["HostConfig"]["GroupAdd"], json!(["docker"]));
+        assert_eq!(build["HostConfig"]["Ulimits"], json!([{"Name": "nofile", "Soft": 1024, "Hard": 2048}]));
+        assert_eq!(build["Labels"]["team"], "a");
+        assert_eq!(build["Labels"]["runway.managed"], "true");
+        let service = create_body(&spec(Role::Service), &config);
+        assert_eq!(service["HostConfig"]["Privileged"], false);
+        assert_eq!(service["HostConfig"]["Runtime"], "runsc");
+        assert!(service.get("Hostname").is_none());
+        assert!(service["HostConfig"].get("PidMode").is_none());
+        let wait = create_body(&spec(Role::Wait), &config);
+        assert!(wait["HostConfig"].get("Runtime").is_none());
+    }
+
+    #[test]
     fn no_aliases_on_builtin_networks() {
         let mut s = spec(Role::Build);
         s.network = "bridge".into();
@@ -331,11 +390,13 @@ mod tests {
 
     #[test]
     fn wait_command_and_ports() {
-        let cmd = wait_command("db", &[5432, 8080], 30);
+        let (cmd, env) = wait_command("db;reboot", &[5432, 8080], 30);
         assert_eq!(cmd[0], "bash");
-        assert!(cmd[2].contains("for p in 5432 8080;"));
-        assert!(cmd[2].contains("/dev/tcp/db/$p"));
+        assert!(cmd[2].contains("for p in $RUNWAY_SERVICE_PORTS;"));
+        assert!(cmd[2].contains("\"/dev/tcp/$RUNWAY_SERVICE_HOST/$p\""));
         assert!(cmd[2].contains("-ge 30"));
+        assert!(!cmd[2].contains("reboot"));
+        assert_eq!(env, vec!["RUNWAY_SERVICE_HOST=db;reboot", "RUNWAY_SERVICE_PORTS=5432 8080"]);
         let inspect = json!({"Config": {"ExposedPorts": {"8080/tcp": {}, "53/udp": {}, "5432/tcp": {}, "80": {}}}});
         assert_eq!(exposed_tcp_ports(&inspect), vec![80, 5432, 8080]);
         assert_eq!(exposed_tcp_ports(&json!({"Config": {"ExposedPorts": null}})), Vec::<u16>::new());

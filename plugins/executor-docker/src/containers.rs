@@ -2,7 +2,8 @@
 //! (predefined stages in the helper image, user stages in the job's image): created stopped,
 //! the script uploaded into it, started, followed into the job log, waited for, removed. A
 //! container of that name that already ran (the job was resumed) is followed and waited for
-//! instead. Cleanup removes every container and volume labelled with the job, and its network.
+//! instead (unless this instance ran that stage itself before: then it is a leftover, and is
+//! replaced). Cleanup removes every container and volume labelled with the job, and its network.
 
 use docker_logic::archive::script_archive;
 use docker_logic::names;
@@ -17,9 +18,11 @@ use crate::DockerEnv;
 pub fn run(env: &DockerEnv, stage: &StageScript) -> Result<i32, ExecutorError> {
     let name = names::stage_container(&env.prefix, &stage.name);
     let what = format!("stage {} (container {name})", stage.name);
+    let stale = env.finished.borrow().contains(&name);
     let id = match env.api.inspect_container(&name).map_err(|e| executor_error(e, &what))? {
-        // Created but never started: the script may be missing; start over.
-        Some(found) if found["State"]["Status"].as_str() == Some("created") => {
+        // Created but never started (the script may be missing), or left over from an earlier
+        // run of this stage by this instance (a retried get_sources): start over.
+        Some(found) if stale || found["State"]["Status"].as_str() == Some("created") => {
             let id = found["Id"].as_str().unwrap_or(&name).to_string();
             env.api.remove_container(&id).map_err(|e| executor_error(e, &what))?;
             create(env, stage, &name, &what)?
@@ -27,7 +30,9 @@ pub fn run(env: &DockerEnv, stage: &StageScript) -> Result<i32, ExecutorError> {
         Some(found) => found["Id"].as_str().unwrap_or(&name).to_string(),
         None => create(env, stage, &name, &what)?,
     };
-    match follow_and_wait(env, &id) {
+    let result = follow_and_wait(env, &id);
+    env.finished.borrow_mut().push(name.clone());
+    match result {
         Ok(code) => {
             if let Err(e) = env.api.remove_container(&id) {
                 runway_sdk::log::warn(&format!("removing container {name}: {}", crate::api::message(&e)));

@@ -5,7 +5,7 @@
 
 use docker_logic::auth::{self, JobCredential};
 use docker_logic::policy::{effective_pull_policies, PullPolicy};
-use docker_logic::reference::pull_reference;
+use docker_logic::reference::{pull_reference, validate_reference};
 use runway_sdk::docker::{DockerError, RegistryAuth};
 use runway_sdk::executor::ExecutorError;
 use runway_sdk::trace;
@@ -40,6 +40,7 @@ fn stop_or_next(e: DockerError, what: &str) -> Failure {
 /// Make sure the engine has `image` (as the job or config names it), following `policies`
 /// (already effective). Returns the image's ID.
 pub fn ensure_with(api: &Api, job: &JobContext, image: &str, policies: &[PullPolicy]) -> Result<String, ExecutorError> {
+    validate_reference(image).map_err(ExecutorError::InvalidConfig)?;
     let mut last = String::new();
     for (index, policy) in policies.iter().enumerate() {
         if index > 0 {
@@ -48,7 +49,8 @@ pub fn ensure_with(api: &Api, job: &JobContext, image: &str, policies: &[PullPol
         match with_policy(api, job, image, *policy) {
             Ok(inspect) => {
                 let id = inspect["Id"].as_str().unwrap_or(image).to_string();
-                if id != image {
+                let seen = job.used_images.borrow_mut().insert(image.to_string(), id.clone());
+                if id != image && seen.as_deref() != Some(id.as_str()) {
                     match inspect["RepoDigests"].as_array().and_then(|d| d.first()).and_then(Value::as_str) {
                         Some(digest) => {
                             trace::write_str(&format!("Using docker image {id} for {image} with digest {digest} ...\n"))
@@ -64,9 +66,6 @@ pub fn ensure_with(api: &Api, job: &JobContext, image: &str, policies: &[PullPol
                 last = e;
             }
         }
-    }
-    if policies.len() == 1 {
-        return Err(ExecutorError::Other(last));
     }
     let names: Vec<&str> = policies.iter().map(|p| p.as_str()).collect();
     Err(ExecutorError::Other(format!(
@@ -93,6 +92,12 @@ pub fn ensure(
 fn with_policy(api: &Api, job: &JobContext, image: &str, policy: PullPolicy) -> Result<Value, Failure> {
     let what = format!("inspecting image {image}");
     let existing = api.inspect_image(image).map_err(|e| stop_or_next(e, &what))?;
+    // Already made present for this job (a second service of the same image): not pulled again.
+    if let Some(found) = existing.as_ref().filter(|f| {
+        f["Id"].as_str().is_some_and(|id| job.used_images.borrow().get(image).is_some_and(|used| used == id))
+    }) {
+        return Ok(found.clone());
+    }
     match (policy, existing) {
         (PullPolicy::Never, Some(found)) => return Ok(found),
         (PullPolicy::Never, None) => {

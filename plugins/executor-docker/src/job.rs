@@ -2,6 +2,9 @@
 //! credentials and the `image:`/`services:` details (`runway:host/job`), with the record's
 //! image and services as the fallback when the host has no details. Reads only.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
 use runway_sdk::executor::{Image, Job};
 use runway_sdk::job::{Credential, ImageDetails, Variable};
 
@@ -15,6 +18,8 @@ pub struct JobContext {
     pub image: Option<ImageDetails>,
     /// `services:`.
     pub services: Vec<ImageDetails>,
+    /// Images made present for this job so far (name → ID): not pulled twice (GitLab's rule).
+    pub used_images: RefCell<BTreeMap<String, String>>,
 }
 
 fn from_record(image: &Image) -> ImageDetails {
@@ -39,12 +44,14 @@ impl JobContext {
                 credentials: details.credentials,
                 image: details.image.filter(|i| !i.name.trim().is_empty()),
                 services: details.services,
+                used_images: RefCell::default(),
             },
             None => JobContext {
                 variables: Vec::new(),
                 credentials: Vec::new(),
                 image: job.image.as_ref().filter(|i| !i.name.trim().is_empty()).map(from_record),
                 services: job.services.iter().map(from_record).collect(),
+                used_images: RefCell::default(),
             },
         }
     }

@@ -14,13 +14,14 @@
 //! The decisions that need no engine (config, pull policies, names, request bodies, state)
 //! live in the `docker-logic` crate, tested natively.
 
+use std::cell::RefCell;
 use std::hash::BuildHasher;
 
 use docker_logic::config::{self, DockerConfig};
 use docker_logic::names;
 use docker_logic::policy::{check_allowed, PullPolicy};
 use docker_logic::state::State;
-use docker_logic::volumes::{self, VolumeSpec};
+use docker_logic::volumes::{self, Owner};
 use runway_sdk::executor::*;
 use runway_sdk::trace;
 
@@ -41,6 +42,9 @@ pub struct DockerEnv {
     config: DockerConfig,
     state: State,
     prefix: String,
+    /// Stage containers this instance ran to the end: one still found under such a name (its
+    /// removal failed) is stale, not a stage to reattach to.
+    finished: RefCell<Vec<String>>,
 }
 
 fn parse_config(json: &str) -> Result<config::Parsed, ExecutorError> {
@@ -121,11 +125,12 @@ impl Executor for Docker {
             tls_cert_path: config.tls_cert_path.clone(),
             job_id: job.id,
             suffix,
+            // Cleanup removes it by name too, even when `volumes` mounts the builds directory.
             build_volume: names::build_volume(&prefix),
             builds_dir: job.builds_dir.clone(),
             ..Default::default()
         };
-        let mut env = DockerEnv { api, config, state, prefix };
+        let mut env = DockerEnv { api, config, state, prefix, finished: RefCell::default() };
         match env.setup(&job, &ctx, &image) {
             Ok(()) => Ok(env),
             Err(e) => {
@@ -142,7 +147,7 @@ impl Executor for Docker {
         let api = Api::connect(&state.host, state.tls_verify, &state.tls_cert_path)
             .map_err(|e| executor_error(e, "connecting to the Docker engine"))?;
         let prefix = names::job_prefix(state.job_id, &state.suffix);
-        Ok(DockerEnv { api, config, state, prefix })
+        Ok(DockerEnv { api, config, state, prefix, finished: RefCell::default() })
     }
 }
 
@@ -155,7 +160,11 @@ impl DockerEnv {
         image: &runway_sdk::job::ImageDetails,
     ) -> Result<(), ExecutorError> {
         self.state.image = images::ensure(&self.api, ctx, &self.config, &image.name, &image.pull_policies)?;
-        self.state.entrypoint = (!image.entrypoint.is_empty()).then(|| image.entrypoint.clone());
+        if !image.entrypoint.is_empty() && self.config.disable_entrypoint_overwrite {
+            images::warn("Entrypoint override disabled");
+        } else if !image.entrypoint.is_empty() {
+            self.state.entrypoint = Some(image.entrypoint.clone());
+        }
         self.state.user = if image.user.is_empty() { self.config.user.clone() } else { image.user.clone() };
         self.state.helper_image = self.helper_image(ctx)?;
 
@@ -186,48 +195,16 @@ impl DockerEnv {
         images::ensure_with(&self.api, ctx, &name, &[PullPolicy::IfNotPresent])
     }
 
-    /// The build volume, cache volumes and `volumes` binds of the stage containers. A path
-    /// mounted by `volumes` is not mounted again by the build or cache volume.
+    /// The build volume, cache volumes and `volumes` binds of the job's containers.
     fn create_volumes(&mut self, job: &Job) -> Result<(), ExecutorError> {
+        let plan = volumes::plan_mounts(&self.config, &self.prefix, &job.project_path, &job.builds_dir, &job.cache_dir);
         let job_labels = names::job_labels(self.state.job_id, &self.state.suffix, "");
         let cache_labels = names::cache_labels(&job.project_path);
-        let mut binds: Vec<(String, String)> = Vec::new();
-        let create = |name: &str, labels| {
-            self.api.create_volume(name, labels).map_err(|e| executor_error(e, &format!("creating volume {name}")))
-        };
-        for (index, volume) in self.config.volumes.iter().enumerate() {
-            let (bind, target) = match volume {
-                VolumeSpec::Bind { source, target, mode } => (volumes::bind(source, target, mode), target),
-                VolumeSpec::Named { name, target, mode } => (volumes::bind(name, target, mode), target),
-                VolumeSpec::Cache { target } if self.config.disable_cache => {
-                    let name = format!("{}-vol{index}", self.prefix);
-                    create(&name, &job_labels)?;
-                    (volumes::bind(&name, target, ""), target)
-                }
-                VolumeSpec::Cache { target } => {
-                    let (bind, name) = volumes::cache_bind(&self.config.cache_dir, &job.project_path, target);
-                    if let Some(name) = name {
-                        create(&name, &cache_labels)?;
-                    }
-                    (bind, target)
-                }
-            };
-            if !binds.iter().any(|(_, t)| t == target) {
-                binds.push((bind, target.clone()));
-            }
+        for (name, owner) in &plan.volumes {
+            let labels = if *owner == Owner::Job { &job_labels } else { &cache_labels };
+            self.api.create_volume(name, labels).map_err(|e| executor_error(e, &format!("creating volume {name}")))?;
         }
-        if !binds.iter().any(|(_, t)| *t == job.builds_dir) {
-            create(&self.state.build_volume, &job_labels)?;
-            binds.insert(0, (volumes::bind(&self.state.build_volume, &job.builds_dir, ""), job.builds_dir.clone()));
-        }
-        if !self.config.disable_cache && !binds.iter().any(|(_, t)| *t == job.cache_dir) {
-            let (bind, name) = volumes::cache_bind(&self.config.cache_dir, &job.project_path, &job.cache_dir);
-            if let Some(name) = name {
-                create(&name, &cache_labels)?;
-            }
-            binds.push((bind, job.cache_dir.clone()));
-        }
-        self.state.binds = binds.into_iter().map(|(bind, _)| bind).collect();
+        self.state.binds = plan.binds;
         Ok(())
     }
 }

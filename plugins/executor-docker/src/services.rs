@@ -6,7 +6,7 @@
 
 use docker_logic::names;
 use docker_logic::policy::check_allowed;
-use docker_logic::reference::service_aliases;
+use docker_logic::reference::assign_aliases;
 use docker_logic::spec::{self, ContainerSpec, Role};
 use docker_logic::state::ServiceState;
 use runway_sdk::docker::DockerError;
@@ -71,20 +71,18 @@ fn definitions(env: &DockerEnv, ctx: &JobContext) -> Result<Vec<Definition>, Exe
 /// Start the job's services and wait for them.
 pub fn start(env: &mut DockerEnv, ctx: &JobContext) -> Result<(), ExecutorError> {
     let definitions = definitions(env, ctx)?;
-    let mut used: Vec<String> = Vec::new();
-    for (index, def) in definitions.iter().enumerate() {
-        let mut mine: Vec<String> = Vec::new();
-        for alias in service_aliases(&def.image).into_iter().chain(def.aliases.iter().cloned()) {
-            if used.contains(&alias) {
-                images::warn(&format!(
-                    "Skipping alias \"{alias}\" for service \"{}\" (services[{index}]): alias is already in use by another service.",
-                    def.image
-                ));
-            } else if !mine.contains(&alias) {
-                mine.push(alias);
-            }
-        }
-        used.extend(mine.iter().cloned());
+    if let Some(limit) = env.config.services_limit.filter(|limit| definitions.len() > *limit) {
+        return Err(ExecutorError::InvalidConfig(format!(
+            "too many services requested: {}, only {limit} allowed (services_limit)",
+            definitions.len()
+        )));
+    }
+    let named: Vec<(String, Vec<String>)> = definitions.iter().map(|d| (d.image.clone(), d.aliases.clone())).collect();
+    let (aliases, warnings) = assign_aliases(&named);
+    for warning in &warnings {
+        images::warn(warning);
+    }
+    for ((index, def), mine) in definitions.iter().enumerate().zip(aliases) {
         trace::write_str(&format!("Starting service {} ...\n", def.image));
         let image = images::ensure(&env.api, ctx, &env.config, &def.image, &def.pull_policies)?;
         let name = names::service_container(&env.prefix, index, mine.first().map_or("", String::as_str));
@@ -93,7 +91,8 @@ pub fn start(env: &mut DockerEnv, ctx: &JobContext) -> Result<(), ExecutorError>
         let spec = ContainerSpec {
             image,
             cmd: def.command.clone(),
-            entrypoint: (!def.entrypoint.is_empty()).then(|| def.entrypoint.clone()),
+            entrypoint: (!def.entrypoint.is_empty() && !env.config.disable_entrypoint_overwrite)
+                .then(|| def.entrypoint.clone()),
             env: environment,
             user: def.user.clone(),
             working_dir: String::new(),
@@ -173,11 +172,12 @@ fn start_check(env: &DockerEnv, service: &ServiceState, timeout: u64) -> Result<
     } else {
         Vec::new()
     };
+    let (cmd, environment) = spec::wait_command(&host, &ports, timeout);
     let spec = ContainerSpec {
         image: env.state.helper_image.clone(),
-        cmd: spec::wait_command(&host, &ports, timeout),
+        cmd,
         entrypoint: None,
-        env: Vec::new(),
+        env: environment,
         user: String::new(),
         working_dir: String::new(),
         labels: names::job_labels(env.state.job_id, &env.state.suffix, "wait"),
