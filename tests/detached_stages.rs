@@ -155,6 +155,7 @@ async fn shell_host(root: &Path) -> PluginHost {
         state_dir: None,
         grants: BTreeMap::new(),
         builtins: runway::plugin::builtin_plugins(),
+        helper_image: None,
     })
     .await
     .expect("plugin host starts")

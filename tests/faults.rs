@@ -61,6 +61,7 @@ impl World {
             state_dir: None,
             grants,
             builtins: builtin_plugins(),
+            helper_image: None,
         })
         .await
         .expect("plugin host")

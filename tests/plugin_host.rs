@@ -38,6 +38,7 @@ async fn host_with(dir: &Path, grants: BTreeMap<String, PluginGrant>) -> PluginH
         state_dir: None,
         grants,
         builtins: runway::plugin::builtin_plugins(),
+        helper_image: None,
     })
     .await
     .expect("plugin host starts")

@@ -42,6 +42,7 @@ fn settings(dir: &Path, grants: BTreeMap<String, PluginGrant>) -> HostSettings {
         state_dir: Some(dir.join("../state")),
         grants,
         builtins: runway::plugin::builtin_plugins(),
+        helper_image: None,
     }
 }
 

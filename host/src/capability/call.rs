@@ -1,5 +1,5 @@
 //! What one plugin call works with: the [`CallContext`] of the job it works for (its log, its
-//! stop signal, its remote instance) and the [`CallBudget`] that keeps time spent waiting
+//! stop signal, its remote instance, its details) and the [`CallBudget`] that keeps time spent waiting
 //! inside host capabilities out of the plugin's `call_timeout`.
 //!
 //! Owns: per-call context and the wasm-time budget. Must not touch: plugins or stores (the
@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::bindings::executor::runway::host0_2_0::job::JobDetails;
 use crate::connector::RemoteSession;
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;
@@ -21,6 +22,8 @@ pub struct CallContext {
     pub stop: StopSignal,
     /// The instance acquired for the job (instance executor).
     pub remote: Option<Arc<dyn RemoteSession>>,
+    /// What the job asked for beyond the executor's job record (`runway:host/job`).
+    pub job: Option<Arc<JobDetails>>,
 }
 
 /// Wasm execution time allowed per call. Time spent inside host capabilities that wait on

@@ -37,9 +37,13 @@ pub struct ExecArgs {
     /// The pipeline file (default: .gitlab-ci.yml in the project directory).
     #[arg(long)]
     pub file: Option<PathBuf>,
-    /// Executor plugin to run the jobs with.
+    /// Executor plugin to run the jobs with (`shell`, or `docker`: each job in its `image:`
+    /// with its `services:`, on the engine `DOCKER_HOST` names, else the default socket).
     #[arg(long, default_value = "shell")]
     pub executor: String,
+    /// With `--executor docker`: the image of jobs that name none.
+    #[arg(long, value_name = "IMAGE")]
+    pub docker_image: Option<String>,
     /// Project directory (default: the current directory).
     #[arg(long)]
     pub cwd: Option<PathBuf>,
@@ -63,8 +67,54 @@ async fn plugins(config: Option<&Path>) -> anyhow::Result<PluginHost> {
         let loaded = super::run::load_config(path)?;
         return super::run::plugin_host(&loaded).await;
     }
-    PluginHost::new(HostSettings { cache_dir: cache_dir(), builtins: builtin_plugins(), ..HostSettings::default() })
-        .await
+    PluginHost::new(HostSettings {
+        cache_dir: cache_dir(),
+        builtins: builtin_plugins(),
+        helper_image: Some(super::run::helper_image()),
+        ..HostSettings::default()
+    })
+    .await
+}
+
+/// Where a local job's files are, as the executor sees them.
+struct Layout {
+    /// `[runners.<executor>]` as JSON.
+    executor_config: String,
+    builds_dir: PathBuf,
+    project_dir: PathBuf,
+    cache_dir: PathBuf,
+}
+
+impl Layout {
+    /// The shell executor works in the project (or its `--isolate` copy) itself; the docker
+    /// executor bind-mounts it at `/builds/<name>` in the job's containers and keeps caches in
+    /// its cache volume. Either way the user's environment is already loaded: no login shell.
+    fn new(args: &ExecArgs, run_dir: &Path) -> Layout {
+        if args.executor == "docker" {
+            let name =
+                run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "project".into());
+            let project_dir = PathBuf::from("/builds").join(&name);
+            let mut config = serde_json::json!({
+                "volumes": [format!("{}:{}", run_dir.display(), project_dir.display())],
+            });
+            if let Some(image) = &args.docker_image {
+                config["image"] = serde_json::Value::String(image.clone());
+            }
+            return Layout {
+                executor_config: config.to_string(),
+                builds_dir: PathBuf::from("/builds"),
+                project_dir,
+                cache_dir: PathBuf::from("/cache"),
+            };
+        }
+        let config = if args.executor == "shell" { r#"{"login":false}"# } else { "{}" };
+        Layout {
+            executor_config: config.to_string(),
+            builds_dir: run_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| run_dir.to_path_buf()),
+            project_dir: run_dir.to_path_buf(),
+            cache_dir: run_dir.join(".runway-cache"),
+        }
+    }
 }
 
 fn parse_vars(vars: &[String]) -> anyhow::Result<Vec<(String, String)>> {
@@ -115,17 +165,16 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
     };
 
     let plugins = plugins(config).await?;
-    // Local runs use the user's already-loaded environment: no login shell.
-    let executor_config = if args.executor == "shell" { r#"{"login":false}"# } else { "{}" };
-    let executor = ResolvedExecutor::resolve(&plugins, &args.executor, executor_config)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let scratch = if args.isolate {
         Some(local::isolate::copy_tracked(&project_dir).map_err(|e| anyhow::anyhow!("{e}"))?)
     } else {
         None
     };
     let run_dir = scratch.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| project_dir.clone());
+    let layout = Layout::new(&args, &run_dir);
+    let executor = ResolvedExecutor::resolve(&plugins, &args.executor, &layout.executor_config)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
 
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let control = JobControl::default();
@@ -143,15 +192,15 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
     let mut exit = ExitCode::SUCCESS;
     for job in jobs {
         let settings = ScriptSettings {
-            builds_dir: run_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| run_dir.clone()),
-            cache_dir: run_dir.join(".runway-cache"),
+            builds_dir: layout.builds_dir.clone(),
+            cache_dir: layout.cache_dir.clone(),
             shared_builds_dir: false,
             short_token: "local".into(),
             executor: args.executor.clone(),
             shell: executor.info.default_shell.clone(),
             runner_version: crate::buildinfo::VERSION.into(),
             runner_revision: crate::buildinfo::REVISION.into(),
-            project_dir_override: Some(run_dir.clone()),
+            project_dir_override: Some(layout.project_dir.clone()),
             shared_environment: true,
             ..ScriptSettings::default()
         };

@@ -38,6 +38,7 @@ async fn host(plugins_dir: Option<PathBuf>, config: Option<&Path>) -> anyhow::Re
         state_dir: None,
         grants: Default::default(),
         builtins: builtin_plugins(),
+        helper_image: Some(super::run::helper_image()),
     })
     .await
 }

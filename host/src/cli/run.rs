@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::sync::Semaphore;
 
+use crate::capability::docker::HelperImageSource;
 use crate::config::autoscaler::AutoscalerConfig;
 use crate::config::store::StorePathVariables;
 use crate::config::{self, Loaded};
@@ -36,6 +37,21 @@ pub fn load_config(path: &Path) -> anyhow::Result<Loaded> {
     Ok(loaded)
 }
 
+/// Runway's helper image for the `docker` capability, built from this machine's files once per
+/// process (on the first job that needs it).
+pub fn helper_image() -> HelperImageSource {
+    static BUILT: std::sync::OnceLock<Result<(String, bytes::Bytes), String>> = std::sync::OnceLock::new();
+    HelperImageSource::new(|| {
+        BUILT
+            .get_or_init(|| {
+                crate::connector::rootfs::helper_rootfs()
+                    .map(|h| (h.reference, bytes::Bytes::from(h.rootfs.tar)))
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+    })
+}
+
 /// The plugin host for a config.
 pub async fn plugin_host(loaded: &Loaded) -> anyhow::Result<PluginHost> {
     PluginHost::new(HostSettings {
@@ -44,6 +60,7 @@ pub async fn plugin_host(loaded: &Loaded) -> anyhow::Result<PluginHost> {
         state_dir: Some(loaded.state_dir()),
         grants: loaded.config.plugins.clone(),
         builtins: builtin_plugins(),
+        helper_image: Some(helper_image()),
     })
     .await
 }
@@ -206,9 +223,10 @@ impl RunnerContext {
     /// Resolve the executor plugin and build the runner's settings from what it says.
     async fn resolve(&self) -> Result<RunnerSettings, Unusable> {
         let runner = &self.runner;
-        let executor = ResolvedExecutor::resolve(&self.plugins, &runner.executor, &runner.executor_config_json())
-            .await
-            .map_err(|e| Unusable::new(&format!("{}: executor {:?}: {e}", self.where_, runner.executor)))?;
+        let executor =
+            ResolvedExecutor::resolve(&self.plugins, runner.executor_plugin(), &runner.executor_config_json())
+                .await
+                .map_err(|e| Unusable::new(&format!("{}: executor {:?}: {e}", self.where_, runner.executor)))?;
         let store = match self.stores.open(&self.store).await {
             Ok(store) => store,
             Err(e) => return Err(Unusable::new(&format!("{}: job store: {e}", self.where_))),

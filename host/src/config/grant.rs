@@ -1,7 +1,7 @@
 //! What a plugin may do: the `[plugins.NAME]` section of config.toml.
 //!
 //! Nothing is ambient. A plugin without a section gets the defaults below: no process,
-//! no HTTP, no environment, no filesystem, 64 MiB of memory and 30 s of wasm time per call,
+//! no Docker engine, no HTTP, no environment, no filesystem, 64 MiB of memory and 30 s of wasm time per call,
 //! 1024 kv keys holding at most 4 MiB, and 20 log lines per second (bursts of 100).
 
 use std::path::PathBuf;
@@ -26,6 +26,10 @@ pub struct PluginGrant {
     /// May the plugin start local processes (the `process` capability)?
     #[serde(default)]
     pub allow_process: bool,
+    /// Docker engines the plugin may reach (the `docker` capability): `unix:///path`,
+    /// `tcp://host:port`, `instance` (the engine on a job's fleet instance) or `*`.
+    #[serde(default, deserialize_with = "docker_endpoints")]
+    pub allow_docker: Vec<String>,
     /// Host directories preopened for the plugin (read-write), as `host_path` or
     /// `host_path:guest_path`.
     #[serde(default)]
@@ -69,6 +73,23 @@ fn in_range<'de, D: serde::Deserializer<'de>, const MIN: u64, const MAX: u64>(d:
     }
 }
 
+/// Deserialize `allow_docker`, refusing entries that name no engine.
+fn docker_endpoints<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let entries = Vec::<String>::deserialize(d)?;
+    for entry in &entries {
+        let ok = matches!(entry.as_str(), "*" | "instance")
+            || ["unix:///", "/", "tcp://", "http://", "https://"]
+                .iter()
+                .any(|p| entry.starts_with(p) && entry.len() > p.len());
+        if !ok {
+            return Err(serde::de::Error::custom(format!(
+                "{entry:?} is not a Docker endpoint: use unix:///path, tcp://host:port, \"instance\" or \"*\""
+            )));
+        }
+    }
+    Ok(entries)
+}
+
 fn default_memory_mb() -> u64 {
     64
 }
@@ -101,6 +122,7 @@ impl Default for PluginGrant {
             allow_hosts: Vec::new(),
             env: Vec::new(),
             allow_process: false,
+            allow_docker: Vec::new(),
             dirs: Vec::new(),
             memory_mb: default_memory_mb(),
             call_timeout: default_call_timeout(),
@@ -123,6 +145,15 @@ mod tests {
         assert_eq!(grant.memory_mb, 64);
         assert_eq!((grant.kv_max_keys, grant.kv_max_mb, grant.log_lines_per_second), (1024, 4, 20));
         assert_eq!(grant, PluginGrant::default());
+    }
+
+    #[test]
+    fn docker_endpoints_are_checked() {
+        let grant: PluginGrant =
+            toml::from_str(r#"allow_docker = ["unix:///run/d.sock", "tcp://h:2376", "instance", "*"]"#).expect("ok");
+        assert_eq!(grant.allow_docker.len(), 4);
+        let err = toml::from_str::<PluginGrant>(r#"allow_docker = ["docker.sock"]"#).expect_err("bad").to_string();
+        assert!(err.contains("docker.sock") && err.contains("not a Docker endpoint"), "{err}");
     }
 
     #[test]

@@ -28,6 +28,10 @@ pub use system_id::{short_token, system_id};
 pub const EXECUTOR_SECTIONS: &[&str] =
     &["shell", "docker", "ssh", "custom", "instance", "kubernetes", "virtualbox", "parallels"];
 
+/// Executors served by another executor's plugin: `executor = "docker-autoscaler"` is the
+/// `docker` plugin, configured by `[runners.docker]`, on the fleet of `[runners.autoscaler]`.
+pub const EXECUTOR_ALIASES: &[(&str, &str)] = &[("docker-autoscaler", "docker")];
+
 /// GitLab Runner's other `[runners.*]` tables: accepted (and kept) though Runway does not
 /// read them, so a GitLab config.toml loads as it is.
 pub const GITLAB_RUNNER_SECTIONS: &[&str] = &["cache", "custom_build_dir", "referees", "steps"];
@@ -312,10 +316,16 @@ impl RunnerConfig {
         })
     }
 
-    /// The executor's section (`[runners.<executor>]`) as JSON, `{}` when absent.
+    /// The plugin serving this runner's executor: its name, unless it is an alias
+    /// ([`EXECUTOR_ALIASES`]).
+    pub fn executor_plugin(&self) -> &str {
+        EXECUTOR_ALIASES.iter().find(|(alias, _)| *alias == self.executor).map_or(self.executor.as_str(), |(_, p)| p)
+    }
+
+    /// The executor's section (`[runners.<executor plugin>]`) as JSON, `{}` when absent.
     pub fn executor_config_json(&self) -> String {
         self.sections
-            .get(&self.executor)
+            .get(self.executor_plugin())
             .and_then(|v| serde_json::to_string(v).ok())
             .unwrap_or_else(|| "{}".to_string())
     }
@@ -568,6 +578,12 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
         }
         if purpose == Purpose::Run && runner.executor.is_empty() {
             return Err(err(format!("runners[{i}].executor"), "must name an executor plugin (e.g. \"shell\")".into()));
+        }
+        if purpose == Purpose::Run && runner.executor == "docker-autoscaler" && runner.autoscaler.is_none() {
+            return Err(err(
+                format!("runners[{i}].executor"),
+                "\"docker-autoscaler\" runs jobs on an autoscaled fleet: add a [runners.autoscaler] section".into(),
+            ));
         }
         if runner.request_concurrency == 0 {
             return Err(err(format!("runners[{i}].request_concurrency"), "must be at least 1".into()));

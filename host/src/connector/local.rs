@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use crate::connector::detached::{self, OutputFn, ShellHost};
 use crate::connector::process::{run_streaming, start_background, LocalCommand, ProcessFailure};
-use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession};
+use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession, SocketStream};
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;
 
@@ -289,6 +289,13 @@ impl RemoteSession for LocalSession {
     async fn download(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, RemoteError> {
         let path = path.to_string();
         blocking(move || read_file(&path, max_bytes)).await
+    }
+
+    async fn connect_unix(&self, path: &str) -> Result<Box<dyn SocketStream>, RemoteError> {
+        let stream = tokio::net::UnixStream::connect(path)
+            .await
+            .map_err(|e| RemoteError::Connection(format!("unix://{path}: {e}")))?;
+        Ok(Box::new(stream))
     }
 }
 

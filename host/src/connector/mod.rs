@@ -7,9 +7,10 @@
 //! the runner, followed again from any byte offset without a byte twice. Together they back
 //! the `runway:host/remote` capability. [`spec`] turns what a provider says about an instance
 //! (plus the configured defaults) into a [`ConnectSpec`]; [`probe`] runs the autoscaler's
-//! `instance_ready_command`, health probes and the `$HOME` lookup. [`rootfs`] makes root
-//! filesystem tars from this machine's files (Runway's helper image, test images) for
-//! `docker import`.
+//! `instance_ready_command`, health probes and the `$HOME` lookup. [`docker`] carries the Docker
+//! Engine API for the container executors, locally or through a session's unix socket forwarding;
+//! [`rootfs`] makes root filesystem tars from this machine's files (Runway's helper image, test
+//! images) for `docker import`.
 //!
 //! `connector` imports only `stop` and `trace`: never plugin, capability or WIT types; the
 //! manager converts the fleeting plugin's records into [`InstanceConnectInfo`].
@@ -19,6 +20,7 @@
 //! to WIT).
 
 pub mod detached;
+pub mod docker;
 pub mod local;
 pub mod probe;
 pub mod process;
@@ -30,6 +32,6 @@ pub mod ssh;
 pub use detached::ShellHost;
 pub use local::LocalSession;
 pub use probe::ProbeError;
-pub use remote::{ExitStatus, RemoteError, RemoteSession};
+pub use remote::{ExitStatus, RemoteError, RemoteSession, SocketStream};
 pub use spec::{ConnectorDefaults, InstanceConnectInfo, SpecError};
 pub use ssh::{ConnectError, ConnectSpec, SshAuth, SshSession};

@@ -44,6 +44,11 @@ pub enum RemoteError {
     Other(String),
 }
 
+/// A byte stream to a socket (a unix socket on the machine, forwarded through the session).
+pub trait SocketStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> SocketStream for T {}
+
 /// The machine a job runs on (a fleet instance, or the runner's own), owned by the host.
 #[async_trait]
 pub trait RemoteSession: Send + Sync {
@@ -81,4 +86,7 @@ pub trait RemoteSession: Send + Sync {
     async fn upload(&self, path: &str, data: &[u8], mode: u32) -> Result<(), RemoteError>;
     /// Read a file; [`RemoteError::TooLarge`] when it has more than `max_bytes`.
     async fn download(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, RemoteError>;
+    /// Connect to the unix socket at `path` on the machine (over SSH: stream-local forwarding,
+    /// which OpenSSH allows by default).
+    async fn connect_unix(&self, path: &str) -> Result<Box<dyn SocketStream>, RemoteError>;
 }

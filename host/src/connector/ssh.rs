@@ -18,7 +18,7 @@ use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use russh::ChannelMsg;
 
 use crate::connector::detached::{self, quote, OutputFn, ShellHost};
-use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession};
+use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession, SocketStream};
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;
 
@@ -354,6 +354,15 @@ impl RemoteSession for SshSession {
             return Err(RemoteError::TooLarge(u32::try_from(max_bytes).unwrap_or(u32::MAX)));
         }
         Ok(data)
+    }
+
+    async fn connect_unix(&self, path: &str) -> Result<Box<dyn SocketStream>, RemoteError> {
+        let channel = self
+            .handle
+            .channel_open_direct_streamlocal(path)
+            .await
+            .map_err(|e| RemoteError::Connection(format!("{}: forwarding to {path}: {e}", self.target)))?;
+        Ok(Box::new(channel.into_stream()))
     }
 }
 

@@ -154,6 +154,12 @@ mod tests {
         async fn download(&self, _: &str, _: usize) -> Result<Vec<u8>, crate::connector::RemoteError> {
             Ok(Vec::new())
         }
+        async fn connect_unix(
+            &self,
+            _: &str,
+        ) -> Result<Box<dyn crate::connector::SocketStream>, crate::connector::RemoteError> {
+            Err(crate::connector::RemoteError::Canceled)
+        }
     }
 
     #[test]

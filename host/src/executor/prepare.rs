@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bindings::executor::exports::runway::executor0_1_0::executor::Job;
 use crate::bindings::executor::runway::executor0_1_0::types::Image;
+use crate::bindings::executor::runway::host0_2_0::job::{Credential, ImageDetails, JobDetails, Variable};
 use crate::capability::CallContext;
 use crate::executor::failure::ExecutorFailure;
 use crate::executor::instance::ConnectedInstance;
@@ -89,6 +90,49 @@ pub fn wit_job(request: &PrepareRequest<'_>, executor: &ResolvedExecutor) -> Job
     }
 }
 
+fn variable(v: &crate::payload::JobVariable) -> Variable {
+    Variable { key: v.key.clone(), value: v.value.clone(), public: v.public, file: v.file }
+}
+
+fn image_details(img: &crate::payload::Image) -> ImageDetails {
+    let Image { name, entrypoint, command, aliases } = image(img);
+    ImageDetails {
+        name,
+        entrypoint,
+        command,
+        aliases,
+        pull_policies: img.pull_policy.clone(),
+        variables: img.variables.iter().map(variable).collect(),
+        user: img.executor_opts.docker.user.clone(),
+        platform: img.executor_opts.docker.platform.clone(),
+    }
+}
+
+/// What the job asked for beyond the WIT job record (`runway:host/job`).
+pub fn job_details(job: &JobResponse) -> JobDetails {
+    JobDetails {
+        variables: job.variables.iter().map(variable).collect(),
+        credentials: job
+            .credentials
+            .iter()
+            .filter(|c| c.kind.eq_ignore_ascii_case("registry"))
+            .map(|c| Credential { url: c.url.clone(), username: c.username.clone(), password: c.password.clone() })
+            .collect(),
+        image: job.image.as_ref().filter(|i| !i.name.is_empty()).map(image_details),
+        services: job.services.iter().map(image_details).collect(),
+    }
+}
+
+/// The call context of a job's session: its log, its fleet instance, its details.
+fn call_context(job: &JobResponse, trace: Arc<dyn TraceSink>, instance: Option<&ConnectedInstance>) -> CallContext {
+    CallContext {
+        trace: Some(trace),
+        stop: StopSignal::new(),
+        remote: instance.map(|i| i.remote.clone()),
+        job: Some(Arc::new(job_details(job))),
+    }
+}
+
 /// Prepare `executor` for `request`, writing each failed attempt to `trace`; stops retrying
 /// when `abort` fires. Calls of the session work for `trace` and, on a fleet, `instance`.
 pub async fn prepare(
@@ -99,13 +143,12 @@ pub async fn prepare(
     instance: Option<&ConnectedInstance>,
 ) -> Result<ExecutorSession, PrepareError> {
     let wit = wit_job(&request, executor);
-    let remote = instance.map(|i| i.remote.clone());
     let mut last_error = String::new();
     for attempt in 1..=PREPARATION_ATTEMPTS {
         if abort.is_cancelled() {
             break;
         }
-        let call = CallContext { trace: Some(trace.clone()), stop: StopSignal::new(), remote: remote.clone() };
+        let call = call_context(request.job, trace.clone(), instance);
         let mut session = match ExecutorSession::start(&executor.host, &executor.plugin, call).await {
             Ok(s) => s,
             Err(e) => {
@@ -148,7 +191,7 @@ pub async fn resume(
     instance: Option<&ConnectedInstance>,
 ) -> Result<ExecutorSession, PrepareError> {
     let wit = wit_job(&request, executor);
-    let call = CallContext { trace: Some(trace), stop: StopSignal::new(), remote: instance.map(|i| i.remote.clone()) };
+    let call = call_context(request.job, trace, instance);
     let failed = |e: ExecutorFailure| PrepareError::Failed { last_error: e.to_string() };
     let mut session = ExecutorSession::start(&executor.host, &executor.plugin, call)
         .await

@@ -13,6 +13,7 @@
 //! turns the resolved document into jobs. Must not run jobs (that is `cli::exec`'s business
 //! with the job module) or talk to GitLab.
 
+mod images;
 pub mod isolate;
 mod parallel;
 pub mod rules;
@@ -510,6 +511,8 @@ impl Pipeline {
                     runner_info: RunnerInfo { timeout },
                     variables: list,
                     steps,
+                    image: expanded.config.get("image").and_then(images::image),
+                    services: images::services(expanded.config.get("services")),
                     features: JobFeatures {
                         trace_sections: true,
                         token_mask_prefixes: Vec::new(),

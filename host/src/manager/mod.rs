@@ -266,7 +266,9 @@ pub struct Manager {
 
 fn make_runner(r: RunnerSettings, client: &Arc<GitLabClient>) -> Arc<Runner> {
     let executor = &r.env.executor;
-    let info = VersionInfo::this_runner(&executor.info.name, &r.env.settings.shell, features(executor.features()));
+    // The configured executor (`docker-autoscaler` is served by the `docker` plugin).
+    let name = if r.env.settings.executor.is_empty() { &executor.info.name } else { &r.env.settings.executor };
+    let info = VersionInfo::this_runner(name, &r.env.settings.shell, features(executor.features()));
     let limit = if r.limit == 0 { Semaphore::MAX_PERMITS } else { r.limit };
     let runner_client = r.client.clone().unwrap_or_else(|| client.clone());
     Arc::new(Runner {

@@ -73,6 +73,9 @@ pub struct JobResponse {
     /// `services:` of the job, for container executors.
     #[serde(default, deserialize_with = "null_default")]
     pub services: Vec<Image>,
+    /// Credentials GitLab hands the runner (registry logins for container images).
+    #[serde(default, deserialize_with = "null_default")]
+    pub credentials: Vec<Credential>,
     /// `artifacts:` entries (one per type).
     #[serde(default, deserialize_with = "null_default")]
     pub artifacts: Vec<Artifact>,
@@ -243,6 +246,51 @@ pub struct Image {
     /// Host names of a service (comma or space separated).
     #[serde(default, deserialize_with = "null_default")]
     pub alias: String,
+    /// `pull_policy:` (`always`, `if-not-present`, `never`), in order of preference.
+    #[serde(default, deserialize_with = "string_or_list")]
+    pub pull_policy: Vec<String>,
+    /// `variables:` of a service.
+    #[serde(default, deserialize_with = "null_default")]
+    pub variables: Vec<JobVariable>,
+    /// `docker:` and `kubernetes:` options.
+    #[serde(default, deserialize_with = "null_default")]
+    pub executor_opts: ExecutorOptions,
+}
+
+/// `image: docker:` / `kubernetes:` options.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ExecutorOptions {
+    /// `docker:` options.
+    #[serde(default, deserialize_with = "null_default")]
+    pub docker: DockerOptions,
+}
+
+/// `image: docker: {platform, user}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct DockerOptions {
+    /// `platform:`, e.g. `linux/arm64`.
+    #[serde(default, deserialize_with = "null_default")]
+    pub platform: String,
+    /// `user:` the job's containers run as.
+    #[serde(default, deserialize_with = "null_default")]
+    pub user: String,
+}
+
+/// One entry of `credentials`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Credential {
+    /// `registry` (the only type runners use).
+    #[serde(default, rename = "type", deserialize_with = "null_default")]
+    pub kind: String,
+    /// The registry, e.g. `registry.gitlab.example.com`.
+    #[serde(default, deserialize_with = "null_default")]
+    pub url: String,
+    /// User name.
+    #[serde(default, deserialize_with = "null_default")]
+    pub username: String,
+    /// Password or token.
+    #[serde(default, deserialize_with = "null_default")]
+    pub password: String,
 }
 
 /// One `artifacts:` entry.

@@ -46,6 +46,7 @@ pub fn builtin_plugins() -> Vec<(&'static str, &'static [u8])> {
     vec![
         ("executor-shell.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_shell.wasm"))),
         ("executor-instance.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_instance.wasm"))),
+        ("executor-docker.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_docker.wasm"))),
         ("fleeting-static.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_static.wasm"))),
     ]
 }

@@ -13,6 +13,7 @@ use wasmtime::Store;
 
 use crate::bindings::executor::ExecutorPluginPre;
 use crate::bindings::fleeting::FleetingPluginPre;
+use crate::capability::docker::HelperImageSource;
 use crate::capability::kv::{KvQuota, KvStore};
 use crate::capability::log::LogLimiter;
 use crate::capability::CallContext;
@@ -131,6 +132,7 @@ pub struct LoadedPlugin {
     pub(crate) pre: PluginPre,
     pub(crate) kv: Arc<KvStore>,
     pub(crate) log: Arc<LogLimiter>,
+    pub(crate) helper_image: Option<HelperImageSource>,
 }
 
 impl LoadedPlugin {
@@ -141,14 +143,19 @@ impl LoadedPlugin {
         call: CallContext,
     ) -> Result<Store<PluginState>, PluginError> {
         let name = self.meta.name.as_str().into();
-        let state =
-            PluginState::new(name, self.grant.clone(), self.kv.clone(), self.log.clone(), call).map_err(|e| {
-                PluginError {
-                    plugin: self.meta.name.clone(),
-                    kind: PluginErrorKind::Incompatible,
-                    message: format!("{e:#}"),
-                }
-            })?;
+        let state = PluginState::new(
+            name,
+            self.grant.clone(),
+            self.kv.clone(),
+            self.log.clone(),
+            call,
+            self.helper_image.clone(),
+        )
+        .map_err(|e| PluginError {
+            plugin: self.meta.name.clone(),
+            kind: PluginErrorKind::Incompatible,
+            message: format!("{e:#}"),
+        })?;
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limits);
         arm(&mut store);
@@ -192,6 +199,9 @@ pub struct HostSettings {
     pub grants: BTreeMap<String, PluginGrant>,
     /// Plugins built into the binary: (file label, bytes).
     pub builtins: Vec<(&'static str, &'static [u8])>,
+    /// Where the `docker` capability gets Runway's helper image from (`None`: plugins must be
+    /// configured with a `helper_image`).
+    pub helper_image: Option<HelperImageSource>,
 }
 
 /// Whether a file's plugin name must be the one bound to the file.
@@ -279,6 +289,10 @@ impl Registry {
                 // The first-party shell executor exists to start local processes.
                 Ok(PluginGrant { allow_process: true, ..PluginGrant::default() })
             }
+            None if *source == PluginSource::Builtin && meta.name == "docker" => {
+                // The first-party docker executor exists to drive the engines its runners name.
+                Ok(PluginGrant { allow_docker: vec!["*".into()], ..PluginGrant::default() })
+            }
             None => Ok(PluginGrant::default()),
         }
     }
@@ -343,6 +357,7 @@ impl Registry {
             pre,
             kv,
             log,
+            helper_image: self.settings.load().helper_image.clone(),
         });
         self.smoke_test(&plugin).await?;
         Ok(plugin)

@@ -14,7 +14,9 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::bindings::{executor, fleeting};
+use crate::capability::docker::{DockerCtx, DockerPolicy, DockerView, HasDocker, HelperImageSource};
 use crate::capability::http::HttpPolicy;
+use crate::capability::job::{HasJob, JobView};
 use crate::capability::kv::{KvCtx, KvStore};
 use crate::capability::log::{LogCtx, LogLimiter};
 use crate::capability::process::{HasProcess, ProcessCtx, ProcessView};
@@ -38,6 +40,7 @@ pub struct PluginState {
     kv: KvCtx,
     process: ProcessCtx,
     remote: RemoteCtx,
+    docker: DockerCtx,
     stderr: StderrTail,
 }
 
@@ -50,7 +53,10 @@ impl PluginState {
         kv: Arc<KvStore>,
         log: Arc<LogLimiter>,
         call: CallContext,
+        helper_image: Option<HelperImageSource>,
     ) -> anyhow::Result<Self> {
+        let docker = DockerPolicy::parse(&grant.allow_docker)
+            .map_err(|e| anyhow::anyhow!("plugin {plugin}: allow_docker: {e}"))?;
         let stderr = StderrTail::default();
         let mut wasi = WasiCtx::builder();
         // Nothing ambient: no inherited environment, stdio, sockets or filesystem.
@@ -85,6 +91,7 @@ impl PluginState {
             kv: KvCtx::new(kv),
             process: ProcessCtx::new(plugin, grant.allow_process, max_buffer),
             remote: RemoteCtx::new(max_buffer, grant.allow_process),
+            docker: DockerCtx::new(docker, max_buffer, helper_image),
             grant,
             wasi: wasi.build(),
             http,
@@ -118,6 +125,16 @@ impl PluginState {
     /// The `remote` capability as the current call sees it.
     fn remote(&mut self) -> RemoteView<'_> {
         RemoteView { ctx: &self.remote, call: &self.call, budget: &self.budget }
+    }
+
+    /// The `docker` capability as the current call sees it.
+    fn docker(&mut self) -> DockerView<'_> {
+        DockerView { ctx: &self.docker, call: &self.call, budget: &self.budget, table: &mut self.table }
+    }
+
+    /// The `job` capability as the current call sees it.
+    fn job(&mut self) -> JobView<'_> {
+        JobView { call: &self.call }
     }
 
     /// The last lines the plugin wrote to stderr (a panic message, usually), at most
@@ -161,6 +178,8 @@ pub(crate) fn add_executor_imports(linker: &mut Linker<PluginState>) -> wasmtime
     host::process::add_to_linker::<_, HasProcess>(linker, PluginState::process)?;
     host::remote::add_to_linker::<_, HasRemote>(linker, PluginState::remote)?;
     host::plugin::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
+    executor::runway::host0_2_0::docker::add_to_linker::<_, HasDocker>(linker, PluginState::docker)?;
+    executor::runway::host0_2_0::job::add_to_linker::<_, HasJob>(linker, PluginState::job)?;
     exec::types::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
     Ok(())
 }

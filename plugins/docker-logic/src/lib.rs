@@ -1,0 +1,17 @@
+//! The docker executor's pure logic, kept apart from the WebAssembly glue so it is tested
+//! natively (`cargo test -p docker-logic`): `[runners.docker]` parsing, pull policies and
+//! allow-lists, image references and service aliases, registry credentials, volumes, names and
+//! labels, Engine API request bodies, the script archive and the saved state. Nothing here
+//! talks to an engine, the host or the job log.
+
+#![deny(missing_docs)]
+
+pub mod archive;
+pub mod auth;
+pub mod config;
+pub mod names;
+pub mod policy;
+pub mod reference;
+pub mod spec;
+pub mod state;
+pub mod volumes;

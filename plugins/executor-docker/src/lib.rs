@@ -1,0 +1,230 @@
+//! The docker executor (GitLab's Docker executor semantics) as a WebAssembly component: each
+//! job gets its own network, build volume, services and a container per stage on a Docker
+//! Engine (or Podman's Docker-compatible API), reached through the host's `docker` capability
+//! (the host carries the Engine API and streams container output into the job log).
+//!
+//! `prepare` pulls the job's image, picks the helper image, creates the job's network
+//! (`runway-job-<id>-<suffix>`, unless `network_mode` is set), its build volume and cache
+//! volumes, and starts and waits for the services. `run` creates one container per stage
+//! (predefined stages in the helper image, user stages in the job's image), uploads the
+//! script into it, starts and follows it, and removes it once it exits; a stage container found
+//! by its name (after `resume`) is followed instead of created again. `cleanup` removes every
+//! container, the network and the job's volumes, never the cache volumes.
+//!
+//! The decisions that need no engine (config, pull policies, names, request bodies, state)
+//! live in the `docker-logic` crate, tested natively.
+
+use std::cell::RefCell;
+use std::hash::BuildHasher;
+
+use docker_logic::config::{self, DockerConfig};
+use docker_logic::names;
+use docker_logic::policy::{check_allowed, PullPolicy};
+use docker_logic::state::State;
+use docker_logic::volumes::{self, Owner};
+use runway_sdk::executor::*;
+use runway_sdk::trace;
+
+mod api;
+mod containers;
+mod images;
+mod job;
+mod services;
+
+use api::{executor_error, Api};
+use job::JobContext;
+
+struct Docker;
+
+/// One job's environment on the engine.
+pub struct DockerEnv {
+    api: Api,
+    config: DockerConfig,
+    state: State,
+    prefix: String,
+    /// Stage containers this instance ran to the end: one still found under such a name (its
+    /// removal failed) is stale, not a stage to reattach to.
+    finished: RefCell<Vec<String>>,
+}
+
+fn parse_config(json: &str) -> Result<config::Parsed, ExecutorError> {
+    config::parse(json).map_err(ExecutorError::InvalidConfig)
+}
+
+/// The job's image (its `image:`, else the config's `image`), checked against `allowed_images`,
+/// with its entrypoint, user and pull policies.
+fn resolve_image(config: &DockerConfig, ctx: &JobContext) -> Result<runway_sdk::job::ImageDetails, ExecutorError> {
+    let default = ctx.expand(&config.image);
+    if let Some(image) = &ctx.image {
+        let mut image = image.clone();
+        image.name = ctx.expand(&image.name);
+        check_allowed(&image.name, "allowed_images", &config.allowed_images, std::slice::from_ref(&default))
+            .map_err(ExecutorError::InvalidConfig)?;
+        return Ok(image);
+    }
+    if default.trim().is_empty() {
+        return Err(ExecutorError::InvalidConfig(
+            "no Docker image specified to run the job in: set image: in .gitlab-ci.yml or image in [runners.docker]"
+                .into(),
+        ));
+    }
+    Ok(runway_sdk::job::ImageDetails {
+        name: default,
+        entrypoint: Vec::new(),
+        command: Vec::new(),
+        aliases: Vec::new(),
+        pull_policies: Vec::new(),
+        variables: Vec::new(),
+        user: String::new(),
+        platform: String::new(),
+    })
+}
+
+impl Executor for Docker {
+    type Environment = DockerEnv;
+
+    fn info(config: &str) -> Result<ProviderInfo, ExecutorError> {
+        let parsed = parse_config(config)?;
+        if let Some(warning) = parsed.warning() {
+            runway_sdk::log::warn(&warning);
+        }
+        Ok(ProviderInfo {
+            name: "docker".into(),
+            default_shell: "bash".into(),
+            // Not `shared`: every job has its own build volume.
+            features: Features::VARIABLES | Features::IMAGE | Features::SERVICES,
+            default_builds_dir: "/builds".into(),
+            default_cache_dir: "/cache".into(),
+        })
+    }
+
+    fn prepare(job: Job) -> Result<DockerEnv, ExecutorError> {
+        let config = parse_config(&job.config)?.config;
+        if job.shell != "bash" && job.shell != "sh" {
+            return Err(ExecutorError::InvalidConfig(format!(
+                "shell {:?} is not supported by the docker executor (bash, sh)",
+                job.shell
+            )));
+        }
+        let ctx = JobContext::load(&job);
+        let image = resolve_image(&config, &ctx)?;
+        trace::write_str(&format!("Using Docker executor with image {} ...\n", image.name));
+        if !image.platform.is_empty() {
+            images::warn(&format!(
+                "docker: platform: {} is not supported yet; using the engine's platform",
+                image.platform
+            ));
+        }
+        let api = Api::connect(&config.host, config.tls_verify, &config.tls_cert_path)
+            .map_err(|e| executor_error(e, "connecting to the Docker engine"))?;
+        let suffix = names::suffix(std::collections::hash_map::RandomState::new().hash_one(job.id));
+        let prefix = names::job_prefix(job.id, &suffix);
+        let state = State {
+            host: config.host.clone(),
+            tls_verify: config.tls_verify,
+            tls_cert_path: config.tls_cert_path.clone(),
+            job_id: job.id,
+            suffix,
+            // Cleanup removes it by name too, even when `volumes` mounts the builds directory.
+            build_volume: names::build_volume(&prefix),
+            builds_dir: job.builds_dir.clone(),
+            ..Default::default()
+        };
+        let mut env = DockerEnv { api, config, state, prefix, finished: RefCell::default() };
+        match env.setup(&job, &ctx, &image) {
+            Ok(()) => Ok(env),
+            Err(e) => {
+                env.cleanup();
+                Err(e)
+            }
+        }
+    }
+
+    fn resume(job: Job, state: String) -> Result<DockerEnv, ExecutorError> {
+        let config = parse_config(&job.config)?.config;
+        let state = State::from_json(&state).map_err(ExecutorError::Other)?;
+        trace::write_str("Resuming Docker executor...\n");
+        let api = Api::connect(&state.host, state.tls_verify, &state.tls_cert_path)
+            .map_err(|e| executor_error(e, "connecting to the Docker engine"))?;
+        let prefix = names::job_prefix(state.job_id, &state.suffix);
+        Ok(DockerEnv { api, config, state, prefix, finished: RefCell::default() })
+    }
+}
+
+impl DockerEnv {
+    /// Everything `prepare` creates after connecting; on error the caller cleans up.
+    fn setup(
+        &mut self,
+        job: &Job,
+        ctx: &JobContext,
+        image: &runway_sdk::job::ImageDetails,
+    ) -> Result<(), ExecutorError> {
+        self.state.image = images::ensure(&self.api, ctx, &self.config, &image.name, &image.pull_policies)?;
+        if !image.entrypoint.is_empty() && self.config.disable_entrypoint_overwrite {
+            images::warn("Entrypoint override disabled");
+        } else if !image.entrypoint.is_empty() {
+            self.state.entrypoint = Some(image.entrypoint.clone());
+        }
+        self.state.user = if image.user.is_empty() { self.config.user.clone() } else { image.user.clone() };
+        self.state.helper_image = self.helper_image(ctx)?;
+
+        if self.config.network_mode.is_empty() {
+            let labels = names::job_labels(self.state.job_id, &self.state.suffix, "");
+            self.api
+                .create_network(&self.prefix, &labels)
+                .map_err(|e| executor_error(e, "creating the job's network"))?;
+            self.state.network = Some(self.prefix.clone());
+            self.state.network_mode = self.prefix.clone();
+        } else {
+            self.state.network_mode = self.config.network_mode.clone();
+        }
+        self.create_volumes(job)?;
+        services::start(self, ctx)
+    }
+
+    /// The configured helper image (pulled if missing), else Runway's own.
+    fn helper_image(&self, ctx: &JobContext) -> Result<String, ExecutorError> {
+        if self.config.helper_image.is_empty() {
+            let image =
+                self.api.engine().helper_image().map_err(|e| executor_error(e, "providing Runway's helper image"))?;
+            trace::write_str(&format!("Using helper image {image} ...\n"));
+            return Ok(image);
+        }
+        let name = ctx.expand(&self.config.helper_image);
+        trace::write_str(&format!("Using helper image {name} (overridden) ...\n"));
+        images::ensure_with(&self.api, ctx, &name, &[PullPolicy::IfNotPresent])
+    }
+
+    /// The build volume, cache volumes and `volumes` binds of the job's containers.
+    fn create_volumes(&mut self, job: &Job) -> Result<(), ExecutorError> {
+        let plan = volumes::plan_mounts(&self.config, &self.prefix, &job.project_path, &job.builds_dir, &job.cache_dir);
+        let job_labels = names::job_labels(self.state.job_id, &self.state.suffix, "");
+        let cache_labels = names::cache_labels(&job.project_path);
+        for (name, owner) in &plan.volumes {
+            let labels = if *owner == Owner::Job { &job_labels } else { &cache_labels };
+            self.api.create_volume(name, labels).map_err(|e| executor_error(e, &format!("creating volume {name}")))?;
+        }
+        self.state.binds = plan.binds;
+        Ok(())
+    }
+}
+
+impl Environment for DockerEnv {
+    fn run(&self, stage: StageScript) -> Result<ExitStatus, ExecutorError> {
+        containers::run(self, &stage).map(|code| ExitStatus { code })
+    }
+
+    fn cleanup(&self) {
+        containers::cleanup(self)
+    }
+
+    fn state(&self) -> Option<String> {
+        Some(self.state.to_json())
+    }
+}
+
+runway_sdk::export_executor!(
+    Docker,
+    name: "docker",
+    description: "runs job stages in containers on a Docker Engine (GitLab's docker executor)"
+);
