@@ -536,10 +536,11 @@ impl Registry {
         std::fs::read_to_string(self.dir.join("registry.log")).unwrap_or_default()
     }
 
-    /// How many times a manifest of `repository` was fetched (a pull asks for one).
-    pub fn manifest_gets(&self, repository: &str) -> usize {
-        let needle = format!("\"GET /v2/{repository}/manifests/");
-        self.log().matches(&needle).count()
+    /// How many times a manifest of `repository` was asked for (`HEAD` or `GET`): every pull
+    /// resolves its tag so, even when the image is present.
+    pub fn manifest_requests(&self, repository: &str) -> usize {
+        let log = self.log();
+        ["GET", "HEAD"].iter().map(|m| log.matches(&format!("\"{m} /v2/{repository}/manifests/")).count()).sum()
     }
 
     /// Stop by PID.

@@ -663,9 +663,9 @@ const HELPER_PROGRAMS: &[&str] = &[
     "sync",
 ];
 
-/// Directories of the helper image: git's helpers (`git-remote-http(s)` among them) and
-/// templates, and the CA certificates.
-const HELPER_DIRS: &[&str] = &["/usr/lib/git-core", "/usr/share/git-core/templates", "/etc/ssl/certs"];
+/// Directories of the helper image when this machine has them: the CA certificates. (The git
+/// found on the search path brings its helpers and templates, see [`git_dirs`].)
+const HELPER_DIRS: &[&str] = &["/etc/ssl/certs"];
 
 /// The helper image's repository name.
 pub const HELPER_REPOSITORY: &str = "runway-helper";
@@ -690,12 +690,42 @@ pub fn helper_rootfs() -> Result<HelperRootfs, RootfsError> {
         builder.program(program)?;
     }
     builder.optional_program("git-lfs")?;
-    for dir in HELPER_DIRS {
-        builder.path(Path::new(dir))?;
+    let git = builder.find_program("git")?;
+    for dir in git_dirs(&git)? {
+        builder.path(&dir)?;
+    }
+    for dir in HELPER_DIRS.iter().map(Path::new).filter(|d| d.exists()) {
+        builder.path(dir)?;
     }
     let rootfs = builder.build()?;
     let reference = format!("{HELPER_REPOSITORY}:{}-{}", env!("CARGO_PKG_VERSION"), rootfs.short_hash());
     Ok(HelperRootfs { reference, rootfs })
+}
+
+/// The directories the git at `git` needs besides itself: its exec path (`git --exec-path`:
+/// `git-remote-http(s)` and the other helpers; a git built into `/usr/local` has its own) and
+/// the templates beside it (`<prefix>/share/git-core/templates`, when there).
+fn git_dirs(git: &Path) -> Result<Vec<PathBuf>, RootfsError> {
+    let out = std::process::Command::new(git).arg("--exec-path").output().map_err(io_err(git))?;
+    let exec_path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !out.status.success() || !exec_path.is_absolute() || !exec_path.is_dir() {
+        return Err(RootfsError::Io {
+            path: git.to_path_buf(),
+            source: std::io::Error::other(format!(
+                "`git --exec-path` gave no directory: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+        });
+    }
+    let mut dirs = vec![exec_path.clone()];
+    // <prefix>/libexec/git-core or <prefix>/lib/git-core
+    if let Some(prefix) = exec_path.parent().and_then(Path::parent) {
+        let templates = prefix.join("share/git-core/templates");
+        if templates.is_dir() {
+            dirs.push(templates);
+        }
+    }
+    Ok(dirs)
 }
 
 #[cfg(test)]

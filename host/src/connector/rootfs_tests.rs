@@ -192,15 +192,28 @@ fn helper_rootfs_has_git_and_its_helpers() {
     let prefix = format!("{HELPER_REPOSITORY}:{}-", env!("CARGO_PKG_VERSION"));
     assert_eq!(helper.reference, format!("{prefix}{}", helper.rootfs.short_hash()));
     let entries = listing(&helper.rootfs.tar);
-    for path in ["usr/lib/git-core/git-remote-https", "usr/share/git-core/templates", "etc/ssl/certs", "tmp"] {
-        assert!(entries.contains_key(path), "{path} missing from the helper image");
+    // The helpers and templates of the git on the search path (a git of its own in /usr/local
+    // has them under /usr/local).
+    let git = RootfsBuilder::new().find_program("git").unwrap();
+    let dirs = git_dirs(&git).unwrap();
+    let exec_path = std::fs::canonicalize(&dirs[0]).unwrap();
+    for path in [exec_path.join("git-remote-https"), PathBuf::from("/etc/ssl/certs"), PathBuf::from("/tmp")] {
+        assert!(entries.contains_key(&rel(&path)), "{} missing from the helper image", path.display());
     }
+    assert_eq!(dirs.len(), 2, "no templates beside {}: {dirs:?}", dirs[0].display());
     if is_root() {
-        let out =
-            run_chrooted(&helper.rootfs.tar, &["sh", "-c", "git --version && tar --version | head -1 && ls /tmp"]);
+        let out = run_chrooted(
+            &helper.rootfs.tar,
+            &[
+                "sh",
+                "-c",
+                "git --version && tar --version | head -1 && git init -q /tmp/r 2>&1 && ls /tmp/r/.git/hooks",
+            ],
+        );
         assert!(out.status.success(), "{out:?}");
         assert!(String::from_utf8_lossy(&out.stdout).starts_with("git version"), "{out:?}");
-        let out = run_chrooted(&helper.rootfs.tar, &["/usr/lib/git-core/git-remote-https"]);
+        let helper_path = exec_path.join("git-remote-https").display().to_string();
+        let out = run_chrooted(&helper.rootfs.tar, &[&helper_path]);
         // Without arguments it complains about usage, after loading every library it needs.
         assert!(!String::from_utf8_lossy(&out.stderr).contains("error while loading"), "{out:?}");
     }

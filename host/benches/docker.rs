@@ -1,0 +1,184 @@
+//! A trivial job (`script: [true]`, `GIT_STRATEGY: none`) through the docker executor — `runway
+//! run` as a process against the fake GitLab on loopback and a real `dockerd` of its own
+//! (`tests/support/dockerd.rs`: vfs storage, no iptables) — against `docker run --rm IMAGE
+//! true` for the same image on the same daemon. The goal is stated per container start: a
+//! job needs several (helper and build containers), counted from the engine's events for the
+//! job's label, so the bench prints `job / (starts × docker run)` next to the raw ratio.
+
+// criterion_group! generates undocumented public functions.
+#![allow(missing_docs)]
+
+#[path = "../../tests/support/dockerd.rs"]
+mod dockerd;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use fake_gitlab::{FakeGitLab, JobSpec};
+
+const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
+
+/// Wall times of each side, for the ratio printed at the end.
+static JOB_TIMES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
+static RUN_TIMES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
+
+fn median(times: &Mutex<Vec<Duration>>) -> Duration {
+    let mut v = times.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+struct RunwayProcess(Child);
+
+impl Drop for RunwayProcess {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGQUIT);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self.0.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Container starts the engine saw for `job` between `since` and now (Unix seconds).
+fn container_starts(docker: &dockerd::Dockerd, job: i64, since: u64) -> usize {
+    let until =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) + 1;
+    let filters = serde_json::json!({
+        "type": ["container"], "event": ["start"], "label": [format!("runway.job.id={job}")]
+    })
+    .to_string();
+    let encoded: String = filters
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
+    match docker.api("GET", &format!("/events?since={since}&until={until}&filters={encoded}"), None) {
+        Ok((200, body)) => String::from_utf8_lossy(&body).lines().filter(|l| !l.trim().is_empty()).count(),
+        _ => 0,
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let docker = dockerd::shared();
+    let image = docker.job_image();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let fake = rt.block_on(FakeGitLab::start_with(fake_gitlab::Config {
+        long_poll: Duration::from_secs(5),
+        trace_update_interval: 3,
+    }));
+    fake.set_next_job_id(900_000);
+    let runner = fake.create_runner("bench");
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "x\n")], "init");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"concurrent = 1
+check_interval = 1
+
+[plugins.docker]
+allow_docker = ["{host}"]
+
+[[runners]]
+name = "bench"
+url = "{url}"
+token = "{token}"
+executor = "docker"
+  [runners.docker]
+  host = "{host}"
+  image = "{image}"
+  pull_policy = ["if-not-present"]
+"#,
+            host = docker.host(),
+            url = fake.url(),
+            token = runner.token,
+        ),
+    )
+    .expect("config");
+    let log = std::fs::File::create(dir.path().join("runway.log")).expect("log");
+    let _runway = RunwayProcess(
+        Command::new(RUNWAY)
+            .arg("-c")
+            .arg(&config)
+            .arg("run")
+            .current_dir(dir.path())
+            .env("XDG_CACHE_HOME", dir.path().join("cache"))
+            .env_remove("DOCKER_HOST")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("runway run"),
+    );
+    let run_job = || {
+        let spec = JobSpec::new("group/project", "bench", &["true"]).variable("GIT_STRATEGY", "none");
+        let started = Instant::now();
+        let job = fake.enqueue(fake.job_payload(&spec));
+        let record = rt.block_on(fake.wait_for_job_state(job, |j| j.final_state.is_some(), Duration::from_secs(300)));
+        let elapsed = started.elapsed();
+        let record = record.unwrap_or_else(|| {
+            panic!(
+                "job {job} did not finish; runway log:\n{}",
+                std::fs::read_to_string(dir.path().join("runway.log")).unwrap_or_default()
+            )
+        });
+        assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+        (job, elapsed)
+    };
+    // The first job imports the helper image and compiles the plugin: not measured.
+    run_job();
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let (probe, _) = run_job();
+    let starts = container_starts(docker, probe, since.saturating_sub(1)).max(1);
+
+    let mut group = c.benchmark_group("docker executor");
+    group.sample_size(10).measurement_time(Duration::from_secs(30)).warm_up_time(Duration::from_secs(1));
+    group.bench_function("trivial job through the docker executor", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let (_, elapsed) = run_job();
+                JOB_TIMES.lock().unwrap_or_else(|e| e.into_inner()).push(elapsed);
+                total += elapsed;
+            }
+            total
+        })
+    });
+    group.bench_function("docker run --rm IMAGE true", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let started = Instant::now();
+                let out = docker.docker(&["run", "--rm", image, "true"]);
+                let elapsed = started.elapsed();
+                assert!(out.status.success(), "{out:?}");
+                RUN_TIMES.lock().unwrap_or_else(|e| e.into_inner()).push(elapsed);
+                total += elapsed;
+            }
+            total
+        })
+    });
+    group.finish();
+    let job = median(&JOB_TIMES);
+    let run = median(&RUN_TIMES);
+    let ratio = job.as_secs_f64() / run.as_secs_f64().max(f64::EPSILON);
+    println!(
+        "docker executor: job median {job:?}, docker run median {run:?}, ratio {ratio:.2}; the job started {starts} \
+         container(s): {:.2}× the container starts it needs (goal ≤ 1.5×)",
+        ratio / starts as f64
+    );
+}
+
+criterion_group!(docker, benches);
+criterion_main!(docker);
