@@ -220,7 +220,13 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
                 silence_notice_after: color.then_some(Duration::from_secs(10)),
             },
         ));
-        let outcome = run_job(&job.payload, &env, sink.clone(), &control, &NoHooks).await;
+        // CI_PROJECT_DIR is where the executor sees the project (the scratch copy with
+        // --isolate, /builds/<name> in a container), not where the pipeline was read.
+        let mut payload = job.payload.clone();
+        for v in payload.variables.iter_mut().filter(|v| v.key == "CI_PROJECT_DIR") {
+            v.value = layout.project_dir.display().to_string();
+        }
+        let outcome = run_job(&payload, &env, sink.clone(), &control, &NoHooks).await;
         drop(sink);
         if !outcome.succeeded() {
             if failure_allowed(job, outcome.exit_code) {
