@@ -84,7 +84,9 @@ fn extends_anchors_merge_keys_and_references() {
         (Some("1"), Some("middle"), Some("3"), Some("4"))
     );
     assert_eq!(script(job, "after_script"), vec!["echo other-after"]);
-    assert_eq!(job.payload.image, None, "image is not part of a shell payload from exec");
+    let image = job.payload.image.as_ref().map(|i| i.name.as_str());
+    assert_eq!(image, Some("alpine"), "image: is inherited through extends, for the docker executor");
+    assert!(job.payload.services.is_empty());
     let anchored = p.job("anchored").expect("anchored");
     assert_eq!(script(anchored, "script"), vec!["echo anchored"]);
     assert_eq!(var(anchored, "B"), Some("base"));
