@@ -85,7 +85,10 @@ services:
         .expect("yaml");
         let img = image(&yaml["image"]).expect("image");
         assert_eq!((img.name.as_str(), img.entrypoint.clone()), ("ruby:3.3", vec![String::new()]));
-        assert_eq!((img.pull_policy.clone(), img.executor_opts.docker.user.as_str()), (vec!["if-not-present".into()], "1000"));
+        assert_eq!(
+            (img.pull_policy.clone(), img.executor_opts.docker.user.as_str()),
+            (vec!["if-not-present".into()], "1000")
+        );
         let svcs = services(yaml.get("services"));
         assert_eq!(svcs.len(), 2);
         assert_eq!((svcs[0].name.as_str(), svcs[1].alias.as_str()), ("postgres:16", "cache"));
