@@ -87,15 +87,17 @@ struct Layout {
 
 impl Layout {
     /// The shell executor works in the project (or its `--isolate` copy) itself; the docker
-    /// executor bind-mounts it at `/builds/<name>` in the job's containers and keeps caches in
-    /// its cache volume. Either way the user's environment is already loaded: no login shell.
+    /// executor bind-mounts it at `/builds/<name>` in the job's containers, pulls only images
+    /// the engine lacks (`if-not-present`) and keeps caches in its cache volume. Either way the user's environment is already loaded: no login shell.
     fn new(args: &ExecArgs, run_dir: &Path) -> Layout {
         if args.executor == "docker" {
             let name =
                 run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "project".into());
             let project_dir = PathBuf::from("/builds").join(&name);
+            // Local images are the point of a local run: pull only what is missing.
             let mut config = serde_json::json!({
                 "volumes": [format!("{}:{}", run_dir.display(), project_dir.display())],
+                "pull_policy": ["if-not-present"],
             });
             if let Some(image) = &args.docker_image {
                 config["image"] = serde_json::Value::String(image.clone());
@@ -218,7 +220,13 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
                 silence_notice_after: color.then_some(Duration::from_secs(10)),
             },
         ));
-        let outcome = run_job(&job.payload, &env, sink.clone(), &control, &NoHooks).await;
+        // CI_PROJECT_DIR is where the executor sees the project (the scratch copy with
+        // --isolate, /builds/<name> in a container), not where the pipeline was read.
+        let mut payload = job.payload.clone();
+        for v in payload.variables.iter_mut().filter(|v| v.key == "CI_PROJECT_DIR") {
+            v.value = layout.project_dir.display().to_string();
+        }
+        let outcome = run_job(&payload, &env, sink.clone(), &control, &NoHooks).await;
         drop(sink);
         if !outcome.succeeded() {
             if failure_allowed(job, outcome.exit_code) {

@@ -11,7 +11,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::sync::Semaphore;
 
-use crate::capability::docker::HelperImageSource;
 use crate::config::autoscaler::AutoscalerConfig;
 use crate::config::store::StorePathVariables;
 use crate::config::{self, Loaded};
@@ -22,7 +21,7 @@ use crate::manager::fleet::Fleet;
 use crate::manager::health::{PendingRunner, RunnerEntry, Unusable};
 use crate::manager::{identity, signals, ActiveJobs, Manager, ManagerSettings, RunnerSettings, RunnerStore, Shutdown};
 use crate::metrics::Metrics;
-use crate::plugin::{builtin_plugins, HostSettings, PluginHost};
+use crate::plugin::{builtin_plugins, HelperImageSource, HostSettings, PluginHost};
 use crate::script::ScriptSettings;
 use crate::store::fleet_state;
 use crate::store::jobs::seal::StoreKey;

@@ -172,11 +172,12 @@ mod tests {
 
     #[test]
     fn refuses_other_api_versions() {
-        let err = parse_section("runway-plugin-v1\nname=x\nkind=executor\napi=0.2.0\n")
-            .expect_err("0.2 unsupported")
+        let err = parse_section("runway-plugin-v1\nname=x\nkind=executor\napi=0.3.0\n")
+            .expect_err("0.3 unsupported")
             .to_string();
-        assert!(err.contains("0.2.0") && err.contains("0.1.x"), "{err}");
+        assert!(err.contains("0.3.0") && err.contains("0.1.x, 0.2.x"), "{err}");
         assert!(check_api("0.1.7").is_ok());
+        assert!(check_api("0.2.0").is_ok());
         assert!(check_api("1.0.0").is_err());
     }
 

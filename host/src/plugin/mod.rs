@@ -33,6 +33,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use crate::capability::docker::HelperImageSource;
 pub use call::{bound_message, PluginError, PluginErrorKind, MAX_PLUGIN_MESSAGE};
 pub use executor::{ExecutorCall, ExecutorInstance};
 pub use metadata::MetadataError;

@@ -1,0 +1,56 @@
+//! `runway exec --executor docker`: a `.gitlab-ci.yml` job run locally in its `image:` with its
+//! `services:`, on the engine `DOCKER_HOST` names (a real `dockerd` this binary starts,
+//! `support/dockerd.rs`), the project bind-mounted into the containers.
+
+#[path = "support/dockerd.rs"]
+mod dockerd;
+
+use std::process::Command;
+
+const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
+
+#[test]
+fn exec_runs_a_job_in_its_image_with_its_service_and_the_project_mounted() {
+    let docker = dockerd::shared();
+    let (image, service) = (docker.job_image(), docker.service_image());
+    let project = tempfile::tempdir().expect("tempdir");
+    std::fs::write(project.path().join("input.txt"), "from the project\n").expect("input");
+    let pipeline = format!(
+        r#"image: {image}
+services:
+  - name: {service}
+    alias: db
+check:
+  script:
+    - cat input.txt
+    - echo "made in the container" > output.txt
+    - 'for i in 1 2 3 4 5 6 7 8 9 10; do (exec 3<>/dev/tcp/db/{port}) 2>/dev/null && break; sleep 1; done'
+    - (exec 3<>/dev/tcp/db/{port}) && echo "service db answers"
+    - echo "project dir is $CI_PROJECT_DIR"
+"#,
+        port = dockerd::SERVICE_PORT
+    );
+    std::fs::write(project.path().join(".gitlab-ci.yml"), pipeline).expect("pipeline");
+    let home = tempfile::tempdir().expect("home");
+    let output = Command::new(RUNWAY)
+        .args(["exec", "--executor", "docker", "check"])
+        .current_dir(project.path())
+        .env("DOCKER_HOST", docker.host())
+        .env("HOME", home.path())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("runway exec");
+    let log = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "exit {:?}\n{log}\n{}", output.status, String::from_utf8_lossy(&output.stderr));
+    assert!(log.contains(&format!("Using Docker executor with image {image}")), "{log}");
+    assert!(log.contains("from the project"), "the project is in the container: {log}");
+    assert!(log.contains("service db answers"), "{log}");
+    let name = project.path().file_name().expect("name").to_string_lossy().into_owned();
+    assert!(log.contains(&format!("project dir is /builds/{name}")), "{log}");
+    // The project was mounted, not copied: what the job wrote is in it.
+    let made = std::fs::read_to_string(project.path().join("output.txt")).expect("output.txt");
+    assert_eq!(made, "made in the container\n");
+    // Nothing of the job is left on the engine but cache volumes.
+    assert!(docker.containers_labelled("runway.job.id").is_empty(), "containers left");
+    assert!(docker.networks_labelled("runway.job.id").is_empty(), "networks left");
+}
