@@ -11,20 +11,20 @@
 
 #[path = "support/dockerd.rs"]
 mod dockerd;
+#[path = "support/runway_process.rs"]
+mod runway_process;
 #[path = "support/sshd.rs"]
 mod sshd;
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use dockerd::Dockerd;
 use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
+use runway_process::RunwayProcess;
 use serde_json::json;
 
-const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
 const WAIT: Duration = Duration::from_secs(180);
 /// The label the executor puts on everything it creates for a job.
 const JOB_LABEL: &str = "runway.job.id";
@@ -58,11 +58,9 @@ async fn world() -> World {
     World { fake, token: runner.token, root: tempfile::tempdir().expect("tempdir"), docker }
 }
 
-/// One `runway run` process with its own config directory.
-struct Manager {
-    dir: PathBuf,
-    child: Option<Child>,
-}
+/// One `runway run` process with its own config directory; stopped with SIGQUIT when dropped,
+/// so the jobs it runs are cleaned up.
+type Manager = RunwayProcess;
 
 impl World {
     /// A manager whose runner is `executor = "docker"` on the test daemon, with the job image
@@ -98,7 +96,7 @@ executor = "docker"
             host = self.docker.host(),
         );
         std::fs::write(dir.join("config.toml"), config).expect("config");
-        Manager { dir, child: None }
+        RunwayProcess::new(dir).env_remove("DOCKER_HOST").quit_on_drop()
     }
 
     /// Queue a job (`GIT_STRATEGY: none` unless `spec` sets one); `edit` changes the payload.
@@ -179,58 +177,6 @@ fn is_cache_volume(volume: &serde_json::Value) -> bool {
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-impl Manager {
-    fn start(&mut self) {
-        let log =
-            std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("runway.log")).expect("log file");
-        let child = Command::new(RUNWAY)
-            .arg("-c")
-            .arg(self.dir.join("config.toml"))
-            .arg("run")
-            .current_dir(&self.dir)
-            .env("RUST_LOG", "info")
-            .env_remove("DOCKER_HOST")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("runway run starts");
-        self.child = Some(child);
-    }
-
-    /// SIGKILL: no cleanup, no final update.
-    fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("runway.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Manager {
-    fn drop(&mut self) {
-        if let Some(child) = &self.child {
-            // SIGQUIT: finish and clean up what runs, as an administrator stops it.
-            // SAFETY: signalling our own child.
-            unsafe {
-                libc::kill(child.id() as i32, libc::SIGQUIT);
-            }
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_some()) {
-                    self.child = None;
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-        self.kill9();
-    }
 }
 
 fn assert_state(record: &JobRecord, status: JobStatus, manager: &Manager) {
@@ -515,7 +461,7 @@ async fn docker_autoscaler_runs_the_job_on_the_instance_engine() {
         key = key.private_path.display(),
     );
     let mut manager = w.manager("autoscaler", "", "", &autoscaler);
-    let config = manager.dir.join("config.toml");
+    let config = manager.dir().join("config.toml");
     let text = std::fs::read_to_string(&config).expect("config");
     let text = text.replace("executor = \"docker\"", "executor = \"docker-autoscaler\"").replace(
         &format!("allow_docker = [\"{}\"]", w.docker.host()),

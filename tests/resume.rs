@@ -9,15 +9,17 @@
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[path = "support/runway_process.rs"]
+mod runway_process;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
 use redis_server::RedisServer;
+use runway_process::RunwayProcess;
 
-const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
 const WAIT: Duration = Duration::from_secs(120);
 /// A masked variable's value: never in the store in clear.
 const SECRET: &str = "s3cr3t-resume-Value-91ab";
@@ -63,8 +65,7 @@ impl Rng {
 
 /// One `runway run` process with its own config directory (so its own system id).
 struct Manager {
-    dir: PathBuf,
-    child: Option<Child>,
+    process: RunwayProcess,
     /// `/metrics` is served here.
     port: u16,
 }
@@ -102,7 +103,7 @@ cache_dir = "{cache}"
             cache = self.root.path().join("cache").display(),
         );
         std::fs::write(dir.join("config.toml"), config).expect("config");
-        Manager { dir, child: None, port }
+        Manager { process: RunwayProcess::new(dir).env("RUNWAY_STORE_KEY", STORE_KEY), port }
     }
 
     /// The counting job: its step and after_script record each start in `effects`.
@@ -140,33 +141,17 @@ impl Manager {
     /// Give this manager a system id of its own (as on a machine of its own) and the shared
     /// store key every manager of one Redis store needs.
     fn on_own_machine(self, id: &str) -> Self {
-        std::fs::write(self.dir.join(".runner_system_id"), format!("{id}\n")).expect("system id");
+        std::fs::write(self.process.dir().join(".runner_system_id"), format!("{id}\n")).expect("system id");
         self
     }
 
     fn start(&mut self) {
-        let log =
-            std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("runway.log")).expect("log file");
-        let child = Command::new(RUNWAY)
-            .arg("-c")
-            .arg(self.dir.join("config.toml"))
-            .arg("run")
-            .current_dir(&self.dir)
-            .env("RUST_LOG", "info")
-            .env("RUNWAY_STORE_KEY", STORE_KEY)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("runway run starts");
-        self.child = Some(child);
+        self.process.start();
     }
 
     /// SIGKILL: no cleanup, no final update, nothing saved on the way out.
     fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill9();
     }
 
     async fn metrics(&self) -> String {
@@ -178,21 +163,15 @@ impl Manager {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("runway.log")).unwrap_or_default()
+        self.process.log()
     }
 
     fn system_id(&self) -> String {
-        std::fs::read_to_string(self.dir.join(".runner_system_id")).unwrap_or_default().trim().to_string()
+        std::fs::read_to_string(self.process.dir().join(".runner_system_id")).unwrap_or_default().trim().to_string()
     }
 
     fn store_dir(&self) -> PathBuf {
-        self.dir.join(".runway/store")
-    }
-}
-
-impl Drop for Manager {
-    fn drop(&mut self) {
-        self.kill9();
+        self.process.dir().join(".runway/store")
     }
 }
 
@@ -523,7 +502,7 @@ async fn a_config_reload_does_not_resume_what_the_retiring_manager_still_runs() 
     w.wait_line(job, 10).await;
     // SIGHUP: a new manager takes over polling while the old one's job runs on; the new one's
     // store watcher (sweeping every second) must leave that job to it.
-    let pid = manager.child.as_ref().map(Child::id).expect("running");
+    let pid = manager.process.pid().expect("running");
     // SAFETY: signalling our own child process.
     unsafe {
         libc::kill(pid as i32, libc::SIGHUP);

@@ -23,7 +23,7 @@ use crate::executor::failure::ExecutorFailure;
 use crate::executor::instance::ConnectedInstance;
 use crate::executor::session::ExecutorSession;
 use crate::executor::ResolvedExecutor;
-use crate::payload::JobResponse;
+use crate::payload::{JobResponse, JobVariable};
 use crate::stop::StopSignal;
 use crate::trace::{TraceLog, TraceSink};
 
@@ -47,6 +47,9 @@ pub struct PrepareRequest<'a> {
     pub cache_dir: &'a Path,
     /// The job timeout.
     pub timeout: Duration,
+    /// The job's variables as its scripts see them: the payload's and the runner's predefined
+    /// ones (`CI_RUNNER_SHORT_TOKEN`, `CI_PROJECT_DIR`, …), deduplicated and expanded.
+    pub variables: &'a [JobVariable],
 }
 
 /// Why the executor could not be prepared.
@@ -90,7 +93,7 @@ pub fn wit_job(request: &PrepareRequest<'_>, executor: &ResolvedExecutor) -> Job
     }
 }
 
-fn variable(v: &crate::payload::JobVariable) -> Variable {
+fn variable(v: &JobVariable) -> Variable {
     Variable { key: v.key.clone(), value: v.value.clone(), public: v.public, file: v.file }
 }
 
@@ -108,10 +111,12 @@ fn image_details(img: &crate::payload::Image) -> ImageDetails {
     }
 }
 
-/// What the job asked for beyond the WIT job record (`runway:host/job`).
-pub fn job_details(job: &JobResponse) -> JobDetails {
+/// What the job asked for beyond the WIT job record (`runway:host/job`), with the variables of
+/// `request` (GitLab gives services the job's variables as the job sees them).
+pub fn job_details(request: &PrepareRequest<'_>) -> JobDetails {
+    let job = request.job;
     JobDetails {
-        variables: job.variables.iter().map(variable).collect(),
+        variables: request.variables.iter().map(variable).collect(),
         credentials: job
             .credentials
             .iter()
@@ -124,12 +129,16 @@ pub fn job_details(job: &JobResponse) -> JobDetails {
 }
 
 /// The call context of a job's session: its log, its fleet instance, its details.
-fn call_context(job: &JobResponse, trace: Arc<dyn TraceSink>, instance: Option<&ConnectedInstance>) -> CallContext {
+fn call_context(
+    request: &PrepareRequest<'_>,
+    trace: Arc<dyn TraceSink>,
+    instance: Option<&ConnectedInstance>,
+) -> CallContext {
     CallContext {
         trace: Some(trace),
         stop: StopSignal::new(),
         remote: instance.map(|i| i.remote.clone()),
-        job: Some(Arc::new(job_details(job))),
+        job: Some(Arc::new(job_details(request))),
     }
 }
 
@@ -148,7 +157,7 @@ pub async fn prepare(
         if abort.is_cancelled() {
             break;
         }
-        let call = call_context(request.job, trace.clone(), instance);
+        let call = call_context(&request, trace.clone(), instance);
         let mut session = match ExecutorSession::start(&executor.host, &executor.plugin, call).await {
             Ok(s) => s,
             Err(e) => {
@@ -191,7 +200,7 @@ pub async fn resume(
     instance: Option<&ConnectedInstance>,
 ) -> Result<ExecutorSession, PrepareError> {
     let wit = wit_job(&request, executor);
-    let call = call_context(request.job, trace, instance);
+    let call = call_context(&request, trace, instance);
     let failed = |e: ExecutorFailure| PrepareError::Failed { last_error: e.to_string() };
     let mut session = ExecutorSession::start(&executor.host, &executor.plugin, call)
         .await

@@ -336,6 +336,7 @@ fn prepare_request<'a>(job: &'a JobResponse, env: &'a JobEnvironment, plan: &'a 
         project_dir: plan.project_dir(),
         cache_dir: plan.cache_dir(),
         timeout: plan.job_timeout(),
+        variables: plan.variables(),
     }
 }
 

@@ -95,7 +95,8 @@ pub fn parse_volume(entry: &str) -> Result<VolumeSpec, String> {
 }
 
 /// The name of the cache volume for `target` in the jobs of `project` (GitLab keeps one per
-/// project and path): `runway-cache-<first 16 hex digits of sha256(project NUL target)>`.
+/// runner, project and path; the executor passes `<runner short token>/<project path>`):
+/// `runway-cache-<first 16 hex digits of sha256(project NUL target)>`.
 pub fn cache_volume_name(project: &str, target: &str) -> String {
     let mut hash = Sha256::new();
     hash.update(project.as_bytes());

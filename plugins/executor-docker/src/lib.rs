@@ -178,7 +178,7 @@ impl DockerEnv {
         } else {
             self.state.network_mode = self.config.network_mode.clone();
         }
-        self.create_volumes(job)?;
+        self.create_volumes(job, ctx)?;
         services::start(self, ctx)
     }
 
@@ -196,8 +196,12 @@ impl DockerEnv {
     }
 
     /// The build volume, cache volumes and `volumes` binds of the job's containers.
-    fn create_volumes(&mut self, job: &Job) -> Result<(), ExecutorError> {
-        let plan = volumes::plan_mounts(&self.config, &self.prefix, &job.project_path, &job.builds_dir, &job.cache_dir);
+    /// Cache volumes belong to one runner and project (GitLab names them after both): jobs of
+    /// another runner on the same engine never see them.
+    fn create_volumes(&mut self, job: &Job, ctx: &JobContext) -> Result<(), ExecutorError> {
+        let runner = ctx.variable("CI_RUNNER_SHORT_TOKEN").unwrap_or_default();
+        let scope = format!("{runner}/{}", job.project_path);
+        let plan = volumes::plan_mounts(&self.config, &self.prefix, &scope, &job.builds_dir, &job.cache_dir);
         let job_labels = names::job_labels(self.state.job_id, &self.state.suffix, "");
         let cache_labels = names::cache_labels(&job.project_path);
         for (name, owner) in &plan.volumes {
