@@ -130,7 +130,7 @@ pub fn job_details(request: &PrepareRequest<'_>) -> JobDetails {
 
 /// The call context of a job's session: its log, its fleet instance, its details.
 fn call_context(
-    request: &PrepareRequest<'_>,
+    details: &Arc<JobDetails>,
     trace: Arc<dyn TraceSink>,
     instance: Option<&ConnectedInstance>,
 ) -> CallContext {
@@ -138,7 +138,7 @@ fn call_context(
         trace: Some(trace),
         stop: StopSignal::new(),
         remote: instance.map(|i| i.remote.clone()),
-        job: Some(Arc::new(job_details(request))),
+        job: Some(details.clone()),
     }
 }
 
@@ -152,12 +152,13 @@ pub async fn prepare(
     instance: Option<&ConnectedInstance>,
 ) -> Result<ExecutorSession, PrepareError> {
     let wit = wit_job(&request, executor);
+    let details = Arc::new(job_details(&request));
     let mut last_error = String::new();
     for attempt in 1..=PREPARATION_ATTEMPTS {
         if abort.is_cancelled() {
             break;
         }
-        let call = call_context(&request, trace.clone(), instance);
+        let call = call_context(&details, trace.clone(), instance);
         let mut session = match ExecutorSession::start(&executor.host, &executor.plugin, call).await {
             Ok(s) => s,
             Err(e) => {
@@ -200,7 +201,7 @@ pub async fn resume(
     instance: Option<&ConnectedInstance>,
 ) -> Result<ExecutorSession, PrepareError> {
     let wit = wit_job(&request, executor);
-    let call = call_context(&request, trace, instance);
+    let call = call_context(&Arc::new(job_details(&request)), trace, instance);
     let failed = |e: ExecutorFailure| PrepareError::Failed { last_error: e.to_string() };
     let mut session = ExecutorSession::start(&executor.host, &executor.plugin, call)
         .await
