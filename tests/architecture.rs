@@ -26,6 +26,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("stop", &[]),
     ("bindings", &[]),
     ("payload", &[]),
+    // Artifact and cache archives: selection, zip/gzip/raw, extraction, provenance (no network).
+    ("archive", &[]),
     // Files that must survive a crash: atomic writes, the fleet state (the job store lands here).
     ("store", &[]),
     // The model of config.toml. Variable expansion in `url`/`token` is GitLab's rule (payload).

@@ -5,6 +5,7 @@
 //! [`executor`] → plugin → [`capability`] → [`trace`] → [`gitlab`]. No module reaches back up
 //! that chain. See `DESIGN.md`-style notes in each module's docs for what it owns.
 
+pub mod archive;
 pub mod autoscaler;
 pub mod bindings;
 pub mod buildinfo;
