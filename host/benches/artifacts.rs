@@ -13,7 +13,7 @@
 // criterion_group! generates undocumented public functions.
 #![allow(missing_docs)]
 
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -91,8 +91,9 @@ fn generate(root: &Path) -> u64 {
 }
 
 /// The upload step: `file` as the `file` part of a multipart POST to `url`, streamed.
-async fn upload(client: &reqwest::Client, url: &str, file: std::fs::File, name: &str) {
+async fn upload(client: &reqwest::Client, url: &str, mut file: std::fs::File, name: &str) {
     let len = file.metadata().expect("archive metadata").len();
+    file.seek(SeekFrom::Start(0)).expect("rewind archive");
     let boundary = "runway-artifacts-boundary-5f1c";
     let head = format!(
         "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n\
