@@ -8,7 +8,8 @@
 //! - (b) the baseline: `zip -r -q` + `curl -F file=@…`;
 //!
 //! both to the same loopback HTTP sink (axum) that reads and drops the body. The ratio (a)/(b)
-//! of the mean times is printed at the end; the goal is ≤ 1.2. Needs `zip` and `curl` on PATH.
+//! of the mean times is printed at the end; the goal is ≤ 1.2. For scale, the archive alone and
+//! extracting it (ours vs `unzip -q`) are measured too. Needs `zip`, `unzip` and `curl` on PATH.
 
 // criterion_group! generates undocumented public functions.
 #![allow(missing_docs)]
@@ -204,6 +205,35 @@ fn benches(c: &mut Criterion) {
             })
         });
     }
+    // For scale: the archive alone, and extracting it again (as the cache extractor does).
+    group.bench_function("runway_archive_only", |b| {
+        b.iter(|| {
+            let sel = Selection { paths: vec!["data".into()], ..Default::default() };
+            let selected = archive::select(data.path(), &sel).expect("select");
+            let mut out = tempfile::tempfile().expect("temp archive");
+            archive::write(Format::Zip, Level::Default, data.path(), &selected.entries, &mut out).expect("archive")
+        })
+    });
+    let zip_path = scratch.path().join("ours.zip");
+    {
+        let selected = archive::select(data.path(), &Selection { paths: vec!["data".into()], ..Default::default() })
+            .expect("select");
+        let mut out = std::fs::File::create(&zip_path).expect("create ours.zip");
+        archive::write(Format::Zip, Level::Default, data.path(), &selected.entries, &mut out).expect("archive");
+    }
+    group.bench_function("runway_extract", |b| {
+        b.iter(|| {
+            let dest = tempfile::tempdir_in(scratch.path()).expect("extract dir");
+            archive::extract_zip(&zip_path, dest.path()).expect("extract")
+        })
+    });
+    group.bench_function("unzip_q", |b| {
+        b.iter(|| {
+            let dest = tempfile::tempdir_in(scratch.path()).expect("extract dir");
+            let ok = Command::new("unzip").arg("-q").arg(&zip_path).arg("-d").arg(dest.path()).status().expect("unzip");
+            assert!(ok.success(), "unzip failed");
+        })
+    });
     group.finish();
     let t = *times.lock().expect("times");
     let s = *sizes.lock().expect("sizes");
