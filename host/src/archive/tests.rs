@@ -365,7 +365,7 @@ fn git_directory_parts_warn() {
 #[test]
 fn large_files_are_staged_and_round_trip() {
     let d = tempfile::tempdir().unwrap();
-    let mut big = "0123456789abcdef\n".repeat(400_000).into_bytes(); // 6.8 MB, above MEM_LIMIT
+    let mut big = "0123456789abcdef\n".repeat(400_000).into_bytes(); // 6.8 MB, above zip_write::MEM_LIMIT
     big.extend(random_bytes(1 << 20, 3));
     write_file(d.path(), "big.txt", &big);
     write_file(d.path(), "small.txt", b"small");
@@ -691,4 +691,23 @@ fn metadata_statement_has_slsa_provenance_and_file_digests() {
     let (v, warnings) = metadata::statement(&other, d.path(), &entries).unwrap();
     assert_eq!(warnings, ["Unknown SLSA provenance version v2, defaulting to v1"]);
     assert_eq!(v["predicate"]["runDetails"]["builder"]["version"]["gitlab-runner"], "v17.0.0");
+}
+
+#[test]
+fn as_root_extraction_restores_the_archived_owner() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: skipped");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    write_file(d.path(), "owned.txt", b"mine");
+    std::os::unix::fs::lchown(d.path().join("owned.txt"), Some(1234), Some(5678)).unwrap();
+    let (bytes, _) = zip_of(d.path(), &["owned.txt"], Level::Default);
+    let archive = tempfile::NamedTempFile::new().unwrap();
+    fs::write(archive.path(), &bytes).unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    extract_zip(archive.path(), dest.path()).unwrap();
+    let m = fs::metadata(dest.path().join("owned.txt")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (1234, 5678));
 }

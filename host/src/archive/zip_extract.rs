@@ -67,7 +67,7 @@ pub fn extract_zip(archive: &Path, dest: &Path) -> Result<Extracted, ArchiveErro
     let mut out = Extracted::default();
     let mut warned: HashSet<&'static str> = HashSet::new();
     let mut applied = Vec::with_capacity(zip.len());
-    let as_root = unsafe_geteuid() == 0;
+    let as_root = geteuid() == 0;
 
     for index in 0..zip.len() {
         let mut entry = zip.by_index(index).map_err(zip_err)?;
@@ -295,7 +295,7 @@ fn set_mtime(path: &Path, mtime: i64) -> io::Result<()> {
     }
 }
 
-fn unsafe_geteuid() -> u32 {
+fn geteuid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }

@@ -7,7 +7,7 @@
 //! Speed: worker threads (one per core) each take the next entry, read it and compress it —
 //! into memory up to [`MEM_LIMIT`], into an anonymous temp file beyond — while this thread
 //! writes finished entries in order. Workers run at most [`WINDOW`] entries ahead of the writer,
-//! which bounds memory. As the local header is written after the entry is compressed, it has
+//! which bounds memory (see [`MAX_WINDOW`]). As the local header is written after the entry is compressed, it has
 //! the final CRC and sizes (no data descriptors) and the output never needs to seek. A file that
 //! deflate does not shrink (already compressed data) is stored instead, as `zip` does.
 //!
@@ -27,11 +27,14 @@ use flate2::Compression;
 use super::{git_warning, is_git_path, ArchiveError, Level, Written};
 
 /// Files up to this size are compressed in memory; larger ones into a temp file.
-pub(crate) const MEM_LIMIT: u64 = 4 << 20;
-/// How many entries workers may prepare ahead of the one being written.
+pub(crate) const MEM_LIMIT: u64 = 2 << 20;
+/// How many entries each worker may prepare ahead of the one being written.
 const WINDOW_PER_THREAD: usize = 4;
-/// The entries ahead of the writer, whatever the thread count (memory bound: WINDOW × MEM_LIMIT).
-const WINDOW: usize = 16;
+/// The bounds of that window whatever the thread count: memory stays under about
+/// `MAX_WINDOW × 2 × MEM_LIMIT` (file and its compressed copy), 128 MiB on a large machine and
+/// 32 MiB on two cores.
+const MIN_WINDOW: usize = 4;
+const MAX_WINDOW: usize = 32;
 
 const METHOD_STORE: u16 = 0;
 const METHOD_DEFLATE: u16 = 8;
@@ -99,7 +102,7 @@ pub(crate) fn write_zip<W: Write>(
         written.warnings.extend(git_warning("archive"));
     }
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, entries.len().max(1));
-    let window = (threads * WINDOW_PER_THREAD).max(WINDOW);
+    let window = (threads * WINDOW_PER_THREAD).clamp(MIN_WINDOW, MAX_WINDOW);
     let progress = Mutex::new(Progress { next: 0, written: 0, stop: false });
     let cv = Condvar::new();
     let mut sink = Counting { inner: BufWriter::with_capacity(256 << 10, out), count: 0 };
@@ -126,7 +129,17 @@ pub(crate) fn write_zip<W: Write>(
                         };
                     }
                 };
-                let outcome = prepare(level, project_dir, &entries[index]);
+                let rel = &entries[index];
+                // A panic must not leave the writer waiting for this entry forever.
+                let outcome =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepare(level, project_dir, rel)))
+                        .unwrap_or_else(|_| {
+                            Err(ArchiveError::Io {
+                                path: rel.clone(),
+                                op: "compress",
+                                source: io::Error::other("the compressing thread panicked"),
+                            })
+                        });
                 if tx.send((index, outcome)).is_err() {
                     return;
                 }
