@@ -161,6 +161,11 @@ impl Selector {
                 Err(_) => Vec::new(),
             });
         }
+        // A pattern ending in `/` matches directories only (doublestar).
+        let (rel, dirs_only) = match rel.strip_suffix('/') {
+            Some(stripped) => (stripped, true),
+            None => (rel, false),
+        };
         let pattern = Pattern::new(rel)?;
         let (base, _) = split_pattern(rel);
         let mut out = Vec::new();
@@ -171,6 +176,9 @@ impl Selector {
             out.push(base_rel.clone());
         }
         self.glob_dir(&base_rel, base_depth, &pattern, &mut out);
+        if dirs_only {
+            out.retain(|m| self.wd.join(m).is_dir());
+        }
         Ok(out)
     }
 

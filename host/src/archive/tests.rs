@@ -67,6 +67,9 @@ fn globs_have_doublestar_semantics() {
     // `dir/**` is the directory and everything below.
     let s = select(d.path(), &sel(&["out/sub/**"], &[])).unwrap();
     assert_eq!(names(&s), ["out/sub", "out/sub/c.txt", "out/sub/deep", "out/sub/deep/d.txt"]);
+    // A trailing `/` matches directories only.
+    let s = select(d.path(), &sel(&["out/*/"], &[])).unwrap();
+    assert_eq!(names(&s), ["out/sub", "out/sub/c.txt", "out/sub/deep", "out/sub/deep/d.txt"]);
     let s = select(d.path(), &sel(&["{top,other/e}.txt"], &[])).unwrap();
     assert_eq!(names(&s), ["other/e.txt", "top.txt"]);
     // `./` prefixes and absolute paths inside the project are the same paths.
