@@ -57,6 +57,20 @@ impl FromStr for Format {
     }
 }
 
+impl Format {
+    /// The upload's file name, as gitlab-runner's `artifactFilename`: the base name of `name`
+    /// (`default` when empty) with `.zip` for zip, `.gz` for gzip, nothing for raw.
+    pub fn file_name(self, name: &str) -> String {
+        let base = Path::new(name).file_name().map(|b| b.to_string_lossy().into_owned()).unwrap_or_default();
+        let base = if base.is_empty() || base == "." { "default".to_string() } else { base };
+        match self {
+            Format::Zip => format!("{base}.zip"),
+            Format::Gzip => format!("{base}.gz"),
+            Format::Raw => base,
+        }
+    }
+}
+
 impl fmt::Display for Format {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -338,6 +338,9 @@ fn fastest_stores_and_the_levels_parse_like_gitlab_runner() {
     assert_eq!(level, Level::Default);
     assert_eq!(warning.unwrap(), "compression level \"turbo\" is invalid, falling back to default");
     assert_eq!("gzip".parse::<Format>().unwrap(), Format::Gzip);
+    assert_eq!(Format::Zip.file_name("reports/junit"), "junit.zip");
+    assert_eq!(Format::Gzip.file_name("junit"), "junit.gz");
+    assert_eq!(Format::Raw.file_name(""), "default");
     let err = "zipzstd".parse::<Format>().unwrap_err().to_string();
     assert!(err.contains("\"zipzstd\" format: unsupported archive format"), "{err}");
 }
