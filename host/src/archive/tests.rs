@@ -358,6 +358,15 @@ fn vanished_and_special_files_are_ignored_with_a_warning() {
 }
 
 #[test]
+fn entries_outside_the_project_are_refused() {
+    let d = rich_tree();
+    for bad in ["/etc/hostname", "../x", "dir/../../x"] {
+        let err = write(Format::Zip, Level::Default, d.path(), &[PathBuf::from(bad)], &mut Vec::new()).unwrap_err();
+        assert!(err.to_string().starts_with(&format!("{bad}: archive: entries must be relative")), "{err}");
+    }
+}
+
+#[test]
 fn git_directory_parts_warn() {
     let d = tempfile::tempdir().unwrap();
     write_file(d.path(), ".git/config", b"[core]\n");

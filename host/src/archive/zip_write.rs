@@ -199,8 +199,13 @@ fn write_in_order<W: Write>(
 
 /// Reads and compresses one entry (a worker's job).
 fn prepare(level: Level, project_dir: &Path, rel: &Path) -> Result<Outcome, ArchiveError> {
-    let full = project_dir.join(rel);
     let io_err = |op, source| ArchiveError::Io { path: rel.to_path_buf(), op, source };
+    // Entry names are these paths: they must stay relative and inside the project.
+    if rel.is_absolute() || rel.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        let why = io::Error::new(io::ErrorKind::InvalidInput, "entries must be relative to the project directory");
+        return Err(io_err("archive", why));
+    }
+    let full = project_dir.join(rel);
     let meta = match std::fs::symlink_metadata(&full) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
