@@ -8,6 +8,7 @@
 pub mod autoscaler;
 pub mod bindings;
 pub mod buildinfo;
+pub mod cache;
 pub mod capability;
 pub mod cli;
 pub mod config;
