@@ -239,6 +239,17 @@ impl CacheStore {
         full.starts_with(&format!("{base}/")).then_some(full)
     }
 
+    /// [`CacheStore::object_name`] with gitlab-runner's sharding (`FF_HASH_CACHE_KEYS`, whose
+    /// keys are already hashed): the key's first two characters as a directory before it,
+    /// `…/project/<id>/<key[..2]>/<key>`; `None` also for a key shorter than two characters.
+    pub fn object_name_sharded(&self, short_token: &str, project_id: i64, key: &str) -> Option<String> {
+        let shard: String = key.chars().take(2).collect();
+        if shard.chars().count() < 2 {
+            return None;
+        }
+        self.object_name(short_token, project_id, &format!("{shard}/{key}"))
+    }
+
     /// A URL to download `object`, valid for `expires` (at most [`MAX_URL_EXPIRY`] on S3 and GCS).
     pub fn download(&self, object: &str, expires: Duration) -> Result<Presigned, CacheError> {
         self.presign(Operation::Download, object, expires, &BTreeMap::new(), Utc::now())
@@ -325,7 +336,10 @@ impl CacheStore {
                     .map_err(CacheError::Credentials)?
             }
             Provider::Azure(a) => {
-                let expiry = now + chrono::Duration::from_std(expires).unwrap_or(chrono::Duration::MAX);
+                let expiry = chrono::Duration::from_std(expires)
+                    .ok()
+                    .and_then(|d| now.checked_add_signed(d))
+                    .unwrap_or(DateTime::<Utc>::MAX_UTC);
                 let sas = azure::BlobSas {
                     account: &a.account,
                     container: &a.container,

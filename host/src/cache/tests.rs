@@ -143,6 +143,8 @@ fn object_names_follow_gitlab_runner() {
     assert_eq!(s.object_name("tok", 42, "../../43/x"), None, "leaves the project");
     assert_eq!(s.object_name("tok", 42, ".."), None);
     assert_eq!(s.object_name("tok", 42, ""), None);
+    assert_eq!(s.object_name_sharded("tok", 42, "ab12").as_deref(), Some("runner/tok/project/42/ab/ab12"));
+    assert_eq!(s.object_name_sharded("tok", 42, "a"), None);
     cfg.path = "ci/cache".into();
     cfg.shared = true;
     assert_eq!(store(&cfg).object_name("tok", 7, "k").as_deref(), Some("ci/cache/project/7/k"));
@@ -200,6 +202,17 @@ fn s3_uploads_carry_encryption_session_and_metadata() {
         query(&up.url, "X-Amz-SignedHeaders"),
         Some("host%3Bx-amz-meta-cachekey%3Bx-amz-server-side-encryption%3Bx-amz-server-side-encryption-aws-kms-key-id")
     );
+    let azure = CacheConfig {
+        cache_type: "azure".into(),
+        azure: Some(CacheAzureConfig {
+            account_name: "a".into(),
+            account_key: "a2V5".into(),
+            container_name: "c".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert!(store(&azure).download("o", Duration::MAX).is_ok(), "no overflow on a huge expiry");
     let long = store(&cfg).download("o", Duration::from_secs(30 * 86400)).expect("url");
     assert_eq!(query(&long.url, "X-Amz-Expires"), Some("604800"), "capped at 7 days");
 }
