@@ -339,3 +339,26 @@ print(req.url)
         assert_eq!(param(&ours.url, name), param(&theirs, name), "{name}: ours {} botocore {theirs}", ours.url);
     }
 }
+
+/// Without `BucketLocation` the store asks the bucket its region (as gitlab-runner does) and
+/// signs for that region.
+#[tokio::test]
+async fn s3_bucket_location_is_asked_when_not_configured() {
+    let server = Server::moto();
+    let body =
+        "<CreateBucketConfiguration><LocationConstraint>eu-west-3</LocationConstraint></CreateBucketConfiguration>";
+    let status = reqwest::Client::new()
+        .put(format!("{}/paris-cache", server.url()))
+        .body(body)
+        .send()
+        .await
+        .expect("put")
+        .status();
+    assert!(status.is_success(), "create bucket: {status}");
+    let store = CacheStore::from_config(&s3_config(&server, "paris-cache")).expect("valid").expect("a store");
+    assert!(store.download("o", Duration::from_secs(60)).expect("url").url.contains("%2Fus-east-1%2Fs3%2F"));
+    store.refresh_credentials().await.expect("refresh");
+    let url = store.download("o", Duration::from_secs(60)).expect("url").url;
+    assert!(url.contains("%2Feu-west-3%2Fs3%2Faws4_request"), "{url}");
+    round_trip(&store, "runner/t/project/1/k").await;
+}

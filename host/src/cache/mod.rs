@@ -93,10 +93,42 @@ fn config_error(key: &str, message: impl Into<String>) -> CacheError {
 
 struct S3Store {
     cfg: CacheS3Config,
-    region: String,
+    /// `BucketLocation`, else what the bucket said when asked, else `us-east-1`.
+    region: arc_swap::ArcSwap<String>,
+    /// The bucket has been asked its region (once is enough).
+    region_asked: std::sync::atomic::AtomicBool,
     auth: S3AuthType,
     encryption: S3Encryption,
     creds: ArcSwapOption<AwsCredentials>,
+}
+
+impl S3Store {
+    /// With no `BucketLocation`, ask the bucket its region once (`GET /?location`, signed), as
+    /// gitlab-runner does; on failure keep `us-east-1` and say so in the log.
+    async fn detect_region(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.cfg.bucket_location.is_empty() || self.region_asked.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(creds) = self.creds.load_full() else { return };
+        self.region_asked.store(true, Ordering::Relaxed);
+        let loc = sigv4::bucket_location(&self.cfg, DEFAULT_S3_REGION);
+        let query = [("location".to_string(), String::new())];
+        let url = sigv4::presign_with_query("GET", &loc, DEFAULT_S3_REGION, &creds, &[], &query, 60, Utc::now());
+        let answer = async {
+            let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+            client.get(&url).send().await?.error_for_status()?.text().await
+        };
+        match answer.await.map(|body| sigv4::parse_location(&body)) {
+            Ok(Some(region)) => self.region.store(Arc::new(region)),
+            Ok(None) => {
+                tracing::warn!(bucket = %self.cfg.bucket_name, "S3 bucket location: no LocationConstraint in the answer; using us-east-1 (set BucketLocation)")
+            }
+            Err(e) => {
+                tracing::warn!(bucket = %self.cfg.bucket_name, error = %e, "S3 bucket location unknown; using us-east-1 (set BucketLocation)")
+            }
+        }
+    }
 }
 
 struct GcsStore {
@@ -176,8 +208,9 @@ impl CacheStore {
     /// Load the credentials that are not in config.toml: for S3 with IAM, `AWS_ACCESS_KEY_ID`/
     /// `AWS_SECRET_ACCESS_KEY`/`AWS_SESSION_TOKEN` from the environment, else the instance
     /// profile (IMDSv2 at `AWS_EC2_METADATA_SERVICE_ENDPOINT` or 169.254.169.254); for GCS,
-    /// the service-account file. Call it at start and again before
-    /// [`CacheStore::credentials_expire`].
+    /// the service-account file. For S3 without `BucketLocation` it also asks the bucket its
+    /// region, once (gitlab-runner's `GetBucketLocation`; `us-east-1` when that fails). Call it
+    /// at start and again before [`CacheStore::credentials_expire`].
     pub async fn refresh_credentials(&self) -> Result<(), CacheError> {
         self.refresh_credentials_from(&|k| std::env::var(k).ok()).await
     }
@@ -196,6 +229,11 @@ impl CacheStore {
                         .map_err(CacheError::Credentials)?,
                 };
                 s3.creds.store(Some(Arc::new(creds)));
+                s3.detect_region().await;
+                Ok(())
+            }
+            Provider::S3(s3) => {
+                s3.detect_region().await;
                 Ok(())
             }
             Provider::Gcs(GcsStore { credentials_file: Some(file), signer, .. }) => {
@@ -310,8 +348,9 @@ impl CacheStore {
                     headers
                         .extend(metadata.iter().map(|(k, v)| (format!("x-amz-meta-{}", k.to_lowercase()), v.clone())));
                 }
-                let loc = sigv4::location(&s3.cfg, &s3.region, object);
-                sigv4::presign(method, &loc, &s3.region, &creds, &headers, capped, now)
+                let region = s3.region.load();
+                let loc = sigv4::location(&s3.cfg, &region, object);
+                sigv4::presign(method, &loc, &region, &creds, &headers, capped, now)
             }
             Provider::Gcs(g) => {
                 let signer = g.signer.load_full().ok_or_else(|| {
@@ -394,7 +433,14 @@ fn s3_store(cfg: &CacheConfig) -> Result<S3Store, CacheError> {
         })));
     }
     let region = if s3.bucket_location.is_empty() { DEFAULT_S3_REGION.to_string() } else { s3.bucket_location.clone() };
-    Ok(S3Store { cfg: s3, region, auth, encryption, creds })
+    Ok(S3Store {
+        cfg: s3,
+        region: arc_swap::ArcSwap::from_pointee(region),
+        region_asked: std::sync::atomic::AtomicBool::new(false),
+        auth,
+        encryption,
+        creds,
+    })
 }
 
 fn gcs_store(cfg: &CacheConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<GcsStore, CacheError> {

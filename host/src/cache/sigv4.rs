@@ -47,6 +47,32 @@ pub(crate) struct S3Location {
     pub path: String,
 }
 
+/// The bucket itself (`GET ?location` goes there): `/` of the virtual host, or `/<bucket>`.
+pub(crate) fn bucket_location(cfg: &CacheS3Config, region: &str) -> S3Location {
+    let mut loc = location(cfg, region, "");
+    if loc.path != "/" {
+        loc.path = loc.path.trim_end_matches('/').to_string();
+    }
+    loc
+}
+
+/// The region of a `GetBucketLocation` answer: `<LocationConstraint>` (empty: `us-east-1`,
+/// `EU`: `eu-west-1`, as gitlab-runner reads it).
+pub(crate) fn parse_location(body: &str) -> Option<String> {
+    let start = body.find("<LocationConstraint")?;
+    let rest = &body[start..];
+    let open_end = rest.find('>')?;
+    if rest[..open_end].ends_with('/') {
+        return Some("us-east-1".into());
+    }
+    let value = &rest[open_end + 1..rest.find("</LocationConstraint>")?];
+    Some(match value.trim() {
+        "" => "us-east-1".into(),
+        "EU" => "eu-west-1".into(),
+        v => v.to_string(),
+    })
+}
+
 fn is_aws_default(cfg: &CacheS3Config) -> bool {
     cfg.server_address.is_empty() || cfg.server_address == AWS_DEFAULT_HOST
 }
@@ -110,6 +136,21 @@ pub(crate) fn presign(
     expires_secs: u64,
     now: DateTime<Utc>,
 ) -> String {
+    presign_with_query(method, loc, region, creds, headers, &[], expires_secs, now)
+}
+
+/// [`presign`] of a request with query parameters of its own (e.g. `location`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn presign_with_query(
+    method: &str,
+    loc: &S3Location,
+    region: &str,
+    creds: &AwsCredentials,
+    headers: &[(String, String)],
+    extra_query: &[(String, String)],
+    expires_secs: u64,
+    now: DateTime<Utc>,
+) -> String {
     let date = now.format("%Y%m%d").to_string();
     let timestamp = now.format("%Y%m%dT%H%M%SZ").to_string();
     let scope = format!("{date}/{region}/s3/aws4_request");
@@ -125,6 +166,7 @@ pub(crate) fn presign(
     if let Some(token) = &creds.session_token {
         query.push(("X-Amz-Security-Token".to_string(), token.clone()));
     }
+    query.extend(extra_query.iter().cloned());
     canonical.query = query;
     let request_hash = hex::encode(Sha256::digest(canonical.request().as_bytes()));
     let string_to_sign = format!("AWS4-HMAC-SHA256\n{timestamp}\n{scope}\n{request_hash}");

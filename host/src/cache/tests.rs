@@ -222,6 +222,8 @@ fn iam_needs_a_refresh_before_signing() {
     let mut cfg = s3_config("");
     if let Some(s3) = cfg.s3.as_mut() {
         s3.authentication_type = "iam".into();
+        // Set, so the refresh asks no bucket (nothing leaves 127.0.0.0/8 in tests).
+        s3.bucket_location = "us-east-1".into();
     }
     let s = store(&cfg);
     assert!(matches!(s.head("o", Duration::from_secs(60)), Err(CacheError::Credentials(_))));
@@ -311,4 +313,19 @@ fn config_errors_name_the_key() {
         ..Default::default()
     };
     assert!(err(gcs).is_some_and(|e| e.starts_with("[runners.cache] gcs.CredentialsFile:")));
+}
+
+#[test]
+fn bucket_location_answers_are_read_as_gitlab_runner_reads_them() {
+    let xml = |v: &str| {
+        format!("<?xml version=\"1.0\"?><LocationConstraint xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">{v}</LocationConstraint>")
+    };
+    assert_eq!(sigv4::parse_location(&xml("eu-west-3")).as_deref(), Some("eu-west-3"));
+    assert_eq!(sigv4::parse_location(&xml("")).as_deref(), Some("us-east-1"));
+    assert_eq!(sigv4::parse_location(&xml("EU")).as_deref(), Some("eu-west-1"));
+    assert_eq!(sigv4::parse_location("<LocationConstraint/>").as_deref(), Some("us-east-1"));
+    assert_eq!(sigv4::parse_location("<Error/>"), None);
+    let cfg = s3_config("127.0.0.1:9000").s3.expect("s3");
+    assert_eq!(sigv4::bucket_location(&cfg, "us-east-1").path, "/examplebucket");
+    assert_eq!(sigv4::bucket_location(&s3_config("").s3.expect("s3"), "us-east-1").path, "/");
 }
