@@ -35,7 +35,7 @@ pub const DEFAULT_S3_REGION: &str = "us-east-1";
 /// A request the job environment may make without credentials: the method, the URL with its
 /// signature, and the headers it must send as they are (they are signed, or required by the
 /// provider).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Presigned {
     /// `GET`, `HEAD` or `PUT`.
     pub method: String,
