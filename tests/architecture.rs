@@ -32,6 +32,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("store", &[]),
     // The model of config.toml. Variable expansion in `url`/`token` is GitLab's rule (payload).
     ("config", &["payload", "store"]),
+    // `[runners.cache]` pre-signed URLs: signs with what config says, moves no bytes.
+    ("cache", &["config"]),
     // The runner API client: the wire, retries, the job payload it decodes.
     ("gitlab", &["payload", "buildinfo"]),
     // The job log: masking, limits, checksum, upload through `gitlab::api::JobApi`.

@@ -9,6 +9,7 @@ pub mod archive;
 pub mod autoscaler;
 pub mod bindings;
 pub mod buildinfo;
+pub mod cache;
 pub mod capability;
 pub mod cli;
 pub mod config;

@@ -6,6 +6,7 @@
 //! simply load again.
 
 pub mod autoscaler;
+pub mod cache;
 pub mod duration;
 mod error;
 pub mod grant;
@@ -34,7 +35,7 @@ pub const EXECUTOR_ALIASES: &[(&str, &str)] = &[("docker-autoscaler", "docker")]
 
 /// GitLab Runner's other `[runners.*]` tables: accepted (and kept) though Runway does not
 /// read them, so a GitLab config.toml loads as it is.
-pub const GITLAB_RUNNER_SECTIONS: &[&str] = &["cache", "custom_build_dir", "referees", "steps"];
+pub const GITLAB_RUNNER_SECTIONS: &[&str] = &["custom_build_dir", "referees", "steps"];
 
 /// The whole file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -215,6 +216,9 @@ pub struct RunnerConfig {
     /// `[runners.store]` (the job store); absent means the defaults: the file store, on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<store::StoreConfig>,
+    /// `[runners.cache]` (the distributed cache); absent or without `Type`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<cache::CacheConfig>,
     /// Executor sections: `[runners.shell]`, `[runners.docker]`, `[runners.<plugin>]`, ...
     #[serde(flatten)]
     pub sections: BTreeMap<String, toml::Value>,
@@ -281,6 +285,7 @@ impl RunnerConfig {
             autoscaler: None,
             machine: None,
             store: None,
+            cache: None,
             sections: BTreeMap::new(),
         }
     }
@@ -605,6 +610,9 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
                 autoscaler::check_periods(&entry.periods, 7)
                     .map_err(|msg| err(format!("runners[{i}].machine.autoscaling[{p}].Periods"), msg))?;
             }
+        }
+        if let Some(c) = &runner.cache {
+            cache::check(i, c, text, path)?;
         }
         for (name, value) in &runner.sections {
             let known = EXECUTOR_SECTIONS.contains(&name.as_str())
