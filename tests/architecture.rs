@@ -33,7 +33,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // The model of config.toml. Variable expansion in `url`/`token` is GitLab's rule (payload).
     ("config", &["payload", "store"]),
     // `[runners.cache]` pre-signed URLs: signs with what config says, moves no bytes.
-    ("cache", &["config"]),
+    ("cache", &["config", "script"]),
     // The runner API client: the wire, retries, the job payload it decodes.
     ("gitlab", &["payload", "buildinfo"]),
     // The job log: masking, limits, checksum, upload through `gitlab::api::JobApi`.
@@ -52,6 +52,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("job", &["executor", "script", "trace", "payload", "stop", "buildinfo"]),
     // The taskscaler engine, its simulator, the provider over a fleeting plugin.
     ("autoscaler", &["config", "plugin", "store", "stop"]),
+    // In the job environment: the cache and artifacts helper commands (archives, GitLab's
+    // artifacts calls, Go-style durations, `$VAR` expansion).
+    ("helper", &["archive", "gitlab", "config", "payload"]),
     // `runway exec`: .gitlab-ci.yml to payloads, terminal rendering.
     ("local", &["payload", "trace", "config"]),
     // Pollers, capacity, two-phase commit, fleets, signals.
@@ -79,12 +82,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "cli",
         &[
+            "archive",
             "autoscaler",
             "buildinfo",
+            "cache",
             "config",
             "connector",
             "executor",
             "gitlab",
+            "helper",
             "job",
             "local",
             "manager",

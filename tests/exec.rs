@@ -134,3 +134,49 @@ fn gitlab_limits_are_refused_with_file_line_and_key() {
         assert!(err.contains(expected) && !err.contains("panicked"), "want {expected:?} in:\n{err}");
     }
 }
+
+#[test]
+fn artifacts_are_kept_locally_and_handed_to_dependants_and_caches_persist() {
+    let dir = project(
+        r#"
+stages: [build, test]
+build:
+  stage: build
+  script:
+    - mkdir -p dist vendor
+    - echo built > dist/app.txt
+    - test -e vendor/lib.txt && echo "cache restored" || echo v > vendor/lib.txt
+  artifacts:
+    paths: [dist/]
+    reports:
+      junit: report.xml
+  cache:
+    key: deps
+    paths: [vendor/]
+test:
+  stage: test
+  needs: [build]
+  script:
+    - cat dist/app.txt
+"#,
+    );
+    let (code, out, err) = exec(dir.path(), &["build"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let kept = dir.path().join(".runway/artifacts/build/artifacts.zip");
+    assert!(kept.is_file(), "{out}");
+    assert!(out.contains("Saved artifacts as \"archive\""), "{out}");
+    assert!(out.contains("No files to upload"), "the junit report matched nothing: {out}");
+
+    // The dependant gets build's archive before its script.
+    std::fs::remove_dir_all(dir.path().join("dist")).expect("rm dist");
+    let (code, out, err) = exec(dir.path(), &["test"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("Downloading artifacts for build"), "{out}");
+    assert!(out.contains("\nbuilt\n"), "{out}");
+
+    // A cache made by one run is restored by the next.
+    std::fs::remove_dir_all(dir.path().join("vendor")).expect("rm vendor");
+    let (code, out, err) = exec(dir.path(), &["build"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("Successfully extracted cache") && out.contains("cache restored"), "{out}");
+}

@@ -16,6 +16,7 @@ pub mod config;
 pub mod connector;
 pub mod executor;
 pub mod gitlab;
+pub mod helper;
 pub mod job;
 pub mod local;
 pub mod manager;

@@ -11,6 +11,7 @@ mod aws_iam;
 mod azure;
 mod canonical;
 mod gcs;
+pub mod signer;
 mod sigv4;
 
 use std::collections::BTreeMap;

@@ -12,11 +12,15 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::archive::Format;
+use crate::config::{Loaded, RunnerConfig};
 use crate::executor::ResolvedExecutor;
+use crate::helper::artifacts::artifact_filename;
 use crate::job::{run_job, JobControl, JobEnvironment, NoHooks};
 use crate::local::terminal::{TerminalOptions, TerminalSink};
 use crate::local::{self, Pipeline, PlannedJob};
 use crate::manager::identity;
+use crate::payload::{ArtifactsFile, Dependency};
 use crate::plugin::{builtin_plugins, HostSettings, PluginHost};
 use crate::script::ScriptSettings;
 
@@ -39,8 +43,9 @@ pub struct ExecArgs {
     pub file: Option<PathBuf>,
     /// Executor plugin to run the jobs with (`shell`, or `docker`: each job in its `image:`
     /// with its `services:`, on the engine `DOCKER_HOST` names, else the default socket).
-    #[arg(long, default_value = "shell")]
-    pub executor: String,
+    /// Default: the executor of the first `[[runners]]` of `--config`, else `shell`.
+    #[arg(long)]
+    pub executor: Option<String>,
     /// With `--executor docker`: the image of jobs that name none.
     #[arg(long, value_name = "IMAGE")]
     pub docker_image: Option<String>,
@@ -62,10 +67,9 @@ fn cache_dir() -> Option<PathBuf> {
         .map(|d| d.join("runway").join("plugins"))
 }
 
-async fn plugins(config: Option<&Path>) -> anyhow::Result<PluginHost> {
-    if let Some(path) = config {
-        let loaded = super::run::load_config(path)?;
-        return super::run::plugin_host(&loaded).await;
+async fn plugins(loaded: Option<&Loaded>) -> anyhow::Result<PluginHost> {
+    if let Some(loaded) = loaded {
+        return super::run::plugin_host(loaded).await;
     }
     PluginHost::new(HostSettings {
         cache_dir: cache_dir(),
@@ -89,16 +93,23 @@ impl Layout {
     /// The shell executor works in the project (or its `--isolate` copy) itself; the docker
     /// executor bind-mounts it at `/builds/<name>` in the job's containers, pulls only images
     /// the engine lacks (`if-not-present`) and keeps caches in its cache volume. Either way the user's environment is already loaded: no login shell.
-    fn new(args: &ExecArgs, run_dir: &Path) -> Layout {
-        if args.executor == "docker" {
+    fn new(args: &ExecArgs, executor: &str, runner: Option<&RunnerConfig>, run_dir: &Path) -> Layout {
+        // The runner's own section of `--config` (its docker keys), when it is this executor's.
+        let configured = runner
+            .filter(|r| r.executor_plugin() == executor)
+            .and_then(|r| serde_json::from_str::<serde_json::Value>(&r.executor_config_json()).ok())
+            .filter(serde_json::Value::is_object);
+        if executor == "docker" {
             let name =
                 run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "project".into());
             let project_dir = PathBuf::from("/builds").join(&name);
             // Local images are the point of a local run: pull only what is missing.
-            let mut config = serde_json::json!({
-                "volumes": [format!("{}:{}", run_dir.display(), project_dir.display())],
-                "pull_policy": ["if-not-present"],
-            });
+            let mut config = configured.unwrap_or_else(|| serde_json::json!({ "pull_policy": ["if-not-present"] }));
+            let bind = serde_json::Value::String(format!("{}:{}", run_dir.display(), project_dir.display()));
+            match config.get_mut("volumes").and_then(serde_json::Value::as_array_mut) {
+                Some(volumes) => volumes.push(bind),
+                None => config["volumes"] = serde_json::Value::Array(vec![bind]),
+            }
             if let Some(image) = &args.docker_image {
                 config["image"] = serde_json::Value::String(image.clone());
             }
@@ -109,9 +120,13 @@ impl Layout {
                 cache_dir: PathBuf::from("/cache"),
             };
         }
-        let config = if args.executor == "shell" { r#"{"login":false}"# } else { "{}" };
+        let config = match configured {
+            Some(config) => config.to_string(),
+            None if executor == "shell" => r#"{"login":false}"#.to_string(),
+            None => "{}".to_string(),
+        };
         Layout {
-            executor_config: config.to_string(),
+            executor_config: config,
             builds_dir: run_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| run_dir.to_path_buf()),
             project_dir: run_dir.to_path_buf(),
             cache_dir: run_dir.join(".runway-cache"),
@@ -124,6 +139,26 @@ fn parse_vars(vars: &[String]) -> anyhow::Result<Vec<(String, String)>> {
         .map(|v| match v.split_once('=') {
             Some((k, val)) if !k.is_empty() => Ok((k.to_string(), val.to_string())),
             _ => Err(anyhow::anyhow!("--var {v:?}: expected KEY=VALUE")),
+        })
+        .collect()
+}
+
+/// The dependencies of `job` whose artifacts a local run kept (`.runway/artifacts/<job>/`).
+fn local_dependencies(pipeline: &Pipeline, job: &PlannedJob, root: &Path) -> Vec<Dependency> {
+    pipeline
+        .dependencies_of(job)
+        .into_iter()
+        .filter_map(|dep| {
+            let archive = dep.payload.artifacts.iter().find(|a| a.artifact_type == "archive")?;
+            let name = if archive.name.is_empty() { "artifacts" } else { archive.name.as_str() };
+            let filename = artifact_filename(name, Format::Zip);
+            let size = std::fs::metadata(root.join(&dep.payload.job_info.name).join(&filename)).ok()?.len();
+            Some(Dependency {
+                id: dep.payload.id,
+                name: dep.payload.job_info.name.clone(),
+                token: "local".into(),
+                artifacts_file: Some(ArtifactsFile { filename, size: i64::try_from(size).unwrap_or(i64::MAX) }),
+            })
         })
         .collect()
 }
@@ -166,15 +201,24 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
             .collect::<anyhow::Result<_>>()?
     };
 
-    let plugins = plugins(config).await?;
+    // `--config`: the plugins and grants of that file, and the settings of its first runner
+    // (executor, its section, `[runners.cache]`), so a local run shares the fleet's cache.
+    let loaded = config.map(super::run::load_config).transpose()?;
+    let runner = loaded.as_ref().and_then(|l| l.config.runners.first());
+    let executor_name = match (&args.executor, runner) {
+        (Some(name), _) => name.clone(),
+        (None, Some(r)) => r.executor_plugin().to_string(),
+        (None, None) => "shell".to_string(),
+    };
+    let plugins = plugins(loaded.as_ref()).await?;
     let scratch = if args.isolate {
         Some(local::isolate::copy_tracked(&project_dir).map_err(|e| anyhow::anyhow!("{e}"))?)
     } else {
         None
     };
     let run_dir = scratch.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| project_dir.clone());
-    let layout = Layout::new(&args, &run_dir);
-    let executor = ResolvedExecutor::resolve(&plugins, &args.executor, &layout.executor_config)
+    let layout = Layout::new(&args, &executor_name, runner, &run_dir);
+    let executor = ResolvedExecutor::resolve(&plugins, &executor_name, &layout.executor_config)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
 
@@ -191,19 +235,38 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
             }
         });
     }
+    // Artifacts of local runs stay in the project, one directory per job, for dependants.
+    let artifacts_root = project_dir.join(".runway").join("artifacts");
+    let runner_command = super::run::helper_command(&executor);
+    // The fleet's distributed cache, under the runner's own object names.
+    let (short_token, cache_signer) = match runner {
+        Some(r) => {
+            let short = crate::config::short_token(&r.resolved_token());
+            let signer = super::run::runner_cache(r, &short).await?;
+            (short, signer)
+        }
+        None => ("local".to_string(), None),
+    };
     let mut exit = ExitCode::SUCCESS;
     for job in jobs {
+        let own = artifacts_root.join(&job.payload.job_info.name);
+        if own.exists() {
+            std::fs::remove_dir_all(&own).map_err(|e| anyhow::anyhow!("{}: {e}", own.display()))?;
+        }
         let settings = ScriptSettings {
             builds_dir: layout.builds_dir.clone(),
             cache_dir: layout.cache_dir.clone(),
             shared_builds_dir: false,
-            short_token: "local".into(),
-            executor: args.executor.clone(),
+            short_token: short_token.clone(),
+            executor: executor_name.clone(),
             shell: executor.info.default_shell.clone(),
             runner_version: crate::buildinfo::VERSION.into(),
             runner_revision: crate::buildinfo::REVISION.into(),
             project_dir_override: Some(layout.project_dir.clone()),
             shared_environment: true,
+            runner_command: runner_command.clone(),
+            local_artifacts_dir: Some(artifacts_root.clone()),
+            cache_signer: cache_signer.clone(),
             ..ScriptSettings::default()
         };
         let env = JobEnvironment {
@@ -223,6 +286,7 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
         // CI_PROJECT_DIR is where the executor sees the project (the scratch copy with
         // --isolate, /builds/<name> in a container), not where the pipeline was read.
         let mut payload = job.payload.clone();
+        payload.dependencies = local_dependencies(&pipeline, job, &artifacts_root);
         for v in payload.variables.iter_mut().filter(|v| v.key == "CI_PROJECT_DIR") {
             v.value = layout.project_dir.display().to_string();
         }

@@ -65,6 +65,14 @@ pub enum Command {
         #[command(subcommand)]
         command: store::StoreCommand,
     },
+    /// Archive and upload job artifacts (internal: run by job scripts in the job environment).
+    ArtifactsUploader(crate::helper::artifacts::UploaderArgs),
+    /// Download and extract a dependency's artifacts (internal: run by job scripts).
+    ArtifactsDownloader(crate::helper::artifacts::DownloaderArgs),
+    /// Archive a cache and upload it to the distributed cache (internal: run by job scripts).
+    CacheArchiver(crate::helper::cache::ArchiverArgs),
+    /// Download a cache from the distributed cache and extract it (internal: run by job scripts).
+    CacheExtractor(crate::helper::cache::ExtractorArgs),
     /// Inspect executor and fleeting plugins.
     Plugins {
         /// `list` or `check FILE`.
@@ -112,6 +120,10 @@ pub fn main() -> ExitCode {
             }
             Command::Plugins { command } => plugins::run(command, cli.config.as_deref()).await,
             Command::Store { command } => store::run(command, &config_path).await,
+            Command::ArtifactsUploader(args) => Ok(crate::helper::artifacts::upload(args).await),
+            Command::ArtifactsDownloader(args) => Ok(crate::helper::artifacts::download(args).await),
+            Command::CacheArchiver(args) => Ok(crate::helper::cache::archive_cache(args).await),
+            Command::CacheExtractor(args) => Ok(crate::helper::cache::extract_cache(args).await),
         }
     });
     match result {

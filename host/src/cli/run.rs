@@ -264,6 +264,11 @@ impl RunnerContext {
             runner_revision: crate::buildinfo::REVISION.into(),
             project_dir_override: None,
             shared_environment: executor.shared(),
+            runner_command: helper_command(&executor),
+            gitlab_url: runner.resolved_url(),
+            cache_signer: runner_cache(runner, &short)
+                .await
+                .map_err(|e| Unusable::new(&format!("{}: {e}", self.where_)))?,
             ..ScriptSettings::default()
         };
         Ok(RunnerSettings {
@@ -290,6 +295,34 @@ impl RunnerContext {
             store,
         })
     }
+}
+
+/// The distributed cache of `runner` (`[runners.cache]` with a `Type`), its credentials
+/// loaded and kept fresh; `None` without one.
+pub(crate) async fn runner_cache(
+    runner: &config::RunnerConfig,
+    short_token: &str,
+) -> anyhow::Result<Option<Arc<dyn crate::script::CacheSigner>>> {
+    let Some(cfg) = &runner.cache else { return Ok(None) };
+    let Some(store) =
+        crate::cache::CacheStore::from_config(cfg).map_err(|e| anyhow::anyhow!("[runners.cache]: {e}"))?
+    else {
+        return Ok(None);
+    };
+    let store = Arc::new(store);
+    // The refresher ends when the runner (after a reload) lets go of the store.
+    let _refresher = crate::cache::signer::RunnerCache::start_refreshing(store.clone()).await;
+    Ok(Some(Arc::new(crate::cache::signer::RunnerCache::new(store, short_token))))
+}
+
+/// The helper command of jobs of `executor`: this very binary for executors that run the
+/// stages on this machine or on fleet instances (copied there when a job needs it); none for
+/// executors that run them in containers, whose images do not carry it yet.
+pub(crate) fn helper_command(executor: &ResolvedExecutor) -> Option<String> {
+    if executor.features().image {
+        return None;
+    }
+    std::env::current_exe().ok().map(|p| p.display().to_string())
 }
 
 fn manager_settings(loaded: &Loaded) -> ManagerSettings {

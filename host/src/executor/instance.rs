@@ -51,7 +51,54 @@ pub struct ConnectedInstance {
     pub home: Option<String>,
 }
 
+/// Why the runner's helper could not be put on an instance (the job goes on with whatever
+/// `runway` the instance has on its `PATH`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HelperError {
+    /// The instance is another OS or architecture than the runner's binary.
+    #[error("the instance is {0}, the runner's binary is for {1}")]
+    Platform(String, String),
+    /// Reading the binary here or writing it there failed.
+    #[error("{0}")]
+    Transfer(String),
+}
+
 impl ConnectedInstance {
+    /// Put the runner's own binary `local` on the instance as the job's helper (the cache and
+    /// artifacts commands run there, as gitlab-runner's helper does) and return its path
+    /// there, in `<builds_dir>/.runway-helper/`. The file is named by the binary's version,
+    /// size and modification time, so it is copied once per instance and build, and jobs of
+    /// two runner versions never share one.
+    pub async fn install_helper(&self, local: &Path, builds_dir: &Path) -> Result<String, HelperError> {
+        let meta =
+            tokio::fs::metadata(local).await.map_err(|e| HelperError::Transfer(format!("{}: {e}", local.display())))?;
+        let stamp =
+            meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
+        let dir = format!("{}/.runway-helper", builds_dir.display().to_string().trim_end_matches('/'));
+        let path = format!("{dir}/runway-{}-{}-{stamp}", env!("CARGO_PKG_VERSION"), meta.len());
+        let platform = format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH);
+        let probe = format!(
+            "p=$(uname -s | tr A-Z a-z)-$(uname -m); [ \"$p\" = '{platform}' ] || {{ echo \"$p\"; exit 3; }}; [ -x '{path}' ] || exit 4"
+        );
+        let sink = crate::trace::MemorySink::default();
+        let stop = crate::stop::StopSignal::new();
+        match self.remote.run(&probe, None, &sink, &stop).await {
+            Ok(status) if status.code == 0 => return Ok(path),
+            Ok(status) if status.code == 3 => {
+                return Err(HelperError::Platform(sink.text().trim().to_string(), platform))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(HelperError::Transfer(format!("checking for the helper: {e}"))),
+        }
+        let bytes =
+            tokio::fs::read(local).await.map_err(|e| HelperError::Transfer(format!("{}: {e}", local.display())))?;
+        self.remote
+            .upload(&path, &bytes, 0o755)
+            .await
+            .map_err(|e| HelperError::Transfer(format!("copying the helper to {path}: {e}")))?;
+        Ok(path)
+    }
+
     /// `dir` as it is on this instance: relative directories (and `~/...`) are the login
     /// user's (`~/builds`), as SSH sessions start in the home directory. Unchanged when the
     /// home directory is unknown or `dir` is absolute.

@@ -255,10 +255,15 @@ async fn run_to_end(
         },
     };
     let plan = match (plan, &instance) {
-        // Relative directories live in the instance's home: plan there.
-        (_, Some(instance)) if home_dependent => plan_job(job, &on_instance(&env.settings, instance), &*trace),
-        (Some(plan), _) => Ok(plan),
-        (None, _) => plan_job(job, &env.settings, &*trace),
+        // Relative directories live in the instance's home, and the helper is the copy put
+        // there: plan on the instance.
+        (_, Some(instance)) => {
+            let mut settings = on_instance(&env.settings, instance);
+            settings.runner_command = helper_on_instance(job, &settings, instance, &*trace).await;
+            plan_job(job, &settings, &*trace)
+        }
+        (Some(plan), None) => Ok(plan),
+        (None, None) => plan_job(job, &env.settings, &*trace),
     };
     let plan = match plan {
         Ok(plan) => plan,
@@ -356,6 +361,30 @@ fn plan_failed(trace: &dyn TraceSink, error: &PlanError) -> JobOutcome {
     trace.error(&error.to_string());
     trace.section_end("prepare_executor");
     JobOutcome::failed(reason, None, error.to_string())
+}
+
+/// The helper command of a job on `instance`: the runner's own binary copied there when the
+/// job moves files (caches, artifacts); when that fails, a `runway` on the instance's `PATH`
+/// (the stages check for it and say so when it is missing).
+async fn helper_on_instance(
+    job: &JobResponse,
+    settings: &ScriptSettings,
+    instance: &ConnectedInstance,
+    trace: &dyn TraceSink,
+) -> Option<String> {
+    let local = settings.runner_command.as_deref()?;
+    if !crate::script::transfer::uses_helper(job) {
+        return Some(local.to_string());
+    }
+    match instance.install_helper(std::path::Path::new(local), &settings.builds_dir).await {
+        Ok(path) => Some(path),
+        Err(e) => {
+            trace.warning(&format!(
+                "the runner's helper could not be put on the instance ({e}); using `runway` from its PATH"
+            ));
+            Some("runway".to_string())
+        }
+    }
 }
 
 /// The script settings on a connected instance: relative builds and cache directories

@@ -140,7 +140,7 @@ pub(super) async fn run_stages(
                 }
             })
         };
-        let attempts = if matches!(stage, BuildStage::GetSources) { plan.get_sources_attempts().max(1) } else { 1 };
+        let attempts = plan.attempts(&stage);
         let mut result = StageOutcome::Exited(0);
         for attempt in 1..=attempts {
             let script_stage = Stage { name: name.clone(), script: script.clone(), predefined: stage.predefined() };

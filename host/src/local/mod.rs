@@ -19,6 +19,7 @@ mod parallel;
 pub mod rules;
 mod source;
 pub mod terminal;
+mod transfer;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -487,6 +488,10 @@ impl Pipeline {
                         allow_failure: true,
                     });
                 }
+                let artifacts = transfer::artifacts(expanded.config.get("artifacts"))
+                    .map_err(|e| sources.error(&name, Some("artifacts"), e))?;
+                let cache = transfer::caches(expanded.config.get("cache"), project_dir)
+                    .map_err(|e| sources.error(&name, Some("cache"), e))?;
                 let payload = JobResponse {
                     id: next_id,
                     token: "local".into(),
@@ -513,6 +518,8 @@ impl Pipeline {
                     steps,
                     image: expanded.config.get("image").and_then(images::image),
                     services: images::services(expanded.config.get("services")),
+                    artifacts,
+                    cache,
                     features: JobFeatures {
                         trace_sections: true,
                         token_mask_prefixes: Vec::new(),
@@ -589,6 +596,16 @@ impl Pipeline {
     /// A job by name.
     pub fn job(&self, name: &str) -> Option<&PlannedJob> {
         self.jobs.iter().find(|j| j.name == name)
+    }
+
+    /// The jobs whose artifacts `job` gets, as GitLab decides: those it `needs` (or lists
+    /// in `dependencies`), else every job of an earlier stage.
+    pub fn dependencies_of(&self, job: &PlannedJob) -> Vec<&PlannedJob> {
+        if !job.needs.is_empty() {
+            return self.jobs.iter().filter(|j| job.needs.contains(&j.base)).collect();
+        }
+        let stage = |name: &str| self.stages.iter().position(|s| s == name).unwrap_or(usize::MAX);
+        self.jobs.iter().filter(|j| stage(&j.stage) < stage(&job.stage)).collect()
     }
 
     fn expand_name(&self, name: &str) -> Vec<&PlannedJob> {

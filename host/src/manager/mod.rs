@@ -230,16 +230,25 @@ fn interrupt_on_shutdown(shared: &Shared, control: &JobControl) -> tokio::task::
     })
 }
 
-/// The features Runway's job path really supports, for `info.features` (§1.6).
+/// The features Runway's job path really supports, for `info.features` (§1.6). Artifacts
+/// and caches move through the helper in the job environment, which executors running jobs
+/// in containers do not have yet: GitLab then refuses jobs that need them instead of the
+/// runner dropping them silently.
 pub fn features(executor: ExecutorFeatures) -> FeaturesInfo {
+    let helper = !executor.image;
     FeaturesInfo {
+        artifacts: helper,
+        upload_multiple_artifacts: helper,
+        upload_raw_artifacts: helper,
+        artifacts_exclude: helper,
+        fallback_cache_keys: helper,
         variables: executor.variables,
         image: executor.image,
         services: executor.services,
         shared: executor.shared,
         session: false,
         terminal: false,
-        cache: true,
+        cache: helper,
         refspecs: true,
         masking: true,
         raw_variables: true,

@@ -7,6 +7,7 @@
 //! the executor.
 
 pub mod shell;
+pub mod transfer;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,6 +18,7 @@ use crate::config::duration::parse_duration;
 use crate::payload::variables;
 use crate::payload::{JobResponse, JobVariable, Step};
 use shell::{echo_command, echo_info, echo_raw, echo_warning, quote, wrap};
+pub use transfer::{CacheSigner, CacheUrls};
 
 /// GitLab's `DefaultTimeout`: used when the payload's timeout is ≤ 0.
 pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(7200);
@@ -66,6 +68,16 @@ pub struct ScriptSettings {
     pub project_dir_override: Option<PathBuf>,
     /// `CI_SHARED_ENVIRONMENT` (shell, ssh, instance) vs `CI_DISPOSABLE_ENVIRONMENT`.
     pub shared_environment: bool,
+    /// The helper command in the job environment (`runway` there: the cache and artifacts
+    /// commands); `None` when the executor has none (those stages then only warn).
+    pub runner_command: Option<String>,
+    /// The GitLab URL the helper uploads and downloads artifacts at (the runner's `url`).
+    pub gitlab_url: String,
+    /// Pre-signed URLs of the distributed cache (`[runners.cache]`); `None`: local caches only.
+    pub cache_signer: Option<std::sync::Arc<dyn CacheSigner>>,
+    /// `runway exec`: artifacts are kept in `<dir>/<job name>/` instead of uploaded, and
+    /// dependencies' are read from there.
+    pub local_artifacts_dir: Option<PathBuf>,
 }
 
 /// A stage of a job, in GitLab's vocabulary.
@@ -386,21 +398,31 @@ impl JobPlan {
             .and_then(|v| parse_duration(v).ok())
             .unwrap_or(DEFAULT_AFTER_SCRIPT_TIMEOUT)
     }
-    /// `GET_SOURCES_ATTEMPTS` (1–10).
-    pub fn get_sources_attempts(&self) -> u32 {
-        self.value("GET_SOURCES_ATTEMPTS").and_then(|v| v.trim().parse().ok()).unwrap_or(1).clamp(1, 10)
+    /// How many times `stage` is tried: `GET_SOURCES_ATTEMPTS`, `RESTORE_CACHE_ATTEMPTS`,
+    /// `ARTIFACT_DOWNLOAD_ATTEMPTS` (1–10, default 1); other stages once.
+    pub fn attempts(&self, stage: &BuildStage) -> u32 {
+        let variable = match stage {
+            BuildStage::GetSources => "GET_SOURCES_ATTEMPTS",
+            BuildStage::RestoreCache => "RESTORE_CACHE_ATTEMPTS",
+            BuildStage::DownloadArtifacts => "ARTIFACT_DOWNLOAD_ATTEMPTS",
+            _ => return 1,
+        };
+        self.value(variable).and_then(|v| v.trim().parse().ok()).unwrap_or(1).clamp(1, 10)
     }
     /// A step of the payload by name.
     pub fn step(&self, name: &str) -> Option<&Step> {
         self.job.steps.iter().find(|s| s.name == name)
     }
 
-    /// The stages of this job in GitLab's order (§4.1).
+    /// The stages of this job in GitLab's order (§4.1); a stage with nothing to do for this
+    /// job is left out (no section), as gitlab-runner skips it.
     pub fn stages(&self) -> Vec<BuildStage> {
         let mut stages = vec![BuildStage::PrepareScript, BuildStage::GetSources];
-        let has_cache = self.job.cache.iter().any(|c| !c.paths.is_empty() || c.untracked);
-        if has_cache {
+        if self.has_cache() {
             stages.push(BuildStage::RestoreCache);
+        }
+        if self.has_dependency_artifacts() {
+            stages.push(BuildStage::DownloadArtifacts);
         }
         for step in &self.job.steps {
             if step.name != "after_script" {
@@ -410,9 +432,17 @@ impl JobPlan {
         if self.step("after_script").is_some_and(|s| !s.script.is_empty()) {
             stages.push(BuildStage::AfterScript);
         }
-        if has_cache {
+        if self.has_cache_archive(false) {
             stages.push(BuildStage::ArchiveCache);
+        }
+        if self.has_cache_archive(true) {
             stages.push(BuildStage::ArchiveCacheOnFailure);
+        }
+        if self.has_uploads(false) {
+            stages.push(BuildStage::UploadArtifactsOnSuccess);
+        }
+        if self.has_uploads(true) {
+            stages.push(BuildStage::UploadArtifactsOnFailure);
         }
         stages.push(BuildStage::CleanupFileVariables);
         stages
@@ -429,9 +459,12 @@ impl JobPlan {
                 body.push_str("echo \"Running on $(hostname 2>/dev/null || uname -n)...\"\n");
             }
             BuildStage::GetSources => body.push_str(&self.get_sources()),
-            BuildStage::RestoreCache => body.push_str(&self.restore_cache()),
-            BuildStage::ArchiveCache => body.push_str(&self.archive_cache(false)),
-            BuildStage::ArchiveCacheOnFailure => body.push_str(&self.archive_cache(true)),
+            BuildStage::RestoreCache => body.push_str(&self.restore_cache()?),
+            BuildStage::DownloadArtifacts => body.push_str(&self.download_artifacts()),
+            BuildStage::ArchiveCache => body.push_str(&self.archive_cache(false)?),
+            BuildStage::ArchiveCacheOnFailure => body.push_str(&self.archive_cache(true)?),
+            BuildStage::UploadArtifactsOnSuccess => body.push_str(&self.upload_artifacts(false)),
+            BuildStage::UploadArtifactsOnFailure => body.push_str(&self.upload_artifacts(true)),
             BuildStage::Step(name) => {
                 let step = self.step(name).ok_or_else(|| PlanError::payload(format!("job has no step {name:?}")))?;
                 body.push_str(&format!("cd {}\n", quote(&self.project_dir.display().to_string())));
@@ -447,11 +480,6 @@ impl JobPlan {
                 let step = self.step("after_script").ok_or_else(|| PlanError::payload("job has no after_script"))?;
                 body.push_str(&format!("cd {}\n", quote(&self.project_dir.display().to_string())));
                 body.push_str(&user_lines(step.script.iter().cloned()));
-            }
-            BuildStage::DownloadArtifacts
-            | BuildStage::UploadArtifactsOnSuccess
-            | BuildStage::UploadArtifactsOnFailure => {
-                return Err(PlanError::payload("artifacts are not supported by this runner"));
             }
             BuildStage::CleanupFileVariables => {
                 body.push_str(&format!("rm -rf {}\n", quote(&self.tmp_dir.display().to_string())));
@@ -644,75 +672,6 @@ impl JobPlan {
         let mut out =
             echo_info(&format!("Updating/initializing submodules{}...", if recursive { " recursively" } else { "" }));
         out.push_str(&format!("{sync}\n{update}\n"));
-        out
-    }
-
-    fn cache_file(&self, key: &str) -> String {
-        let key = variables::expand(key, &|k| self.value(k).map(str::to_string));
-        let safe: String = key.chars().map(|c| if c == '/' || c == '\\' { '_' } else { c }).collect();
-        let safe = if safe.is_empty() || safe == "." || safe == ".." { "default".to_string() } else { safe };
-        format!("{}/{}/{}/cache.tar.gz", self.settings.cache_dir.display(), self.slug, safe)
-    }
-
-    fn restore_cache(&self) -> String {
-        let mut out = format!("cd {}\n", quote(&self.project_dir.display().to_string()));
-        for cache in &self.job.cache {
-            if cache.policy == "push" {
-                continue;
-            }
-            let key = if cache.key.is_empty() { "default" } else { cache.key.as_str() };
-            let mut tried = Vec::new();
-            for k in std::iter::once(key).chain(cache.fallback_keys.iter().map(String::as_str)) {
-                tried.push(self.cache_file(k));
-            }
-            let mut branch = String::new();
-            for (i, file) in tried.iter().enumerate() {
-                let kw = if i == 0 { "if" } else { "elif" };
-                branch.push_str(&format!(
-                    "{kw} [ -f {f} ]; then tar -xzf {f} && {ok}",
-                    f = quote(file),
-                    ok = echo_info(&format!("Successfully extracted cache ({file})")).trim_end()
-                ));
-                branch.push('\n');
-            }
-            branch.push_str(&format!(
-                "else {}fi\n",
-                echo_warning(&format!("No cache found for key {key:?}")).replace('\n', "; ")
-            ));
-            out.push_str(&branch);
-        }
-        out
-    }
-
-    fn archive_cache(&self, on_failure: bool) -> String {
-        let mut out = format!("cd {}\n", quote(&self.project_dir.display().to_string()));
-        for cache in &self.job.cache {
-            let when = if cache.when.is_empty() { "on_success" } else { cache.when.as_str() };
-            let applies = when == "always" || (when == "on_failure") == on_failure;
-            if cache.policy == "pull" || !applies {
-                continue;
-            }
-            let key = if cache.key.is_empty() { "default" } else { cache.key.as_str() };
-            let file = self.cache_file(key);
-            let mut list = String::from("paths=()\n");
-            for path in &cache.paths {
-                // Globs expand here, in the project directory; missing paths are skipped.
-                list.push_str(&format!(
-                    "for p in {}; do [ -e \"$p\" ] && paths+=(\"$p\"); done\n",
-                    path.replace(' ', "\\ ")
-                ));
-            }
-            if cache.untracked {
-                list.push_str("while IFS= read -r p; do paths+=(\"$p\"); done < <(git ls-files -o 2>/dev/null)\n");
-            }
-            out.push_str(&list);
-            out.push_str(&format!(
-                "if [ ${{#paths[@]}} -gt 0 ]; then mkdir -p \"$(dirname {f})\" && tar -czf {f}.tmp \"${{paths[@]}}\" && mv {f}.tmp {f} && {ok}; else {warn}; fi\n",
-                f = quote(&file),
-                ok = echo_info(&format!("Created cache ({file})")).trim_end(),
-                warn = echo_warning("No files to cache").trim_end()
-            ));
-        }
         out
     }
 }

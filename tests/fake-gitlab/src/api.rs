@@ -1,6 +1,7 @@
 //! The runner API handlers: registration, verify, unregister, job request (with Workhorse long
 //! polling), trace PATCH and job PUT, each following `gitlab-runner-protocol.md` §1.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -8,11 +9,11 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
-use axum::routing::{delete, patch, post, put};
+use axum::routing::{delete, get, patch, post, put};
 use axum::Router;
 use serde_json::{json, Value};
 
-use crate::{git, Endpoint, JobStatus, LoggedRequest, RunnerRecord, Shared, TracePatch};
+use crate::{git, Endpoint, JobRecord, JobStatus, LoggedRequest, RunnerRecord, Shared, TracePatch};
 
 /// Rails' failure reasons (§3.2) the fake accepts on a final `failed` update; anything else
 /// not in the job's `features.failure_reasons` becomes `unknown_failure`, as in Rails.
@@ -64,6 +65,13 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v4/jobs/request", post(request_job))
         .route("/api/v4/jobs/{id}", put(update_job))
         .route("/api/v4/jobs/{id}/trace", patch(patch_trace))
+        .route(
+            "/api/v4/jobs/{id}/artifacts",
+            post(crate::artifacts::upload)
+                .get(crate::artifacts::download)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route("/objectstore/artifacts/{id}/{name}", get(crate::artifacts::object_store))
         .fallback(git::serve)
         .with_state(shared)
 }
@@ -126,7 +134,7 @@ fn message(status: u16, headers: &[(&str, String)], text: &str) -> Response {
 }
 
 /// The next injected response for `endpoint`, if any.
-fn take_injected(shared: &Shared, endpoint: Endpoint) -> Option<Response> {
+pub(crate) fn take_injected(shared: &Shared, endpoint: Endpoint) -> Option<Response> {
     let injected = shared.mutate(|s| s.injected.get_mut(&endpoint).and_then(|q| q.pop_front()))?;
     let mut headers: Vec<(&str, String)> = vec![("Content-Type", "application/json".to_string())];
     headers.extend(injected.headers.iter().map(|(n, v)| (n.as_str(), v.clone())));
@@ -400,12 +408,37 @@ async fn request_job_inner(shared: &Shared, req: &Incoming) -> Response {
             } else {
                 job.status = JobStatus::Running;
             }
-            let payload = job.payload.clone();
+            let mut payload = job.payload.clone();
+            let job_token = job.token.clone();
+            fill_dependencies(&mut payload, &s.jobs, &job_token);
             s.tick_queue(&token);
             return json_response(201, headers, &payload);
         }
         no_job(version)
     })
+}
+
+/// Rails fills `dependencies[]` when it hands a job out: each dependency's name, the token to
+/// download its artifacts with (on current GitLab the running job's own) and its archive's
+/// file name and size when it has one.
+fn fill_dependencies(payload: &mut Value, jobs: &BTreeMap<i64, JobRecord>, job_token: &str) {
+    let Some(deps) = payload.get_mut("dependencies").and_then(Value::as_array_mut) else { return };
+    for dep in deps {
+        let Some(id) = dep.get("id").and_then(Value::as_i64) else { continue };
+        let Some(record) = jobs.get(&id) else { continue };
+        let Some(obj) = dep.as_object_mut() else { continue };
+        let name = record.payload.pointer("/job_info/name").cloned().unwrap_or(Value::Null);
+        obj.entry("name").or_insert(name);
+        obj.insert("token".into(), job_token.into());
+        match record.artifacts.iter().find(|a| a.artifact_type == "archive") {
+            Some(a) => {
+                obj.insert("artifacts_file".into(), json!({ "filename": a.filename, "size": a.data.len() }));
+            }
+            None => {
+                obj.remove("artifacts_file");
+            }
+        }
+    }
 }
 
 /// Counts a job request as parked in the long poll for as long as it lives (also when the

@@ -15,6 +15,7 @@
 //! fake picks the stricter reading so client bugs show up.
 
 mod api;
+mod artifacts;
 mod git;
 mod payload;
 pub mod proxy;
@@ -28,6 +29,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
+pub use artifacts::StoredArtifact;
 pub use payload::JobSpec;
 
 /// The legacy registration token the fake accepts out of the box.
@@ -48,6 +50,8 @@ pub enum Endpoint {
     RequestJob,
     PatchTrace,
     UpdateJob,
+    UploadArtifacts,
+    DownloadArtifacts,
 }
 
 /// A canned response served instead of the real one.
@@ -188,6 +192,8 @@ pub struct JobRecord {
     trace_reset_armed: bool,
     final_attempts: u32,
     first_final_attempt: Option<Instant>,
+    /// Artifacts uploaded for this job, in order.
+    pub artifacts: Vec<StoredArtifact>,
 }
 
 impl JobRecord {
@@ -257,6 +263,12 @@ pub(crate) struct Inner {
     /// Repositories served over HTTP: "group/project" → public?
     pub repos: BTreeMap<String, bool>,
     pub shutting_down: bool,
+    /// `max_artifacts_size` in bytes (0: no limit): larger uploads get 413.
+    pub max_artifacts_size: u64,
+    /// Artifacts live in object storage: `direct_download=true` gets a redirect there.
+    pub object_storage: bool,
+    /// `http://127.0.0.1:<port>`, for URLs the fake hands out.
+    pub base_url: String,
     /// Job requests parked in the Workhorse long poll right now, by runner token.
     pub long_polls: HashMap<String, usize>,
 }
@@ -317,6 +329,7 @@ impl Inner {
                 trace_reset_armed: false,
                 final_attempts: 0,
                 first_final_attempt: None,
+                artifacts: Vec::new(),
             },
         );
         self.queue.push_back(id);
@@ -431,6 +444,9 @@ impl FakeGitLab {
                 runner_ack_expiry: Duration::from_secs(120),
                 repos: BTreeMap::new(),
                 shutting_down: false,
+                max_artifacts_size: 0,
+                object_storage: false,
+                base_url: String::new(),
                 long_polls: HashMap::new(),
             }),
             changes,
@@ -438,6 +454,7 @@ impl FakeGitLab {
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("fake-gitlab: bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("fake-gitlab: local address");
+        shared.mutate(|inner| inner.base_url = format!("http://{addr}"));
         let router = api::router(shared.clone());
         let (tx, rx) = oneshot::channel::<()>();
         let server = tokio::spawn(async move {
@@ -449,6 +466,22 @@ impl FakeGitLab {
             }
         });
         FakeGitLab { addr, shared, shutdown: Some(tx), server: Some(server), _repo_dir: repo_dir }
+    }
+
+    /// Refuse artifact uploads larger than `bytes` with 413 (0: no limit).
+    pub fn set_max_artifacts_size(&self, bytes: u64) {
+        self.shared.mutate(|inner| inner.max_artifacts_size = bytes);
+    }
+
+    /// Keep artifacts in "object storage": downloads with `direct_download=true` are
+    /// redirected to a pre-signed URL of the fake's object store.
+    pub fn set_object_storage(&self, on: bool) {
+        self.shared.mutate(|inner| inner.object_storage = on);
+    }
+
+    /// The artifacts uploaded for job `id`.
+    pub fn artifacts(&self, id: i64) -> Vec<StoredArtifact> {
+        self.shared.mutate(|inner| inner.jobs.get(&id).map(|j| j.artifacts.clone()).unwrap_or_default())
     }
 
     /// Number the next enqueued jobs from `id` on (tests sharing one Docker daemon keep their

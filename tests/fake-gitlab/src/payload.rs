@@ -24,6 +24,13 @@ pub struct JobSpec {
     pub timeout: i64,
     /// `image.name`, if any.
     pub image: Option<String>,
+    /// `artifacts[]` entries as Rails sends them (see [`JobSpec::artifacts`]).
+    pub artifacts: Vec<Value>,
+    /// `cache[]` entries as Rails sends them.
+    pub cache: Vec<Value>,
+    /// IDs of the jobs whose artifacts this one gets; the fake fills in the rest when it
+    /// hands the job out.
+    pub dependencies: Vec<i64>,
 }
 
 impl JobSpec {
@@ -40,6 +47,9 @@ impl JobSpec {
             masked_variables: Vec::new(),
             timeout: 3600,
             image: None,
+            artifacts: Vec::new(),
+            cache: Vec::new(),
+            dependencies: Vec::new(),
         }
     }
 
@@ -50,6 +60,43 @@ impl JobSpec {
 
     pub fn variable(mut self, key: &str, value: &str) -> Self {
         self.variables.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// Adds an `artifacts[]` entry; missing keys get Rails' defaults (`archive`, `zip`,
+    /// `on_success`).
+    pub fn artifacts(mut self, entry: Value) -> Self {
+        let mut full = json!({
+            "name": "artifacts", "untracked": false, "paths": [], "exclude": [], "when": "on_success",
+            "expire_in": Value::Null, "artifact_type": "archive", "artifact_format": "zip"
+        });
+        if let (Some(full), Some(entry)) = (full.as_object_mut(), entry.as_object()) {
+            for (k, v) in entry {
+                full.insert(k.clone(), v.clone());
+            }
+        }
+        self.artifacts.push(full);
+        self
+    }
+
+    /// Adds a `cache[]` entry; missing keys get Rails' defaults (`pull-push`, `on_success`).
+    pub fn cache(mut self, entry: Value) -> Self {
+        let mut full = json!({
+            "key": "default", "untracked": false, "paths": [], "policy": "pull-push", "when": "on_success",
+            "fallback_keys": []
+        });
+        if let (Some(full), Some(entry)) = (full.as_object_mut(), entry.as_object()) {
+            for (k, v) in entry {
+                full.insert(k.clone(), v.clone());
+            }
+        }
+        self.cache.push(full);
+        self
+    }
+
+    /// This job gets the artifacts of job `id` (`dependencies` / `needs:artifacts`).
+    pub fn dependency(mut self, id: i64) -> Self {
+        self.dependencies.push(id);
         self
     }
 
@@ -135,15 +182,15 @@ pub(crate) fn build(spec: &JobSpec, server_url: &str, sha: &str) -> Value {
         "steps": steps,
         "image": spec.image.as_ref().map(|name| json!({ "name": name, "entrypoint": Value::Null, "ports": [] })),
         "services": [],
-        "artifacts": [],
-        "cache": [],
+        "artifacts": spec.artifacts,
+        "cache": spec.cache,
         "credentials": [{
             "type": "registry",
             "url": host_port,
             "username": "gitlab-ci-token",
             "password": JOB_TOKEN_PLACEHOLDER
         }],
-        "dependencies": [],
+        "dependencies": spec.dependencies.iter().map(|id| json!({ "id": id })).collect::<Vec<_>>(),
         "features": {
             "trace_sections": true,
             "token_mask_prefixes": ["glpat-", "glcbt-", "glrt-"],

@@ -18,6 +18,7 @@
 //!
 //! [`JobApi`]: crate::gitlab::api::JobApi
 
+pub mod artifacts;
 mod http;
 pub mod info;
 pub mod job;
@@ -36,6 +37,7 @@ use serde_json::Value;
 use crate::gitlab::retry::{is_retryable_status, RetryPolicy};
 use http::header_str;
 
+pub use artifacts::{ArtifactUpload, DownloadOutcome, UploadOutcome};
 pub use info::{ConfigInfo, FeaturesInfo, RegisterParams, RunnerCredentials, RunnerDetails, VersionInfo};
 pub use job::JobClient;
 pub use request::{BadJob, ReceivedJob, RequestJobResult};
@@ -58,6 +60,10 @@ pub enum Endpoint {
     UpdateJob,
     /// `PATCH /jobs/:id/trace`.
     PatchTrace,
+    /// `POST /jobs/:id/artifacts`.
+    UploadArtifacts,
+    /// `GET /jobs/:id/artifacts`.
+    DownloadArtifacts,
 }
 
 impl Endpoint {
@@ -71,6 +77,8 @@ impl Endpoint {
             Endpoint::RequestJob => "request_job",
             Endpoint::UpdateJob => "update_job",
             Endpoint::PatchTrace => "patch_trace",
+            Endpoint::UploadArtifacts => "upload_artifacts",
+            Endpoint::DownloadArtifacts => "download_artifacts",
         }
     }
 }
@@ -94,6 +102,9 @@ pub enum ApiError {
     /// The HTTP client could not be built (TLS files).
     #[error("cannot set up the HTTP client: {0}")]
     ClientSetup(String),
+    /// A local file of the call (an artifacts archive) could not be read or written.
+    #[error("{0}")]
+    File(String),
     /// 403: bad token or removed runner.
     #[error("{}: forbidden (403): the token is invalid or the runner was removed{}", .endpoint.as_str(), suffix(.message))]
     Forbidden {
@@ -157,6 +168,9 @@ impl TransportError {
 /// The runner API client. Cheap to share (`Arc`); one per process is enough.
 pub struct GitLabClient {
     http: reqwest::Client,
+    /// The same settings, redirects not followed (artifact downloads follow them by hand,
+    /// without the job token).
+    no_redirect: reqwest::Client,
     retry: RetryPolicy,
     hook: Option<RequestHook>,
     user_agent: String,

@@ -26,11 +26,25 @@ pub struct ClientOptions {
 impl GitLabClient {
     /// A client with `options`; fails when a TLS file cannot be read or parsed.
     pub fn new(options: ClientOptions) -> Result<Self, ApiError> {
+        let http = Self::http_client(&options, reqwest::redirect::Policy::default())?;
+        let no_redirect = Self::http_client(&options, reqwest::redirect::Policy::none())?;
+        Ok(GitLabClient {
+            http,
+            no_redirect,
+            retry: options.retry,
+            hook: options.hook,
+            user_agent: buildinfo::user_agent(),
+            last_update: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn http_client(options: &ClientOptions, redirect: reqwest::redirect::Policy) -> Result<reqwest::Client, ApiError> {
         let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(30))
             .tcp_keepalive(Duration::from_secs(30))
             .pool_idle_timeout(Duration::from_secs(90))
-            .timeout(Duration::from_secs(60 * 60));
+            .timeout(Duration::from_secs(60 * 60))
+            .redirect(redirect);
         let read = |path: &std::path::Path| {
             std::fs::read(path).map_err(|e| ApiError::ClientSetup(format!("{}: {e}", path.display())))
         };
@@ -53,13 +67,6 @@ impl GitLabClient {
                 .map_err(|e| ApiError::ClientSetup(format!("tls-cert-file/tls-key-file: {e}")))?;
             builder = builder.identity(identity);
         }
-        let http = builder.build().map_err(|e| ApiError::ClientSetup(describe_reqwest_error(&e)))?;
-        Ok(GitLabClient {
-            http,
-            retry: options.retry,
-            hook: options.hook,
-            user_agent: buildinfo::user_agent(),
-            last_update: Mutex::new(HashMap::new()),
-        })
+        builder.build().map_err(|e| ApiError::ClientSetup(describe_reqwest_error(&e)))
     }
 }
