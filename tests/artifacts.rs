@@ -3,6 +3,8 @@
 //! object store), the shell executor running the helper commands of this very binary, and
 //! the instance executor over a real OpenSSH server, where the runner copies its helper.
 
+#[path = "support/object_servers.rs"]
+mod object_servers;
 #[path = "support/runway_process.rs"]
 mod runway_process;
 #[path = "support/sshd.rs"]
@@ -480,4 +482,68 @@ idle_count = 1
     let helpers: Vec<_> = std::fs::read_dir(builds.join(".runway-helper")).expect("helper dir").collect();
     assert_eq!(helpers.len(), 1, "the second job reuses the copy");
     drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_s3_cache_is_shared_between_builds_directories_through_presigned_urls_only() {
+    let moto = object_servers::Server::moto();
+    let status =
+        reqwest::Client::new().put(format!("{}/fleet-cache", moto.url())).send().await.expect("bucket").status();
+    assert!(status.is_success(), "create bucket: {status}");
+    const SECRET: &str = "runway-e2e-secret-key";
+    let cache = format!(
+        r#"  [runners.cache]
+  Type = "s3"
+  Path = "ci"
+  Shared = true
+  [runners.cache.s3]
+  ServerAddress = "127.0.0.1:{port}"
+  AccessKey = "AKIDRUNWAYE2E"
+  SecretKey = "{SECRET}"
+  BucketName = "fleet-cache"
+  BucketLocation = "us-east-1"
+  Insecure = true"#,
+        port = moto.port
+    );
+    let first = Harness::shell(&cache).await;
+    let job = |h: &Harness| {
+        h.fake.job_payload(
+            &spec(
+                "deps",
+                &[
+                    "test -e vendor/lib.txt && echo RESTORED || echo MISSED",
+                    "mkdir -p vendor",
+                    "echo v > vendor/lib.txt",
+                    "env | grep -c runway-e2e-secret || true",
+                ],
+            )
+            .cache(json!({"key": "deps", "paths": ["vendor/"]}))
+            .variable("CI_DEBUG_TRACE", "true"),
+        )
+    };
+    let miss = first.finished(first.fake.enqueue(job(&first))).await;
+    succeeded(&miss);
+    let trace = miss.trace_text();
+    assert!(trace.contains("MISSED") && trace.contains("Failed to extract cache"), "{trace}");
+    assert!(trace.contains("Uploading cache.zip to http://127.0.0.1"), "{trace}");
+    assert!(trace.contains("X-Amz-Signature"), "pre-signed URLs in the commands: {trace}");
+    assert!(!trace.contains(SECRET), "the secret key never reaches the job: {trace}");
+    let objects = reqwest::get(format!("{}/fleet-cache?list-type=2", moto.url()))
+        .await
+        .expect("list")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        objects.contains("<Key>ci/project/42/deps/cache.zip</Key>") || objects.contains("ci/project/42/deps"),
+        "{objects}"
+    );
+
+    // Another runner, with its own builds and cache directories, restores it from S3.
+    let second = Harness::shell(&cache).await;
+    let hit = second.finished(second.fake.enqueue(job(&second))).await;
+    succeeded(&hit);
+    let trace = hit.trace_text();
+    assert!(trace.contains("RESTORED") && trace.contains("Successfully extracted cache"), "{trace}");
+    assert!(!trace.contains(SECRET), "{trace}");
 }
