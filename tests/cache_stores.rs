@@ -43,7 +43,9 @@ async fn send(p: &Presigned, body: Option<Vec<u8>>) -> reqwest::Response {
 fn tamper(url: &str, param: &str) -> String {
     let (head, tail) = url.split_once(&format!("{param}=")).expect("signed URL");
     let mut chars: Vec<char> = tail.chars().collect();
-    chars[0] = if chars[0] == 'A' { 'B' } else { 'A' };
+    // A different value whatever the encoding: hex (case-insensitive) or base64.
+    let at = chars.iter().position(|c| c.is_ascii_alphanumeric()).expect("a signature character");
+    chars[at] = if chars[at] == '0' { '1' } else { '0' };
     format!("{head}{param}={}", chars.into_iter().collect::<String>())
 }
 

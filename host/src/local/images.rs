@@ -8,7 +8,8 @@ use serde_yaml::Value;
 
 use crate::payload::{DockerOptions, ExecutorOptions, Image, JobVariable};
 
-fn strings(value: Option<&Value>) -> Vec<String> {
+/// A string or a list of scalars as strings (`[]` for anything else).
+pub(super) fn strings(value: Option<&Value>) -> Vec<String> {
     match value {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Sequence(items)) => items.iter().filter_map(scalar).collect(),
@@ -16,7 +17,8 @@ fn strings(value: Option<&Value>) -> Vec<String> {
     }
 }
 
-fn scalar(value: &Value) -> Option<String> {
+/// A scalar as text.
+pub(super) fn scalar(value: &Value) -> Option<String> {
     match value {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),

@@ -11,6 +11,7 @@ use std::path::Path;
 use serde_yaml::Value;
 use sha2::{Digest, Sha256};
 
+use super::images::{scalar, strings};
 use crate::payload::{Artifact, Cache};
 
 /// GitLab's file name and format of each report type (Rails' `Ci::JobArtifact`
@@ -44,23 +45,6 @@ const REPORTS: &[(&str, &str, &str)] = &[
     ("api_fuzzing", "gl-api-fuzzing-report.json", "raw"),
     ("codequality", "gl-code-quality-report.json", "raw"),
 ];
-
-fn strings(value: Option<&Value>) -> Vec<String> {
-    match value {
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Sequence(items)) => items.iter().filter_map(scalar).collect(),
-        _ => Vec::new(),
-    }
-}
-
-fn scalar(value: &Value) -> Option<String> {
-    match value {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        _ => None,
-    }
-}
 
 fn text(map: &Value, key: &str) -> String {
     map.get(key).and_then(scalar).unwrap_or_default()
