@@ -52,6 +52,9 @@ impl World {
             runner_version: "0.1.0".into(),
             runner_revision: "test".into(),
             shared_environment: true,
+            // The cache stages run this build's runway as their helper, as `runway run` does.
+            runner_command: Some(env!("CARGO_BIN_EXE_runway").into()),
+            gitlab_url: self.fake.url(),
             ..ScriptSettings::default()
         };
         RunnerSettings {
