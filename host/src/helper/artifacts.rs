@@ -24,18 +24,49 @@ use crate::config::duration::parse_duration;
 use crate::gitlab::client::{ArtifactUpload, ClientOptions, DownloadOutcome, GitLabClient, UploadOutcome};
 use crate::payload::variables::expand;
 
-/// `runway artifacts-uploader`.
+/// The job the helper talks to GitLab for (gitlab-runner's `JobCredentials`): flags both
+/// commands share.
 #[derive(Debug, Clone, clap::Args)]
-pub struct UploaderArgs {
+pub struct JobCredentials {
     /// The GitLab URL (the runner's `url`).
     #[arg(long)]
     pub url: Option<String>,
-    /// The job token.
+    /// The job token (the uploader's own; the downloader's dependency's).
     #[arg(long)]
     pub token: Option<String>,
-    /// The job ID.
+    /// The job ID (the uploader's own; the downloader's dependency's).
     #[arg(long)]
     pub id: Option<i64>,
+    /// Extra CA certificates (PEM) for a GitLab with a private CA.
+    #[arg(long = "tls-ca-file", env = "CI_SERVER_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+impl JobCredentials {
+    /// URL, token and ID, all given, or what is missing.
+    fn required(&self) -> Result<(String, String, i64), String> {
+        match (&self.url, &self.token, self.id) {
+            (Some(url), Some(token), Some(id)) if !url.is_empty() && !token.is_empty() && id > 0 => {
+                Ok((url.clone(), token.clone(), id))
+            }
+            (Some(_), Some(_), _) => Err("Missing build ID (--id)".into()),
+            _ => Err("Missing runner credentials (--url and --token)".into()),
+        }
+    }
+
+    /// A GitLab client trusting `--tls-ca-file` too.
+    fn client(&self) -> Result<GitLabClient, String> {
+        let options = ClientOptions { tls_ca_file: self.tls_ca_file.clone(), ..ClientOptions::default() };
+        GitLabClient::new(options).map_err(|e| e.to_string())
+    }
+}
+
+/// `runway artifacts-uploader`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UploaderArgs {
+    /// Which job, with which token.
+    #[command(flatten)]
+    pub job: JobCredentials,
     /// A path or glob (`**` included) to archive; repeatable.
     #[arg(long = "path")]
     pub paths: Vec<String>,
@@ -66,9 +97,6 @@ pub struct UploaderArgs {
     /// Accepted for gitlab-runner compatibility; the upload's time limit covers it.
     #[arg(long = "response-header-timeout")]
     pub response_header_timeout: Option<String>,
-    /// Extra CA certificates (PEM) for a GitLab with a private CA.
-    #[arg(long = "tls-ca-file", env = "CI_SERVER_TLS_CA_FILE")]
-    pub tls_ca_file: Option<PathBuf>,
     /// Keep the archive in this directory instead of uploading it (`runway exec`).
     #[arg(long = "local-dir")]
     pub local_dir: Option<PathBuf>,
@@ -77,24 +105,15 @@ pub struct UploaderArgs {
 /// `runway artifacts-downloader`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DownloaderArgs {
-    /// The GitLab URL (the runner's `url`).
-    #[arg(long)]
-    pub url: Option<String>,
-    /// The dependency's token.
-    #[arg(long)]
-    pub token: Option<String>,
-    /// The dependency's job ID.
-    #[arg(long)]
-    pub id: Option<i64>,
+    /// Which dependency, with which token.
+    #[command(flatten)]
+    pub job: JobCredentials,
     /// Let GitLab redirect to object storage (`FF_USE_DIRECT_DOWNLOAD`, on by default).
     #[arg(long = "direct-download", env = "FF_USE_DIRECT_DOWNLOAD", default_value_t = true, action = clap::ArgAction::Set)]
     pub direct_download: bool,
     /// Retries after the first try.
     #[arg(long, default_value_t = 2)]
     pub retry: u32,
-    /// Extra CA certificates (PEM) for a GitLab with a private CA.
-    #[arg(long = "tls-ca-file", env = "CI_SERVER_TLS_CA_FILE")]
-    pub tls_ca_file: Option<PathBuf>,
     /// Extract this archive instead of downloading one (`runway exec`).
     #[arg(long = "local-file")]
     pub local_file: Option<PathBuf>,
@@ -117,11 +136,6 @@ pub(super) fn compression_level(value: Option<&str>) -> Level {
         warning(&w);
     }
     level
-}
-
-fn client(tls_ca_file: &Option<PathBuf>) -> Result<GitLabClient, String> {
-    let options = ClientOptions { tls_ca_file: tls_ca_file.clone(), ..ClientOptions::default() };
-    GitLabClient::new(options).map_err(|e| e.to_string())
 }
 
 /// Select and archive `selection` of the working directory into a temporary file; `None`
@@ -176,13 +190,9 @@ async fn upload_inner(args: UploaderArgs) -> Result<(), String> {
     };
     let level = compression_level(args.compression_level.as_deref());
     let timeout = parse_duration(&args.timeout).map_err(|e| format!("--timeout: {e}"))?;
-    let (url, token, id) = match (&args.local_dir, &args.url, &args.token, args.id) {
-        (Some(_), ..) => (String::new(), String::new(), 0),
-        (None, Some(url), Some(token), Some(id)) if !url.is_empty() && !token.is_empty() && id > 0 => {
-            (url.clone(), token.clone(), id)
-        }
-        (None, Some(_), Some(_), _) => return Err("Missing build ID (--id)".into()),
-        _ => return Err("Missing runner credentials (--url and --token)".into()),
+    let (url, token, id) = match &args.local_dir {
+        Some(_) => (String::new(), String::new(), 0),
+        None => args.job.required()?,
     };
     let name = env_expand(&args.name);
     let selection = Selection {
@@ -204,7 +214,7 @@ async fn upload_inner(args: UploaderArgs) -> Result<(), String> {
         info(&format!("Saved artifacts as {kind:?} to {} ({size} bytes)", target.display()));
         return Ok(());
     }
-    let client = Arc::new(client(&args.tls_ca_file)?);
+    let client = Arc::new(args.job.client()?);
     let expire_in = args.expire_in.clone().unwrap_or_default();
     let format_name = args.format.clone().unwrap_or_default();
     let mut url = url;
@@ -284,14 +294,8 @@ async fn download_inner(args: DownloaderArgs) -> Result<(), String> {
     if let Some(local) = &args.local_file {
         return extract(local.clone(), cwd).await;
     }
-    let (url, token, id) = match (&args.url, &args.token, args.id) {
-        (Some(url), Some(token), Some(id)) if !url.is_empty() && !token.is_empty() && id > 0 => {
-            (url.clone(), token.clone(), id)
-        }
-        (Some(_), Some(_), _) => return Err("Missing build ID (--id)".into()),
-        _ => return Err("Missing runner credentials (--url and --token)".into()),
-    };
-    let client = client(&args.tls_ca_file)?;
+    let (url, token, id) = args.job.required()?;
+    let client = args.job.client()?;
     let file = tempfile::Builder::new().prefix("runway-artifacts").tempfile().map_err(|e| e.to_string())?;
     let path = file.path().to_path_buf();
     let direct = args.direct_download;
