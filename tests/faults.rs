@@ -125,6 +125,7 @@ impl World {
             shutdown_timeout: Duration::from_secs(5),
             pending_keepalive: Duration::from_secs(10),
             upload,
+            ..ManagerSettings::default()
         };
         Manager::new(settings, vec![runner], Arc::new(client), shutdown)
     }

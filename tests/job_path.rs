@@ -105,6 +105,7 @@ impl World {
                 final_backoff_max: Duration::from_millis(500),
                 ..UploadConfig::default()
             },
+            ..ManagerSettings::default()
         };
         Manager::new(settings, vec![runner], Arc::new(client), shutdown)
     }

@@ -84,7 +84,13 @@ pub enum Command {
 fn init_logging(level: Option<&str>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.unwrap_or("info")));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(crate::metrics::ErrorCounter)
+        .try_init();
 }
 
 /// Parse arguments and run the verb; the exit code is the verb's.

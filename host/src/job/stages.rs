@@ -128,6 +128,8 @@ pub(super) async fn run_stages(
             }
         }
         hooks.checkpoint().await;
+        hooks.stage_started(&name);
+        let stage_started = std::time::Instant::now();
         let stop = StopSignal::new();
         let watcher = {
             let stop = stop.clone();
@@ -151,6 +153,7 @@ pub(super) async fn run_stages(
             trace.warning(&format!("Retrying {name} (attempt {} of {attempts})", attempt + 1));
         }
         watcher.abort();
+        hooks.stage_ended(&name, stage_started.elapsed());
 
         // Boundary: the stage ended; its section closes with what its end means.
         let last = {

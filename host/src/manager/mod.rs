@@ -9,6 +9,7 @@
 
 pub mod fleet;
 pub mod health;
+pub mod observe;
 pub mod persist;
 mod received;
 mod resume;
@@ -31,6 +32,7 @@ use crate::trace::format::RunnerIdentity;
 use crate::trace::upload::UploadConfig;
 use crate::trace::FailureReason;
 use health::{HealthBoard, PendingRunner, RunnerEntry, Unusable};
+use observe::ProcessingFailure;
 use received::{fail_bad_payload, run_received, Reservation};
 use slots::SlotAllocator;
 
@@ -92,6 +94,8 @@ pub struct ManagerSettings {
     pub pending_keepalive: Duration,
     /// Trace loop timing (GitLab's defaults; tests shorten them).
     pub upload: UploadConfig,
+    /// Told about feeds, requests, jobs and stages (metrics); [`observe::NoObserver`] by default.
+    pub observer: Arc<dyn observe::Observer>,
 }
 
 impl Default for ManagerSettings {
@@ -102,6 +106,7 @@ impl Default for ManagerSettings {
             shutdown_timeout: Duration::from_secs(30),
             pending_keepalive: Duration::from_secs(10),
             upload: UploadConfig::default(),
+            observer: Arc::new(observe::NoObserver),
         }
     }
 }
@@ -491,6 +496,8 @@ async fn poll(
     }
     let mut unhealthy = 0u32;
     let check = shared.settings.check_interval;
+    let observer = shared.settings.observer.clone();
+    let me = &runner.settings.env.identity;
     loop {
         if stop_requesting.is_cancelled() {
             return;
@@ -516,6 +523,7 @@ async fn poll(
                     Err(ReserveError::ShuttingDown) => return,
                     Err(e) => {
                         tracing::debug!(runner = %runner.settings.env.identity.short_token, "not requesting a job: {e}");
+                        observer.processing_failure(me, ProcessingFailure::NoFreeExecutor);
                         if !sleep_or_stop(check.min(Duration::from_secs(1)), &stop_requesting).await {
                             return;
                         }
@@ -524,10 +532,16 @@ async fn poll(
                 }
             }
         };
+        observer.fed(me, true);
+        observer.request_in_flight(me, true);
         let result = tokio::select! {
             r = runner.client.request_job(&runner.settings.credentials, &runner.info) => r,
-            _ = stop_requesting.cancelled() => return,
+            _ = stop_requesting.cancelled() => {
+                observer.request_in_flight(me, false);
+                return;
+            }
         };
+        observer.request_in_flight(me, false);
         let reservation = match result {
             RequestJobResult::Job(_) => reservation,
             _ => {
@@ -562,6 +576,7 @@ async fn poll(
             }
             RequestJobResult::Unhealthy(message) => {
                 unhealthy += 1;
+                observer.processing_failure(me, ProcessingFailure::Other);
                 tracing::warn!(runner = %runner.settings.env.identity.short_token, "job request failed: {message}");
                 let limit = runner.settings.unhealthy_requests_limit.max(1);
                 let wait = if unhealthy >= limit {
@@ -571,6 +586,7 @@ async fn poll(
                         runner.settings.unhealthy_interval
                     );
                     unhealthy = 0;
+                    observer.fed(me, false);
                     runner.settings.unhealthy_interval
                 } else {
                     check
@@ -580,6 +596,7 @@ async fn poll(
                 }
             }
             RequestJobResult::Failed(message) => {
+                observer.processing_failure(me, ProcessingFailure::Other);
                 tracing::warn!(runner = %runner.settings.env.identity.short_token, "job request failed: {message}");
                 if !sleep_or_stop(check, &stop_requesting).await {
                     return;
