@@ -244,6 +244,7 @@ pub(super) fn trace_options(job: &JobResponse, runner: &Runner) -> TraceOptions 
         masked_phrases: job.masked_values(),
         token_prefixes: job.features.token_mask_prefixes.clone(),
         output_limit_kib: runner.settings.output_limit_kib,
+        timestamps: flags::is_on(flags::TIMESTAMPS, &runner.settings.env.settings.feature_flags, job),
     }
 }
 
@@ -424,6 +425,7 @@ pub(super) async fn fail_bad_payload(runner: Arc<Runner>, shared: Arc<Shared>, b
         masked_phrases: vec![bad.token.clone()],
         token_prefixes: Vec::new(),
         output_limit_kib: settings.output_limit_kib,
+        timestamps: true,
     }) else {
         return;
     };
