@@ -384,3 +384,30 @@ fn verify_and_run_refuse_malformed_configs_without_panicking() {
         }
     }
 }
+
+#[test]
+fn lint_fails_on_errors_and_unknown_keys_and_passes_a_valid_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    let valid = "concurrent = 2\n\n[[runners]]\nname = \"a\"\nurl = \"https://gitlab.example\"\ntoken = \"glrt-abc\"\nexecutor = \"shell\"\n";
+    std::fs::write(&config, valid).expect("write");
+    let out = runway(&config, &["lint"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Configuration file is valid."));
+
+    std::fs::write(&config, valid.replace("executor = \"shell\"\n", "executor = \"shell\"\nnot_a_key = 1\n"))
+        .expect("write");
+    let out = runway(&config, &["lint"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("1 unknown key(s) found") && stderr.contains(":8: runners[0].not_a_key"), "{stderr}");
+
+    std::fs::write(&config, valid.replace("concurrent = 2", "concurrent = 0")).expect("write");
+    let out = runway(&config, &["lint"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("concurrent"), "{stderr}");
+
+    let out = runway(&dir.path().join("missing.toml"), &["lint"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config file not found"));
+}

@@ -46,6 +46,8 @@ pub enum Command {
     Unregister(runners::UnregisterArgs),
     /// List the runners in config.toml.
     List,
+    /// Validate config.toml: errors and unknown keys fail; unsupported keys are listed.
+    Lint,
     /// Replay a job trace against the autoscaler policy of config.toml on a virtual clock:
     /// queue wait percentiles, instance-hours, idle share, creations per job.
     Simulate {
@@ -114,6 +116,7 @@ pub fn main() -> ExitCode {
             Command::Verify { delete } => runners::verify(&config_path, delete).await,
             Command::Unregister(args) => runners::unregister(args, &config_path).await,
             Command::List => runners::list(&config_path),
+            Command::Lint => runners::lint(&config_path),
             Command::Simulate { trace, provider, svg } => {
                 let report = crate::autoscaler::simulate::simulate_command(
                     &config_path,

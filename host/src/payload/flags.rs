@@ -222,6 +222,28 @@ mod tests {
     }
 
     #[test]
+    fn the_migration_guide_lists_every_flag_as_the_code_has_it() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/migrating-from-gitlab-runner.md"))
+                .unwrap_or_default();
+        let table = doc.split("<!-- flags-table -->").nth(1).and_then(|t| t.split("<!-- /flags-table -->").next());
+        let rows: Vec<String> =
+            table.unwrap_or_default().lines().filter(|l| l.starts_with("| `")).map(String::from).collect();
+        let expected: Vec<String> = FLAGS
+            .iter()
+            .map(|f| {
+                let status = match f.support {
+                    Honoured => "honoured",
+                    DefaultOnly => "default only",
+                    NotApplicable => "not applicable",
+                };
+                format!("| `{}` | {} | {status} | {} |", f.name, f.default, f.note)
+            })
+            .collect();
+        assert_eq!(rows, expected, "docs/migrating-from-gitlab-runner.md's flags table");
+    }
+
+    #[test]
     fn every_flag_once_and_unsupported_values_noticed_once() {
         let names: BTreeSet<&str> = FLAGS.iter().map(|f| f.name).collect();
         assert_eq!(names.len(), FLAGS.len(), "no flag twice");
