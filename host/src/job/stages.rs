@@ -150,7 +150,12 @@ pub(super) async fn run_stages(
             if matches!(result, StageOutcome::Exited(0)) || attempt == attempts || stop.is_stopped() {
                 break;
             }
-            trace.warning(&format!("Retrying {name} (attempt {} of {attempts})", attempt + 1));
+            let wait = plan.stage_retry_backoff(attempt);
+            trace.warning(&format!("Retrying {name} in {wait:?} (attempt {} of {attempts})", attempt + 1));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.stopped() => break,
+            }
         }
         watcher.abort();
         hooks.stage_ended(&name, stage_started.elapsed());
