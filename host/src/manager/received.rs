@@ -245,6 +245,11 @@ pub(super) fn trace_options(job: &JobResponse, runner: &Runner) -> TraceOptions 
         token_prefixes: job.features.token_mask_prefixes.clone(),
         output_limit_kib: runner.settings.output_limit_kib,
         timestamps: flags::is_on(flags::TIMESTAMPS, &runner.settings.env.settings.feature_flags, job),
+        only_personal_tokens: !flags::is_on(
+            flags::MASK_ALL_DEFAULT_TOKENS,
+            &runner.settings.env.settings.feature_flags,
+            job,
+        ),
     }
 }
 
@@ -426,6 +431,7 @@ pub(super) async fn fail_bad_payload(runner: Arc<Runner>, shared: Arc<Shared>, b
         token_prefixes: Vec::new(),
         output_limit_kib: settings.output_limit_kib,
         timestamps: true,
+        only_personal_tokens: false,
     }) else {
         return;
     };

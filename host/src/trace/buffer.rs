@@ -26,6 +26,8 @@ pub struct TraceOptions {
     pub output_limit_kib: u64,
     /// Per-line timestamps (`FF_TIMESTAMPS`).
     pub timestamps: bool,
+    /// Only `glpat-` among the default token prefixes (`FF_MASK_ALL_DEFAULT_TOKENS` off).
+    pub only_personal_tokens: bool,
 }
 
 impl TraceOptions {
@@ -150,7 +152,8 @@ pub struct JobTrace {
 impl JobTrace {
     /// A trace masking and limiting per `options`.
     pub fn new(options: &TraceOptions) -> Result<Self, MaskError> {
-        let masker = Masker::new(options.masked_phrases.iter(), &options.token_prefixes)?;
+        let masker =
+            Masker::for_job(options.masked_phrases.iter(), &options.token_prefixes, !options.only_personal_tokens)?;
         Ok(JobTrace {
             state: Arc::new(Mutex::new(TraceState {
                 masker,
@@ -342,6 +345,7 @@ mod tests {
             token_prefixes: Vec::new(),
             output_limit_kib: limit_kib,
             timestamps: false,
+            only_personal_tokens: false,
         })
         .expect("patterns compile")
     }
