@@ -12,6 +12,7 @@ pub mod health;
 pub mod observe;
 pub mod persist;
 mod received;
+pub mod requests;
 mod resume;
 pub mod signals;
 pub mod slots;
@@ -27,6 +28,7 @@ use crate::autoscaler::ReserveError;
 use crate::executor::ExecutorFeatures;
 use crate::gitlab::client::{FeaturesInfo, GitLabClient, RequestJobResult, RunnerCredentials, VersionInfo};
 use crate::job::{JobControl, JobEnvironment};
+use crate::payload::flags;
 use crate::store::jobs::{JobStore, StoreSettings};
 use crate::trace::format::RunnerIdentity;
 use crate::trace::upload::UploadConfig;
@@ -34,6 +36,7 @@ use crate::trace::FailureReason;
 use health::{HealthBoard, PendingRunner, RunnerEntry, Unusable};
 use observe::ProcessingFailure;
 use received::{fail_bad_payload, run_received, Reservation};
+use requests::RequestGate;
 use slots::SlotAllocator;
 
 /// Everything the manager needs about one `[[runners]]` entry.
@@ -174,6 +177,8 @@ struct Runner {
     info: VersionInfo,
     limit: Arc<Semaphore>,
     slots: Arc<SlotAllocator>,
+    /// How many job requests may be in flight (`request_concurrency`, adaptive by default).
+    requests: RequestGate,
 }
 
 /// Capacity for one job: a global and a runner permit.
@@ -285,11 +290,13 @@ fn make_runner(r: RunnerSettings, client: &Arc<GitLabClient>) -> Arc<Runner> {
     let info = VersionInfo::this_runner(name, &r.env.settings.shell, features(executor.features()));
     let limit = if r.limit == 0 { Semaphore::MAX_PERMITS } else { r.limit };
     let runner_client = r.client.clone().unwrap_or_else(|| client.clone());
+    let adaptive = flags::resolve(flags::ADAPTIVE_REQUEST_CONCURRENCY, &r.env.settings.feature_flags, None);
     Arc::new(Runner {
         info,
         client: runner_client,
         limit: Arc::new(Semaphore::new(limit)),
         slots: Arc::default(),
+        requests: RequestGate::new(r.request_concurrency, adaptive),
         settings: r,
     })
 }
@@ -512,6 +519,19 @@ async fn poll(
             _ = stop_requesting.cancelled() => return,
         };
         drop((capacity, limit));
+        let hard = runner.requests.hard_limit();
+        match runner.requests.acquire() {
+            Ok(limits) => observer.requests(me, hard, limits, false),
+            Err(limits) => {
+                // Over the (adaptive) request limit: this poller sits out a check interval.
+                observer.requests(me, hard, limits, true);
+                if !sleep_or_stop(check, &stop_requesting).await {
+                    return;
+                }
+                continue;
+            }
+        }
+        let admitted = Admitted { gate: &runner.requests, answer: requests::Answer::Empty };
         // A fleet runner asks only with a slot reserved (in preemptive mode: an idle slot
         // on a ready instance), and gives it back when GitLab has nothing.
         let reservation = match &runner.settings.fleet {
@@ -533,15 +553,16 @@ async fn poll(
             }
         };
         observer.fed(me, true);
-        observer.request_in_flight(me, true);
         let result = tokio::select! {
             r = runner.client.request_job(&runner.settings.credentials, &runner.info) => r,
-            _ = stop_requesting.cancelled() => {
-                observer.request_in_flight(me, false);
-                return;
-            }
+            _ = stop_requesting.cancelled() => return,
         };
-        observer.request_in_flight(me, false);
+        let answer = match &result {
+            RequestJobResult::Job(_) | RequestJobResult::BadPayload(_) => requests::Answer::Job,
+            RequestJobResult::Unhealthy(_) | RequestJobResult::Failed(_) => requests::Answer::Failed,
+            RequestJobResult::NoJob | RequestJobResult::PollAgain => requests::Answer::Empty,
+        };
+        observer.requests(me, hard, admitted.release(answer), false);
         let reservation = match result {
             RequestJobResult::Job(_) => reservation,
             _ => {
@@ -603,6 +624,29 @@ async fn poll(
                 }
             }
         }
+    }
+}
+
+/// A request admitted by a runner's [`RequestGate`], released when answered (or, when the
+/// poller stops while it waits, on drop, as an empty answer).
+struct Admitted<'a> {
+    gate: &'a RequestGate,
+    answer: requests::Answer,
+}
+
+impl Admitted<'_> {
+    /// The request was answered: release it with `answer` and say where the limits stand.
+    fn release(mut self, answer: requests::Answer) -> requests::RequestLimits {
+        self.answer = answer;
+        let limits = self.gate.release(answer);
+        std::mem::forget(self);
+        limits
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.gate.release(self.answer);
     }
 }
 

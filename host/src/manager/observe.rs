@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use super::requests::RequestLimits;
 use crate::payload::JobInfo;
 use crate::trace::format::RunnerIdentity;
 
@@ -55,9 +56,10 @@ pub trait Observer: Send + Sync {
         let _ = (runner, fed);
     }
 
-    /// A job request of `runner` starts (`true`) or ends (`false`).
-    fn request_in_flight(&self, runner: &RunnerIdentity, started: bool) {
-        let _ = (runner, started);
+    /// A job request of `runner` was admitted, ended, or (`refused`) not made because
+    /// `limits.used` requests were in flight; `hard` is its `request_concurrency`.
+    fn requests(&self, runner: &RunnerIdentity, hard: usize, limits: RequestLimits, refused: bool) {
+        let _ = (runner, hard, limits, refused);
     }
 
     /// A runner's turn ended without running a job, or its job failed.

@@ -45,8 +45,6 @@ struct Inner {
     health: Option<Arc<HealthBoard>>,
     /// Jobs running now, by job ID.
     running: BTreeMap<i64, RunningJob>,
-    /// Job requests in flight, by runner short token.
-    in_flight: BTreeMap<String, i64>,
 }
 
 /// Shared metrics state. Cheap to clone.
@@ -102,15 +100,15 @@ impl Metrics {
             for kind in ["no_free_executor", "job_failure", "other"] {
                 f.worker_processing_failures.with_label_values(&[kind, &short, &r.name, &sid]).inc_by(0);
             }
+            // The request-concurrency gauges are set by the pollers (the observer); until the
+            // first request, the configured limit and nothing in flight.
             let pair = [short.as_str(), sid.as_str()];
             let requests = i64::try_from(r.request_concurrency).unwrap_or(i64::MAX);
-            // Runway's pollers are fixed: the limit used is always the configured one, and
-            // a request above it is never made.
             f.request_concurrency_hard_limit.with_label_values(&pair).set(requests);
-            f.request_concurrency_adaptive_limit.with_label_values(&pair).set(requests as f64);
-            f.request_concurrency_used_limit.with_label_values(&pair).set(requests);
             f.request_concurrency_exceeded.with_label_values(&pair).inc_by(0);
             f.request_concurrency.with_label_values(&pair).add(0);
+            f.request_concurrency_adaptive_limit.with_label_values(&pair).add(0.0);
+            f.request_concurrency_used_limit.with_label_values(&pair).add(0);
         }
     }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::{Metrics, RunningJob};
 use crate::manager::observe::{FinishedJob, Observer, ProcessingFailure};
+use crate::manager::requests::RequestLimits;
 use crate::payload::JobInfo;
 use crate::trace::format::RunnerIdentity;
 
@@ -21,12 +22,17 @@ impl Observer for Metrics {
         family.with_label_values(&[&runner.short_token, &runner.name, &runner.system_id]).inc();
     }
 
-    fn request_in_flight(&self, runner: &RunnerIdentity, started: bool) {
-        let Ok(mut inner) = self.inner.lock() else { return };
-        let n = inner.in_flight.entry(runner.short_token.clone()).or_default();
-        *n = if started { *n + 1 } else { (*n - 1).max(0) };
-        let n = *n;
-        self.families.request_concurrency.with_label_values(&[&runner.short_token, &runner.system_id]).set(n);
+    fn requests(&self, runner: &RunnerIdentity, hard: usize, limits: RequestLimits, refused: bool) {
+        let f = &self.families;
+        let labels = [runner.short_token.as_str(), runner.system_id.as_str()];
+        let int = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        f.request_concurrency.with_label_values(&labels).set(int(limits.in_flight));
+        f.request_concurrency_hard_limit.with_label_values(&labels).set(int(hard));
+        f.request_concurrency_adaptive_limit.with_label_values(&labels).set(limits.adaptive);
+        f.request_concurrency_used_limit.with_label_values(&labels).set(int(limits.used));
+        if refused {
+            f.request_concurrency_exceeded.with_label_values(&labels).inc();
+        }
     }
 
     fn processing_failure(&self, runner: &RunnerIdentity, failure: ProcessingFailure) {

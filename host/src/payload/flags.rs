@@ -18,6 +18,9 @@ pub const TIMESTAMPS: &str = "FF_TIMESTAMPS";
 pub const EXPORT_HIGH_CARDINALITY_METRICS: &str = "FF_EXPORT_HIGH_CARDINALITY_METRICS";
 /// `FF_USE_EXPONENTIAL_BACKOFF_STAGE_RETRY`: stage retries wait 5 s doubling to 5 min.
 pub const EXPONENTIAL_BACKOFF_STAGE_RETRY: &str = "FF_USE_EXPONENTIAL_BACKOFF_STAGE_RETRY";
+/// `FF_USE_ADAPTIVE_REQUEST_CONCURRENCY`: job requests in flight adapt between 1 and
+/// `request_concurrency`.
+pub const ADAPTIVE_REQUEST_CONCURRENCY: &str = "FF_USE_ADAPTIVE_REQUEST_CONCURRENCY";
 /// `FF_MASK_ALL_DEFAULT_TOKENS`: GitLab's token prefixes are masked in every job log.
 pub const MASK_ALL_DEFAULT_TOKENS: &str = "FF_MASK_ALL_DEFAULT_TOKENS";
 
@@ -120,10 +123,10 @@ pub const FLAGS: &[Flag] = &[
     ),
     flag(EXPONENTIAL_BACKOFF_STAGE_RETRY, true, Honoured, "stage retries wait 5 s doubling to 5 min (off: 1 s to 5 s)"),
     flag(
-        "FF_USE_ADAPTIVE_REQUEST_CONCURRENCY",
+        ADAPTIVE_REQUEST_CONCURRENCY,
         true,
-        DefaultOnly,
-        "request_concurrency pollers are fixed, never adaptive",
+        Honoured,
+        "requests in flight adapt between 1 and request_concurrency (+10 % on a job, -5 % on none, halved on failure)",
     ),
     flag("FF_USE_GITALY_CORRELATION_ID", true, DefaultOnly, "git requests carry no correlation header"),
     flag("FF_USE_GIT_PROACTIVE_AUTH", false, DefaultOnly, "git authenticates when asked"),
