@@ -35,6 +35,9 @@ pub enum Support {
     /// The flag belongs to something Runway does not have (an executor, a platform, a
     /// subsystem): accepted, without effect.
     NotApplicable,
+    /// Runway reaches the same result another way, whatever the value; setting it is
+    /// accepted, without effect.
+    Differs,
 }
 
 /// One flag.
@@ -54,7 +57,7 @@ const fn flag(name: &'static str, default: bool, support: Support, note: &'stati
     Flag { name, default, support, note }
 }
 
-use Support::{DefaultOnly, Honoured, NotApplicable};
+use Support::{DefaultOnly, Differs, Honoured, NotApplicable};
 
 /// Every flag of gitlab-runner 19.x (`helpers/featureflags/flags.go`), in its order.
 pub const FLAGS: &[Flag] = &[
@@ -103,7 +106,12 @@ pub const FLAGS: &[Flag] = &[
     flag("FF_USE_DUMB_INIT_WITH_KUBERNETES_EXECUTOR", false, NotApplicable, "kubernetes executor"),
     flag("FF_USE_INIT_WITH_DOCKER_EXECUTOR", false, DefaultOnly, "docker executor: containers run without --init"),
     flag("FF_LOG_IMAGES_CONFIGURED_FOR_JOB", false, DefaultOnly, "images are not logged by the manager"),
-    flag("FF_USE_DOCKER_AUTOSCALER_DIAL_STDIO", true, DefaultOnly, "docker-autoscaler reaches the engine over SSH"),
+    flag(
+        "FF_USE_DOCKER_AUTOSCALER_DIAL_STDIO",
+        true,
+        Differs,
+        "docker-autoscaler forwards the engine's socket over SSH, as gitlab-runner with the flag off: the same engine is reached",
+    ),
     flag("FF_CLEAN_UP_FAILED_CACHE_EXTRACT", false, Honoured, "a cache that fails to extract is removed"),
     flag("FF_USE_WINDOWS_JOB_OBJECT", false, NotApplicable, "Windows"),
     flag(TIMESTAMPS, true, Honoured, "per-line timestamps in the job log"),
@@ -131,7 +139,12 @@ pub const FLAGS: &[Flag] = &[
     flag("FF_USE_GITALY_CORRELATION_ID", true, DefaultOnly, "git requests carry no correlation header"),
     flag("FF_USE_GIT_PROACTIVE_AUTH", false, DefaultOnly, "git authenticates when asked"),
     flag("FF_HASH_CACHE_KEYS", false, Honoured, "cache keys hashed (SHA-256) in paths and object names"),
-    flag("FF_ENABLE_JOB_INPUTS_INTERPOLATION", true, DefaultOnly, "job inputs are not interpolated"),
+    flag(
+        "FF_ENABLE_JOB_INPUTS_INTERPOLATION",
+        true,
+        NotApplicable,
+        "Runway does not advertise job_inputs, so GitLab sends a job no inputs to interpolate",
+    ),
     flag("FF_USE_JOB_ROUTER", false, DefaultOnly, "jobs are requested from GitLab directly"),
     flag("FF_SCRIPT_TO_STEP_MIGRATION", false, NotApplicable, "steps"),
     flag("FF_USE_PARALLEL_CACHE_TRANSFER", false, DefaultOnly, "caches move in one stream"),
@@ -188,7 +201,10 @@ pub fn notice_unsupported<'a>(set: impl IntoIterator<Item = (&'a str, bool)>) ->
             None => format!("{name} is not a feature flag of gitlab-runner 19 (ignored)"),
             Some(f) if f.support == Honoured => continue,
             Some(f) if f.support == DefaultOnly && value == f.default => continue,
-            Some(f) if f.support == NotApplicable && !value => continue,
+            Some(f) if f.support == NotApplicable && value == f.default => continue,
+            Some(f) if f.support == Differs => {
+                format!("{name}={value} has no effect in Runway ({})", f.note)
+            }
             Some(f) => format!("{name}={value} is not supported by Runway ({}): ignored", f.note),
         };
         if noticed.insert(name.to_string()) {
@@ -239,6 +255,7 @@ mod tests {
                     Honoured => "honoured",
                     DefaultOnly => "default only",
                     NotApplicable => "not applicable",
+                    Differs => "differs",
                 };
                 format!("| `{}` | {} | {status} | {} |", f.name, f.default, f.note)
             })
