@@ -131,6 +131,7 @@ impl World {
                 final_backoff_max: Duration::from_millis(500),
                 ..UploadConfig::default()
             },
+            ..ManagerSettings::default()
         };
         let shutdown = Shutdown::default();
         let manager = Manager::new(settings, vec![runner], Arc::new(client), shutdown.clone());
