@@ -505,3 +505,7 @@ fn find_delete(dir: &str, kind: &str, name: &str) -> String {
     let dir = quote(dir);
     format!("if [ -d {dir} ]; then find {dir} -type {kind} -name {} -delete; fi\n", quote(name))
 }
+
+#[cfg(test)]
+#[path = "git_tests.rs"]
+mod tests;
