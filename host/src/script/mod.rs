@@ -386,6 +386,16 @@ impl JobPlan {
     fn value(&self, key: &str) -> Option<&str> {
         self.variables.iter().rev().find(|v| v.key == key).map(|v| v.value.as_str())
     }
+    /// gitlab-runner's `Variables.Get`: a variable's value, or the path of a file variable's
+    /// file (what `$NAME` means in cache keys, policies and paths).
+    fn get(&self, key: &str) -> Option<String> {
+        let var = self.variables.iter().rev().find(|v| v.key == key)?;
+        Some(if var.file {
+            variables::file_path(&self.tmp_dir.display().to_string(), &var.key)
+        } else {
+            var.value.clone()
+        })
+    }
     /// Whether feature flag `name` is on for this job (the runner's `feature_flags`, then the
     /// job's variable, then gitlab-runner's default).
     pub fn feature_flag(&self, name: &str) -> bool {
@@ -539,7 +549,7 @@ impl JobPlan {
                 continue;
             }
             if v.file {
-                let path = format!("{tmp}/{}", v.key);
+                let path = variables::file_path(&tmp, &v.key);
                 out.push_str(&format!("printf '%s' {} > {}\n", quote(&v.value), quote(&path)));
                 out.push_str(&format!("export {}={}\n", v.key, quote(&path)));
             } else if v.key == "CI_JOB_STATUS" {
