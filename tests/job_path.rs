@@ -160,6 +160,12 @@ async fn jobs_clone_fetch_mask_and_run_after_script() {
     assert!(raw.lines().all(|l| stamp.is_match(l)), "{raw}");
     assert!(raw.lines().any(|l| l.contains(" 00O ") && l.contains("Running with runway")), "{raw}");
     assert!(raw.lines().any(|l| l.contains(" 01O secret is [MASKED]")), "{raw}");
+    // FF_USE_GITALY_CORRELATION_ID (on by default): the clone carries the correlation ID
+    // GitLab gave the job request, and the log names it.
+    let clone = w.fake.requests().into_iter().find(|r| r.path.ends_with("/info/refs")).expect("a clone");
+    let correlation = clone.header("x-gitaly-correlation-id").expect("correlation header").to_string();
+    assert_eq!(correlation.len(), 32, "{correlation}");
+    assert!(text.contains(&format!("Gitaly correlation ID: {correlation}")), "{text}");
 
     // A second job of the same project fetches into the same directory and sees the new commit.
     w.fake.commit_files("group/project", "main", &[("data.txt", "v2\n")], "second");

@@ -21,6 +21,10 @@ pub const EXPONENTIAL_BACKOFF_STAGE_RETRY: &str = "FF_USE_EXPONENTIAL_BACKOFF_ST
 /// `FF_USE_ADAPTIVE_REQUEST_CONCURRENCY`: job requests in flight adapt between 1 and
 /// `request_concurrency`.
 pub const ADAPTIVE_REQUEST_CONCURRENCY: &str = "FF_USE_ADAPTIVE_REQUEST_CONCURRENCY";
+/// `FF_USE_GITALY_CORRELATION_ID`: clones send the job request's correlation ID to Gitaly.
+pub const GITALY_CORRELATION_ID: &str = "FF_USE_GITALY_CORRELATION_ID";
+/// `FF_USE_GIT_BUNDLE_URIS`: clones may start from bundles GitLab advertises.
+pub const GIT_BUNDLE_URIS: &str = "FF_USE_GIT_BUNDLE_URIS";
 /// `FF_MASK_ALL_DEFAULT_TOKENS`: GitLab's token prefixes are masked in every job log.
 pub const MASK_ALL_DEFAULT_TOKENS: &str = "FF_MASK_ALL_DEFAULT_TOKENS";
 
@@ -101,7 +105,7 @@ pub const FLAGS: &[Flag] = &[
     flag("FF_USE_ADVANCED_POD_SPEC_CONFIGURATION", false, NotApplicable, "kubernetes executor"),
     flag("FF_SECRET_RESOLVING_FAILS_IF_MISSING", true, NotApplicable, "external secrets (Vault, ...) are not resolved"),
     flag("FF_PRINT_POD_EVENTS", false, NotApplicable, "kubernetes executor"),
-    flag("FF_USE_GIT_BUNDLE_URIS", true, DefaultOnly, "clones never use bundle URIs"),
+    flag(GIT_BUNDLE_URIS, true, Honoured, "git fetches with transfer.bundleURI"),
     flag("FF_USE_GIT_NATIVE_CLONE", false, DefaultOnly, "sources are always fetched with init + fetch"),
     flag("FF_USE_DUMB_INIT_WITH_KUBERNETES_EXECUTOR", false, NotApplicable, "kubernetes executor"),
     flag("FF_USE_INIT_WITH_DOCKER_EXECUTOR", false, DefaultOnly, "docker executor: containers run without --init"),
@@ -136,7 +140,12 @@ pub const FLAGS: &[Flag] = &[
         Honoured,
         "requests in flight adapt between 1 and request_concurrency (+10 % on a job, -5 % on none, halved on failure)",
     ),
-    flag("FF_USE_GITALY_CORRELATION_ID", true, DefaultOnly, "git requests carry no correlation header"),
+    flag(
+        GITALY_CORRELATION_ID,
+        true,
+        Honoured,
+        "git sends X-Gitaly-Correlation-ID with the job request's correlation ID",
+    ),
     flag("FF_USE_GIT_PROACTIVE_AUTH", false, DefaultOnly, "git authenticates when asked"),
     flag("FF_HASH_CACHE_KEYS", false, Honoured, "cache keys hashed (SHA-256) in paths and object names"),
     flag(

@@ -45,6 +45,11 @@ where
 pub struct JobResponse {
     /// The job ID.
     pub id: i64,
+    /// The correlation ID of the job request that handed the job out (GitLab's `X-Request-Id`
+    /// answer); not part of the payload. Sent to Gitaly with the job's clone
+    /// (`FF_USE_GITALY_CORRELATION_ID`).
+    #[serde(skip)]
+    pub request_correlation_id: String,
     /// The job token: authenticates trace, update, artifact and git calls for this job.
     pub token: String,
     /// May the runner fetch into an existing checkout (`GIT_STRATEGY: fetch`)?

@@ -13,6 +13,7 @@ use url::Url;
 
 use super::shell::{echo_info, echo_warning, quote};
 use super::{user_lines, GitStrategy, JobPlan};
+use crate::payload::flags;
 
 /// The template directory, under the job's temporary directory.
 const GIT_TEMPLATE_DIR: &str = "git-template";
@@ -232,6 +233,18 @@ impl JobPlan {
         out.push_str(&format!("rm -f {}\n", quote(&ext)));
         // The file may hold the token: only the job's user reads it.
         out.push_str(&format!("(umask 077 && touch {})\n", quote(&ext)));
+        let correlation = &self.job.request_correlation_id;
+        if self.feature_flag(flags::GITALY_CORRELATION_ID) && !correlation.is_empty() {
+            out.push_str(&format!(
+                "git config -f {} http.extraHeader {}\n",
+                quote(&ext),
+                quote(&format!("X-Gitaly-Correlation-ID: {correlation}"))
+            ));
+            out.push_str(&echo_info(&format!("Gitaly correlation ID: {correlation}")));
+        }
+        if self.feature_flag(flags::GIT_BUNDLE_URIS) {
+            out.push_str(&format!("git config -f {} transfer.bundleURI true\n", quote(&ext)));
+        }
         for (with, without) in self.instead_ofs() {
             out.push_str(&format!(
                 "git config --file {} --replace-all {} {} {}\n",

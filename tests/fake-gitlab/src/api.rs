@@ -90,8 +90,15 @@ impl Incoming {
     }
 }
 
-/// Records the request with the status it got and returns the response.
-pub(crate) fn finish(shared: &Shared, req: &Incoming, response: Response) -> Response {
+/// Records the request with the status it got and returns the response, with the
+/// correlation ID GitLab gives every response (`X-Request-Id`).
+pub(crate) fn finish(shared: &Shared, req: &Incoming, mut response: Response) -> Response {
+    if !response.headers().contains_key("x-request-id") {
+        let id = format!("{:032x}", rand::random::<u128>());
+        if let Ok(value) = axum::http::HeaderValue::from_str(&id) {
+            response.headers_mut().insert("x-request-id", value);
+        }
+    }
     let logged = LoggedRequest {
         method: req.method.to_string(),
         path: req.uri.path().to_string(),

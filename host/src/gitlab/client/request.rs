@@ -93,6 +93,10 @@ impl GitLabClient {
                 Err(e) => return RequestJobResult::Unhealthy(format!("request_job: {e}")),
             };
         self.remember_last_update(&base, &creds.token, response.headers());
+        // GitLab's correlation ID for the request; one of our own when it gives none.
+        let correlation_id = header_str(response.headers(), "x-request-id")
+            .map(str::to_string)
+            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         match response.status() {
             StatusCode::CREATED => {
                 let is_json = header_str(response.headers(), "content-type").is_some_and(|t| t.contains("json"));
@@ -109,7 +113,10 @@ impl GitLabClient {
                     return RequestJobResult::Failed("request_job: 201 response is not JSON".into());
                 }
                 match JobResponse::from_json(&raw) {
-                    Ok(job) => RequestJobResult::Job(Box::new(ReceivedJob { raw, job })),
+                    Ok(mut job) => {
+                        job.request_correlation_id = correlation_id;
+                        RequestJobResult::Job(Box::new(ReceivedJob { raw, job }))
+                    }
                     Err(error) => match BadJob::identify(&raw, error.to_string()) {
                         Some(bad) => RequestJobResult::BadPayload(Box::new(bad)),
                         None => RequestJobResult::Failed("request_job: 201 payload has no job id and token".into()),
