@@ -14,6 +14,7 @@ mod received;
 mod resume;
 pub mod signals;
 pub mod slots;
+pub mod ssh_host;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -78,6 +78,9 @@ pub struct ScriptSettings {
     /// `runway exec`: artifacts are kept in `<dir>/<job name>/` instead of uploaded, and
     /// dependencies' are read from there.
     pub local_artifacts_dir: Option<PathBuf>,
+    /// The host name the job reports ("Running on <machine> via <hostname>..."), as a custom
+    /// executor's `config_exec` sets it; `None`: the machine's only.
+    pub hostname: Option<String>,
 }
 
 /// A stage of a job, in GitLab's vocabulary.
@@ -348,6 +351,10 @@ impl JobPlan {
     pub fn project_dir(&self) -> &Path {
         &self.project_dir
     }
+    /// The settings the job was planned under.
+    pub fn settings(&self) -> &ScriptSettings {
+        &self.settings
+    }
     /// The builds root (`CI_BUILDS_DIR`).
     pub fn builds_dir(&self) -> &Path {
         match &self.settings.project_dir_override {
@@ -456,7 +463,13 @@ impl JobPlan {
                 for warning in &self.warnings {
                     body.push_str(&echo_warning(warning));
                 }
-                body.push_str("echo \"Running on $(hostname 2>/dev/null || uname -n)...\"\n");
+                match &self.settings.hostname {
+                    Some(name) => body.push_str(&format!(
+                        "echo \"Running on $(hostname 2>/dev/null || uname -n) via \"{}\"...\"\n",
+                        quote(name)
+                    )),
+                    None => body.push_str("echo \"Running on $(hostname 2>/dev/null || uname -n)...\"\n"),
+                }
             }
             BuildStage::GetSources => body.push_str(&self.get_sources()),
             BuildStage::RestoreCache => body.push_str(&self.restore_cache()?),
