@@ -50,6 +50,8 @@ pub enum Command {
     Unregister(runners::UnregisterArgs),
     /// List the runners in config.toml.
     List,
+    /// Validate config.toml: errors and unknown keys fail; unsupported keys are listed.
+    Lint,
     /// Replay a job trace against the autoscaler policy of config.toml on a virtual clock:
     /// queue wait percentiles, instance-hours, idle share, creations per job.
     Simulate {
@@ -88,7 +90,13 @@ pub enum Command {
 fn init_logging(level: Option<&str>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.unwrap_or("info")));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(crate::metrics::ErrorCounter)
+        .try_init();
 }
 
 /// Parse arguments and run the verb; the exit code is the verb's.
@@ -112,6 +120,7 @@ pub fn main() -> ExitCode {
             Command::Verify { delete } => runners::verify(&config_path, delete).await,
             Command::Unregister(args) => runners::unregister(args, &config_path).await,
             Command::List => runners::list(&config_path),
+            Command::Lint => runners::lint(&config_path),
             Command::Simulate { trace, provider, svg } => {
                 let report = crate::autoscaler::simulate::simulate_command(
                     &config_path,
