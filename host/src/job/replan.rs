@@ -87,3 +87,44 @@ impl Reconfigure for Replanner {
         Ok(replanned)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> JobResponse {
+        serde_json::from_str(include_str!("../../../tests/fixtures/job-response-example.json")).expect("fixture")
+    }
+
+    fn settings() -> ScriptSettings {
+        ScriptSettings {
+            builds_dir: PathBuf::from("/runner/builds"),
+            cache_dir: PathBuf::from("/runner/cache"),
+            shell: "bash".into(),
+            ..ScriptSettings::default()
+        }
+    }
+
+    #[test]
+    fn overrides_move_the_plan_and_its_variables_until_closed() {
+        let replanner = Replanner::new(&job(), &settings());
+        let overrides = JobOverrides {
+            builds_dir: Some("/driver/builds".into()),
+            cache_dir: Some("/driver/cache".into()),
+            hostname: Some("vm-1".into()),
+            ..JobOverrides::default()
+        };
+        let planned = replanner.reconfigure(overrides.clone()).expect("replanned");
+        assert_eq!((planned.builds_dir.as_str(), planned.cache_dir.as_str()), ("/driver/builds", "/driver/cache"));
+        assert!(planned.project_dir.starts_with("/driver/builds/"), "{}", planned.project_dir);
+        let value = |key: &str| planned.variables.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        assert_eq!(value("CI_PROJECT_DIR").as_deref(), Some(planned.project_dir.as_str()));
+        assert_eq!(value("CI_BUILDS_DIR").as_deref(), Some("/driver/builds"));
+        let shell = JobOverrides { shell: Some("fish".into()), ..JobOverrides::default() };
+        assert!(replanner.reconfigure(shell).expect_err("unsupported shell").contains("fish"));
+        let plan = replanner.close().expect("the last good plan");
+        assert_eq!(plan.builds_dir(), Path::new("/driver/builds"));
+        assert_eq!(plan.settings().hostname.as_deref(), Some("vm-1"));
+        assert!(replanner.reconfigure(overrides).is_err(), "closed once the executor is prepared");
+    }
+}
