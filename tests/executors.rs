@@ -147,6 +147,10 @@ force_kill_timeout = 5
     assert!(prepared.contains("BUILD_FAILURE_EXIT_CODE=1") && prepared.contains("SYSTEM_FAILURE_EXIT_CODE=2"));
     assert!(prepared.contains(&format!("DRIVER_STATE={}", job_state.display())), "job_env: {prepared}");
     let cwd = std::fs::read_to_string(job_state.join("prepare.cwd")).expect("cwd");
+    assert!(prepared.contains(&format!("JOB_RESPONSE_FILE={}/response.json", cwd.trim())), "{prepared}");
+    let response: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(job_state.join("response.json")).expect("response")).expect("json");
+    assert_eq!(response["id"], serde_json::json!(ok), "JOB_RESPONSE_FILE holds the job: {response}");
     assert!(prepared.contains(&format!("TMPDIR={}", cwd.trim())), "drivers run in their TMPDIR: {prepared}");
     let stages = std::fs::read_to_string(job_state.join("stages")).expect("stages");
     let stages: Vec<&str> = stages.lines().collect();

@@ -10,3 +10,9 @@ pub use crate::bindings::executor::runway::host0_3_0::job_config::{Overrides, Pl
 pub fn reconfigure(overrides: &Overrides) -> Result<Planned, String> {
     wit::reconfigure(overrides)
 }
+
+/// The job as GitLab sent it, as JSON (it holds the job's token: keep it private); `None`
+/// outside a job's preparation.
+pub fn response() -> Option<String> {
+    wit::response()
+}

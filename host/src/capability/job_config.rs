@@ -42,6 +42,9 @@ pub struct Replanned {
 pub trait Reconfigure: Send + Sync {
     /// Plan again with `overrides`, or say why they cannot be used.
     fn reconfigure(&self, overrides: JobOverrides) -> Result<Replanned, String>;
+
+    /// The job as GitLab sent it, as JSON.
+    fn response(&self) -> Option<String>;
 }
 
 impl Host for JobView<'_> {
@@ -57,5 +60,9 @@ impl Host for JobView<'_> {
             cache_dir: p.cache_dir,
             variables: p.variables,
         }))
+    }
+
+    async fn response(&mut self) -> wasmtime::Result<Option<String>> {
+        Ok(self.call.reconfigure.as_ref().and_then(|r| r.response()))
     }
 }

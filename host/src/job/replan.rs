@@ -86,6 +86,10 @@ impl Reconfigure for Replanner {
         }
         Ok(replanned)
     }
+
+    fn response(&self) -> Option<String> {
+        serde_json::to_string(&self.job).ok()
+    }
 }
 
 #[cfg(test)]
@@ -126,5 +130,7 @@ mod tests {
         assert_eq!(plan.builds_dir(), Path::new("/driver/builds"));
         assert_eq!(plan.settings().hostname.as_deref(), Some("vm-1"));
         assert!(replanner.reconfigure(overrides).is_err(), "closed once the executor is prepared");
+        let response: serde_json::Value = serde_json::from_str(&replanner.response().expect("json")).expect("parses");
+        assert_eq!(response["id"], serde_json::json!(job().id));
     }
 }

@@ -10,7 +10,8 @@
 //! 4. `cleanup_exec` (optional), whatever happened before.
 //!
 //! Every driver runs in a temporary directory of the job (also its `TMPDIR`) with
-//! `BUILD_FAILURE_EXIT_CODE`, `SYSTEM_FAILURE_EXIT_CODE`, `BUILD_EXIT_CODE_FILE` and every job
+//! `BUILD_FAILURE_EXIT_CODE`, `SYSTEM_FAILURE_EXIT_CODE`, `BUILD_EXIT_CODE_FILE`,
+//! `JOB_RESPONSE_FILE` (the job's JSON, mode 0600) and every job
 //! variable as `CUSTOM_ENV_<name>` (`CUSTOM_ENV_CI_JOB_SERVICES` included). Exit code
 //! `BUILD_FAILURE_EXIT_CODE` (1) is a script failure (with the code written to
 //! `BUILD_EXIT_CODE_FILE` when there is one), `SYSTEM_FAILURE_EXIT_CODE` (2) a system failure,
@@ -121,6 +122,8 @@ struct CustomEnvironment {
     env: Vec<(String, String)>,
     /// Stage scripts written so far (names the next one's directory).
     scripts: Cell<u32>,
+    /// `JOB_RESPONSE_FILE`, when the host gave the job's JSON.
+    response_file: Option<String>,
 }
 
 fn plain_error(e: PlainProcessError) -> ExecutorError {
@@ -188,6 +191,7 @@ impl CustomEnvironment {
                 ("SYSTEM_FAILURE_EXIT_CODE".into(), SYSTEM_FAILURE_EXIT_CODE.to_string()),
                 ("BUILD_EXIT_CODE_FILE".into(), self.exit_code_file()),
             ])
+            .envs(self.response_file.iter().map(|f| ("JOB_RESPONSE_FILE".to_string(), f.clone())))
             .envs(self.env.iter().cloned())
     }
 
@@ -293,11 +297,22 @@ impl Executor for Custom {
         let services = details.as_ref().map(services_json).unwrap_or_default();
         let variables: Vec<(String, String)> =
             details.map(|d| d.variables.into_iter().map(|v| (v.key, v.value)).collect()).unwrap_or_default();
+        // The job's JSON, private to the runner's user, as gitlab-runner's response.json.
+        let response_file = match job_config::response() {
+            Some(json) => {
+                let path = format!("{temp_dir}/response.json");
+                remote::upload(&path, json.as_bytes(), 0o600)
+                    .map_err(|e| ExecutorError::Unavailable(format!("writing {path}: {e:?}")))?;
+                Some(path)
+            }
+            None => None,
+        };
         let mut env = CustomEnvironment {
             config: config.clone(),
             temp_dir,
             env: custom_env(&variables, &services),
             scripts: Cell::new(0),
+            response_file,
         };
         if !config.config_exec.is_empty() {
             let timeout = seconds(config.config_exec_timeout, DEFAULT_EXEC_TIMEOUT);
