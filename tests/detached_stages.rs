@@ -182,6 +182,7 @@ async fn instance_session(
         keepalive: Some(Duration::from_secs(1)),
         timeout: Duration::from_secs(10),
         host_key: None,
+        known_hosts: None,
     };
     let ssh = SshSession::connect(&spec).await.unwrap_or_else(|e| panic!("connect: {e}\n{}", server.log()));
     let plugin = host.executor("instance").expect("the built-in instance executor");

@@ -25,6 +25,7 @@ fn spec(server: &SshServer, key: &ClientKey) -> ConnectSpec {
         keepalive: Some(Duration::from_secs(1)),
         timeout: Duration::from_secs(10),
         host_key: None,
+        known_hosts: None,
     }
 }
 

@@ -3,8 +3,15 @@
 /// The `runway:executor/executor-plugin` world.
 pub mod executor {
     wit_bindgen::generate!({
-        world: "runway:executor/executor-plugin@0.2.0",
-        path: ["../wit/host", "../wit/executor", "../wit/0.2.0/host", "../wit/0.2.0/executor"],
+        world: "runway:executor/executor-plugin@0.3.0",
+        path: [
+            "../wit/host",
+            "../wit/executor",
+            "../wit/0.2.0/host",
+            "../wit/0.2.0/executor",
+            "../wit/0.3.0/host",
+            "../wit/0.3.0/executor",
+        ],
         runtime_path: "::runway_sdk::wit_bindgen::rt",
         pub_export_macro: true,
         export_macro_name: "export",

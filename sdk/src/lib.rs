@@ -28,7 +28,7 @@
 //! Build with `cargo build --release --target wasm32-wasip2` and copy the `.wasm` file into
 //! the runner's `plugins_dir`. The SDK hides the generated bindings; it re-exports the WIT
 //! types under friendlier modules and wraps the host capabilities (`log`, `trace`, `process`,
-//! `kv`, `remote`, `docker`, `job`) in small idiomatic APIs.
+//! `kv`, `remote`, `docker`, `job`, `supervisor`, `job_config`) in small idiomatic APIs.
 
 #![deny(missing_docs)]
 
@@ -47,15 +47,17 @@ pub mod docker;
 pub mod executor;
 pub mod fleeting;
 pub mod job;
+pub mod job_config;
 pub mod kv;
 pub mod log;
 pub mod process;
 pub mod remote;
+pub mod supervisor;
 pub mod trace;
 
 /// Version of the WIT packages this SDK implements; the host refuses plugins whose major
 /// (or, before 1.0, minor) version differs from its own.
-pub const API_VERSION: &str = "0.2.0";
+pub const API_VERSION: &str = "0.3.0";
 
 #[doc(hidden)]
 pub mod meta {
@@ -93,7 +95,7 @@ macro_rules! __embed_metadata {
             "version=",
             env!("CARGO_PKG_VERSION"),
             "\n",
-            "api=0.2.0\n",
+            "api=0.3.0\n",
             "description=",
             $description,
             "\n",

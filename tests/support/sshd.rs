@@ -121,6 +121,14 @@ impl SshServer {
         format!("{}:{}", self.addr, self.port)
     }
 
+    /// The server's host key as a `known_hosts` line (`[addr]:port ssh-ed25519 …`).
+    pub fn known_hosts_line(&self) -> String {
+        let public = std::fs::read_to_string(self.dir.path().join("host_ed25519.pub")).expect("host public key");
+        let mut fields = public.split_whitespace();
+        let (kind, key) = (fields.next().unwrap_or_default(), fields.next().unwrap_or_default());
+        format!("[{}]:{} {kind} {key}\n", self.addr, self.port)
+    }
+
     /// What sshd wrote.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()

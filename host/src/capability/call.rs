@@ -24,6 +24,8 @@ pub struct CallContext {
     pub remote: Option<Arc<dyn RemoteSession>>,
     /// What the job asked for beyond the executor's job record (`runway:host/job`).
     pub job: Option<Arc<JobDetails>>,
+    /// Plans the job again for `runway:host/job-config` (only while it is prepared).
+    pub reconfigure: Option<Arc<dyn crate::capability::job_config::Reconfigure>>,
 }
 
 /// Wasm execution time allowed per call. Time spent inside host capabilities that wait on

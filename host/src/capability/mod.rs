@@ -16,10 +16,12 @@ pub mod call;
 pub mod docker;
 pub mod http;
 pub mod job;
+pub mod job_config;
 pub mod kv;
 pub mod log;
 pub mod process;
 pub mod remote;
+pub mod supervisor;
 pub mod trace;
 
 pub use call::{CallBudget, CallContext};

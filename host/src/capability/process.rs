@@ -74,6 +74,21 @@ impl ProcessCtx {
     pub fn new(plugin: Arc<str>, allow_process: bool, max_buffer: usize) -> Self {
         ProcessCtx { plugin, allow_process, max_buffer }
     }
+
+    /// The plugin whose policy this is.
+    pub fn plugin(&self) -> &str {
+        &self.plugin
+    }
+
+    /// Does its grant allow local processes?
+    pub fn allows_process(&self) -> bool {
+        self.allow_process
+    }
+
+    /// Most bytes one call may buffer.
+    pub fn max_buffer(&self) -> usize {
+        self.max_buffer
+    }
 }
 
 /// The `process` capability as one call sees it: its policy, the call's log and stop signal,

@@ -31,7 +31,11 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the runner manager: poll GitLab and run jobs until stopped.
-    Run,
+    Run {
+        /// Run shell executor jobs as this user (over config.toml's `user`).
+        #[arg(long, short = 'u')]
+        user: Option<String>,
+    },
     /// Run .gitlab-ci.yml jobs locally through the same job path and plugins.
     Exec(exec::ExecArgs),
     /// Register a runner with GitLab and add it to config.toml.
@@ -110,7 +114,7 @@ pub fn main() -> ExitCode {
     let config_path = cli.config.clone().unwrap_or_else(crate::config::default_path);
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Run => run::run(config_path).await,
+            Command::Run { user } => run::run(config_path, user).await,
             Command::Exec(args) => exec::run(args, cli.config.as_deref()).await,
             Command::Register(args) => runners::register(args, &config_path).await,
             Command::Verify { delete } => runners::verify(&config_path, delete).await,

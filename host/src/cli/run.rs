@@ -177,6 +177,16 @@ pub async fn runner_settings(
             Some(_) => Some(fleets.get_or_start(loaded, plugins, runner, &short, system_id).await?),
             None => None,
         };
+        // The ssh executor's one host, connected per job like a fleet instance.
+        let ssh_host = match runner.executor.as_str() {
+            "ssh" if fleet.is_none() => {
+                let config = crate::config::ssh::SshConfig::from_section(runner.sections.get("ssh"))
+                    .and_then(|c| crate::manager::ssh_host::SshHost::new(&c))
+                    .map_err(|e| anyhow::anyhow!("{}: runners[{i}] ({}): {e}", loaded.path.display(), runner.name))?;
+                Some(Arc::new(config) as Arc<dyn crate::executor::InstanceSource>)
+            }
+            _ => None,
+        };
         // Each runner's own client (sharing connections unless it has TLS settings of its
         // own), so its requests are counted under its name.
         let hook = Some(api_hook(metrics, &short));
@@ -197,6 +207,8 @@ pub async fn runner_settings(
             short: short.clone(),
             cwd: cwd.clone(),
             fleet,
+            ssh_host,
+            user: loaded.config.user.clone().filter(|u| !u.is_empty()),
             client,
         });
         out.push(RunnerEntry::Pending(PendingRunner {
@@ -225,17 +237,43 @@ struct RunnerContext {
     short: String,
     cwd: PathBuf,
     fleet: Option<Arc<Fleet>>,
+    /// The host of an `ssh` executor runner.
+    ssh_host: Option<Arc<dyn crate::executor::InstanceSource>>,
+    /// The global `user` (or `--user`) shell jobs run as.
+    user: Option<String>,
     client: Option<Arc<GitLabClient>>,
 }
 
 impl RunnerContext {
+    /// The executor's section as JSON. A shell executor's gets the global `user` (unless its
+    /// `[runners.shell]` names one), as gitlab-runner runs shell jobs as that user; an ssh
+    /// executor's loses the connection keys (the host connects: the plugin never sees the
+    /// credentials).
+    fn executor_config_json(&self) -> String {
+        let json = self.runner.executor_config_json();
+        let plugin = self.runner.executor_plugin();
+        if plugin != "shell" && plugin != "ssh" {
+            return json;
+        }
+        let mut value: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|_| serde_json::json!({}));
+        if let Some(section) = value.as_object_mut() {
+            match (plugin, &self.user) {
+                ("shell", Some(user)) => {
+                    section.entry("user").or_insert_with(|| serde_json::Value::String(user.clone()));
+                }
+                ("ssh", _) => section.retain(|key, _| key == "login"),
+                _ => {}
+            }
+        }
+        value.to_string()
+    }
+
     /// Resolve the executor plugin and build the runner's settings from what it says.
     async fn resolve(&self) -> Result<RunnerSettings, Unusable> {
         let runner = &self.runner;
-        let executor =
-            ResolvedExecutor::resolve(&self.plugins, runner.executor_plugin(), &runner.executor_config_json())
-                .await
-                .map_err(|e| Unusable::new(&format!("{}: executor {:?}: {e}", self.where_, runner.executor)))?;
+        let executor = ResolvedExecutor::resolve(&self.plugins, runner.executor_plugin(), &self.executor_config_json())
+            .await
+            .map_err(|e| Unusable::new(&format!("{}: executor {:?}: {e}", self.where_, runner.executor)))?;
         let store = match self.stores.open(&self.store).await {
             Ok(store) => store,
             Err(e) => return Err(Unusable::new(&format!("{}: job store: {e}", self.where_))),
@@ -244,7 +282,7 @@ impl RunnerContext {
         let shell = runner.shell.clone().unwrap_or_else(|| executor.info.default_shell.clone());
         // On a fleet, directories are the instance's: relative ones stay relative to the
         // login user's home there.
-        let (builds_dir, cache_dir) = if self.fleet.is_some() {
+        let (builds_dir, cache_dir) = if self.fleet.is_some() || self.ssh_host.is_some() {
             (
                 PathBuf::from(runner.builds_dir.clone().unwrap_or_else(|| executor.info.default_builds_dir.clone())),
                 PathBuf::from(runner.cache_dir.clone().unwrap_or_else(|| executor.info.default_cache_dir.clone())),
@@ -294,7 +332,10 @@ impl RunnerContext {
                 executor,
                 settings,
                 identity: identity(&runner.name, &short, &self.system_id),
-                instance: None,
+                instance: self
+                    .ssh_host
+                    .clone()
+                    .map(|source| crate::executor::InstanceLease { source, key: String::new() }),
             },
             limit: runner.limit,
             request_concurrency: runner.request_concurrency,
@@ -372,9 +413,18 @@ pub fn seal_process() {
     }
 }
 
-/// Run until stopped by a signal.
-pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
-    let mut loaded = load_config(&config_path)?;
+/// Load `path`, with `--user` (when given) over its `user`.
+fn load_with_user(path: &Path, user: Option<&str>) -> anyhow::Result<Loaded> {
+    let mut loaded = load_config(path)?;
+    if let Some(user) = user {
+        loaded.config.user = Some(user.to_string());
+    }
+    Ok(loaded)
+}
+
+/// Run until stopped by a signal; shell jobs run as `user` when given (`--user`).
+pub async fn run(config_path: PathBuf, user: Option<String>) -> anyhow::Result<ExitCode> {
+    let mut loaded = load_with_user(&config_path, user.as_deref())?;
     let system_id = config::system_id(&loaded.dir())?;
     let mut plugins = plugin_host(&loaded).await?;
     plugins.watch()?;
@@ -422,7 +472,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
                 break;
             }
             Some(()) = reload_rx.recv() => {
-                let next = match load_config(&config_path) {
+                let next = match load_with_user(&config_path, user.as_deref()) {
                     Ok(next) => {
                         metrics.config_loaded(true);
                         next

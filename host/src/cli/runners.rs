@@ -111,6 +111,7 @@ fn load_or_new(path: &Path) -> anyhow::Result<Config> {
             plugins_dir: None,
             plugin_cache_dir: None,
             state_dir: None,
+            user: None,
             labels: Default::default(),
             plugins: Default::default(),
             runners: Vec::new(),

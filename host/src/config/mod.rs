@@ -11,6 +11,7 @@ pub mod duration;
 mod error;
 pub mod grant;
 pub mod limits;
+pub mod ssh;
 pub mod store;
 mod system_id;
 
@@ -69,6 +70,10 @@ pub struct Config {
     /// Runway's own state: plugin key-value data (default `<config dir>/.runway-state`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<PathBuf>,
+    /// The user shell executor jobs run as (`su -s /bin/bash <user> -c ...`), as
+    /// gitlab-runner's `user`; `runway run --user` overrides it. Unset: the runner's user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// Default labels of every runner.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,

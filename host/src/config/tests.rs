@@ -92,6 +92,7 @@ fn save_round_trips_with_mode_0600() {
         plugins_dir: None,
         plugin_cache_dir: None,
         state_dir: None,
+        user: None,
         labels: BTreeMap::new(),
         plugins: BTreeMap::from([("shell".to_string(), PluginGrant { allow_process: true, ..PluginGrant::default() })]),
         runners: vec![runner],

@@ -206,6 +206,113 @@ impl Pump<'_> {
     }
 }
 
+/// How a supervised command may run and is stopped ([`run_supervised`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Supervision {
+    /// Stop the command after this long ([`ProcessFailure::TimedOut`]).
+    pub timeout: Option<Duration>,
+    /// Time between SIGTERM and SIGKILL to the group.
+    pub graceful_kill: Duration,
+    /// Time to wait after SIGKILL before giving up on the process.
+    pub force_kill: Duration,
+    /// Capture at most this many bytes of stdout instead of streaming it.
+    pub capture_stdout: Option<usize>,
+}
+
+/// A supervised command's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SupervisedExit {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// Standard output, when captured.
+    pub stdout: Vec<u8>,
+    /// Was it cut at the cap?
+    pub truncated: bool,
+}
+
+/// Why a supervised command was stopped.
+enum Ended {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    Stopped,
+    TimedOut,
+}
+
+/// Run `cmd` under `limits` as GitLab Runner runs the custom executor's drivers: stderr (and
+/// stdout unless captured) streamed into `output`; stopped by `stop` or the command's own
+/// timeout with SIGTERM to its group, SIGKILL `graceful_kill` later, and given up on (an
+/// error naming its PID) when it is still there `force_kill` after that.
+pub async fn run_supervised(
+    cmd: &LocalCommand,
+    limits: Supervision,
+    output: &(dyn Fn(&[u8]) + Send + Sync),
+    stop: &StopSignal,
+) -> Result<SupervisedExit, ProcessFailure> {
+    if stop.is_stopped() {
+        return Err(stopped_error(stop));
+    }
+    let (writer, reader) = tokio::net::unix::pipe::pipe().map_err(pipe_error)?;
+    let writer = writer.into_blocking_fd().map_err(pipe_error)?;
+    let mut command = build(cmd);
+    match limits.capture_stdout {
+        Some(_) => command.stdout(Stdio::piped()),
+        None => command.stdout(Stdio::from(writer.try_clone().map_err(pipe_error)?)),
+    };
+    command.stderr(Stdio::from(writer));
+    let mut child = command.spawn().map_err(|e| spawn_failed(cmd, e))?;
+    drop(command);
+    let pid = child.id().unwrap_or_default();
+    let guard = GroupGuard::of(&child);
+    let captured = limits.capture_stdout.map(|cap| tokio::spawn(read_capped(child.stdout.take(), cap)));
+    write_stdin(&mut child, cmd.stdin.clone());
+    let mut pump = Pump { reader, buf: vec![0u8; 32 * 1024], eof: false, output };
+    let deadline = async {
+        match limits.timeout {
+            Some(limit) => tokio::time::sleep(limit).await,
+            None => std::future::pending().await,
+        }
+    };
+    let ended = pump
+        .during(async {
+            tokio::select! {
+                status = child.wait() => Ended::Exited(status),
+                _ = stop.stopped() => Ended::Stopped,
+                _ = deadline => Ended::TimedOut,
+            }
+        })
+        .await;
+    let timed_out = matches!(ended, Ended::TimedOut);
+    let result = match ended {
+        Ended::Exited(status) => {
+            status.map(exit_status).map_err(|e| ProcessFailure::Other(format!("waiting for process: {e}")))
+        }
+        Ended::Stopped | Ended::TimedOut => {
+            guard.signal(libc::SIGTERM);
+            let mut killed = true;
+            if tokio::time::timeout(limits.graceful_kill, pump.during(child.wait())).await.is_err() {
+                guard.signal(libc::SIGKILL);
+                killed = tokio::time::timeout(limits.force_kill, pump.during(child.wait())).await.is_ok();
+            }
+            if !killed {
+                Err(ProcessFailure::Other(format!("failed to kill process PID={pid}, likely process is dormant")))
+            } else if timed_out {
+                Err(ProcessFailure::TimedOut)
+            } else {
+                Err(stopped_error(stop))
+            }
+        }
+    };
+    if tokio::time::timeout(DRAIN_GRACE, pump.drain()).await.is_err() {
+        guard.signal(libc::SIGKILL);
+        let _ = tokio::time::timeout(DRAIN_GRACE, pump.drain()).await;
+    }
+    drop(guard);
+    let (stdout, truncated) = match captured {
+        Some(task) => task.await.unwrap_or_default(),
+        None => (Vec::new(), false),
+    };
+    result.map(|status| SupervisedExit { status, stdout, truncated })
+}
+
 /// Run `cmd`, streaming combined stdout/stderr into `output`, until it exits or `stop` fires.
 pub async fn run_streaming(
     cmd: &LocalCommand,
@@ -322,4 +429,53 @@ pub async fn run_captured(cmd: &LocalCommand, cap: usize, stop: &StopSignal) -> 
     let (stdout, t1) = stdout.await.unwrap_or_default();
     let (stderr, t2) = stderr.await.unwrap_or_default();
     Ok(Captured { status: status?, stdout, stderr, truncated: t1 || t2 })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::{run_supervised, LocalCommand, ProcessFailure, Supervision};
+    use crate::stop::StopSignal;
+
+    fn limits(timeout: Option<Duration>, capture_stdout: Option<usize>) -> Supervision {
+        Supervision {
+            timeout,
+            graceful_kill: Duration::from_secs(1),
+            force_kill: Duration::from_secs(5),
+            capture_stdout,
+        }
+    }
+
+    #[tokio::test]
+    async fn captured_stdout_is_returned_and_stderr_streamed() {
+        let streamed = Mutex::new(Vec::new());
+        let output = |bytes: &[u8]| streamed.lock().expect("lock").extend_from_slice(bytes);
+        let cmd = LocalCommand::shell("echo '{\"a\":1}'; echo to-log >&2; exit 3", None);
+        let exit = run_supervised(&cmd, limits(None, Some(1024)), &output, &StopSignal::new()).await.expect("runs");
+        assert_eq!((exit.status.code, exit.stdout.as_slice()), (3, &b"{\"a\":1}\n"[..]));
+        assert_eq!(streamed.lock().expect("lock").as_slice(), b"to-log\n");
+    }
+
+    #[tokio::test]
+    async fn a_command_ignoring_sigterm_is_killed_after_the_graceful_period() {
+        let streamed = Mutex::new(Vec::new());
+        let output = |bytes: &[u8]| streamed.lock().expect("lock").extend_from_slice(bytes);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pid_file = dir.path().join("pid");
+        let script = format!(
+            "echo $$ > {}; trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done",
+            pid_file.display()
+        );
+        let cmd = LocalCommand::shell(&script, None);
+        let result =
+            run_supervised(&cmd, limits(Some(Duration::from_millis(200)), None), &output, &StopSignal::new()).await;
+        assert_eq!(result, Err(ProcessFailure::TimedOut));
+        let text = String::from_utf8_lossy(&streamed.lock().expect("lock")).to_string();
+        assert!(text.contains("ready") && text.contains("got TERM"), "{text}");
+        let pid: i32 = std::fs::read_to_string(&pid_file).expect("pid").trim().parse().expect("number");
+        // SAFETY: signal 0 only asks whether the process exists.
+        assert_ne!(unsafe { libc::kill(pid, 0) }, 0, "SIGKILL ended what SIGTERM did not");
+    }
 }

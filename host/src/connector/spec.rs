@@ -111,7 +111,7 @@ impl ConnectorDefaults {
             0 => self.timeout,
             s => Duration::from_secs(u64::from(s)),
         };
-        Ok(ConnectSpec { host, port, username, auth, keepalive, timeout, host_key: None })
+        Ok(ConnectSpec { host, port, username, auth, keepalive, timeout, host_key: None, known_hosts: None })
     }
 }
 

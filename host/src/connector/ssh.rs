@@ -7,7 +7,10 @@
 //! from any byte offset ([`RemoteSession::attach`]).
 //! Host keys: fleeting providers do not publish host keys (GitLab's connector ignores them
 //! as well), so the first key seen is accepted, reported by [`SshSession::host_key`], and
-//! can be pinned for later connections through [`ConnectSpec::host_key`].
+//! can be pinned for later connections through [`ConnectSpec::host_key`]. A configured host
+//! (the `ssh` executor) is checked against a `known_hosts` file instead
+//! ([`ConnectSpec::known_hosts`]), strictly, as gitlab-runner does: a missing file, an
+//! unknown host or a different key fails the connection.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,6 +42,9 @@ pub struct ConnectSpec {
     pub timeout: Duration,
     /// Expected host key fingerprint (`SHA256:…`); `None` accepts the first key seen.
     pub host_key: Option<String>,
+    /// Check the host key against this `known_hosts` file (OpenSSH format, hashed names too;
+    /// `[host]:port` for ports other than 22): the host must be listed with this very key.
+    pub known_hosts: Option<std::path::PathBuf>,
 }
 
 /// Credentials.
@@ -99,6 +105,15 @@ pub enum ConnectError {
         /// The limit that passed.
         timeout: Duration,
     },
+    /// The server's host key is not the one its `known_hosts` file lists, or the host is not
+    /// listed, or the file cannot be read.
+    #[error("ssh {target}: host key verification failed: {message}")]
+    KnownHosts {
+        /// `user@host:port`.
+        target: String,
+        /// What did not match, naming the file (and line).
+        message: String,
+    },
     /// The server's host key is not the pinned one.
     #[error("ssh {target}: host key {seen} does not match the expected {expected}")]
     HostKey {
@@ -113,7 +128,32 @@ pub enum ConnectError {
 
 struct Client {
     expected: Option<String>,
+    /// `known_hosts` file, host and port to check the key against.
+    known_hosts: Option<(std::path::PathBuf, String, u16)>,
     seen: Arc<Mutex<Option<String>>>,
+    /// Why the `known_hosts` check refused the key.
+    refused: Arc<Mutex<Option<String>>>,
+}
+
+impl Client {
+    /// Is `public` the key `known_hosts` lists for the host? Records why not.
+    fn known(&self, public: &russh::keys::PublicKey, fingerprint: &str) -> bool {
+        let Some((path, host, port)) = &self.known_hosts else { return true };
+        let name = if *port == 22 { host.clone() } else { format!("[{host}]:{port}") };
+        let verdict = match russh::keys::check_known_hosts_path(host, *port, public, path) {
+            Ok(true) => return true,
+            Ok(false) => format!("{name} is not in {} with its key {fingerprint} (key is unknown)", path.display()),
+            Err(russh::keys::Error::KeyChanged { line }) => format!(
+                "the key of {name} ({fingerprint}) does not match the one in {}:{line} (key mismatch)",
+                path.display()
+            ),
+            Err(e) => format!("reading {}: {e}", path.display()),
+        };
+        if let Ok(mut refused) = self.refused.lock() {
+            *refused = Some(verdict);
+        }
+        false
+    }
 }
 
 impl client::Handler for Client {
@@ -128,7 +168,7 @@ impl client::Handler for Client {
         if let Ok(mut seen) = self.seen.lock() {
             *seen = Some(fingerprint.clone());
         }
-        Ok(self.expected.as_ref().is_none_or(|e| *e == fingerprint))
+        Ok(self.expected.as_ref().is_none_or(|e| *e == fingerprint) && self.known(&public, &fingerprint))
     }
 }
 
@@ -160,12 +200,29 @@ impl SshSession {
             inactivity_timeout: None,
             ..client::Config::default()
         };
+        if let Some(path) = &spec.known_hosts {
+            // As gitlab-runner (Go's knownhosts.New): no file, no connection.
+            if let Err(e) = std::fs::metadata(path) {
+                let message = format!("known_hosts file {}: {e}", path.display());
+                return Err(ConnectError::KnownHosts { target: target.to_string(), message });
+            }
+        }
         let seen = Arc::new(Mutex::new(None));
-        let handler = Client { expected: spec.host_key.clone(), seen: seen.clone() };
+        let refused = Arc::new(Mutex::new(None));
+        let handler = Client {
+            expected: spec.host_key.clone(),
+            known_hosts: spec.known_hosts.clone().map(|p| (p, spec.host.clone(), spec.port)),
+            seen: seen.clone(),
+            refused: refused.clone(),
+        };
         let connected = client::connect(Arc::new(config), (spec.host.as_str(), spec.port), handler).await;
         let seen_key = || seen.lock().ok().and_then(|s| s.clone()).unwrap_or_default();
         let mut handle = match connected {
             Ok(handle) => handle,
+            Err(russh::Error::UnknownKey) if refused.lock().ok().is_some_and(|r| r.is_some()) => {
+                let message = refused.lock().ok().and_then(|mut r| r.take()).unwrap_or_default();
+                return Err(ConnectError::KnownHosts { target: target.to_string(), message });
+            }
             Err(russh::Error::UnknownKey) => {
                 return Err(ConnectError::HostKey {
                     target: target.to_string(),

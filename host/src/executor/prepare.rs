@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::bindings::executor::exports::runway::executor0_1_0::executor::Job;
 use crate::bindings::executor::runway::executor0_1_0::types::Image;
 use crate::bindings::executor::runway::host0_2_0::job::{Credential, ImageDetails, JobDetails, Variable};
+use crate::capability::job_config::Reconfigure;
 use crate::capability::CallContext;
 use crate::executor::failure::ExecutorFailure;
 use crate::executor::instance::ConnectedInstance;
@@ -50,6 +51,9 @@ pub struct PrepareRequest<'a> {
     /// The job's variables as its scripts see them: the payload's and the runner's predefined
     /// ones (`CI_RUNNER_SHORT_TOKEN`, `CI_PROJECT_DIR`, …), deduplicated and expanded.
     pub variables: &'a [JobVariable],
+    /// Plans the job again when the executor moves it while preparing
+    /// (`runway:host/job-config`); `None`: it cannot.
+    pub reconfigure: Option<&'a Arc<dyn Reconfigure>>,
 }
 
 /// Why the executor could not be prepared.
@@ -128,17 +132,20 @@ pub fn job_details(request: &PrepareRequest<'_>) -> JobDetails {
     }
 }
 
-/// The call context of a job's session: its log, its fleet instance, its details.
+/// The call context of a job's session: its log, its fleet instance, its details, and what
+/// plans the job again while it is prepared.
 fn call_context(
     details: &Arc<JobDetails>,
     trace: Arc<dyn TraceSink>,
     instance: Option<&ConnectedInstance>,
+    reconfigure: Option<&Arc<dyn Reconfigure>>,
 ) -> CallContext {
     CallContext {
         trace: Some(trace),
         stop: StopSignal::new(),
         remote: instance.map(|i| i.remote.clone()),
         job: Some(details.clone()),
+        reconfigure: reconfigure.cloned(),
     }
 }
 
@@ -158,7 +165,7 @@ pub async fn prepare(
         if abort.is_cancelled() {
             break;
         }
-        let call = call_context(&details, trace.clone(), instance);
+        let call = call_context(&details, trace.clone(), instance, request.reconfigure);
         let mut session = match ExecutorSession::start(&executor.host, &executor.plugin, call).await {
             Ok(s) => s,
             Err(e) => {
@@ -201,7 +208,7 @@ pub async fn resume(
     instance: Option<&ConnectedInstance>,
 ) -> Result<ExecutorSession, PrepareError> {
     let wit = wit_job(&request, executor);
-    let call = call_context(&Arc::new(job_details(&request)), trace, instance);
+    let call = call_context(&Arc::new(job_details(&request)), trace, instance, None);
     let failed = |e: ExecutorFailure| PrepareError::Failed { last_error: e.to_string() };
     let mut session = ExecutorSession::start(&executor.host, &executor.plugin, call)
         .await

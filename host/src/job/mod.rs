@@ -8,7 +8,8 @@
 //!
 //! - [`stages`]: the stage loop and its boundaries;
 //! - [`progress`]: where the job stands, for a restarted manager;
-//! - [`resume`]: going on with a job a previous manager started.
+//! - [`resume`]: going on with a job a previous manager started;
+//! - [`replan`]: planning the job again when its executor moves it while preparing.
 //!
 //! Owns: the job's lifecycle and what each outcome means (failure reasons, footers). Must not
 //! touch: plugins, WIT types or host interfaces — everything about the executor goes through
@@ -16,6 +17,7 @@
 //! save the progress).
 
 pub mod progress;
+pub mod replan;
 pub mod resume;
 mod stages;
 
@@ -279,7 +281,9 @@ async fn run_to_end(
         Ok(plan) => plan,
         Err(outcome) => return (finish(&*trace, outcome), None),
     };
-    let request = prepare_request(job, env, &plan);
+    let replanner = Arc::new(replan::Replanner::new(job, plan.settings()));
+    let reconfigure: Arc<dyn crate::executor::Reconfigure> = replanner.clone();
+    let request = PrepareRequest { reconfigure: Some(&reconfigure), ..prepare_request(job, env, &plan) };
     let session = prepare(&env.executor, request, trace.clone(), &control.abort, instance.as_ref()).await;
     trace.section_end("prepare_executor");
     let mut session = match session {
@@ -293,6 +297,9 @@ async fn run_to_end(
             return (finish(&*trace, outcome), None);
         }
     };
+    // The executor may have moved the job while preparing (a custom executor's config_exec).
+    let replanned = replanner.close();
+    let plan = replanned.unwrap_or(plan);
     if let Err(e) = hooks.prepared().await {
         tracing::warn!(job = job.id, "job dropped at acceptance: {e}");
         let outcome = JobOutcome { aborted: true, ..JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.0) };
@@ -352,6 +359,7 @@ fn prepare_request<'a>(job: &'a JobResponse, env: &'a JobEnvironment, plan: &'a 
         cache_dir: plan.cache_dir(),
         timeout: plan.job_timeout(),
         variables: plan.variables(),
+        reconfigure: None,
     }
 }
 

@@ -16,6 +16,7 @@ pub mod requests;
 mod resume;
 pub mod signals;
 pub mod slots;
+pub mod ssh_host;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -48,6 +48,8 @@ pub fn builtin_plugins() -> Vec<(&'static str, &'static [u8])> {
         ("executor-shell.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_shell.wasm"))),
         ("executor-instance.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_instance.wasm"))),
         ("executor-docker.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_docker.wasm"))),
+        ("executor-custom.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_custom.wasm"))),
+        ("executor-ssh.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_ssh.wasm"))),
         ("fleeting-static.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_static.wasm"))),
     ]
 }

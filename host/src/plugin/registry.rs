@@ -285,8 +285,8 @@ impl Registry {
         }
         match grant {
             Some(grant) => Ok(grant.clone()),
-            None if *source == PluginSource::Builtin && meta.name == "shell" => {
-                // The first-party shell executor exists to start local processes.
+            None if *source == PluginSource::Builtin && (meta.name == "shell" || meta.name == "custom") => {
+                // The first-party shell and custom executors exist to start local processes.
                 Ok(PluginGrant { allow_process: true, ..PluginGrant::default() })
             }
             None if *source == PluginSource::Builtin && meta.name == "docker" => {

@@ -180,6 +180,8 @@ pub(crate) fn add_executor_imports(linker: &mut Linker<PluginState>) -> wasmtime
     host::plugin::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
     executor::runway::host0_2_0::docker::add_to_linker::<_, HasDocker>(linker, PluginState::docker)?;
     executor::runway::host0_2_0::job::add_to_linker::<_, HasJob>(linker, PluginState::job)?;
+    executor::runway::host0_3_0::supervisor::add_to_linker::<_, HasProcess>(linker, PluginState::process)?;
+    executor::runway::host0_3_0::job_config::add_to_linker::<_, HasJob>(linker, PluginState::job)?;
     exec::types::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
     Ok(())
 }

@@ -86,6 +86,9 @@ pub struct ScriptSettings {
     /// `safe_directory_checkout` from config.toml; `None`: gitlab-runner's default (on for
     /// the container and VM executors).
     pub safe_directory_checkout: Option<bool>,
+    /// The host name the job reports ("Running on <machine> via <hostname>..."), as a custom
+    /// executor's `config_exec` sets it; `None`: the machine's only.
+    pub hostname: Option<String>,
 }
 
 /// The file behind `GITLAB_ENV`, in the job's temporary directory (gitlab-runner's name).
@@ -364,6 +367,10 @@ impl JobPlan {
     pub fn project_dir(&self) -> &Path {
         &self.project_dir
     }
+    /// The settings the job was planned under.
+    pub fn settings(&self) -> &ScriptSettings {
+        &self.settings
+    }
     /// The builds root (`CI_BUILDS_DIR`).
     pub fn builds_dir(&self) -> &Path {
         match &self.settings.project_dir_override {
@@ -498,7 +505,13 @@ impl JobPlan {
                 for warning in &self.warnings {
                     body.push_str(&echo_warning(warning));
                 }
-                body.push_str("echo \"Running on $(hostname 2>/dev/null || uname -n)...\"\n");
+                match &self.settings.hostname {
+                    Some(name) => body.push_str(&format!(
+                        "echo \"Running on $(hostname 2>/dev/null || uname -n) via \"{}\"...\"\n",
+                        quote(name)
+                    )),
+                    None => body.push_str("echo \"Running on $(hostname 2>/dev/null || uname -n)...\"\n"),
+                }
             }
             BuildStage::GetSources => body.push_str(&self.get_sources()),
             BuildStage::ClearWorktree => body.push_str(&self.clear_worktree()),

@@ -12,7 +12,11 @@
 //! still runs and removes the stage files.
 //!
 //! Config (`[runners.shell]`, optional): `login = true|false` (default true) runs
-//! `bash --login`, as gitlab-runner's shell executor does.
+//! `bash --login`, as gitlab-runner's shell executor does; `user = "name"` (the host fills it
+//! from config.toml's global `user` or `runway run --user`) runs every stage as that user,
+//! as gitlab-runner does: `su -s /bin/bash <user> -c 'bash --login'` with the script on its
+//! standard input. The runner must then be root (`su` asks no password of root), and a
+//! builds directory the plugin creates is given to that user.
 
 use std::cell::{Cell, RefCell};
 use std::hash::BuildHasher;
@@ -31,6 +35,8 @@ const STOP_GRACE_SECONDS: u32 = 5;
 struct Config {
     #[serde(default = "default_login")]
     login: bool,
+    #[serde(default)]
+    user: Option<String>,
 }
 
 fn default_login() -> bool {
@@ -44,6 +50,9 @@ struct ShellEnvironment {
     project_dir: String,
     builds_dir: String,
     login: bool,
+    /// The user stages run as (`su`), when not the runner's.
+    #[serde(default)]
+    user: Option<String>,
     stages_dir: String,
     /// Stages started so far (names the next stage's files).
     #[serde(default)]
@@ -58,7 +67,7 @@ struct ShellEnvironment {
 
 fn parse_config(config: &str) -> Result<Config, ExecutorError> {
     if config.trim().is_empty() {
-        return Ok(Config { login: true });
+        return Ok(Config { login: true, user: None });
     }
     serde_json::from_str(config).map_err(|e| ExecutorError::InvalidConfig(format!("[runners.shell]: {e}")))
 }
@@ -88,8 +97,13 @@ impl Executor for Shell {
         // get_sources can clone into it: created only when the first try says it is missing.
         let nonce = std::collections::hash_map::RandomState::new().hash_one(job.id) as u32;
         let stages_dir = format!("{}/.runway-stages-{}-{nonce:08x}", job.builds_dir.trim_end_matches('/'), job.id);
+        let user = config.user.filter(|u| !u.is_empty());
         if mkdir(&["-m", "700", stages_dir.as_str()], &stages_dir).is_err() {
             mkdir(&["-p", job.builds_dir.as_str()], &job.builds_dir)?;
+            if let Some(user) = &user {
+                // The job's user checks out into the builds directory the runner made.
+                chown(user, &job.builds_dir)?;
+            }
             mkdir(&["-m", "700", stages_dir.as_str()], &stages_dir)?;
         }
         Ok(ShellEnvironment {
@@ -97,6 +111,7 @@ impl Executor for Shell {
             project_dir: job.project_dir,
             builds_dir: job.builds_dir,
             login: config.login,
+            user,
             stages_dir,
             started: Cell::new(0),
             last: RefCell::new(None),
@@ -118,6 +133,19 @@ fn mkdir(args: &[&str], dir: &str) -> Result<(), ExecutorError> {
     if output.status.code != 0 {
         return Err(ExecutorError::Unavailable(format!(
             "cannot create directory {dir}: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Give `dir` to `user` (and its primary group).
+fn chown(user: &str, dir: &str) -> Result<(), ExecutorError> {
+    let output =
+        Command::new("chown").args([format!("{user}:"), dir.to_string()]).output(4096).map_err(process_error)?;
+    if output.status.code != 0 {
+        return Err(ExecutorError::InvalidConfig(format!(
+            "cannot give the builds directory {dir} to user {user:?}: {}",
             String::from_utf8_lossy(&output.stderr).trim()
         )));
     }
@@ -172,7 +200,18 @@ impl Environment for ShellEnvironment {
         let (log, exit, started) = self.stage_files(&stage.name)?;
         if !started {
             let login = if self.login && self.shell == "bash" { " --login" } else { "" };
-            let command = format!("cd {} && exec {}{login}", quote(cwd), self.shell);
+            let shell = format!("{}{login}", self.shell);
+            let command = match &self.user {
+                // As gitlab-runner: `su -s /bin/<shell> <user> -c '<shell> -l'`.
+                Some(user) => format!(
+                    "cd {} && exec su -s {} {} -c {}",
+                    quote(cwd),
+                    quote(&format!("/bin/{}", self.shell)),
+                    quote(user),
+                    quote(&shell)
+                ),
+                None => format!("cd {} && exec {shell}", quote(cwd)),
+            };
             remote::start_detached(&command, Some(stage.script.as_bytes()), &log, &exit).map_err(remote_error)?;
         }
         let status = remote::attach(&log, &exit, 0).map_err(remote_error)?;
