@@ -8,11 +8,15 @@
 pub mod autoscaler;
 pub mod cache;
 pub mod duration;
+pub mod edit;
 mod error;
+pub mod fidelity;
 pub mod grant;
 pub mod limits;
 pub mod store;
 mod system_id;
+mod timestamp;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,17 +29,16 @@ use crate::config::grant::PluginGrant;
 pub use error::ConfigError;
 pub use system_id::{short_token, system_id};
 
-/// Executor config sections kept as tables and handed to the plugin as JSON.
-pub const EXECUTOR_SECTIONS: &[&str] =
-    &["shell", "docker", "ssh", "custom", "instance", "kubernetes", "virtualbox", "parallels"];
+/// Executor config sections kept as tables and handed to the plugin as JSON (the executors
+/// Runway has; another executor's section is warned about, see [`fidelity`]).
+pub const EXECUTOR_SECTIONS: &[&str] = fidelity::RUNWAY_EXECUTOR_SECTIONS;
 
 /// Executors served by another executor's plugin: `executor = "docker-autoscaler"` is the
 /// `docker` plugin, configured by `[runners.docker]`, on the fleet of `[runners.autoscaler]`.
 pub const EXECUTOR_ALIASES: &[(&str, &str)] = &[("docker-autoscaler", "docker")];
 
-/// GitLab Runner's other `[runners.*]` tables: accepted (and kept) though Runway does not
-/// read them, so a GitLab config.toml loads as it is.
-pub const GITLAB_RUNNER_SECTIONS: &[&str] = &["custom_build_dir", "referees", "steps"];
+/// `[runners.*]` tables of older gitlab-runner releases: loaded with a warning, not an error.
+pub const GITLAB_RUNNER_SECTIONS: &[&str] = &["steps"];
 
 /// The whole file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -127,10 +130,10 @@ pub struct RunnerConfig {
     #[serde(default)]
     pub token: String,
     /// When the token was obtained.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "timestamp")]
     pub token_obtained_at: Option<chrono::DateTime<chrono::Utc>>,
     /// When the token expires (none = never).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "timestamp")]
     pub token_expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// CA certificates to trust for GitLab (PEM).
     #[serde(rename = "tls-ca-file", default, skip_serializing_if = "Option::is_none")]
@@ -538,13 +541,11 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
             return Err(e);
         }
     }
-    let mut warnings: Vec<String> = unknown
-        .iter()
-        .map(|k| match line_of_key(text, k) {
-            Some(line) => format!("{}:{line}: {k}: unknown key (ignored)", path.display()),
-            None => format!("{}: {k}: unknown key (ignored)", path.display()),
-        })
-        .collect();
+    let mut warnings: Vec<String> =
+        unknown.iter().filter_map(|k| fidelity::warning(path, line_of_key(text, k), k)).collect();
+    if config.connection_max_age.is_some() {
+        warnings.extend(fidelity::warning(path, line_of_key(text, "connection_max_age"), "connection_max_age"));
+    }
     let err = |key: String, message: String| {
         let line = line_of_key(text, &key);
         ConfigError { path: path.to_path_buf(), line, key: Some(key), message }
@@ -615,9 +616,20 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
             cache::check(i, c, text, path)?;
         }
         for (name, value) in &runner.sections {
-            let known = EXECUTOR_SECTIONS.contains(&name.as_str())
-                || GITLAB_RUNNER_SECTIONS.contains(&name.as_str())
-                || *name == runner.executor;
+            let key = format!("runners[{i}].{name}");
+            let plugin_section = fidelity::RUNWAY_EXECUTOR_SECTIONS.contains(&name.as_str())
+                || *name == runner.executor
+                || *name == runner.executor_plugin();
+            if plugin_section && value.is_table() {
+                continue;
+            }
+            // gitlab-runner's keys and sections Runway does not act on (kubernetes,
+            // virtualbox, custom_build_dir, referees, ...): named, never silently absorbed.
+            if fidelity::is_gitlab_runner_key(&key) || fidelity::is_honoured_elsewhere(&key) {
+                warnings.extend(fidelity::warning(path, line_of_key(text, &key), &key));
+                continue;
+            }
+            let known = GITLAB_RUNNER_SECTIONS.contains(&name.as_str());
             if value.is_table() && !known {
                 return Err(err(
                     format!("runners[{i}].{name}"),
@@ -629,15 +641,14 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
                     ),
                 ));
             }
-            if !value.is_table() {
-                let key = format!("runners[{i}].{name}");
-                warnings.push(match line_of_key(text, &key) {
-                    Some(line) => format!("{}:{line}: {key}: unknown key (ignored)", path.display()),
-                    None => format!("{}: {key}: unknown key (ignored)", path.display()),
-                });
-            }
+            warnings.extend(fidelity::warning(path, line_of_key(text, &key), &key));
         }
-        runner.sections.retain(|_, v| v.is_table());
+        let executor = runner.executor.clone();
+        let plugin = runner.executor_plugin().to_string();
+        runner.sections.retain(|name, v| {
+            v.is_table()
+                && (fidelity::RUNWAY_EXECUTOR_SECTIONS.contains(&name.as_str()) || *name == executor || *name == plugin)
+        });
     }
     for (i, runner) in config.runners.iter().enumerate() {
         let token = runner.resolved_token();

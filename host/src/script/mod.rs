@@ -73,6 +73,9 @@ pub struct ScriptSettings {
     pub runner_command: Option<String>,
     /// The GitLab URL the helper uploads and downloads artifacts at (the runner's `url`).
     pub gitlab_url: String,
+    /// The CA chain (PEM) the runner trusts for GitLab (`tls-ca-file` or `<config
+    /// dir>/certs/<host>.crt`): the job's `CI_SERVER_TLS_CA_FILE`, and git's `http.sslCAInfo`.
+    pub server_tls_ca_chain: Option<String>,
     /// Pre-signed URLs of the distributed cache (`[runners.cache]`); `None`: local caches only.
     pub cache_signer: Option<std::sync::Arc<dyn CacheSigner>>,
     /// `runway exec`: artifacts are kept in `<dir>/<job name>/` instead of uploaded, and
@@ -327,6 +330,9 @@ impl JobPlan {
             format!("{}/{}", crate::buildinfo::OS, crate::buildinfo::go_arch()),
         ));
         list.push(var("RUNNER_TEMP_PROJECT_DIR", tmp_dir.display().to_string()));
+        if let Some(chain) = settings.server_tls_ca_chain.as_ref().filter(|c| !c.is_empty()) {
+            list.push(JobVariable { file: true, ..var("CI_SERVER_TLS_CA_FILE", chain) });
+        }
         let variables = variables::expand_all(&variables::dedup(list));
 
         if job.variable("CI_DEBUG_TRACE") == Some("true") && settings.debug_trace_disabled {
@@ -590,6 +596,9 @@ impl JobPlan {
         out.push_str("if [ -d .git ]; then echo \"Reinitialized existing Git repository in $PWD/.git/\"; else git init -q . && echo \"Initialized empty Git repository in $PWD/.git/\"; fi\n");
         let url = quote(&self.remote_url());
         out.push_str(&format!("git remote set-url origin {url} 2>/dev/null || git remote add origin {url}\n"));
+        if self.settings.server_tls_ca_chain.as_ref().is_some_and(|c| !c.is_empty()) {
+            out.push_str("git config http.sslCAInfo \"$CI_SERVER_TLS_CA_FILE\"\n");
+        }
         let mut fetch = format!(
             "git -c http.userAgent={} fetch origin --no-recurse-submodules",
             quote(&format!("runway {}", self.settings.runner_version))
