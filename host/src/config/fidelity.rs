@@ -24,6 +24,16 @@ pub const HONOURED_ELSEWHERE: &[&str] = &["user", "runners.clean_git_config", "r
 /// file, they are warned about like any other unsupported key.
 pub const MODELLED_BUT_UNSUPPORTED: &[&str] = &["connection_max_age"];
 
+/// The keys of `value` a `T` does not read (dotted paths below `value`). The loader runs this
+/// on each runner's typed sub-tables: serde cannot report them through the runner's flattened
+/// executor sections.
+pub fn ignored_keys<T: serde::de::DeserializeOwned>(value: &toml::Value) -> Vec<String> {
+    let mut ignored = Vec::new();
+    let mut track = |p: serde_ignored::Path<'_>| ignored.push(p.to_string());
+    let _ = T::deserialize(serde_ignored::Deserializer::new(value.clone(), &mut track));
+    ignored
+}
+
 /// `runners.0.cache.s3.Foo` → `runners.cache.s3.Foo`: array indices and serde's `?` dropped.
 pub fn normalize(path: &str) -> String {
     path.replace('[', ".")

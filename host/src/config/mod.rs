@@ -546,6 +546,7 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
     if config.connection_max_age.is_some() {
         warnings.extend(fidelity::warning(path, line_of_key(text, "connection_max_age"), "connection_max_age"));
     }
+    warnings.extend(nested_warnings(text, path, &unknown));
     let err = |key: String, message: String| {
         let line = line_of_key(text, &key);
         ConfigError { path: path.to_path_buf(), line, key: Some(key), message }
@@ -671,6 +672,43 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
         ));
     }
     Ok(Loaded { config, warnings, path: path.to_path_buf() })
+}
+
+/// Warnings for keys of the runners' typed sub-tables (`[runners.cache]`,
+/// `[runners.autoscaler]`, `[runners.machine]`, `[runners.store]`) their models do not read,
+/// leaving out what `already` reported.
+fn nested_warnings(text: &str, path: &Path, already: &[String]) -> Vec<String> {
+    let Ok(table) = text.parse::<toml::Table>() else { return Vec::new() };
+    let Some(runners) = table.get("runners").and_then(toml::Value::as_array) else { return Vec::new() };
+    let seen: std::collections::BTreeSet<String> = already.iter().map(|k| fidelity::normalize(k)).collect();
+    let mut out = Vec::new();
+    for (i, runner) in runners.iter().enumerate() {
+        let Some(runner) = runner.as_table() else { continue };
+        for (section, value) in runner {
+            let ignored = match section.as_str() {
+                "cache" => fidelity::ignored_keys::<cache::CacheConfig>(value),
+                "autoscaler" => fidelity::ignored_keys::<autoscaler::AutoscalerConfig>(value),
+                "machine" => {
+                    // The legacy keys Runway maps onto fleets; the rest is kept unread.
+                    let other = value.clone().try_into::<autoscaler::MachineConfig>().map(|m| m.other);
+                    let mut keys: Vec<String> = other.map(|o| o.into_keys().collect()).unwrap_or_default();
+                    keys.extend(value.get("MaxRemovalAttempts").map(|_| "MaxRemovalAttempts".to_string()));
+                    keys
+                }
+                "store" => fidelity::ignored_keys::<store::StoreConfig>(value),
+                _ => continue,
+            };
+            for key in ignored {
+                let key = format!("runners.{i}.{section}.{key}");
+                let normalized = fidelity::normalize(&key);
+                if seen.iter().any(|s| *s == normalized) {
+                    continue;
+                }
+                out.extend(fidelity::warning(path, line_of_key(text, &key), &key));
+            }
+        }
+    }
+    out
 }
 
 /// Read and parse a config file for [`Purpose::Run`].

@@ -635,10 +635,13 @@ impl FakeGitLab {
     }
 
     /// Revoke a runner's token (the runner was deleted or its token reset elsewhere): every
-    /// runner-token call with it gets 403 from now on.
+    /// runner-token call with it gets 403 from now on. Its queue value goes too (in GitLab the
+    /// Redis key of a token no runner has expires), so a parked long poll does not keep
+    /// answering 204 for it: the next request reaches "Rails" and gets the 403.
     pub fn revoke_runner_token(&self, token: &str) -> Option<RunnerRecord> {
         self.shared.mutate(|s| {
             s.revoked_tokens.insert(token.to_string());
+            s.queue_versions.remove(token);
             s.runners.remove(token)
         })
     }
