@@ -355,7 +355,7 @@ fn manager_settings(loaded: &Loaded) -> ManagerSettings {
     ManagerSettings {
         concurrent: loaded.config.concurrent,
         check_interval: loaded.check_interval(),
-        shutdown_timeout: Duration::from_secs(loaded.config.shutdown_timeout),
+        shutdown_timeout: loaded.shutdown_timeout(),
         ..ManagerSettings::default()
     }
 }
@@ -502,7 +502,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
         // SIGQUIT, then SIGTERM while waiting: switch to a forceful stop.
         _ = forceful.cancelled() => {
             abort_all(&generation);
-            let grace = Duration::from_secs(loaded.config.shutdown_timeout) + Duration::from_secs(5);
+            let grace = loaded.shutdown_timeout() + Duration::from_secs(5);
             if tokio::time::timeout(grace, &mut waiting).await.is_err() {
                 tracing::warn!("jobs still running after shutdown_timeout; exiting");
             }

@@ -363,6 +363,10 @@ impl Loaded {
     pub fn check_interval(&self) -> Duration {
         Duration::from_secs(if self.config.check_interval <= 0 { 3 } else { self.config.check_interval as u64 })
     }
+    /// `shutdown_timeout` as a duration (0 → 30 s, as gitlab-runner's `GetShutdownTimeout`).
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_secs(if self.config.shutdown_timeout == 0 { 30 } else { self.config.shutdown_timeout })
+    }
     /// Directory of plugin `.wasm` files (default `<config dir>/plugins`).
     pub fn plugins_dir(&self) -> PathBuf {
         self.config.plugins_dir.clone().unwrap_or_else(|| self.dir().join("plugins"))
