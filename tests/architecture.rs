@@ -76,8 +76,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "trace",
         ],
     ),
-    // Prometheus text and health endpoints: observes the manager and its fleets.
-    ("metrics", &["autoscaler", "buildinfo", "config", "manager"]),
+    // Prometheus text and health endpoints: observes the manager (its `Observer` events, the
+    // job info and runner identity they carry), its fleets and the API client's requests.
+    ("metrics", &["autoscaler", "buildinfo", "config", "gitlab", "manager", "payload", "trace"]),
     // The verbs: wires everything together.
     (
         "cli",

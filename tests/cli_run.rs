@@ -84,8 +84,18 @@ async fn register_run_signals_metrics_unregister() {
     );
     std::fs::write(&config, text).expect("write config");
 
-    // SIGQUIT: the running job finishes, then the process exits 0.
+    // A job that fails, one that succeeds with its stages timed, and a job request GitLab
+    // answers with a 500 once (a retry): every exported family gets samples.
     let mut child = start(&config, dir.path());
+    fake.inject(fake_gitlab::Endpoint::RequestJob, 1, fake_gitlab::InjectedResponse::status(500));
+    let failed = fake.enqueue(fake.job_payload(&JobSpec::new("group/project", "fails", &["exit 3"])));
+    let timed = fake.enqueue(fake.job_payload(
+        &JobSpec::new("group/project", "timed", &["echo timed"]).variable("FF_EXPORT_HIGH_CARDINALITY_METRICS", "true"),
+    ));
+    for id in [failed, timed] {
+        fake.wait_for_job_state(id, |j| j.final_state.is_some(), WAIT).await.expect("job finished");
+    }
+    // SIGQUIT: the running job finishes, then the process exits 0.
     let job = fake.enqueue(fake.job_payload(&JobSpec::new(
         "group/project",
         "graceful",
@@ -101,12 +111,9 @@ async fn register_run_signals_metrics_unregister() {
     }
     let metrics =
         reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.expect("scrape").text().await.expect("body");
-    assert!(
-        metrics.contains("gitlab_runner_concurrent{system_id=")
-            && metrics.contains("gitlab_runner_jobs{state=\"running\""),
-        "{metrics}"
-    );
-    assert!(metrics.contains("gitlab_runner_api_request_statuses_total{"), "{metrics}");
+    check_metrics_table(&metrics);
+    assert!(metrics.contains("stage=\"step_script\""), "the running job's stage: {metrics}");
+    assert!(metrics.contains("failure_reason=\"script_failure\""), "{metrics}");
     let ready = reqwest::get(format!("http://127.0.0.1:{port}/health/ready")).await.expect("ready");
     assert_eq!(ready.status(), 200);
     signal(&child, libc::SIGQUIT);
@@ -119,7 +126,6 @@ async fn register_run_signals_metrics_unregister() {
         "{}",
         record.trace_text()
     );
-    assert!(metrics.contains("gitlab_runner_job_duration_seconds_bucket{"), "{metrics}");
     assert!(record.trace_text().contains("done"));
 
     // SIGTERM: the running job is reported failed with runner_interrupted.
@@ -134,6 +140,38 @@ async fn register_run_signals_metrics_unregister() {
     let out = runway(&config, &["unregister", "--all-runners"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!std::fs::read_to_string(&config).expect("config").contains("[[runners]]"));
+}
+
+/// Every metric docs/migrating-from-gitlab-runner.md marks *exported* is in `metrics` with the
+/// type and label names the table gives (gitlab-runner's), so dashboards and alerts written
+/// for gitlab-runner work unchanged.
+fn check_metrics_table(metrics: &str) {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/migrating-from-gitlab-runner.md"))
+        .expect("migration doc");
+    let table = doc
+        .split("<!-- metrics-table -->")
+        .nth(1)
+        .and_then(|t| t.split("<!-- /metrics-table -->").next())
+        .expect("the metrics table between its markers");
+    let mut checked = 0;
+    for row in table.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (name, kind, labels, status) = (cells[1].trim_matches('`'), cells[2], cells[3], cells[4]);
+        if status != "exported" {
+            continue;
+        }
+        checked += 1;
+        assert!(metrics.contains(&format!("# TYPE {name} {kind}\n")), "{name}: no family of type {kind}:\n{metrics}");
+        let sample = if kind == "histogram" { format!("{name}_bucket") } else { name.to_string() };
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{sample}{{")) || l.starts_with(&format!("{sample} ")))
+            .unwrap_or_else(|| panic!("{name}: no sample:\n{metrics}"));
+        for label in labels.split(',').map(str::trim).filter(|l| !l.is_empty()) {
+            assert!(line.contains(&format!("{label}=\"")), "{name}: sample without label {label}: {line}");
+        }
+    }
+    assert!(checked >= 35, "the table lists the exported families ({checked})");
 }
 
 /// The value of `metric` for the runner named `name` in a Prometheus text, if exported.
@@ -345,4 +383,31 @@ fn verify_and_run_refuse_malformed_configs_without_panicking() {
             );
         }
     }
+}
+
+#[test]
+fn lint_fails_on_errors_and_unknown_keys_and_passes_a_valid_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    let valid = "concurrent = 2\n\n[[runners]]\nname = \"a\"\nurl = \"https://gitlab.example\"\ntoken = \"glrt-abc\"\nexecutor = \"shell\"\n";
+    std::fs::write(&config, valid).expect("write");
+    let out = runway(&config, &["lint"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Configuration file is valid."));
+
+    std::fs::write(&config, valid.replace("executor = \"shell\"\n", "executor = \"shell\"\nnot_a_key = 1\n"))
+        .expect("write");
+    let out = runway(&config, &["lint"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("1 unknown key(s) found") && stderr.contains(":8: runners[0].not_a_key"), "{stderr}");
+
+    std::fs::write(&config, valid.replace("concurrent = 2", "concurrent = 0")).expect("write");
+    let out = runway(&config, &["lint"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("concurrent"), "{stderr}");
+
+    let out = runway(&dir.path().join("missing.toml"), &["lint"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config file not found"));
 }

@@ -126,6 +126,7 @@ impl World {
             shutdown_timeout: Duration::from_secs(5),
             pending_keepalive: Duration::from_secs(10),
             upload,
+            ..ManagerSettings::default()
         };
         Manager::new(settings, vec![runner], Arc::new(client), shutdown)
     }
@@ -339,6 +340,7 @@ async fn fault_soak_every_line_once_in_order_and_the_right_final_state() {
             assert!(total.get(&(kind, fault)).copied().unwrap_or(0) > 0, "{fault:?} never hit {kind:?}: {total:?}");
         }
     }
-    // About 25 s on an idle machine; every wait above is bounded, this is the backstop.
-    assert!(started.elapsed() < Duration::from_secs(120), "the soak took {:?}", started.elapsed());
+    // About 25 s on an idle machine; every wait above is bounded (no timed assertion here:
+    // a loaded machine is slower, not wrong).
+    eprintln!("the soak took {:?}", started.elapsed());
 }

@@ -23,8 +23,8 @@ fn client() -> (Arc<GitLabClient>, Seen) {
             backoff_base: Duration::from_millis(5),
             backoff_max: Duration::from_secs(2),
         },
-        hook: Some(Arc::new(move |endpoint, method, status, _duration| {
-            log.lock().expect("hook log").push((endpoint, method.to_string(), status));
+        hook: Some(Arc::new(move |r: &runway::gitlab::client::RequestRecord<'_>| {
+            log.lock().expect("hook log").push((r.endpoint, r.method.to_string(), r.status));
         })),
         ..ClientOptions::default()
     };

@@ -106,6 +106,7 @@ impl World {
                 final_backoff_max: Duration::from_millis(500),
                 ..UploadConfig::default()
             },
+            ..ManagerSettings::default()
         };
         Manager::new(settings, vec![runner], Arc::new(client), shutdown)
     }
@@ -153,19 +154,28 @@ async fn jobs_clone_fetch_mask_and_run_after_script() {
     assert!(text.contains("section_start:") && text.contains(":step_script\r\x1b[0K"), "{text}");
     assert!(job.pending_keepalives <= 1000);
     assert_trace_consistent(&job);
+    // FF_TIMESTAMPS (on by default): every line of the raw log starts with its time and stream,
+    // `00` for the runner's own lines, `01` for what the job printed.
+    let raw = job.raw_trace_text();
+    let stamp = regex::Regex::new(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z 0[01]O[ +]").expect("regex");
+    assert!(raw.lines().all(|l| stamp.is_match(l)), "{raw}");
+    assert!(raw.lines().any(|l| l.contains(" 00O ") && l.contains("Running with runway")), "{raw}");
+    assert!(raw.lines().any(|l| l.contains(" 01O secret is [MASKED]")), "{raw}");
 
     // A second job of the same project fetches into the same directory and sees the new commit.
     w.fake.commit_files("group/project", "main", &[("data.txt", "v2\n")], "second");
     let second = w.fake.enqueue(
         w.fake.job_payload(
             &JobSpec::new("group/project", "test", &["cat data.txt", "git log --oneline | wc -l"])
-                .variable("GIT_STRATEGY", "fetch"),
+                .variable("GIT_STRATEGY", "fetch")
+                .variable("FF_TIMESTAMPS", "false"),
         ),
     );
     let job = w.finished(second).await;
     let text = job.trace_text();
     assert_eq!(job.final_state.as_deref(), Some("success"), "{text}");
     assert!(text.contains("v2\n"), "{text}");
+    assert_eq!(text, job.raw_trace_text(), "FF_TIMESTAMPS=false in the job: no timestamps");
     assert!(text.contains("Fetching changes") || text.contains("fetch"), "{text}");
 
     shutdown.graceful.cancel();

@@ -50,7 +50,7 @@ pub async fn run_streaming(
     trace: Arc<dyn TraceSink>,
     stop: StopSignal,
 ) -> Result<ExitStatus, ProcessError> {
-    let output = |bytes: &[u8]| trace.write(bytes);
+    let output = |bytes: &[u8]| trace.write_output(bytes);
     local::run_streaming(&local_command(cmd), &output, &stop).await.map(wit_status).map_err(wit_error)
 }
 

@@ -53,6 +53,8 @@ pub enum Command {
     ResetToken(runners::ResetTokenArgs),
     /// List the runners in config.toml.
     List,
+    /// Validate config.toml: errors and unknown keys fail; unsupported keys are listed.
+    Lint,
     /// Replay a job trace against the autoscaler policy of config.toml on a virtual clock:
     /// queue wait percentiles, instance-hours, idle share, creations per job.
     Simulate {
@@ -102,12 +104,16 @@ fn tracing_level(level: &str) -> &str {
 fn init_logging(level: &str, format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(tracing_level(level)));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = match format {
-        "json" => builder.json().flatten_event(true).try_init(),
-        "text" => builder.with_ansi(false).try_init(),
-        _ => builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).try_init(),
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let output = match format {
+        "json" => layer.json().flatten_event(true).boxed(),
+        "text" => layer.with_ansi(false).boxed(),
+        _ => layer.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).boxed(),
     };
+    let _ = tracing_subscriber::registry().with(filter).with(output).with(crate::metrics::ErrorCounter).try_init();
 }
 
 /// `log_level` and `log_format` of the config file at `path`, when it has them (a file that
@@ -155,6 +161,7 @@ pub fn main() -> ExitCode {
             Command::Unregister(args) => runners::unregister(args, &config_path).await,
             Command::ResetToken(args) => runners::reset_token(args, &config_path).await,
             Command::List => runners::list(&config_path),
+            Command::Lint => runners::lint(&config_path),
             Command::Simulate { trace, provider, svg } => {
                 let report = crate::autoscaler::simulate::simulate_command(
                     &config_path,

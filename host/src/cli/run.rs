@@ -33,6 +33,12 @@ pub fn load_config(path: &Path) -> anyhow::Result<Loaded> {
     for warning in &loaded.warnings {
         tracing::warn!("{warning}");
     }
+    for runner in &loaded.config.runners {
+        let set = runner.feature_flags.iter().map(|(name, value)| (name.as_str(), *value));
+        for message in crate::payload::flags::notice_unsupported(set) {
+            tracing::warn!("{}: runner {:?}: feature_flags: {message}", path.display(), runner.name);
+        }
+    }
     Ok(loaded)
 }
 
@@ -164,6 +170,7 @@ pub async fn runner_settings(
     system_id: &str,
     fleets: &mut Fleets,
     stores: &Arc<Stores>,
+    (client, metrics): (&GitLabClient, &Metrics),
 ) -> anyhow::Result<Vec<RunnerEntry>> {
     let cwd = std::env::current_dir().context("reading the working directory")?;
     let mut out = Vec::new();
@@ -175,9 +182,12 @@ pub async fn runner_settings(
         };
         let certs_dir = config::tls::certs_dir(&loaded.path);
         let tls = runner.tls_files(&certs_dir);
+        // Each runner's own client (sharing connections unless it has TLS files of its own),
+        // so its requests are counted under its name.
+        let hook = Some(api_hook(metrics, &short));
         let client = match tls.is_empty() {
-            true => None,
-            false => Some(Arc::new(super::runners::client_for(runner, &certs_dir, None)?)),
+            true => Some(Arc::new(client.with_hook(hook))),
+            false => Some(Arc::new(super::runners::client_for(runner, &certs_dir, hook)?)),
         };
         // gitlab-runner's CI_SERVER_TLS_CA_FILE: the CA chain the runner trusts for GitLab.
         let server_tls_ca = match &tls.ca_file {
@@ -351,8 +361,9 @@ pub(crate) fn helper_command(executor: &ResolvedExecutor) -> Option<String> {
     std::env::current_exe().ok().map(|p| p.display().to_string())
 }
 
-fn manager_settings(loaded: &Loaded) -> ManagerSettings {
+fn manager_settings(loaded: &Loaded, metrics: &Metrics) -> ManagerSettings {
     ManagerSettings {
+        observer: Arc::new(metrics.clone()),
         concurrent: loaded.config.concurrent,
         check_interval: loaded.check_interval(),
         shutdown_timeout: loaded.shutdown_timeout(),
@@ -360,12 +371,11 @@ fn manager_settings(loaded: &Loaded) -> ManagerSettings {
     }
 }
 
-/// The client hook that counts every API request attempt in `metrics`.
-fn api_hook(metrics: &Metrics) -> RequestHook {
+/// The client hook that counts every API request attempt of runner `short` in `metrics`.
+fn api_hook(metrics: &Metrics, short: &str) -> RequestHook {
     let metrics = metrics.clone();
-    Arc::new(move |endpoint, method, status, duration| {
-        metrics.record_api_request(endpoint.as_str(), method, status, duration)
-    })
+    let short = short.to_string();
+    Arc::new(move |request| metrics.record_api_request(&short, request))
 }
 
 /// Make the runner non-dumpable (Linux `PR_SET_DUMPABLE = 0`), first thing at startup: a
@@ -393,8 +403,8 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
     let mut plugins = plugin_host(&loaded).await?;
     plugins.watch()?;
     let metrics = Metrics::new(loaded.config.concurrent, &system_id);
-    let client =
-        Arc::new(GitLabClient::new(ClientOptions { hook: Some(api_hook(&metrics)), ..ClientOptions::default() })?);
+    metrics.config_loaded(true);
+    let client = Arc::new(GitLabClient::new(ClientOptions::default())?);
     let _server = match &loaded.config.listen_address {
         Some(address) => Some(crate::metrics::serve(address, metrics.clone()).await?),
         None => None,
@@ -410,9 +420,9 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
     let mut fleets = Fleets::default();
     let stores = Arc::new(Stores::new(loaded.dir().join(".runway-store.key")));
     let mut current = {
-        let runners = runner_settings(&loaded, &plugins, &system_id, &mut fleets, &stores).await?;
+        let runners = runner_settings(&loaded, &plugins, &system_id, &mut fleets, &stores, (&client, &metrics)).await?;
         let manager = Manager::with_entries(
-            manager_settings(&loaded),
+            manager_settings(&loaded, &metrics),
             runners,
             client.clone(),
             generation.clone(),
@@ -443,8 +453,12 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
             }
             Some(()) = reload_rx.recv() => {
                 let next = match load_config(&config_path) {
-                    Ok(next) => next,
+                    Ok(next) => {
+                        metrics.config_loaded(true);
+                        next
+                    }
                     Err(e) => {
+                        metrics.config_loaded(false);
                         tracing::error!("config reload failed, keeping the running configuration: {e:#}");
                         continue;
                     }
@@ -453,14 +467,14 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
                 if next.config.concurrent != loaded.config.concurrent {
                     tracing::warn!("changing `concurrent` takes effect after a restart");
                 }
-                match runner_settings(&next, &plugins, &system_id, &mut fleets, &stores).await {
+                match runner_settings(&next, &plugins, &system_id, &mut fleets, &stores, (&client, &metrics)).await {
                     Ok(runners) => {
                         // The old manager stops requesting; its jobs finish in the background
                         // while the new one serves, sharing the same capacity.
                         let old = std::mem::take(&mut generation);
                         old.graceful.cancel();
                         retiring.push((old, current));
-                        let manager = Manager::with_entries(manager_settings(&next), runners, client.clone(), generation.clone(), global.clone());
+                        let manager = Manager::with_entries(manager_settings(&next, &metrics), runners, client.clone(), generation.clone(), global.clone());
                         metrics.attach(manager.stats(), &next);
                         metrics.set_health(manager.health());
                         metrics.set_fleets(fleets.all());
@@ -479,6 +493,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<ExitCode> {
     }
     metrics.set_ready(false);
     rotation.abort();
+    metrics.slots_stopped();
     let old_shutdowns: Vec<Shutdown> = retiring.iter().map(|(s, _)| s.clone()).collect();
     let abort_all = |generation: &Shutdown| {
         generation.forceful.cancel();

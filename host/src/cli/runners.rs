@@ -417,7 +417,31 @@ pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<Exi
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
-/// `runway list`.
+/// `runway lint`: load the config file as `runway run` would and say what is wrong with it,
+/// as `gitlab-runner lint` does: an error (file, line, key) or keys nobody knows fail (exit 1);
+/// keys gitlab-runner knows that Runway does not support are listed and the file is valid.
+pub fn lint(path: &Path) -> anyhow::Result<ExitCode> {
+    if !path.exists() {
+        anyhow::bail!("config file not found: {}", path.display());
+    }
+    let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (unknown, other): (Vec<&String>, Vec<&String>) =
+        loaded.warnings.iter().partition(|w| w.ends_with("unknown key (ignored)"));
+    for warning in &other {
+        eprintln!("{warning}");
+    }
+    if !unknown.is_empty() {
+        eprintln!("{} unknown key(s) found in {}:", unknown.len(), path.display());
+        for warning in &unknown {
+            eprintln!("  {warning}");
+        }
+        return Ok(ExitCode::FAILURE);
+    }
+    println!("Configuration file is valid.");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `runway list`: the runners of the config file.
 pub fn list(path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!("Listing configured runners  ConfigFile={}", path.display());

@@ -1,6 +1,6 @@
 //! Config fidelity with gitlab-runner: every key of its `common/config.go` (the list in
 //! `gitlab_runner_keys.txt`, generated from gitlab-runner's source) is either honoured by
-//! Runway or warned about by name at load — `<file>:<line>: <key>: not supported by Runway` —
+//! Runway or warned about by name at load — `<file>:<line>: <key>: not supported by Runway (ignored)` —
 //! so no table of a gitlab-runner config.toml is silently absorbed. Keys neither knows get
 //! `unknown key (ignored)`.
 //!
@@ -64,7 +64,7 @@ pub fn warning(path: &Path, line: Option<usize>, key: &str) -> Option<String> {
     if is_honoured_elsewhere(key) {
         return None;
     }
-    let what = if is_gitlab_runner_key(key) { "not supported by Runway" } else { "unknown key (ignored)" };
+    let what = if is_gitlab_runner_key(key) { "not supported by Runway (ignored)" } else { "unknown key (ignored)" };
     Some(match line {
         Some(line) => format!("{}:{line}: {key}: {what}", path.display()),
         None => format!("{}: {key}: {what}", path.display()),
@@ -100,7 +100,7 @@ mod tests {
         let p = Path::new("/etc/runway/config.toml");
         assert_eq!(
             warning(p, Some(3), "sentry_dsn").as_deref(),
-            Some("/etc/runway/config.toml:3: sentry_dsn: not supported by Runway")
+            Some("/etc/runway/config.toml:3: sentry_dsn: not supported by Runway (ignored)")
         );
         assert_eq!(warning(p, None, "bogus").as_deref(), Some("/etc/runway/config.toml: bogus: unknown key (ignored)"));
         assert_eq!(warning(p, Some(9), "runners.0.clean_git_config"), None);

@@ -308,13 +308,13 @@ fn a_gitlab_runner_config_loads_and_names_every_key_runway_does_not_support() {
     assert_eq!(runner.token_obtained_at, Some("2026-01-01T00:00:00Z".parse().expect("time")));
     assert_eq!(runner.token_expires_at, None, "Go's zero time is no expiry");
     let want = [
-        "/etc/runway/config.toml:2: sentry_dsn: not supported by Runway",
-        "/etc/runway/config.toml:3: connection_max_age: not supported by Runway",
-        "/etc/runway/config.toml:4: session_server: not supported by Runway",
-        "/etc/runway/config.toml:29: runners.0.machine.OffPeakPeriods: not supported by Runway",
-        "/etc/runway/config.toml:14: runners[0].proxy_exec: not supported by Runway",
-        "/etc/runway/config.toml:16: runners[0].custom_build_dir: not supported by Runway",
-        "/etc/runway/config.toml:23: runners[0].kubernetes: not supported by Runway",
+        "/etc/runway/config.toml:2: sentry_dsn: not supported by Runway (ignored)",
+        "/etc/runway/config.toml:3: connection_max_age: not supported by Runway (ignored)",
+        "/etc/runway/config.toml:4: session_server: not supported by Runway (ignored)",
+        "/etc/runway/config.toml:29: runners.0.machine.OffPeakPeriods: not supported by Runway (ignored)",
+        "/etc/runway/config.toml:14: runners[0].proxy_exec: not supported by Runway (ignored)",
+        "/etc/runway/config.toml:16: runners[0].custom_build_dir: not supported by Runway (ignored)",
+        "/etc/runway/config.toml:23: runners[0].kubernetes: not supported by Runway (ignored)",
     ];
     for w in want {
         assert!(loaded.warnings.iter().any(|got| got == w), "missing {w:?} in {:#?}", loaded.warnings);

@@ -256,7 +256,7 @@ impl RemoteSession for LocalSession {
         trace: &dyn TraceSink,
         stop: &StopSignal,
     ) -> Result<ExitStatus, RemoteError> {
-        let output = |bytes: &[u8]| trace.write(bytes);
+        let output = |bytes: &[u8]| trace.write_output(bytes);
         run_streaming(&LocalCommand::shell(command, stdin), &output, stop).await.map_err(remote_error)
     }
 

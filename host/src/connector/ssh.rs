@@ -305,7 +305,7 @@ impl RemoteSession for SshSession {
     ) -> Result<ExitStatus, RemoteError> {
         // One stream, so stdout and stderr keep their order in the job log.
         let command = format!("exec 2>&1\n{command}");
-        let code = self.exec(&command, stdin, &|bytes| trace.write(bytes), stop).await?;
+        let code = self.exec(&command, stdin, &|bytes| trace.write_output(bytes), stop).await?;
         Ok(status(code))
     }
 

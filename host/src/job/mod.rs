@@ -74,6 +74,16 @@ pub trait JobHooks: Send + Sync {
         None
     }
 
+    /// Stage `stage` (GitLab's name, e.g. `step_script`) starts.
+    fn stage_started(&self, stage: &str) {
+        let _ = stage;
+    }
+
+    /// Stage `stage` ended after `duration` (all its attempts).
+    fn stage_ended(&self, stage: &str, duration: std::time::Duration) {
+        let _ = (stage, duration);
+    }
+
     /// The job passed a boundary (accepted, a stage started or ended, finished) and its
     /// [`Progress`] says so: save it before the job goes on.
     async fn checkpoint(&self) {}

@@ -128,6 +128,8 @@ pub(super) async fn run_stages(
             }
         }
         hooks.checkpoint().await;
+        hooks.stage_started(&name);
+        let stage_started = std::time::Instant::now();
         let stop = StopSignal::new();
         let watcher = {
             let stop = stop.clone();
@@ -148,9 +150,15 @@ pub(super) async fn run_stages(
             if matches!(result, StageOutcome::Exited(0)) || attempt == attempts || stop.is_stopped() {
                 break;
             }
-            trace.warning(&format!("Retrying {name} (attempt {} of {attempts})", attempt + 1));
+            let wait = plan.stage_retry_backoff(attempt);
+            trace.warning(&format!("Retrying {name} in {wait:?} (attempt {} of {attempts})", attempt + 1));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.stopped() => break,
+            }
         }
         watcher.abort();
+        hooks.stage_ended(&name, stage_started.elapsed());
 
         // Boundary: the stage ended; its section closes with what its end means.
         let last = {

@@ -505,6 +505,7 @@ impl Pipeline {
                         project_name: project_name.clone(),
                         project_full_path: project_path.clone(),
                         time_in_queue_seconds: 0.0,
+                        ..JobInfo::default()
                     },
                     git_info: GitInfo {
                         repo_url: String::new(),

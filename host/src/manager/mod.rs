@@ -9,8 +9,10 @@
 
 pub mod fleet;
 pub mod health;
+pub mod observe;
 pub mod persist;
 mod received;
+pub mod requests;
 mod resume;
 pub mod signals;
 pub mod slots;
@@ -26,12 +28,15 @@ use crate::autoscaler::ReserveError;
 use crate::executor::ExecutorFeatures;
 use crate::gitlab::client::{FeaturesInfo, GitLabClient, RequestJobResult, RunnerCredentials, VersionInfo};
 use crate::job::{JobControl, JobEnvironment};
+use crate::payload::flags;
 use crate::store::jobs::{JobStore, StoreSettings};
 use crate::trace::format::RunnerIdentity;
 use crate::trace::upload::UploadConfig;
 use crate::trace::FailureReason;
 use health::{HealthBoard, PendingRunner, RunnerEntry, Unusable};
+use observe::ProcessingFailure;
 use received::{fail_bad_payload, run_received, Reservation};
+use requests::RequestGate;
 use slots::SlotAllocator;
 
 /// Everything the manager needs about one `[[runners]]` entry.
@@ -94,6 +99,8 @@ pub struct ManagerSettings {
     pub pending_keepalive: Duration,
     /// Trace loop timing (GitLab's defaults; tests shorten them).
     pub upload: UploadConfig,
+    /// Told about feeds, requests, jobs and stages (metrics); [`observe::NoObserver`] by default.
+    pub observer: Arc<dyn observe::Observer>,
 }
 
 impl Default for ManagerSettings {
@@ -104,6 +111,7 @@ impl Default for ManagerSettings {
             shutdown_timeout: Duration::from_secs(30),
             pending_keepalive: Duration::from_secs(10),
             upload: UploadConfig::default(),
+            observer: Arc::new(observe::NoObserver),
         }
     }
 }
@@ -171,6 +179,8 @@ struct Runner {
     info: VersionInfo,
     limit: Arc<Semaphore>,
     slots: Arc<SlotAllocator>,
+    /// How many job requests may be in flight (`request_concurrency`, adaptive by default).
+    requests: RequestGate,
 }
 
 /// Capacity for one job: a global and a runner permit.
@@ -283,11 +293,13 @@ fn make_runner(r: RunnerSettings, client: &Arc<GitLabClient>) -> Arc<Runner> {
     info.labels = r.labels.clone();
     let limit = if r.limit == 0 { Semaphore::MAX_PERMITS } else { r.limit };
     let runner_client = r.client.clone().unwrap_or_else(|| client.clone());
+    let adaptive = flags::resolve(flags::ADAPTIVE_REQUEST_CONCURRENCY, &r.env.settings.feature_flags, None);
     Arc::new(Runner {
         info,
         client: runner_client,
         limit: Arc::new(Semaphore::new(limit)),
         slots: Arc::default(),
+        requests: RequestGate::new(r.request_concurrency, adaptive),
         settings: r,
     })
 }
@@ -494,6 +506,8 @@ async fn poll(
     }
     let mut unhealthy = 0u32;
     let check = shared.settings.check_interval;
+    let observer = shared.settings.observer.clone();
+    let me = &runner.settings.env.identity;
     loop {
         if stop_requesting.is_cancelled() {
             return;
@@ -508,6 +522,19 @@ async fn poll(
             _ = stop_requesting.cancelled() => return,
         };
         drop((capacity, limit));
+        let hard = runner.requests.hard_limit();
+        match runner.requests.acquire() {
+            Ok(limits) => observer.requests(me, hard, limits, false),
+            Err(limits) => {
+                // Over the (adaptive) request limit: this poller sits out a check interval.
+                observer.requests(me, hard, limits, true);
+                if !sleep_or_stop(check, &stop_requesting).await {
+                    return;
+                }
+                continue;
+            }
+        }
+        let admitted = Admitted { gate: &runner.requests, answer: requests::Answer::Empty };
         // A fleet runner asks only with a slot reserved (in preemptive mode: an idle slot
         // on a ready instance), and gives it back when GitLab has nothing.
         let reservation = match &runner.settings.fleet {
@@ -519,6 +546,7 @@ async fn poll(
                     Err(ReserveError::ShuttingDown) => return,
                     Err(e) => {
                         tracing::debug!(runner = %runner.settings.env.identity.short_token, "not requesting a job: {e}");
+                        observer.processing_failure(me, ProcessingFailure::NoFreeExecutor);
                         if !sleep_or_stop(check.min(Duration::from_secs(1)), &stop_requesting).await {
                             return;
                         }
@@ -527,10 +555,17 @@ async fn poll(
                 }
             }
         };
+        observer.fed(me, true);
         let result = tokio::select! {
             r = runner.client.request_job(&runner.settings.credentials, &runner.info) => r,
             _ = stop_requesting.cancelled() => return,
         };
+        let answer = match &result {
+            RequestJobResult::Job(_) | RequestJobResult::BadPayload(_) => requests::Answer::Job,
+            RequestJobResult::Unhealthy(_) | RequestJobResult::Failed(_) => requests::Answer::Failed,
+            RequestJobResult::NoJob | RequestJobResult::PollAgain => requests::Answer::Empty,
+        };
+        observer.requests(me, hard, admitted.release(answer), false);
         let reservation = match result {
             RequestJobResult::Job(_) => reservation,
             _ => {
@@ -565,6 +600,7 @@ async fn poll(
             }
             RequestJobResult::Unhealthy(message) => {
                 unhealthy += 1;
+                observer.processing_failure(me, ProcessingFailure::Other);
                 if message.contains("forbidden (403)") {
                     tracing::error!(
                         runner = %runner.settings.env.identity.short_token,
@@ -583,6 +619,7 @@ async fn poll(
                         runner.settings.unhealthy_interval
                     );
                     unhealthy = 0;
+                    observer.fed(me, false);
                     runner.settings.unhealthy_interval
                 } else {
                     check
@@ -592,12 +629,36 @@ async fn poll(
                 }
             }
             RequestJobResult::Failed(message) => {
+                observer.processing_failure(me, ProcessingFailure::Other);
                 tracing::warn!(runner = %runner.settings.env.identity.short_token, "job request failed: {message}");
                 if !sleep_or_stop(check, &stop_requesting).await {
                     return;
                 }
             }
         }
+    }
+}
+
+/// A request admitted by a runner's [`RequestGate`], released when answered (or, when the
+/// poller stops while it waits, on drop, as an empty answer).
+struct Admitted<'a> {
+    gate: &'a RequestGate,
+    answer: requests::Answer,
+}
+
+impl Admitted<'_> {
+    /// The request was answered: release it with `answer` and say where the limits stand.
+    fn release(mut self, answer: requests::Answer) -> requests::RequestLimits {
+        self.answer = answer;
+        let limits = self.gate.release(answer);
+        std::mem::forget(self);
+        limits
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.gate.release(self.answer);
     }
 }
 

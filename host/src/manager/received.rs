@@ -14,6 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use super::observe::{FinishedJob, Observer, ProcessingFailure};
 use super::persist::JobRecord;
 use super::{fleet, Runner, Shared};
 use crate::executor::InstanceLease;
@@ -21,9 +22,10 @@ use crate::gitlab::api::{JobApi, JobState, JobUpdate, UpdateOutcome};
 use crate::gitlab::client::{BadJob, JobClient, ReceivedJob};
 use crate::gitlab::retry::RetryPolicy;
 use crate::job::{self, fail_unplannable, run_job_until_cleanup, JobCleanup, JobControl, JobHooks, JobOutcome};
-use crate::job::{JobProgress, Progress};
-use crate::payload::JobResponse;
+use crate::job::{JobEnvironment, JobProgress, Progress};
+use crate::payload::{flags, JobResponse};
 use crate::store::jobs::EntryMeta;
+use crate::trace::format::RunnerIdentity;
 use crate::trace::upload::{TraceUploader, UploadConfig};
 use crate::trace::{wire_reason, FailureReason, JobTrace, TraceOptions};
 
@@ -44,6 +46,24 @@ pub(super) struct Acceptance {
     /// Heartbeat of the store entry.
     pub(super) health_interval: Duration,
     pub(super) heartbeat: AtomicBool,
+    /// Where the job's stages are reported (metrics), when they are.
+    pub(super) stages: Option<StageReport>,
+}
+
+/// Reports a job's stages to the manager's observer.
+pub(super) struct StageReport {
+    pub(super) observer: Arc<dyn Observer>,
+    pub(super) runner: RunnerIdentity,
+    pub(super) job: i64,
+    /// The job's `FF_EXPORT_HIGH_CARDINALITY_METRICS`.
+    pub(super) detailed: bool,
+}
+
+impl StageReport {
+    pub(super) fn new(observer: Arc<dyn Observer>, env: &JobEnvironment, job: &JobResponse) -> Self {
+        let detailed = flags::is_on(flags::EXPORT_HIGH_CARDINALITY_METRICS, &env.settings.feature_flags, job);
+        StageReport { observer, runner: env.identity.clone(), job: job.id, detailed }
+    }
 }
 
 /// Why GitLab did not take a job's acceptance (`PUT state=running`).
@@ -78,6 +98,7 @@ impl Acceptance {
             record: None,
             health_interval: Duration::from_secs(5),
             heartbeat: false.into(),
+            stages: None,
         }
     }
 
@@ -152,6 +173,18 @@ impl JobHooks for Acceptance {
         self.record.as_ref().map(|r| r.progress())
     }
 
+    fn stage_started(&self, stage: &str) {
+        if let Some(r) = &self.stages {
+            r.observer.stage_started(&r.runner, r.job, stage);
+        }
+    }
+
+    fn stage_ended(&self, stage: &str, duration: Duration) {
+        if let Some(r) = &self.stages {
+            r.observer.stage_ended(&r.runner, r.job, stage, duration, r.detailed);
+        }
+    }
+
     async fn checkpoint(&self) {
         let Some(record) = &self.record else { return };
         record.save_logged().await;
@@ -211,6 +244,12 @@ pub(super) fn trace_options(job: &JobResponse, runner: &Runner) -> TraceOptions 
         masked_phrases: job.masked_values(),
         token_prefixes: job.features.token_mask_prefixes.clone(),
         output_limit_kib: runner.settings.output_limit_kib,
+        timestamps: flags::is_on(flags::TIMESTAMPS, &runner.settings.env.settings.feature_flags, job),
+        only_personal_tokens: !flags::is_on(
+            flags::MASK_ALL_DEFAULT_TOKENS,
+            &runner.settings.env.settings.feature_flags,
+            job,
+        ),
     }
 }
 
@@ -266,6 +305,12 @@ pub(super) async fn run_received(
     let mut hooks =
         Acceptance::new(api.clone(), runner.client.retry_policy().clone(), trace.clone(), upload, control.clone());
     hooks.keepalive = keepalive.clone();
+    let observer = shared.settings.observer.clone();
+    observer.job_received(&settings.env.identity, job.id, &job.job_info);
+    for message in flags::notice_unsupported(flags::job_flags(&job)) {
+        tracing::warn!(job = job.id, "{message}");
+    }
+    hooks.stages = Some(StageReport::new(observer.clone(), &settings.env, &job));
     if let Some(store) = &settings.store {
         let meta = EntryMeta {
             job_id: u64::try_from(job.id).unwrap_or_default(),
@@ -312,6 +357,16 @@ pub(super) async fn run_received(
     };
     let wire_failure = outcome.failure.map(|r| wire_reason(Some(r), &job.features.failure_reasons));
     shared.stats.record(wire_failure.as_deref(), started.elapsed());
+    let finished = FinishedJob {
+        id: job.id,
+        executor: &settings.env.settings.executor,
+        duration: started.elapsed(),
+        failure: wire_failure.as_deref(),
+    };
+    observer.job_finished(&settings.env.identity, &finished);
+    if wire_failure.is_some() {
+        observer.processing_failure(&settings.env.identity, ProcessingFailure::JobFailure);
+    }
     drop(slot);
     interrupt.abort();
     report_and_clean_up(job.id, &hooks, &outcome, &job.features.failure_reasons, cleanup).await;
@@ -375,6 +430,8 @@ pub(super) async fn fail_bad_payload(runner: Arc<Runner>, shared: Arc<Shared>, b
         masked_phrases: vec![bad.token.clone()],
         token_prefixes: Vec::new(),
         output_limit_kib: settings.output_limit_kib,
+        timestamps: true,
+        only_personal_tokens: false,
     }) else {
         return;
     };

@@ -1,12 +1,16 @@
-//! Prometheus metrics with GitLab Runner's names (protocol reference §7) and the health
-//! endpoints, served on `listen_address`: `/metrics`, `/health/live`, `/health/ready`,
-//! `/debug/jobs/list`.
+//! Prometheus metrics with GitLab Runner's names, types and labels (protocol reference §7;
+//! docs/migrating-from-gitlab-runner.md lists them) and the health endpoints, served on
+//! `listen_address`: `/metrics`, `/health/live`, `/health/ready`, `/debug/jobs/list`.
+//!
+//! Owns the exposition: the families (`families.rs`), what the manager's events add to them
+//! (`observer.rs`, the manager's `Observer`), the logged-errors counter (`errors.rs`), and the
+//! gauges read at scrape time (health, fleets, job store). Must not talk to GitLab or steer
+//! the manager: it only observes.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -14,56 +18,123 @@ use axum::routing::get;
 
 use crate::autoscaler::RemovalReason;
 use crate::config::Loaded;
+use crate::gitlab::client::RequestRecord;
 use crate::manager::fleet::Fleet;
 use crate::manager::health::HealthBoard;
 use crate::manager::ManagerStats;
 
-/// GitLab Runner's job duration buckets, seconds.
-const JOB_DURATION_BUCKETS: &[f64] = &[30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 10800.0, 18000.0, 36000.0];
+mod errors;
+mod families;
+mod observer;
+
+pub use errors::ErrorCounter;
+use families::Families;
+
+/// A job running now, for `gitlab_runner_jobs`.
+struct RunningJob {
+    runner: String,
+    runner_name: String,
+    stage: String,
+}
 
 #[derive(Default)]
 struct Inner {
-    concurrent: usize,
     system_id: String,
-    limits: Vec<(String, usize)>,
     stats: Vec<Arc<ManagerStats>>,
-    /// (endpoint, status, method) → count
-    api_requests: BTreeMap<(String, String, String), u64>,
-    /// endpoint → (sum seconds, count)
-    api_durations: BTreeMap<String, (f64, u64)>,
     fleets: Vec<Arc<Fleet>>,
     health: Option<Arc<HealthBoard>>,
+    /// Jobs running now, by job ID.
+    running: BTreeMap<i64, RunningJob>,
 }
 
 /// Shared metrics state. Cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Mutex<Inner>>,
     ready: Arc<AtomicBool>,
+    families: Arc<Families>,
 }
 
 impl Metrics {
     /// Metrics of a manager with `concurrent` slots.
     pub fn new(concurrent: usize, system_id: &str) -> Self {
-        let metrics = Metrics::default();
-        if let Ok(mut inner) = metrics.inner.lock() {
-            inner.concurrent = concurrent;
-            inner.system_id = system_id.to_string();
-        }
-        metrics
+        // Every name and label set is a constant of this crate: only a programming error fails.
+        let families = Families::new().expect("GitLab Runner's metric families are valid");
+        families
+            .version_info
+            .with_label_values(&[
+                "runway",
+                crate::buildinfo::VERSION,
+                crate::buildinfo::REVISION,
+                "",
+                "",
+                "",
+                crate::buildinfo::OS,
+                crate::buildinfo::go_arch(),
+            ])
+            .set(1);
+        let slots = i64::try_from(concurrent).unwrap_or(i64::MAX);
+        families.concurrent.set(slots);
+        // GitLab Runner's workers are its `concurrent` job slots; so are Runway's.
+        families.worker_slots.set(slots);
+        families.worker_slot_operations.with_label_values(&["started"]).inc_by(u64::try_from(slots).unwrap_or(0));
+        families.worker_slot_operations.with_label_values(&["stopped"]).inc_by(0);
+        let inner = Inner { system_id: system_id.to_string(), ..Inner::default() };
+        Metrics { inner: Arc::new(Mutex::new(inner)), ready: Arc::default(), families: Arc::new(families) }
     }
 
-    /// Count jobs of this manager (a reload attaches the new one; counters add up).
+    /// Count jobs of this manager (a reload attaches the new one; counters add up) and
+    /// export the runners of `loaded` with their settings.
     pub fn attach(&self, stats: Arc<ManagerStats>, loaded: &Loaded) {
-        if let Ok(mut inner) = self.inner.lock() {
-            inner.stats.push(stats);
-            inner.limits = loaded
-                .config
-                .runners
-                .iter()
-                .map(|r| (crate::config::short_token(&r.resolved_token()), r.limit))
-                .collect();
+        let Ok(mut inner) = self.inner.lock() else { return };
+        inner.stats.push(stats);
+        let f = &self.families;
+        let sid = inner.system_id.clone();
+        for r in &loaded.config.runners {
+            let short = crate::config::short_token(&r.resolved_token());
+            let labels = [short.as_str(), r.name.as_str(), sid.as_str()];
+            f.limit.with_label_values(&labels).set(i64::try_from(r.limit).unwrap_or(i64::MAX));
+            for family in [&f.jobs_total, &f.worker_feeds, &f.worker_feed_failures, &f.acceptable_queuing_exceeded] {
+                family.with_label_values(&labels).inc_by(0);
+            }
+            for kind in ["no_free_executor", "job_failure", "other"] {
+                f.worker_processing_failures.with_label_values(&[kind, &short, &r.name, &sid]).inc_by(0);
+            }
+            // The request-concurrency gauges are set by the pollers (the observer); until the
+            // first request, the configured limit and nothing in flight.
+            let pair = [short.as_str(), sid.as_str()];
+            let requests = i64::try_from(r.request_concurrency).unwrap_or(i64::MAX);
+            f.request_concurrency_hard_limit.with_label_values(&pair).set(requests);
+            f.request_concurrency_exceeded.with_label_values(&pair).inc_by(0);
+            f.request_concurrency.with_label_values(&pair).add(0);
+            f.request_concurrency_adaptive_limit.with_label_values(&pair).add(0.0);
+            f.request_concurrency_used_limit.with_label_values(&pair).add(0);
         }
+    }
+
+    /// Count a configuration file load (`ok`) or a load that failed.
+    pub fn config_loaded(&self, ok: bool) {
+        if ok {
+            self.families.configuration_loaded.inc();
+        } else {
+            self.families.configuration_loading_error.inc();
+        }
+    }
+
+    /// Count a configuration file save (`ok`) or a save that failed.
+    pub fn config_saved(&self, ok: bool) {
+        if ok {
+            self.families.configuration_saved.inc();
+        } else {
+            self.families.configuration_saving_error.inc();
+        }
+    }
+
+    /// The manager's job slots stopped (the process is stopping).
+    pub fn slots_stopped(&self) {
+        let slots = self.families.worker_slots.get();
+        self.families.worker_slot_operations.with_label_values(&["stopped"]).inc_by(u64::try_from(slots).unwrap_or(0));
+        self.families.worker_slots.set(0);
     }
 
     /// Report the health of the current manager's runners (replacing the previous manager's).
@@ -100,109 +171,40 @@ impl Metrics {
         self.ready.store(ready, Ordering::SeqCst);
     }
 
-    /// Count one API request attempt: its endpoint label (`request_job`, ...), HTTP method,
-    /// status (`None` for a transport error, exported as `error`) and time to response.
-    pub fn record_api_request(&self, endpoint: &str, method: &str, status: Option<u16>, duration: Duration) {
-        if let Ok(mut inner) = self.inner.lock() {
-            let status = status.map(|s| s.to_string()).unwrap_or_else(|| "error".into());
-            *inner.api_requests.entry((endpoint.to_string(), status, method.to_string())).or_default() += 1;
-            let entry = inner.api_durations.entry(endpoint.to_string()).or_default();
-            entry.0 += duration.as_secs_f64();
-            entry.1 += 1;
+    /// Count one API request attempt of runner `runner` (its short token) as GitLab Runner
+    /// does: transport errors are not counted, the method is lower case, the duration
+    /// histogram is labelled by status class (`2xx`), and every attempt after the first is
+    /// a retry of its path.
+    pub fn record_api_request(&self, runner: &str, request: &RequestRecord<'_>) {
+        let Some(status) = request.status else { return };
+        let sid = self.inner.lock().map(|i| i.system_id.clone()).unwrap_or_default();
+        let method = request.method.to_ascii_lowercase();
+        let endpoint = request.endpoint.as_str();
+        let f = &self.families;
+        f.api_request_statuses.with_label_values(&[runner, &sid, endpoint, &status.to_string(), &method]).inc();
+        let class = format!("{}xx", status / 100);
+        f.api_request_duration
+            .with_label_values(&[runner, &sid, endpoint, &class, &method])
+            .observe(request.duration.as_secs_f64());
+        if request.attempt > 1 {
+            f.api_request_retries.with_label_values(&[request.path, &method]).inc();
         }
     }
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let Ok(inner) = self.inner.lock() else { return String::new() };
-        let mut out = String::new();
         let sid = &inner.system_id;
-        let _ = writeln!(
-            out,
-            "# HELP gitlab_runner_version_info Runner version information.\n# TYPE gitlab_runner_version_info gauge"
-        );
-        let _ = writeln!(
-            out,
-            "gitlab_runner_version_info{{name=\"runway\",version=\"{}\",os=\"{}\",architecture=\"{}\"}} 1",
-            crate::buildinfo::VERSION,
-            crate::buildinfo::OS,
-            crate::buildinfo::go_arch()
-        );
-        let _ = writeln!(out, "# HELP gitlab_runner_concurrent The current value of concurrent setting\n# TYPE gitlab_runner_concurrent gauge");
-        let _ = writeln!(out, "gitlab_runner_concurrent{{system_id=\"{sid}\"}} {}", inner.concurrent);
-        let _ = writeln!(
-            out,
-            "# HELP gitlab_runner_limit The current value of limit setting\n# TYPE gitlab_runner_limit gauge"
-        );
-        for (runner, limit) in &inner.limits {
-            let _ = writeln!(out, "gitlab_runner_limit{{runner=\"{runner}\",system_id=\"{sid}\"}} {limit}");
+        let f = &self.families;
+        f.jobs.reset();
+        for job in inner.running.values() {
+            f.jobs.with_label_values(&[&job.runner, &job.runner_name, sid, "running", &job.stage, ""]).inc();
         }
-        let running: usize = inner.stats.iter().map(|s| s.running.load(Ordering::SeqCst)).sum();
-        let finished: usize = inner.stats.iter().map(|s| s.finished.load(Ordering::SeqCst)).sum();
-        let _ = writeln!(
-            out,
-            "# HELP gitlab_runner_jobs The current number of running builds.\n# TYPE gitlab_runner_jobs gauge"
-        );
-        let _ = writeln!(out, "gitlab_runner_jobs{{state=\"running\",system_id=\"{sid}\"}} {running}");
-        let _ = writeln!(
-            out,
-            "# HELP gitlab_runner_jobs_total Total number of handled jobs\n# TYPE gitlab_runner_jobs_total counter"
-        );
-        let _ = writeln!(out, "gitlab_runner_jobs_total{{system_id=\"{sid}\"}} {}", finished + running);
-        let mut failed: BTreeMap<String, u64> = BTreeMap::new();
-        let mut durations: Vec<f64> = Vec::new();
-        for stats in &inner.stats {
-            if let Ok(f) = stats.failed.lock() {
-                for (reason, count) in f.iter() {
-                    *failed.entry(reason.clone()).or_default() += count;
-                }
-            }
-            if let Ok(d) = stats.durations.lock() {
-                durations.extend(d.iter().copied());
-            }
+        let mut out = String::new();
+        if let Err(e) = prometheus::TextEncoder::new().encode_utf8(&f.registry.gather(), &mut out) {
+            tracing::warn!("rendering metrics: {e}");
         }
-        let _ = writeln!(out, "# HELP gitlab_runner_failed_jobs_total Total number of failed jobs\n# TYPE gitlab_runner_failed_jobs_total counter");
-        for (reason, count) in &failed {
-            let _ = writeln!(
-                out,
-                "gitlab_runner_failed_jobs_total{{failure_reason=\"{reason}\",system_id=\"{sid}\"}} {count}"
-            );
-        }
-        let _ = writeln!(out, "# HELP gitlab_runner_job_duration_seconds Histogram of job durations\n# TYPE gitlab_runner_job_duration_seconds histogram");
-        for bound in JOB_DURATION_BUCKETS {
-            let n = durations.iter().filter(|d| **d <= *bound).count();
-            let _ =
-                writeln!(out, "gitlab_runner_job_duration_seconds_bucket{{system_id=\"{sid}\",le=\"{bound}\"}} {n}");
-        }
-        let _ = writeln!(
-            out,
-            "gitlab_runner_job_duration_seconds_bucket{{system_id=\"{sid}\",le=\"+Inf\"}} {}",
-            durations.len()
-        );
-        let _ = writeln!(
-            out,
-            "gitlab_runner_job_duration_seconds_sum{{system_id=\"{sid}\"}} {}",
-            durations.iter().sum::<f64>()
-        );
-        let _ = writeln!(out, "gitlab_runner_job_duration_seconds_count{{system_id=\"{sid}\"}} {}", durations.len());
-        let _ = writeln!(
-            out,
-            "# HELP gitlab_runner_api_request_statuses_total The total number of api requests, partitioned by runner, endpoint, status and method.\n# TYPE gitlab_runner_api_request_statuses_total counter"
-        );
-        for ((endpoint, status, method), count) in &inner.api_requests {
-            let _ = writeln!(
-                out,
-                "gitlab_runner_api_request_statuses_total{{system_id=\"{sid}\",endpoint=\"{endpoint}\",status=\"{status}\",method=\"{method}\"}} {count}"
-            );
-        }
-        let _ = writeln!(out, "# HELP gitlab_runner_api_request_duration_seconds Latency of API requests.\n# TYPE gitlab_runner_api_request_duration_seconds summary");
-        for (endpoint, (sum, count)) in &inner.api_durations {
-            let _ = writeln!(
-                out,
-                "gitlab_runner_api_request_duration_seconds_sum{{system_id=\"{sid}\",endpoint=\"{endpoint}\"}} {sum}"
-            );
-            let _ = writeln!(out, "gitlab_runner_api_request_duration_seconds_count{{system_id=\"{sid}\",endpoint=\"{endpoint}\"}} {count}");
-        }
+        errors::render(&mut out);
         if let Some(health) = &inner.health {
             render_health(&mut out, sid, health);
         }

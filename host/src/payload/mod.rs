@@ -8,6 +8,7 @@
 //! A leaf: every stage of the job path reads this type, and it imports nothing of the crate.
 //! [`variables`] holds GitLab's variable rules (dedup, `$VAR` expansion) over it.
 
+pub mod flags;
 pub mod variables;
 
 use serde::{Deserialize, Deserializer, Serialize};
@@ -120,6 +121,16 @@ pub struct JobInfo {
     /// How long the job waited in GitLab's queue.
     #[serde(default, deserialize_with = "null_default")]
     pub time_in_queue_seconds: f64,
+    /// How many jobs of the project run on instance runners (`"0"`, `"1"`, ... or `"+Inf"`;
+    /// a label of `gitlab_runner_job_queue_duration_seconds`).
+    #[serde(default, deserialize_with = "null_default")]
+    pub project_jobs_running_on_instance_runners_count: String,
+    /// Jobs in the runner's queue when this one was picked.
+    #[serde(default, deserialize_with = "null_default")]
+    pub queue_size: i64,
+    /// How deep in the queue GitLab searched for this job.
+    #[serde(default, deserialize_with = "null_default")]
+    pub queue_depth: i64,
 }
 
 /// `git_info`: what to check out.

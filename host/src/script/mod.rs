@@ -376,6 +376,22 @@ impl JobPlan {
     fn value(&self, key: &str) -> Option<&str> {
         self.variables.iter().rev().find(|v| v.key == key).map(|v| v.value.as_str())
     }
+    /// Whether feature flag `name` is on for this job (the runner's `feature_flags`, then the
+    /// job's variable, then gitlab-runner's default).
+    pub fn feature_flag(&self, name: &str) -> bool {
+        crate::payload::flags::resolve(name, &self.settings.feature_flags, self.value(name))
+    }
+    /// How long to wait before attempt `attempt + 1` of a stage that failed `attempt` times,
+    /// as gitlab-runner: 5 s doubling to 5 min with `FF_USE_EXPONENTIAL_BACKOFF_STAGE_RETRY`
+    /// (its default), 1 s doubling to 5 s without.
+    pub fn stage_retry_backoff(&self, attempt: u32) -> Duration {
+        let (min, max) = if self.feature_flag(crate::payload::flags::EXPONENTIAL_BACKOFF_STAGE_RETRY) {
+            (Duration::from_secs(5), Duration::from_secs(300))
+        } else {
+            (Duration::from_secs(1), Duration::from_secs(5))
+        };
+        min.saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1))).min(max)
+    }
     /// Token prefixes the job asks to mask.
     pub fn token_mask_prefixes(&self) -> Vec<String> {
         self.job.features.token_mask_prefixes.clone()
@@ -709,4 +725,38 @@ fn user_lines(lines: impl Iterator<Item = String>) -> String {
 /// For tests and `runway exec`: a raw line printed in the stage.
 pub fn echo_line(text: &str) -> String {
     echo_raw(text)
+}
+
+#[cfg(test)]
+mod backoff_tests {
+    use super::*;
+
+    fn plan(job_value: Option<&str>, runner_value: Option<bool>) -> JobPlan {
+        let mut job: JobResponse =
+            serde_json::from_str(include_str!("../../../tests/fixtures/job-response-example.json")).expect("fixture");
+        if let Some(value) = job_value {
+            job.variables.push(crate::payload::JobVariable {
+                key: crate::payload::flags::EXPONENTIAL_BACKOFF_STAGE_RETRY.into(),
+                value: value.into(),
+                ..Default::default()
+            });
+        }
+        let mut settings = ScriptSettings {
+            builds_dir: PathBuf::from("/builds"),
+            cache_dir: PathBuf::from("/cache"),
+            ..ScriptSettings::default()
+        };
+        if let Some(value) = runner_value {
+            settings.feature_flags.insert(crate::payload::flags::EXPONENTIAL_BACKOFF_STAGE_RETRY.into(), value);
+        }
+        JobPlan::new(&job, &settings).expect("plan")
+    }
+
+    #[test]
+    fn stage_retries_back_off_as_gitlab_runner_does() {
+        let waits = |p: &JobPlan| (1..=8).map(|a| p.stage_retry_backoff(a).as_secs()).collect::<Vec<_>>();
+        assert_eq!(waits(&plan(None, None)), [5, 10, 20, 40, 80, 160, 300, 300], "the flag is on by default");
+        assert_eq!(waits(&plan(Some("false"), None)), [1, 2, 4, 5, 5, 5, 5, 5]);
+        assert_eq!(waits(&plan(Some("false"), Some(true))), [5, 10, 20, 40, 80, 160, 300, 300], "the runner wins");
+    }
 }

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::format::ansi;
 use super::mask::{MaskError, Masker, MaskerState};
+use super::timestamp::{Stream, Timestamper};
 use super::TraceSink;
 
 /// GitLab Runner's default `output_limit` in KiB (4 MiB).
@@ -23,6 +24,10 @@ pub struct TraceOptions {
     pub token_prefixes: Vec<String>,
     /// `output_limit` in KiB; 0 means the default 4096.
     pub output_limit_kib: u64,
+    /// Per-line timestamps (`FF_TIMESTAMPS`).
+    pub timestamps: bool,
+    /// Only `glpat-` among the default token prefixes (`FF_MASK_ALL_DEFAULT_TOKENS` off).
+    pub only_personal_tokens: bool,
 }
 
 impl TraceOptions {
@@ -47,6 +52,10 @@ struct TraceState {
     masker: Masker,
     /// Masker output of the current write, reused between writes.
     masked: Vec<u8>,
+    /// Per-line timestamps, when on.
+    stamper: Option<Timestamper>,
+    /// Timestamper output of the current write, reused between writes.
+    stamped: Vec<u8>,
     bytes: Vec<u8>,
     crc: crc32fast::Hasher,
     limit: u64,
@@ -113,6 +122,9 @@ pub struct TraceCheckpoint {
     pub follow: Option<(String, u64)>,
     /// The output limit was reached (later output is dropped).
     pub limit_reached: bool,
+    /// Where the per-line timestamps stand (a line open, continuations pending).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamper: Option<Timestamper>,
 }
 
 /// Why a trace could not be restored from a checkpoint.
@@ -140,11 +152,14 @@ pub struct JobTrace {
 impl JobTrace {
     /// A trace masking and limiting per `options`.
     pub fn new(options: &TraceOptions) -> Result<Self, MaskError> {
-        let masker = Masker::new(options.masked_phrases.iter(), &options.token_prefixes)?;
+        let masker =
+            Masker::for_job(options.masked_phrases.iter(), &options.token_prefixes, !options.only_personal_tokens)?;
         Ok(JobTrace {
             state: Arc::new(Mutex::new(TraceState {
                 masker,
                 masked: Vec::new(),
+                stamper: options.timestamps.then(Timestamper::default),
+                stamped: Vec::new(),
                 bytes: Vec::new(),
                 crc: crc32fast::Hasher::new(),
                 limit: options.limit_bytes(),
@@ -169,6 +184,9 @@ impl JobTrace {
             state.bytes = bytes;
             state.limit_reached = checkpoint.limit_reached;
             state.follow = checkpoint.follow;
+            if let (Some(stamper), Some(saved)) = (&mut state.stamper, checkpoint.timestamper) {
+                *stamper = saved;
+            }
         }
         Ok(trace)
     }
@@ -183,6 +201,7 @@ impl JobTrace {
             masker: state.masker.state(),
             follow: state.follow.clone(),
             limit_reached: state.limit_reached,
+            timestamper: state.stamper,
         };
         (checkpoint, state.bytes[start..].to_vec())
     }
@@ -239,34 +258,51 @@ impl JobTrace {
         state.masked.clear();
         state.masker.flush(&mut state.masked);
         let masked = std::mem::take(&mut state.masked);
-        state.keep(&masked);
+        state.keep_stamped(Stream::Output, &masked);
         state.masked = masked;
     }
 }
 
 impl TraceState {
-    /// Mask `data` and keep it (nothing once the limit was reached).
-    fn write(&mut self, data: &[u8]) {
+    /// Mask `data` of `stream` and keep it (nothing once the limit was reached).
+    fn write(&mut self, stream: Stream, data: &[u8]) {
         if self.limit_reached {
             return;
         }
         self.masked.clear();
         self.masker.push(data, &mut self.masked);
         let masked = std::mem::take(&mut self.masked);
-        self.keep(&masked);
+        self.keep_stamped(stream, &masked);
         self.masked = masked;
+    }
+
+    /// Keep masked bytes of `stream`, timestamped per line when timestamps are on.
+    fn keep_stamped(&mut self, stream: Stream, masked: &[u8]) {
+        let Some(stamper) = &mut self.stamper else {
+            self.keep(masked);
+            return;
+        };
+        let mut stamped = std::mem::take(&mut self.stamped);
+        stamped.clear();
+        stamper.stamp(stream, masked, chrono::Utc::now(), &mut stamped);
+        self.keep(&stamped);
+        self.stamped = stamped;
     }
 }
 
 impl TraceSink for JobTrace {
     fn write(&self, data: &[u8]) {
-        self.lock().write(data);
+        self.lock().write(Stream::Runner, data);
+    }
+
+    fn write_output(&self, data: &[u8]) {
+        self.lock().write(Stream::Output, data);
     }
 
     /// Written and the cursor moved in one step, so a checkpoint sees both or neither.
     fn write_followed(&self, source: &str, end: u64, data: &[u8]) {
         let mut state = self.lock();
-        state.write(data);
+        state.write(Stream::Output, data);
         match &mut state.follow {
             Some((followed, at)) if followed == source => *at = end,
             follow => *follow = Some((source.to_string(), end)),
@@ -286,7 +322,15 @@ impl TraceSink for JobTrace {
         state.masker.push(data, &mut state.masked);
         state.masker.flush(&mut state.masked);
         let masked = std::mem::take(&mut state.masked);
-        state.keep_footer(&masked);
+        let footer = match &mut state.stamper {
+            Some(stamper) => {
+                let mut stamped = Vec::with_capacity(masked.len() + 64);
+                stamper.stamp(Stream::Runner, &masked, chrono::Utc::now(), &mut stamped);
+                stamped
+            }
+            None => masked.clone(),
+        };
+        state.keep_footer(&footer);
         state.masked = masked;
     }
 }
@@ -300,6 +344,8 @@ mod tests {
             masked_phrases: phrases.iter().map(|s| s.to_string()).collect(),
             token_prefixes: Vec::new(),
             output_limit_kib: limit_kib,
+            timestamps: false,
+            only_personal_tokens: false,
         })
         .expect("patterns compile")
     }

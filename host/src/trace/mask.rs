@@ -28,6 +28,16 @@ pub const DEFAULT_TOKEN_PREFIXES: [&str; 14] = [
     "gltok-",
 ];
 
+/// The default prefixes masked in every job: all of GitLab's with `FF_MASK_ALL_DEFAULT_TOKENS`
+/// (on by default), only `glpat-` without, as gitlab-runner.
+pub fn default_token_prefixes(mask_all: bool) -> &'static [&'static str] {
+    if mask_all {
+        &DEFAULT_TOKEN_PREFIXES
+    } else {
+        &DEFAULT_TOKEN_PREFIXES[..1]
+    }
+}
+
 /// GitLab Runner honours at most this many token prefixes; the rest are ignored.
 pub const MAX_TOKEN_PREFIXES: usize = 15;
 
@@ -274,8 +284,14 @@ impl TokenPrefixSanitizer {
     /// defaults; duplicates and empty entries are skipped and at most
     /// [`MAX_TOKEN_PREFIXES`] are honoured.
     pub fn new(job_prefixes: &[String]) -> Result<Self, MaskError> {
+        Self::with_defaults(job_prefixes, &DEFAULT_TOKEN_PREFIXES)
+    }
+
+    /// As [`TokenPrefixSanitizer::new`] with `defaults` after the job's prefixes
+    /// ([`default_token_prefixes`]).
+    pub fn with_defaults(job_prefixes: &[String], defaults: &[&str]) -> Result<Self, MaskError> {
         let mut prefixes: Vec<Vec<u8>> = Vec::new();
-        let candidates = job_prefixes.iter().map(String::as_str).chain(DEFAULT_TOKEN_PREFIXES);
+        let candidates = job_prefixes.iter().map(String::as_str).chain(defaults.iter().copied());
         for prefix in candidates {
             if prefixes.len() == MAX_TOKEN_PREFIXES {
                 break;
@@ -374,10 +390,27 @@ impl Masker {
         I: IntoIterator<Item = P>,
         P: AsRef<[u8]>,
     {
+        Self::for_job(phrases, token_prefixes, true)
+    }
+
+    /// As [`Masker::new`], with only `glpat-` among the defaults unless `mask_all_default_tokens`
+    /// (`FF_MASK_ALL_DEFAULT_TOKENS`).
+    pub fn for_job<I, P>(
+        phrases: I,
+        token_prefixes: &[String],
+        mask_all_default_tokens: bool,
+    ) -> Result<Self, MaskError>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<[u8]>,
+    {
         Ok(Masker {
             phrases: PhraseMasker::new(phrases)?,
             url_params: UrlParamSanitizer::default(),
-            token_prefixes: TokenPrefixSanitizer::new(token_prefixes)?,
+            token_prefixes: TokenPrefixSanitizer::with_defaults(
+                token_prefixes,
+                default_token_prefixes(mask_all_default_tokens),
+            )?,
             after_phrases: Vec::new(),
             after_url_params: Vec::new(),
         })
@@ -515,6 +548,13 @@ mod tests {
     #[test]
     fn longer_default_prefix_wins_over_shorter() {
         assert_split_invariant(&[], &[], "glrtr-abc glrt-def", "glrtr-[MASKED] glrt-[MASKED]");
+    }
+
+    #[test]
+    fn without_mask_all_default_tokens_only_personal_tokens_are_masked() {
+        let mut m = Masker::for_job(Vec::<Vec<u8>>::new(), &["MYCO_".to_string()], false).expect("compiles");
+        let out = run(&mut m, &[b"glpat-abc glrt-def MYCO_ghi"]);
+        assert_eq!(out, "glpat-[MASKED] glrt-def MYCO_[MASKED]");
     }
 
     #[test]

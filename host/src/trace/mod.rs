@@ -6,6 +6,7 @@
 //! - [`mask`]: the streaming sanitizer chain (phrases → URL parameters → token prefixes);
 //! - [`buffer`]: [`JobTrace`], the masked, limited, checksummed log of one job;
 //! - [`format`]: GitLab's log format (sections, colours, header, footer);
+//! - [`timestamp`]: per-line timestamps (`FF_TIMESTAMPS`), after masking;
 //! - [`upload`]: [`TraceUploader`], incremental PATCH upload and the final job update;
 //! - [`failure`]: failure reasons and their mapping onto what GitLab supports.
 
@@ -13,6 +14,7 @@ pub mod buffer;
 pub mod failure;
 pub mod format;
 pub mod mask;
+pub mod timestamp;
 pub mod upload;
 
 pub use buffer::{JobTrace, RestoreError, TraceCheckpoint, TraceOptions};
@@ -23,8 +25,15 @@ pub use upload::{FinalUpdateError, RemoteSignals, TraceUploader, UploadConfig};
 /// Something that accepts job log bytes: the GitLab trace, the terminal of `runway exec`, a
 /// buffer in tests. Implementations mask and limit as they need; writers never block on I/O.
 pub trait TraceSink: Send + Sync {
-    /// Append bytes to the log.
+    /// Append the runner's own bytes to the log (headers, sections, messages).
     fn write(&self, data: &[u8]);
+
+    /// Append bytes the job printed (its processes' output). Only the per-line timestamps
+    /// tell them apart (stream `01` instead of `00`); by default, the same as
+    /// [`TraceSink::write`].
+    fn write_output(&self, data: &[u8]) {
+        self.write(data)
+    }
 
     /// Append the job's footer (`Job succeeded`, `ERROR: Job failed: ...`), the last thing a
     /// job writes. A sink with an output limit keeps it even when the limit was reached, so
@@ -33,7 +42,7 @@ pub trait TraceSink: Send + Sync {
         self.write(data)
     }
 
-    /// Append bytes read from the detached command log `source` (a path on the job's
+    /// Append job output read from the detached command log `source` (a path on the job's
     /// instance), after which the log holds bytes up to `end` that are in this trace. A sink
     /// that can survive a restart remembers `(source, end)` so that a resumed job follows the
     /// log on from there ([`TraceSink::followed`]). By default, the same as [`TraceSink::write`].

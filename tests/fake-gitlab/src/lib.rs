@@ -199,8 +199,15 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
-    /// The trace as (lossy) UTF-8.
+    /// The trace as GitLab's job log page shows it: (lossy) UTF-8 with the runner's per-line
+    /// timestamps (`2026-01-02T03:04:05.123456Z 01O `) taken off and continuation lines (`+`)
+    /// joined to the line they continue.
     pub fn trace_text(&self) -> String {
+        strip_timestamps(&self.raw_trace_text())
+    }
+
+    /// The trace as the runner sent it, (lossy) UTF-8.
+    pub fn raw_trace_text(&self) -> String {
         String::from_utf8_lossy(&self.trace).into_owned()
     }
 
@@ -881,4 +888,49 @@ impl Drop for FakeGitLab {
             server.abort();
         }
     }
+}
+
+/// The length of a runner's per-line timestamp prefix: `YYYY-MM-DDTHH:MM:SS.uuuuuuZ ` (28)
+/// plus stream id (2), type (1) and append flag (1).
+const STAMP_LEN: usize = 32;
+
+/// Whether `line` starts with a timestamp prefix; its append flag (`+` or ` `) if so.
+fn stamp_flag(line: &str) -> Option<u8> {
+    let b = line.as_bytes();
+    if b.len() < STAMP_LEN {
+        return None;
+    }
+    let digits = [0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18, 20, 21, 22, 23, 24, 25];
+    let shape = digits.iter().all(|i| b[*i].is_ascii_digit())
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b[10] == b'T'
+        && b[13] == b':'
+        && b[16] == b':'
+        && b[19] == b'.'
+        && b[26] == b'Z'
+        && b[27] == b' '
+        && b[28].is_ascii_hexdigit()
+        && b[29].is_ascii_hexdigit()
+        && matches!(b[30], b'O' | b'E')
+        && matches!(b[31], b' ' | b'+');
+    shape.then_some(b[31])
+}
+
+/// [`JobRecord::trace_text`]'s rendering of a raw trace.
+pub fn strip_timestamps(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for line in raw.split_inclusive('\n') {
+        match stamp_flag(line) {
+            Some(b'+') => {
+                if out.ends_with('\n') {
+                    out.pop();
+                }
+                out.push_str(&line[STAMP_LEN..]);
+            }
+            Some(_) => out.push_str(&line[STAMP_LEN..]),
+            None => out.push_str(line),
+        }
+    }
+    out
 }

@@ -165,7 +165,10 @@ pub(crate) fn build(spec: &JobSpec, server_url: &str, sha: &str) -> Value {
             "project_id": 42,
             "project_name": project_name,
             "project_full_path": spec.project,
-            "time_in_queue_seconds": 0.5
+            "time_in_queue_seconds": 0.5,
+            "project_jobs_running_on_instance_runners_count": "0",
+            "queue_size": 1,
+            "queue_depth": 1
         },
         "git_info": {
             "repo_url": repo_url,

@@ -16,7 +16,7 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
 use super::http::error_message;
-use super::{api_base_url, describe_reqwest_error, ApiError, Endpoint, GitLabClient};
+use super::{api_base_url, describe_reqwest_error, ApiError, Endpoint, GitLabClient, RequestRecord};
 
 /// One artifact upload: which job, with which token, which file, and how GitLab should file it.
 #[derive(Debug, Clone)]
@@ -95,6 +95,7 @@ impl GitLabClient {
             .mime_str("application/octet-stream")
             .map_err(|e| ApiError::ClientSetup(describe_reqwest_error(&e)))?;
         let form = Form::new().part("file", part);
+        let path = url.path().to_string();
         let started = std::time::Instant::now();
         let result = self
             .http
@@ -106,8 +107,14 @@ impl GitLabClient {
             .send()
             .await;
         if let Some(hook) = &self.hook {
-            let status = result.as_ref().ok().map(|r| r.status().as_u16());
-            hook(Endpoint::UploadArtifacts, "POST", status, started.elapsed());
+            hook(&RequestRecord {
+                endpoint: Endpoint::UploadArtifacts,
+                method: "POST",
+                path: &path,
+                status: result.as_ref().ok().map(|r| r.status().as_u16()),
+                duration: started.elapsed(),
+                attempt: 1,
+            });
         }
         let response = match result {
             Ok(r) => r,
@@ -152,8 +159,14 @@ impl GitLabClient {
             .send()
             .await;
         if let Some(hook) = &self.hook {
-            let status = result.as_ref().ok().map(|r| r.status().as_u16());
-            hook(Endpoint::DownloadArtifacts, "GET", status, started.elapsed());
+            hook(&RequestRecord {
+                endpoint: Endpoint::DownloadArtifacts,
+                method: "GET",
+                path: url.path(),
+                status: result.as_ref().ok().map(|r| r.status().as_u16()),
+                duration: started.elapsed(),
+                attempt: 1,
+            });
         }
         let mut response = match result {
             Ok(r) => r,

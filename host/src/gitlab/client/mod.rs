@@ -88,10 +88,26 @@ impl Endpoint {
     }
 }
 
-/// Called once per HTTP attempt with the endpoint, the method (`GET`, `POST`, ...), the
-/// status (`None` on a transport error) and the time to response headers. Defined here so
-/// observers (metrics) depend on the client, never the other way round.
-pub type RequestHook = Arc<dyn Fn(Endpoint, &str, Option<u16>, Duration) + Send + Sync>;
+/// One HTTP attempt, as a [`RequestHook`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestRecord<'a> {
+    /// What the request is for.
+    pub endpoint: Endpoint,
+    /// `GET`, `POST`, ...
+    pub method: &'a str,
+    /// The URL path (`/api/v4/jobs/request`).
+    pub path: &'a str,
+    /// The status; `None` on a transport error.
+    pub status: Option<u16>,
+    /// Time to the response headers.
+    pub duration: Duration,
+    /// 1 for the first attempt of a logical request, 2 for its first retry, ...
+    pub attempt: u32,
+}
+
+/// Called once per HTTP attempt. Defined here so observers (metrics) depend on the client,
+/// never the other way round.
+pub type RequestHook = Arc<dyn Fn(&RequestRecord<'_>) + Send + Sync>;
 
 /// Errors of the runner-token management calls.
 #[derive(Debug, thiserror::Error)]
@@ -202,6 +218,19 @@ impl GitLabClient {
         &self.user_agent
     }
 
+    /// The same client (connections, TLS, retries, user agent) reporting its requests to
+    /// `hook` instead: one per runner, so each runner's requests are counted under its name.
+    pub fn with_hook(&self, hook: Option<RequestHook>) -> GitLabClient {
+        GitLabClient {
+            http: self.http.clone(),
+            no_redirect: self.no_redirect.clone(),
+            retry: self.retry.clone(),
+            hook,
+            user_agent: self.user_agent.clone(),
+            last_update: Mutex::default(),
+        }
+    }
+
     /// How this client backs off between attempts; callers that retry a whole call (the
     /// job's acceptance) use the same steps.
     pub fn retry_policy(&self) -> &RetryPolicy {
@@ -227,7 +256,14 @@ impl GitLabClient {
             let started = Instant::now();
             let result = decorate(request).send().await;
             if let Some(hook) = &self.hook {
-                hook(endpoint, method.as_str(), result.as_ref().ok().map(|r| r.status().as_u16()), started.elapsed());
+                hook(&RequestRecord {
+                    endpoint,
+                    method: method.as_str(),
+                    path: url.path(),
+                    status: result.as_ref().ok().map(|r| r.status().as_u16()),
+                    duration: started.elapsed(),
+                    attempt,
+                });
             }
             let response = result.map_err(|e| TransportError(describe_reqwest_error(&e)))?;
             let status = response.status().as_u16();
