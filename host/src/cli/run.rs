@@ -294,6 +294,8 @@ impl RunnerContext {
             post_build_script: runner.post_build_script.clone(),
             feature_flags: runner.feature_flags.clone(),
             debug_trace_disabled: runner.debug_trace_disabled,
+            clean_git_config: runner.clean_git_config,
+            safe_directory_checkout: runner.safe_directory_checkout,
             runner_version: crate::buildinfo::VERSION.into(),
             runner_revision: crate::buildinfo::REVISION.into(),
             project_dir_override: None,

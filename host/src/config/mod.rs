@@ -191,6 +191,14 @@ pub struct RunnerConfig {
     /// Ignore `CI_DEBUG_TRACE` from jobs.
     #[serde(default)]
     pub debug_trace_disabled: bool,
+    /// Remove git configs and hooks of the checkout before and after each job (default: on,
+    /// except for the shell executor and `GIT_STRATEGY: none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clean_git_config: Option<bool>,
+    /// Add the job's directory to git's global `safe.directory` (default: on for the docker
+    /// executors, off for shell and instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safe_directory_checkout: Option<bool>,
     /// `FF_*` feature flags for every job of this runner.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub feature_flags: BTreeMap<String, bool>,
@@ -280,6 +288,8 @@ impl RunnerConfig {
             pre_build_script: None,
             post_build_script: None,
             debug_trace_disabled: false,
+            clean_git_config: None,
+            safe_directory_checkout: None,
             feature_flags: BTreeMap::new(),
             unhealthy_requests_limit: default_unhealthy_requests_limit(),
             unhealthy_interval: default_unhealthy_interval(),

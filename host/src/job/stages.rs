@@ -48,7 +48,7 @@ fn should_run(plan: &JobPlan, stage: &BuildStage, failed: bool) -> bool {
             StepWhen::OnFailure => failed,
             StepWhen::Always => true,
         },
-        BuildStage::AfterScript | BuildStage::CleanupFileVariables => true,
+        BuildStage::AfterScript | BuildStage::CleanupFileVariables | BuildStage::ClearWorktree => true,
         BuildStage::ArchiveCache | BuildStage::UploadArtifactsOnSuccess => !failed,
         BuildStage::ArchiveCacheOnFailure | BuildStage::UploadArtifactsOnFailure => failed,
     }
@@ -156,6 +156,10 @@ pub(super) async fn run_stages(
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.stopped() => break,
             }
+            // gitlab-runner's retry callback: clear_worktree before get_sources' second try.
+            if attempt == 1 && stage == BuildStage::GetSources {
+                clear_worktree(plan, session, trace, stop.clone(), timeout).await;
+            }
         }
         watcher.abort();
         hooks.stage_ended(&name, stage_started.elapsed());
@@ -177,6 +181,31 @@ pub(super) async fn run_stages(
         }
     }
     outcome
+}
+
+/// gitlab-runner's clear_worktree stage, once, before get_sources' second attempt: its own
+/// section; a failure there is only a warning (the retry decides).
+async fn clear_worktree(
+    plan: &JobPlan,
+    session: &mut ExecutorSession,
+    trace: &dyn TraceSink,
+    stop: StopSignal,
+    timeout: std::time::Duration,
+) {
+    let stage = BuildStage::ClearWorktree;
+    let name = stage.name();
+    let script = match plan.script(&stage, "running") {
+        Ok(script) => script,
+        Err(e) => return trace.warning(&e.to_string()),
+    };
+    trace.section_start(&name, SectionOptions::default());
+    trace.write_str(&section_header_line(&stage.description()));
+    let result =
+        run_stage(session, &Stage { name: name.clone(), script, predefined: stage.predefined() }, stop, timeout).await;
+    if !matches!(result, StageOutcome::Exited(0)) {
+        trace.warning(&format!("{name} failed: {result:?}"));
+    }
+    trace.section_end(&name);
 }
 
 /// What a stage's end means for the outcome, with its trace lines; `true` when no further

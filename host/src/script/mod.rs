@@ -2,10 +2,12 @@
 //! scripts GitLab Runner would run (protocol reference §4), as bash text.
 //!
 //! Owns the builds-dir layout (§4.3), the variable list (§4.2, [`variables`]), get_sources
-//! for every `GIT_STRATEGY` (§4.4), user scripts with their `$ command` echo (§4.5), file
-//! variables (§4.6) and a local cache. It runs nothing: the job module hands each script to
-//! the executor.
+//! for every `GIT_STRATEGY` (§4.4, [`git`]), user scripts with their `$ command` echo (§4.5),
+//! file variables (§4.6), `GITLAB_ENV` (the file every stage sources, so what one stage
+//! appends reaches every later one) and a local cache. It runs nothing: the job module hands
+//! each script to the executor.
 
+mod git;
 pub mod shell;
 pub mod transfer;
 
@@ -17,7 +19,7 @@ use std::time::Duration;
 use crate::config::duration::parse_duration;
 use crate::payload::variables;
 use crate::payload::{JobResponse, JobVariable, Step};
-use shell::{echo_command, echo_info, echo_raw, echo_warning, quote, wrap};
+use shell::{echo_command, echo_raw, echo_warning, quote, wrap};
 pub use transfer::{CacheSigner, CacheUrls};
 
 /// GitLab's `DefaultTimeout`: used when the payload's timeout is ≤ 0.
@@ -81,7 +83,16 @@ pub struct ScriptSettings {
     /// `runway exec`: artifacts are kept in `<dir>/<job name>/` instead of uploaded, and
     /// dependencies' are read from there.
     pub local_artifacts_dir: Option<PathBuf>,
+    /// `clean_git_config` from config.toml; `None`: gitlab-runner's default (on, except for
+    /// the shell executor and `GIT_STRATEGY: none`).
+    pub clean_git_config: Option<bool>,
+    /// `safe_directory_checkout` from config.toml; `None`: gitlab-runner's default (on for
+    /// the container and VM executors).
+    pub safe_directory_checkout: Option<bool>,
 }
+
+/// The file behind `GITLAB_ENV`, in the job's temporary directory (gitlab-runner's name).
+pub const GITLAB_ENV_FILE: &str = "gitlab_runner_env";
 
 /// A stage of a job, in GitLab's vocabulary.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,6 +119,9 @@ pub enum BuildStage {
     UploadArtifactsOnFailure,
     /// Remove the files of file variables.
     CleanupFileVariables,
+    /// Between a failed get_sources and its retry: delete tracked and untracked files (not
+    /// in [`JobPlan::stages`]; the job runs it before get_sources' second attempt).
+    ClearWorktree,
 }
 
 impl BuildStage {
@@ -125,6 +139,7 @@ impl BuildStage {
             BuildStage::UploadArtifactsOnSuccess => "upload_artifacts_on_success".into(),
             BuildStage::UploadArtifactsOnFailure => "upload_artifacts_on_failure".into(),
             BuildStage::CleanupFileVariables => "cleanup_file_variables".into(),
+            BuildStage::ClearWorktree => "clear_worktree".into(),
         }
     }
 
@@ -142,6 +157,7 @@ impl BuildStage {
             BuildStage::UploadArtifactsOnSuccess => "Uploading artifacts for successful job".into(),
             BuildStage::UploadArtifactsOnFailure => "Uploading artifacts for failed job".into(),
             BuildStage::CleanupFileVariables => "Cleaning up project directory and file based variables".into(),
+            BuildStage::ClearWorktree => "Deleting all tracked and untracked files due to source fetch failure".into(),
         }
     }
 
@@ -333,7 +349,7 @@ impl JobPlan {
         if let Some(chain) = settings.server_tls_ca_chain.as_ref().filter(|c| !c.is_empty()) {
             list.push(JobVariable { file: true, ..var("CI_SERVER_TLS_CA_FILE", chain) });
         }
-        let variables = variables::expand_all(&variables::dedup(list));
+        let variables = variables::expand_all(&variables::dedup(list)).map_err(PlanError::payload)?;
 
         if job.variable("CI_DEBUG_TRACE") == Some("true") && settings.debug_trace_disabled {
             warnings.push("WARNING: CI_DEBUG_TRACE is disabled on this runner (debug_trace_disabled = true)".into());
@@ -375,6 +391,16 @@ impl JobPlan {
     }
     fn value(&self, key: &str) -> Option<&str> {
         self.variables.iter().rev().find(|v| v.key == key).map(|v| v.value.as_str())
+    }
+    /// gitlab-runner's `Variables.Get`: a variable's value, or the path of a file variable's
+    /// file (what `$NAME` means in cache keys, policies and paths).
+    fn get(&self, key: &str) -> Option<String> {
+        let var = self.variables.iter().rev().find(|v| v.key == key)?;
+        Some(if var.file {
+            variables::file_path(&self.tmp_dir.display().to_string(), &var.key)
+        } else {
+            var.value.clone()
+        })
     }
     /// Whether feature flag `name` is on for this job (the runner's `feature_flags`, then the
     /// job's variable, then gitlab-runner's default).
@@ -472,7 +498,7 @@ impl JobPlan {
 
     /// The bash script of `stage`; `job_status` becomes `CI_JOB_STATUS`.
     pub fn script(&self, stage: &BuildStage, job_status: &str) -> Result<String, PlanError> {
-        let mut body = self.prelude(job_status);
+        let mut body = self.prelude(stage, job_status);
         match stage {
             BuildStage::PrepareScript => {
                 for warning in &self.warnings {
@@ -481,6 +507,7 @@ impl JobPlan {
                 body.push_str("echo \"Running on $(hostname 2>/dev/null || uname -n)...\"\n");
             }
             BuildStage::GetSources => body.push_str(&self.get_sources()),
+            BuildStage::ClearWorktree => body.push_str(&self.clear_worktree()),
             BuildStage::RestoreCache => body.push_str(&self.restore_cache()?),
             BuildStage::DownloadArtifacts => body.push_str(&self.download_artifacts()),
             BuildStage::ArchiveCache => body.push_str(&self.archive_cache(false)?),
@@ -504,26 +531,31 @@ impl JobPlan {
                 body.push_str(&user_lines(step.script.iter().cloned()));
             }
             BuildStage::CleanupFileVariables => {
+                body.push_str(&self.git_cleanup_stage());
                 body.push_str(&format!("rm -rf {}\n", quote(&self.tmp_dir.display().to_string())));
             }
         }
         Ok(wrap(&body))
     }
 
-    /// Variable exports and file variables, at the top of every stage.
-    fn prelude(&self, job_status: &str) -> String {
+    /// Where `GITLAB_ENV` points.
+    pub fn gitlab_env_file(&self) -> PathBuf {
+        self.tmp_dir.join(GITLAB_ENV_FILE)
+    }
+
+    /// Variable exports and file variables, at the top of every stage; then `GITLAB_ENV`
+    /// and what earlier stages appended to it (gitlab-runner's `writeExports`). The prepare
+    /// stage first empties it: a file left by an earlier job of this directory is not read.
+    fn prelude(&self, stage: &BuildStage, job_status: &str) -> String {
         let mut out = String::new();
         let tmp = self.tmp_dir.display().to_string();
-        let has_files = self.variables.iter().any(|v| v.file);
-        if has_files {
-            out.push_str(&format!("mkdir -p {}\n", quote(&tmp)));
-        }
+        out.push_str(&format!("mkdir -p {}\n", quote(&tmp)));
         for v in &self.variables {
             if !is_env_name(&v.key) {
                 continue;
             }
             if v.file {
-                let path = format!("{tmp}/{}", v.key);
+                let path = variables::file_path(&tmp, &v.key);
                 out.push_str(&format!("printf '%s' {} > {}\n", quote(&v.value), quote(&path)));
                 out.push_str(&format!("export {}={}\n", v.key, quote(&path)));
             } else if v.key == "CI_JOB_STATUS" {
@@ -532,171 +564,16 @@ impl JobPlan {
                 out.push_str(&format!("export {}={}\n", v.key, quote(&v.value)));
             }
         }
+        let env_file = quote(&self.gitlab_env_file().display().to_string());
+        if *stage == BuildStage::PrepareScript {
+            out.push_str(&format!("rm -f {env_file}\n"));
+        }
+        out.push_str(&format!("export GITLAB_ENV={env_file}\ntouch {env_file}\n"));
+        out.push_str(&format!("while read -r line; do export \"$line\"; done < {env_file}\n"));
         out.push_str("export GIT_TERMINAL_PROMPT=0 GCM_INTERACTIVE=Never\n");
         if self.value("CI_DEBUG_TRACE") == Some("true") && !self.settings.debug_trace_disabled {
             out.push_str("set -x\n");
         }
-        out
-    }
-
-    fn remote_url(&self) -> String {
-        match self.settings.clone_url.as_deref().filter(|u| !u.is_empty()) {
-            Some(base) => {
-                let (scheme, rest) = base.split_once("://").unwrap_or(("https", base));
-                format!(
-                    "{scheme}://gitlab-ci-token:{}@{}/{}.git",
-                    self.job.token,
-                    rest.trim_end_matches('/'),
-                    self.slug
-                )
-            }
-            None => self.job.git_info.repo_url.clone(),
-        }
-    }
-
-    fn refspecs(&self) -> Vec<String> {
-        let git = &self.job.git_info;
-        if !git.refspecs.is_empty() {
-            return git.refspecs.clone();
-        }
-        if git.ref_type == "tag" {
-            vec![format!("+refs/tags/{0}:refs/tags/{0}", git.git_ref)]
-        } else if git.depth > 0 {
-            vec![format!("+refs/heads/{0}:refs/remotes/origin/{0}", git.git_ref)]
-        } else {
-            vec!["+refs/heads/*:refs/remotes/origin/*".into(), "+refs/tags/*:refs/tags/*".into()]
-        }
-    }
-
-    fn get_sources(&self) -> String {
-        let dir = quote(&self.project_dir.display().to_string());
-        let mut out = String::new();
-        let with_hooks = !matches!(self.strategy, GitStrategy::None | GitStrategy::Empty);
-        if with_hooks {
-            if let Some(pre) = &self.settings.pre_get_sources_script {
-                out.push_str(&user_lines(pre.lines().map(str::to_string)));
-            }
-            if let Some(hook) = self.job.hooks.iter().find(|h| h.name == "pre_get_sources_script") {
-                out.push_str(&user_lines(hook.script.iter().cloned()));
-            }
-        }
-        if self.value("GIT_LFS_SKIP_SMUDGE").is_none() {
-            out.push_str("export GIT_LFS_SKIP_SMUDGE=1\n");
-        }
-        match self.strategy {
-            GitStrategy::None => {
-                out.push_str(&echo_info("Skipping Git repository setup"));
-                out.push_str(&format!("mkdir -p {dir}\n"));
-                return out;
-            }
-            GitStrategy::Empty => {
-                out.push_str(&echo_info("Skipping Git repository setup and creating an empty build directory"));
-                out.push_str(&format!("rm -rf {dir}\nmkdir -p {dir}\n"));
-                return out;
-            }
-            GitStrategy::Clone => {
-                out.push_str(&format!("rm -rf {dir}\n"));
-            }
-            GitStrategy::Fetch => {}
-        }
-        let depth = self.job.git_info.depth;
-        if depth > 0 {
-            out.push_str(&echo_info(&format!("Fetching changes with git depth set to {depth}...")));
-        } else {
-            out.push_str(&echo_info("Fetching changes..."));
-        }
-        out.push_str(&format!("mkdir -p {dir}\ncd {dir}\n"));
-        out.push_str(
-            "rm -f .git/index.lock .git/shallow.lock .git/HEAD.lock .git/hooks/post-checkout .git/config.lock\n",
-        );
-        out.push_str("if [ -d .git ]; then echo \"Reinitialized existing Git repository in $PWD/.git/\"; else git init -q . && echo \"Initialized empty Git repository in $PWD/.git/\"; fi\n");
-        let url = quote(&self.remote_url());
-        out.push_str(&format!("git remote set-url origin {url} 2>/dev/null || git remote add origin {url}\n"));
-        if self.settings.server_tls_ca_chain.as_ref().is_some_and(|c| !c.is_empty()) {
-            out.push_str("git config http.sslCAInfo \"$CI_SERVER_TLS_CA_FILE\"\n");
-        }
-        let mut fetch = format!(
-            "git -c http.userAgent={} fetch origin --no-recurse-submodules",
-            quote(&format!("runway {}", self.settings.runner_version))
-        );
-        for spec in self.refspecs() {
-            fetch.push(' ');
-            fetch.push_str(&quote(&spec));
-        }
-        if depth > 0 {
-            fetch.push_str(&format!(" --depth {depth}"));
-        }
-        let extra = self.value("GIT_FETCH_EXTRA_FLAGS").unwrap_or("--prune --quiet");
-        for flag in shell_words::split(extra).unwrap_or_default() {
-            fetch.push(' ');
-            fetch.push_str(&quote(&flag));
-        }
-        if depth <= 0 {
-            out.push_str(&format!("if [ -f .git/shallow ]; then {fetch} --unshallow; else {fetch}; fi\n"));
-        } else {
-            out.push_str(&format!("{fetch}\n"));
-        }
-        if self.value("GIT_CHECKOUT") != Some("false") {
-            let sha = &self.job.git_info.sha;
-            let short: String = sha.chars().take(8).collect();
-            out.push_str(&echo_info(&format!(
-                "Checking out {short} as detached HEAD (ref is {})...",
-                self.job.git_info.git_ref
-            )));
-            out.push_str(&format!("git -c submodule.recurse=false checkout -f -q {}\n", quote(sha)));
-            let clean = self.value("GIT_CLEAN_FLAGS").unwrap_or("-ffdx");
-            if clean != "none" {
-                let flags: Vec<String> =
-                    shell_words::split(clean).unwrap_or_default().iter().map(|f| quote(f)).collect();
-                out.push_str(&format!("git clean {}\n", flags.join(" ")));
-            }
-        } else {
-            out.push_str(&echo_info("Skipping Git checkout"));
-        }
-        out.push_str(&self.submodules());
-        if with_hooks {
-            if let Some(hook) = self.job.hooks.iter().find(|h| h.name == "post_get_sources_script") {
-                out.push_str(&user_lines(hook.script.iter().cloned()));
-            }
-            if let Some(post) = &self.settings.post_get_sources_script {
-                out.push_str(&user_lines(post.lines().map(str::to_string)));
-            }
-        }
-        out
-    }
-
-    fn submodules(&self) -> String {
-        let recursive = match self.value("GIT_SUBMODULE_STRATEGY") {
-            Some("normal") => false,
-            Some("recursive") => true,
-            _ => return String::new(),
-        };
-        let mut update = String::from("git submodule update --init");
-        if recursive {
-            update.push_str(" --recursive");
-        }
-        let depth =
-            self.value("GIT_SUBMODULE_DEPTH").and_then(|d| d.parse::<i64>().ok()).unwrap_or(self.job.git_info.depth);
-        if depth > 0 {
-            update.push_str(&format!(" --depth {depth}"));
-        }
-        for flag in shell_words::split(self.value("GIT_SUBMODULE_UPDATE_FLAGS").unwrap_or("")).unwrap_or_default() {
-            update.push(' ');
-            update.push_str(&quote(&flag));
-        }
-        let paths: Vec<String> = shell_words::split(self.value("GIT_SUBMODULE_PATHS").unwrap_or(""))
-            .unwrap_or_default()
-            .iter()
-            .map(|p| quote(p))
-            .collect();
-        if !paths.is_empty() {
-            update.push_str(" -- ");
-            update.push_str(&paths.join(" "));
-        }
-        let sync = if recursive { "git submodule sync --recursive" } else { "git submodule sync" };
-        let mut out =
-            echo_info(&format!("Updating/initializing submodules{}...", if recursive { " recursively" } else { "" }));
-        out.push_str(&format!("{sync}\n{update}\n"));
         out
     }
 }

@@ -111,7 +111,7 @@ fn when_applies(when: &str, failed: bool) -> bool {
 
 impl JobPlan {
     fn expand(&self, text: &str) -> String {
-        variables::expand(text, &|k| self.value(k).map(str::to_string))
+        variables::expand(text, &|k| self.get(k))
     }
 
     fn helper(&self) -> Option<String> {

@@ -1,5 +1,6 @@
-//! Git repositories: bare repos on disk, committing files into them with plumbing commands,
-//! and serving them over smart HTTP through `git http-backend` as a CGI process.
+//! Git repositories: bare repos on disk, committing files (and submodule links) into them
+//! with plumbing commands, and serving them over smart HTTP through `git http-backend` as a
+//! CGI process, with Git LFS beside them (`crate::lfs`).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -67,6 +68,17 @@ pub(crate) fn commit_files(
     files: &[(&str, &[u8], bool)],
     message: &str,
 ) -> Result<String, String> {
+    commit_entries(dir, branch, files, &[], message)
+}
+
+/// Commits `files` and `gitlinks` (path, commit sha: submodule entries) on top of `branch`.
+pub(crate) fn commit_entries(
+    dir: &Path,
+    branch: &str,
+    files: &[(&str, &[u8], bool)],
+    gitlinks: &[(&str, &str)],
+    message: &str,
+) -> Result<String, String> {
     let index_dir = tempfile::tempdir().map_err(|e| format!("temp index: {e}"))?;
     let index = index_dir.path().join("index");
     let index_str = index.to_str().ok_or("non-UTF-8 temp path")?;
@@ -79,6 +91,9 @@ pub(crate) fn commit_files(
         let blob = git(Some(dir), &["hash-object", "-w", "--stdin"], &env, Some(content))?;
         let mode = if *executable { "100755" } else { "100644" };
         git(Some(dir), &["update-index", "--add", "--cacheinfo", &format!("{mode},{blob},{path}")], &env, None)?;
+    }
+    for (path, sha) in gitlinks {
+        git(Some(dir), &["update-index", "--add", "--cacheinfo", &format!("160000,{sha},{path}")], &env, None)?;
     }
     let tree = git(Some(dir), &["write-tree"], &env, None)?;
     let mut args = vec!["commit-tree", tree.as_str(), "-m", message];
@@ -116,7 +131,7 @@ pub(crate) async fn serve(State(shared): State<Arc<Shared>>, request: Request) -
         headers: parts.headers.clone(),
         body: Bytes::new(),
     };
-    let Some((repo, _rest)) = split_repo_path(parts.uri.path()) else {
+    let Some((repo, rest)) = split_repo_path(parts.uri.path()) else {
         return finish(&shared, &req, response(404, &[], "404 Not Found"));
     };
     let (known, public, user_ok) = {
@@ -136,6 +151,19 @@ pub(crate) async fn serve(State(shared): State<Arc<Shared>>, request: Request) -
             &req,
             response(401, &[("WWW-Authenticate", "Basic realm=\"GitLab\"".to_string())], "HTTP Basic: Access denied"),
         );
+    }
+    let repo_dir = shared.repo_root.join(format!("{repo}.git"));
+    if rest == "/info/lfs/objects/batch" && parts.method == axum::http::Method::POST {
+        let bytes = match axum::body::to_bytes(body, 1 << 20).await {
+            Ok(b) => b,
+            Err(e) => return finish(&shared, &req, response(400, &[], format!("bad body: {e}"))),
+        };
+        let repo_url = format!("{}/{repo}.git", shared.lock().base_url);
+        let resp = crate::lfs::batch(&repo_dir, &repo_url, &parts.headers, &bytes);
+        return finish(&shared, &Incoming { body: bytes, ..req }, resp);
+    }
+    if let Some(object) = rest.strip_prefix("/gitlab-lfs/objects/") {
+        return finish(&shared, &req, crate::lfs::download(&repo_dir, object));
     }
     let resp = match run_http_backend(&shared, &parts, body, user_ok).await {
         Ok(r) => r,

@@ -8,7 +8,9 @@
 //!   202 backoff), `PATCH /api/v4/jobs/:id/trace` (inclusive `Content-Range`, 416 on mismatch)
 //! - cancel from the "UI" ([`FakeGitLab::cancel`], [`FakeGitLab::force_cancel`])
 //! - injected failures per endpoint ([`FakeGitLab::inject`])
-//! - real git repositories over smart HTTP through `git http-backend` ([`FakeGitLab::create_repo`])
+//! - real git repositories over smart HTTP through `git http-backend` ([`FakeGitLab::create_repo`]),
+//!   with Git LFS (the batch API and object downloads, [`FakeGitLab::commit_lfs_files`]) and
+//!   submodule links ([`FakeGitLab::commit_submodule`])
 //! - a fault-injecting proxy to put in front of it ([`proxy::FaultProxy`])
 //!
 //! Everything a test may want to assert is recorded: [`FakeGitLab::requests`], [`FakeGitLab::job`].
@@ -18,6 +20,7 @@
 mod api;
 mod artifacts;
 mod git;
+mod lfs;
 mod payload;
 pub mod proxy;
 
@@ -873,6 +876,39 @@ impl FakeGitLab {
     pub fn commit_files_raw(&self, path: &str, branch: &str, files: &[(&str, &[u8], bool)], message: &str) -> String {
         git::commit_files(&self.repo_path(path), branch, files, message)
             .unwrap_or_else(|e| panic!("fake-gitlab: commit to {path}: {e}"))
+    }
+
+    /// Commits `files` (path, content) to repository `path` as Git LFS objects: the objects
+    /// are stored on the fake's LFS server, the repository gets their pointer files and a
+    /// `.gitattributes` routing each through the `lfs` filter. Returns the new commit sha.
+    pub fn commit_lfs_files(&self, path: &str, branch: &str, files: &[(&str, &[u8])], message: &str) -> String {
+        let dir = self.repo_path(path);
+        let mut attributes = String::new();
+        let mut pointers = Vec::new();
+        for (file, content) in files {
+            let pointer = lfs::store(&dir, content).unwrap_or_else(|e| panic!("fake-gitlab: LFS object: {e}"));
+            pointers.push((file.to_string(), pointer));
+            attributes.push_str(&format!("{file} filter=lfs diff=lfs merge=lfs -text\n"));
+        }
+        let mut entries: Vec<(&str, &[u8], bool)> = vec![(".gitattributes", attributes.as_bytes(), false)];
+        entries.extend(pointers.iter().map(|(f, p)| (f.as_str(), p.as_bytes(), false)));
+        git::commit_files(&dir, branch, &entries, message)
+            .unwrap_or_else(|e| panic!("fake-gitlab: commit to {path}: {e}"))
+    }
+
+    /// Adds a submodule at `sub_path` of repository `path`: `.gitmodules` pointing at `url`
+    /// (as a project would write it: absolute, relative like `../other.git`, or SSH) and the
+    /// submodule link at commit `sha`. Returns the new commit sha.
+    pub fn commit_submodule(&self, path: &str, branch: &str, sub_path: &str, url: &str, sha: &str) -> String {
+        let gitmodules = format!("[submodule \"{sub_path}\"]\n\tpath = {sub_path}\n\turl = {url}\n");
+        git::commit_entries(
+            &self.repo_path(path),
+            branch,
+            &[(".gitmodules", gitmodules.as_bytes(), false)],
+            &[(sub_path, sha)],
+            "add submodule",
+        )
+        .unwrap_or_else(|e| panic!("fake-gitlab: commit to {path}: {e}"))
     }
 
     /// `http://gitlab-ci-token:<token>@127.0.0.1:<port>/<path>.git`

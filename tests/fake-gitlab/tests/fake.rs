@@ -87,6 +87,67 @@ async fn clones_a_repository_over_smart_http_with_the_job_token() {
 }
 
 #[tokio::test]
+async fn lfs_batch_api_answers_downloads_with_the_job_token_as_gitlab_does() {
+    let fake = start(Duration::from_secs(1)).await;
+    fake.create_repo("group/lfs");
+    fake.commit_lfs_files("group/lfs", "main", &[("big.bin", b"large content\n")], "lfs");
+    let runner = fake.create_runner("r");
+    fake.enqueue(fake.job_payload(&JobSpec::new("group/lfs", "build", &["true"])));
+    let (_, token) = take_and_accept(&fake, &runner.token).await;
+    let oid = "2a0b8a4c2f4b4c76c8c4f2d4e2e0f6d9c0b7e2e9c1d8ce1e0f5d7a58a3e5f1b2";
+    let content = b"large content\n";
+    let real_oid: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(content).iter().map(|b| format!("{b:02x}")).collect()
+    };
+    let batch = format!("{}/group/lfs.git/info/lfs/objects/batch", fake.url());
+    let body = json!({
+        "operation": "download",
+        "transfers": ["basic"],
+        "objects": [{"oid": real_oid, "size": content.len()}, {"oid": oid, "size": 3}]
+    });
+    let send = |auth: Option<&str>, body: &Value| {
+        let mut req = http()
+            .post(&batch)
+            .header("Accept", "application/vnd.git-lfs+json")
+            .header("Content-Type", "application/vnd.git-lfs+json")
+            .json(body);
+        if let Some(password) = auth {
+            req = req.basic_auth("gitlab-ci-token", Some(password));
+        }
+        req.send()
+    };
+
+    // A private project without credentials: the challenge git-lfs answers with credentials.
+    let resp = send(None, &body).await.expect("batch");
+    assert_eq!(resp.status(), 401);
+    assert_eq!(resp.headers()["www-authenticate"], "Basic realm=\"GitLab\"");
+
+    let resp = send(Some(&token), &body).await.expect("batch");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/vnd.git-lfs+json");
+    let answer: Value = resp.json().await.expect("json");
+    let objects = answer["objects"].as_array().expect("objects");
+    let download = &objects[0]["actions"]["download"];
+    assert_eq!(objects[0]["authenticated"], true);
+    assert_eq!(download["href"], format!("{}/group/lfs.git/gitlab-lfs/objects/{real_oid}", fake.url()));
+    assert!(download["header"]["Authorization"].as_str().is_some_and(|a| a.starts_with("Basic ")));
+    assert_eq!(objects[1]["error"]["code"], 404, "an object the project does not have");
+
+    let href = download["href"].as_str().expect("href");
+    let auth = download["header"]["Authorization"].as_str().expect("auth");
+    let resp = http().get(href).header("Authorization", auth).send().await.expect("download");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.bytes().await.expect("bytes").as_ref(), content);
+    assert_eq!(http().get(href).send().await.expect("download").status(), 401, "downloads need the token too");
+
+    // A job token cannot push LFS objects.
+    let upload = json!({"operation": "upload", "objects": [{"oid": real_oid, "size": content.len()}]});
+    assert_eq!(send(Some(&token), &upload).await.expect("batch").status(), 403);
+    fake.shutdown().await;
+}
+
+#[tokio::test]
 async fn long_poll_blocks_until_a_job_is_enqueued() {
     let fake = start(Duration::from_secs(30)).await;
     let runner = fake.create_runner("r");
