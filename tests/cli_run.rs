@@ -77,7 +77,7 @@ async fn register_run_signals_metrics_unregister() {
     let text = std::fs::read_to_string(&config).expect("config");
     let text = text
         .replacen("concurrent = 1", &format!("concurrent = 2\nlisten_address = \"127.0.0.1:{port}\""), 1)
-        .replacen("check_interval = 3", "check_interval = 1", 1);
+        .replacen("check_interval = 0", "check_interval = 1", 1);
     let text = text.replace(
         "executor = \"shell\"",
         &format!("executor = \"shell\"\nbuilds_dir = \"{}\"", dir.path().join("builds").display()),

@@ -104,6 +104,7 @@ impl World {
             strict_check_interval: false,
             fleet: None,
             store: None,
+            labels: Default::default(),
         }
     }
 

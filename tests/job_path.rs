@@ -79,6 +79,7 @@ impl World {
             strict_check_interval: false,
             fleet: None,
             store: None,
+            labels: Default::default(),
         }
     }
 

@@ -71,6 +71,7 @@ async fn setup(concurrent: usize) -> Setup {
         strict_check_interval: false,
         fleet: None,
         store: None,
+        labels: Default::default(),
     };
     let shutdown = Shutdown::default();
     let manager = Manager::new(

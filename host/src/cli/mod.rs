@@ -3,6 +3,7 @@
 
 mod exec;
 mod plugins;
+mod rotation;
 mod run;
 pub(crate) mod runners;
 mod store;
@@ -16,12 +17,16 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "runway", version, about)]
 pub struct Cli {
-    /// config.toml to use (default ./config.toml, then ~/.runway/config.toml).
+    /// config.toml to use (default ./config.toml, then ~/.runway/config.toml; also
+    /// `CONFIG_FILE`, as gitlab-runner reads it).
     #[arg(short = 'c', long = "config", global = true, env = "RUNWAY_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Log level: debug, info, warn, error.
-    #[arg(long = "log-level", global = true)]
+    /// Log level: debug, info, warn, error, fatal, panic (over config.toml's `log_level`).
+    #[arg(long = "log-level", global = true, env = "LOG_LEVEL")]
     pub log_level: Option<String>,
+    /// Log format: runner, text, json (over config.toml's `log_format`).
+    #[arg(long = "log-format", global = true, env = "LOG_FORMAT")]
+    pub log_format: Option<String>,
     /// The verb.
     #[command(subcommand)]
     pub command: Command,
@@ -48,6 +53,8 @@ pub enum Command {
     },
     /// Remove runners from GitLab and config.toml.
     Unregister(runners::UnregisterArgs),
+    /// Reset runners' authentication tokens at GitLab and write the new ones to config.toml.
+    ResetToken(runners::ResetTokenArgs),
     /// List the runners in config.toml.
     List,
     /// Validate config.toml: errors and unknown keys fail; unsupported keys are listed.
@@ -87,22 +94,58 @@ pub enum Command {
     },
 }
 
-fn init_logging(level: Option<&str>) {
+/// The tracing level of a gitlab-runner `log_level` (`fatal` and `panic` log errors only).
+fn tracing_level(level: &str) -> &str {
+    match level {
+        "warning" => "warn",
+        "fatal" | "panic" => "error",
+        other => other,
+    }
+}
+
+/// Start logging at `level` in `format` (`runner`: coloured text on a terminal, `text`: plain
+/// text, `json`: one JSON object a line). `RUST_LOG` still wins for the level.
+fn init_logging(level: &str, format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.unwrap_or("info")));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(tracing_level(level)));
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let _ = tracing_subscriber::registry()
-        .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .with(crate::metrics::ErrorCounter)
-        .try_init();
+    use tracing_subscriber::Layer as _;
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let output = match format {
+        "json" => layer.json().flatten_event(true).boxed(),
+        "text" => layer.with_ansi(false).boxed(),
+        _ => layer.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).boxed(),
+    };
+    let _ = tracing_subscriber::registry().with(filter).with(output).with(crate::metrics::ErrorCounter).try_init();
+}
+
+/// `log_level` and `log_format` of the config file at `path`, when it has them (a file that
+/// does not load yet is reported by the verb).
+fn configured_logging(path: &std::path::Path) -> (Option<String>, Option<String>) {
+    let Ok(text) = std::fs::read_to_string(path) else { return (None, None) };
+    let Ok(table) = text.parse::<toml::Table>() else { return (None, None) };
+    let get = |key: &str| table.get(key).and_then(toml::Value::as_str).map(str::to_string);
+    (get("log_level"), get("log_format"))
+}
+
+/// The config file: `--config`/`RUNWAY_CONFIG`, else `CONFIG_FILE` (gitlab-runner's
+/// variable), else the default path.
+fn config_path(cli: &Cli) -> PathBuf {
+    cli.config
+        .clone()
+        .or_else(|| std::env::var_os("CONFIG_FILE").filter(|v| !v.is_empty()).map(PathBuf::from))
+        .unwrap_or_else(crate::config::default_path)
 }
 
 /// Parse arguments and run the verb; the exit code is the verb's.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_level.as_deref());
+    let config_path = config_path(&cli);
+    let (level, format) = configured_logging(&config_path);
+    let level = cli.log_level.clone().or(level).unwrap_or_else(|| "info".into());
+    let format = cli.log_format.clone().or(format).unwrap_or_else(|| "runner".into());
+    init_logging(&level, &format);
     run::seal_process();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -111,14 +154,16 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let config_path = cli.config.clone().unwrap_or_else(crate::config::default_path);
+    let explicit_config =
+        cli.config.clone().or_else(|| std::env::var_os("CONFIG_FILE").filter(|v| !v.is_empty()).map(PathBuf::from));
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Run { user } => run::run(config_path, user).await,
-            Command::Exec(args) => exec::run(args, cli.config.as_deref()).await,
+            Command::Exec(args) => exec::run(args, explicit_config.as_deref()).await,
             Command::Register(args) => runners::register(args, &config_path).await,
             Command::Verify { delete } => runners::verify(&config_path, delete).await,
             Command::Unregister(args) => runners::unregister(args, &config_path).await,
+            Command::ResetToken(args) => runners::reset_token(args, &config_path).await,
             Command::List => runners::list(&config_path),
             Command::Lint => runners::lint(&config_path),
             Command::Simulate { trace, provider, svg } => {
@@ -131,7 +176,7 @@ pub fn main() -> ExitCode {
                 print!("{report}");
                 Ok(ExitCode::SUCCESS)
             }
-            Command::Plugins { command } => plugins::run(command, cli.config.as_deref()).await,
+            Command::Plugins { command } => plugins::run(command, explicit_config.as_deref()).await,
             Command::Store { command } => store::run(command, &config_path).await,
             Command::ArtifactsUploader(args) => Ok(crate::helper::artifacts::upload(args).await),
             Command::ArtifactsDownloader(args) => Ok(crate::helper::artifacts::download(args).await),

@@ -70,7 +70,7 @@ pub async fn plugin_host(loaded: &Loaded) -> anyhow::Result<PluginHost> {
     .await
 }
 
-/// The autoscaled fleets, by runner short token. A fleet outlives config reloads: its
+/// The autoscaled fleets, by runner (URL and id, else short token). A fleet outlives config reloads: its
 /// instances and jobs carry over to the new manager.
 #[derive(Default)]
 pub struct Fleets {
@@ -89,7 +89,10 @@ impl Fleets {
         let Some(autoscaler) = &runner.autoscaler else {
             anyhow::bail!("runner {} has no [runners.autoscaler]", runner.name)
         };
-        if let Some((running, fleet)) = self.by_runner.get(short) {
+        // A runner with an id keeps its fleet when its token is rotated (gitlab-runner keys
+        // taskscalers by URL and id).
+        let key = if runner.id != 0 { format!("{}|{}", runner.resolved_url(), runner.id) } else { short.to_string() };
+        if let Some((running, fleet)) = self.by_runner.get(&key) {
             if running != autoscaler {
                 tracing::warn!(runner = %runner.name, "changes to [runners.autoscaler] take effect after a restart");
             }
@@ -100,7 +103,7 @@ impl Fleets {
         let fleet = Fleet::start(plugins, short, autoscaler, runner.machine.as_ref(), runner.limit, state, system_id)
             .await
             .map_err(|e| anyhow::anyhow!("{}: runner {:?}: {e}", loaded.path.display(), runner.name))?;
-        self.by_runner.insert(short.to_string(), (autoscaler.clone(), fleet.clone()));
+        self.by_runner.insert(key, (autoscaler.clone(), fleet.clone()));
         Ok(fleet)
     }
 
@@ -187,13 +190,28 @@ pub async fn runner_settings(
             }
             _ => None,
         };
-        // Each runner's own client (sharing connections unless it has TLS settings of its
-        // own), so its requests are counted under its name.
+        let certs_dir = config::tls::certs_dir(&loaded.path);
+        let tls = runner.tls_files(&certs_dir);
+        // Each runner's own client (sharing connections unless it has TLS files of its own),
+        // so its requests are counted under its name.
         let hook = Some(api_hook(metrics, &short));
-        let client = match (&runner.tls_ca_file, &runner.tls_cert_file, &runner.tls_key_file) {
-            (None, None, None) => Some(Arc::new(client.with_hook(hook))),
-            _ => Some(Arc::new(super::runners::client_for(runner, hook)?)),
+        let client = match tls.is_empty() {
+            true => Some(Arc::new(client.with_hook(hook))),
+            false => Some(Arc::new(super::runners::client_for(runner, &certs_dir, hook)?)),
         };
+        // gitlab-runner's CI_SERVER_TLS_CA_FILE: the CA chain the runner trusts for GitLab.
+        let server_tls_ca = match &tls.ca_file {
+            Some(file) => Some(std::fs::read_to_string(file).with_context(|| {
+                format!(
+                    "{}: runners[{i}] ({}): reading the CA file {}",
+                    loaded.path.display(),
+                    runner.name,
+                    file.display()
+                )
+            })?),
+            None => None,
+        };
+        let labels = super::runners::labels(&loaded.config, runner);
         let vars =
             StorePathVariables { version: crate::buildinfo::VERSION, revision: crate::buildinfo::REVISION, tags: "" };
         let store = runner.store_settings(&loaded.path, &vars)?;
@@ -210,6 +228,8 @@ pub async fn runner_settings(
             ssh_host,
             user: loaded.config.user.clone().filter(|u| !u.is_empty()),
             client,
+            server_tls_ca,
+            labels,
         });
         out.push(RunnerEntry::Pending(PendingRunner {
             name: runner.name.clone(),
@@ -242,6 +262,10 @@ struct RunnerContext {
     /// The global `user` (or `--user`) shell jobs run as.
     user: Option<String>,
     client: Option<Arc<GitLabClient>>,
+    /// The CA chain trusted for GitLab (the CA file's PEM), for `CI_SERVER_TLS_CA_FILE`.
+    server_tls_ca: Option<String>,
+    /// Labels sent to GitLab.
+    labels: std::collections::BTreeMap<String, String>,
 }
 
 impl RunnerContext {
@@ -316,6 +340,7 @@ impl RunnerContext {
             shared_environment: executor.shared(),
             runner_command: helper_command(&executor),
             gitlab_url: runner.resolved_url(),
+            server_tls_ca_chain: self.server_tls_ca.clone(),
             cache_signer: runner_cache(runner, &short)
                 .await
                 .map_err(|e| Unusable::new(&format!("{}: {e}", self.where_)))?,
@@ -346,6 +371,7 @@ impl RunnerContext {
             strict_check_interval: runner.strict_check_interval,
             fleet: self.fleet.clone(),
             store,
+            labels: self.labels.clone(),
         })
     }
 }
@@ -383,7 +409,7 @@ fn manager_settings(loaded: &Loaded, metrics: &Metrics) -> ManagerSettings {
         observer: Arc::new(metrics.clone()),
         concurrent: loaded.config.concurrent,
         check_interval: loaded.check_interval(),
-        shutdown_timeout: Duration::from_secs(loaded.config.shutdown_timeout),
+        shutdown_timeout: loaded.shutdown_timeout(),
         ..ManagerSettings::default()
     }
 }
@@ -438,7 +464,7 @@ pub async fn run(config_path: PathBuf, user: Option<String>) -> anyhow::Result<E
 
     let shutdown = Shutdown::default();
     let (reload_tx, mut reload_rx) = tokio::sync::mpsc::unbounded_channel();
-    signals::install(shutdown.clone(), reload_tx)?;
+    signals::install(shutdown.clone(), reload_tx.clone())?;
     let global = Arc::new(Semaphore::new(loaded.config.concurrent.max(1)));
     tracing::info!(config = %config_path.display(), runners = loaded.config.runners.len(), system_id, "runway started");
 
@@ -460,6 +486,12 @@ pub async fn run(config_path: PathBuf, user: Option<String>) -> anyhow::Result<E
         tokio::spawn(manager.run())
     };
     let mut retiring = Vec::new();
+    let rotation = tokio::spawn(super::rotation::rotate_tokens(
+        config_path.clone(),
+        system_id.clone(),
+        reload_tx.clone(),
+        shutdown.clone(),
+    ));
     metrics.set_ready(true);
     loop {
         tokio::select! {
@@ -512,6 +544,7 @@ pub async fn run(config_path: PathBuf, user: Option<String>) -> anyhow::Result<E
         }
     }
     metrics.set_ready(false);
+    rotation.abort();
     metrics.slots_stopped();
     let old_shutdowns: Vec<Shutdown> = retiring.iter().map(|(s, _)| s.clone()).collect();
     let abort_all = |generation: &Shutdown| {
@@ -536,7 +569,7 @@ pub async fn run(config_path: PathBuf, user: Option<String>) -> anyhow::Result<E
         // SIGQUIT, then SIGTERM while waiting: switch to a forceful stop.
         _ = forceful.cancelled() => {
             abort_all(&generation);
-            let grace = Duration::from_secs(loaded.config.shutdown_timeout) + Duration::from_secs(5);
+            let grace = loaded.shutdown_timeout() + Duration::from_secs(5);
             if tokio::time::timeout(grace, &mut waiting).await.is_err() {
                 tracing::warn!("jobs still running after shutdown_timeout; exiting");
             }

@@ -1,16 +1,17 @@
-//! `runway register`, `verify`, `unregister` and `list`: managing `[[runners]]` entries the
-//! way gitlab-runner does (glrt- authentication tokens through `POST /runners/verify`, legacy
-//! registration tokens through `POST /runners`).
+//! `runway register`, `verify`, `unregister`, `reset-token` and `list`: managing `[[runners]]`
+//! entries the way gitlab-runner does (glrt- authentication tokens through `POST
+//! /runners/verify`, legacy registration tokens through `POST /runners`, token resets through
+//! `POST /runners/reset_authentication_token`). config.toml is edited in place
+//! (`config::edit`): every other key and comment stays.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::config::{self, Config, RunnerConfig};
-use crate::gitlab::client::{
-    ApiError, ClientOptions, FeaturesInfo, GitLabClient, RegisterParams, RunnerCredentials, VersionInfo,
-};
+use crate::config::edit::TokenUpdate;
+use crate::config::{self, Config, Loaded, RunnerConfig};
+use crate::gitlab::client::{ApiError, ClientOptions, GitLabClient, RegisterParams, RunnerCredentials, VersionInfo};
 
 /// `runway register` flags (gitlab-runner's names).
 #[derive(Args, Debug)]
@@ -48,9 +49,35 @@ pub struct RegisterArgs {
     /// Legacy tokens only: maintenance note.
     #[arg(long, env = "REGISTER_MAINTENANCE_NOTE")]
     pub maintenance_note: Option<String>,
+    /// CA certificates (PEM) to trust for GitLab beside the system's; written to the entry.
+    #[arg(long = "tls-ca-file", env = "CI_SERVER_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for GitLab; written to the entry.
+    #[arg(long = "tls-cert-file", env = "CI_SERVER_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Key of the client certificate (PEM); written to the entry.
+    #[arg(long = "tls-key-file", env = "CI_SERVER_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
     /// Accepted for compatibility; registration never prompts.
     #[arg(long, short = 'n')]
     pub non_interactive: bool,
+}
+
+/// `runway reset-token` flags (gitlab-runner's).
+#[derive(Args, Debug)]
+pub struct ResetTokenArgs {
+    /// Name of the runner whose token to reset (as in config.toml).
+    #[arg(long, short = 'n')]
+    pub name: Option<String>,
+    /// URL of the runner whose token to reset (with --id).
+    #[arg(long, short = 'u')]
+    pub url: Option<String>,
+    /// ID of the runner whose token to reset (with --url).
+    #[arg(long, short = 'i')]
+    pub id: Option<i64>,
+    /// Reset the token of every runner in config.toml.
+    #[arg(long)]
+    pub all_runners: bool,
 }
 
 /// `runway unregister` flags.
@@ -70,52 +97,93 @@ pub struct UnregisterArgs {
     pub all_runners: bool,
 }
 
-fn info() -> VersionInfo {
-    VersionInfo::this_runner("", "", FeaturesInfo::default())
+/// The `info` a runner sends on register and verify: the same features, executor, shell and
+/// labels (global ones overlaid by the runner's) as the manager sends on job requests. The
+/// features come from the executor plugin; when it cannot be resolved, only the runner's own.
+pub(crate) async fn runner_info(loaded: &Loaded, runner: &RunnerConfig) -> VersionInfo {
+    let executor = async {
+        let plugins = super::run::plugin_host(loaded).await?;
+        crate::executor::ResolvedExecutor::resolve(&plugins, runner.executor_plugin(), &runner.executor_config_json())
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    };
+    let (features, shell) = match executor.await {
+        Ok(executor) => (
+            crate::manager::features(executor.features()),
+            runner.shell.clone().unwrap_or_else(|| executor.default_shell().to_string()),
+        ),
+        Err(e) => {
+            eprintln!(
+                "WARNING: executor {:?} of runner {:?}: {e:#}; sending only the runner's own features",
+                runner.executor, runner.name
+            );
+            (crate::manager::features(Default::default()), runner.shell.clone().unwrap_or_default())
+        }
+    };
+    let mut info = VersionInfo::this_runner(&runner.executor, &shell, features);
+    info.labels = labels(&loaded.config, runner);
+    info
 }
 
-fn client() -> anyhow::Result<GitLabClient> {
-    Ok(GitLabClient::new(ClientOptions::default())?)
+/// The labels GitLab gets for `runner`: the global `labels`, overlaid by the runner's.
+pub(crate) fn labels(config: &Config, runner: &RunnerConfig) -> std::collections::BTreeMap<String, String> {
+    let mut labels = config.labels.clone();
+    labels.extend(runner.labels.clone());
+    labels
 }
 
-/// A client honouring a runner's `tls-ca-file` and client certificate.
-pub fn client_for(
-    runner: &RunnerConfig,
+fn client_with(
+    tls: &config::tls::TlsFiles,
     hook: Option<crate::gitlab::client::RequestHook>,
 ) -> anyhow::Result<GitLabClient> {
-    let tls_client_cert = match (&runner.tls_cert_file, &runner.tls_key_file) {
+    let tls_client_cert = match (&tls.cert_file, &tls.key_file) {
         (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
         (None, None) => None,
-        _ => anyhow::bail!("runner {:?}: tls-cert-file and tls-key-file go together", runner.name),
+        _ => anyhow::bail!("tls-cert-file and tls-key-file go together"),
     };
     Ok(GitLabClient::new(ClientOptions {
         hook,
-        tls_ca_file: runner.tls_ca_file.clone(),
+        tls_ca_file: tls.ca_file.clone(),
         tls_client_cert,
         ..ClientOptions::default()
     })?)
 }
 
-fn load_or_new(path: &Path) -> anyhow::Result<Config> {
+/// A client honouring a runner's TLS files: `tls-ca-file`, `tls-cert-file`/`tls-key-file`,
+/// or `<host>.crt`, `<host>.auth.crt`/`<host>.auth.key` in `certs_dir` (gitlab-runner's
+/// discovery). The system's trusted certificates are always trusted too.
+pub fn client_for(
+    runner: &RunnerConfig,
+    certs_dir: &Path,
+    hook: Option<crate::gitlab::client::RequestHook>,
+) -> anyhow::Result<GitLabClient> {
+    client_with(&runner.tls_files(certs_dir), hook).map_err(|e| anyhow::anyhow!("runner {:?}: {e:#}", runner.name))
+}
+
+fn new_config() -> Config {
+    Config {
+        concurrent: 1,
+        check_interval: 0,
+        log_level: "info".into(),
+        log_format: "runner".into(),
+        listen_address: None,
+        shutdown_timeout: 0,
+        connection_max_age: None,
+        plugins_dir: None,
+        plugin_cache_dir: None,
+        state_dir: None,
+        user: None,
+        labels: Default::default(),
+        plugins: Default::default(),
+        runners: Vec::new(),
+    }
+}
+
+fn load_or_new(path: &Path) -> anyhow::Result<Loaded> {
     if path.exists() {
-        Ok(config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?.config)
+        Ok(config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?)
     } else {
-        Ok(Config {
-            concurrent: 1,
-            check_interval: 3,
-            log_level: "info".into(),
-            log_format: "runner".into(),
-            listen_address: None,
-            shutdown_timeout: 30,
-            connection_max_age: None,
-            plugins_dir: None,
-            plugin_cache_dir: None,
-            state_dir: None,
-            user: None,
-            labels: Default::default(),
-            plugins: Default::default(),
-            runners: Vec::new(),
-        })
+        Ok(Loaded { config: new_config(), warnings: Vec::new(), path: path.to_path_buf() })
     }
 }
 
@@ -123,11 +191,18 @@ fn config_dir(path: &Path) -> PathBuf {
     path.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// `runway register`: verify a glrt- token (or register with a legacy token) and append the
+/// runner to config.toml.
 pub async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCode> {
-    let mut cfg = load_or_new(path)?;
+    let loaded = load_or_new(path)?;
     let system_id = config::system_id(&config_dir(path))?;
-    let client = client()?;
     let url = args.url.trim_end_matches('/').to_string();
+    let mut runner = RunnerConfig::new(&args.name, &url, &args.token, &args.executor);
+    runner.tls_ca_file = args.tls_ca_file.clone();
+    runner.tls_cert_file = args.tls_cert_file.clone();
+    runner.tls_key_file = args.tls_key_file.clone();
+    let client = client_for(&runner, &config::tls::certs_dir(path), None)?;
+    let info = runner_info(&loaded, &runner).await;
     let details = if args.token.starts_with("glrt-") {
         if args.tag_list.is_some()
             || args.locked.is_some()
@@ -139,7 +214,7 @@ pub async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCod
             anyhow::bail!("runner authentication tokens (glrt-) keep tags, locked, access level, maximum timeout and paused on the server: set them in GitLab, not here");
         }
         let creds = RunnerCredentials { url: url.clone(), token: args.token.clone(), system_id: system_id.clone() };
-        let details = client.verify(&creds, &info()).await?;
+        let details = client.verify(&creds, &info).await?;
         if details.id == 0 {
             anyhow::bail!("GitLab did not return a runner ID for this token");
         }
@@ -164,21 +239,86 @@ pub async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCod
             maximum_timeout: args.maximum_timeout.unwrap_or(0),
             paused: args.paused,
         };
-        client.register_legacy(&url, &args.token, &params, &info()).await?
+        client.register_legacy(&url, &args.token, &params, &info).await?
     };
-    let mut runner = RunnerConfig::new(
-        &args.name,
-        &url,
-        if details.token.is_empty() { &args.token } else { &details.token },
-        &args.executor,
-    );
+    if !details.token.is_empty() {
+        runner.token = details.token.clone();
+    }
     runner.id = details.id;
     runner.token_obtained_at = Some(chrono::Utc::now().with_nanosecond_truncated());
     runner.token_expires_at = details.token_expires_at;
-    cfg.runners.push(runner);
-    config::save(path, &cfg)?;
+    config::edit::add_runner(path, &runner)?;
     println!("Runner registered successfully (id {}). Config written to {}", details.id, path.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reset the token of `runners[index]` of the config file at `path` at GitLab and write the
+/// new one (with `token_obtained_at` and `token_expires_at`) into the file in place. The
+/// runner's `token` in the file must be the literal `runner.token` still.
+pub(crate) async fn reset_runner_token(
+    path: &Path,
+    index: usize,
+    runner: &RunnerConfig,
+    system_id: &str,
+) -> anyhow::Result<TokenUpdate> {
+    let client = client_for(runner, &config::tls::certs_dir(path), None)?;
+    let creds = RunnerCredentials {
+        url: runner.resolved_url(),
+        token: runner.resolved_token(),
+        system_id: system_id.to_string(),
+    };
+    let reset = client.reset_token(&creds).await?;
+    let update = TokenUpdate {
+        token: reset.token,
+        obtained_at: chrono::Utc::now().with_nanosecond_truncated(),
+        expires_at: reset.token_expires_at,
+    };
+    config::edit::set_runner_token(path, index, &runner.token, &update)?;
+    Ok(update)
+}
+
+/// `runway reset-token`: new tokens for the selected runners, written into config.toml.
+pub async fn reset_token(args: ResetTokenArgs, path: &Path) -> anyhow::Result<ExitCode> {
+    let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let system_id = config::system_id(&loaded.dir())?;
+    let selected: Vec<usize> = loaded
+        .config
+        .runners
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            args.all_runners
+                || args.name.as_deref() == Some(r.name.as_str())
+                || (args.name.is_none()
+                    && args.url.as_deref().map(|u| u.trim_end_matches('/')) == Some(r.resolved_url().as_str())
+                    && args.id == Some(r.id))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if selected.is_empty() {
+        anyhow::bail!("no runner in {} matches (use --name, --url with --id, or --all-runners)", path.display());
+    }
+    let mut failed = false;
+    for i in selected {
+        let runner = &loaded.config.runners[i];
+        let short = config::short_token(&runner.resolved_token());
+        match reset_runner_token(path, i, runner, &system_id).await {
+            Ok(update) => println!(
+                "Resetting runner authentication token... succeeded  runner={short} name={:?} new={}{}",
+                runner.name,
+                config::short_token(&update.token),
+                update.expires_at.map(|at| format!(" expires_at={}", at.to_rfc3339())).unwrap_or_default()
+            ),
+            Err(e) => {
+                eprintln!(
+                    "Resetting runner authentication token... failed  runner={short} name={:?}: {e:#}",
+                    runner.name
+                );
+                failed = true;
+            }
+        }
+    }
+    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 trait TruncateNanos {
@@ -192,51 +332,47 @@ impl TruncateNanos for chrono::DateTime<chrono::Utc> {
     }
 }
 
+/// `runway verify [--delete]`.
 pub async fn verify(path: &Path, delete: bool) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let system_id = config::system_id(&loaded.dir())?;
-    let mut cfg = loaded.config.clone();
     let mut failed = false;
-    let mut keep = Vec::new();
-    for runner in &loaded.config.runners {
+    let mut removed = Vec::new();
+    for (i, runner) in loaded.config.runners.iter().enumerate() {
         let creds = RunnerCredentials {
             url: runner.resolved_url(),
             token: runner.resolved_token(),
             system_id: system_id.clone(),
         };
-        let client = client_for(runner, None)?;
-        match client.verify(&creds, &info()).await {
+        let client = client_for(runner, &config::tls::certs_dir(path), None)?;
+        match client.verify(&creds, &runner_info(&loaded, runner).await).await {
             Ok(_) => {
                 println!("Verifying runner... is valid  runner={}", config::short_token(&runner.resolved_token()));
-                keep.push(runner.clone());
             }
             Err(ApiError::Forbidden { .. }) => {
                 println!("Verifying runner... is removed  runner={}", config::short_token(&runner.resolved_token()));
                 failed = true;
-                if !delete {
-                    keep.push(runner.clone());
-                }
+                removed.push(i);
             }
             Err(e) => {
                 println!("Verifying runner... failed  runner={}: {e}", config::short_token(&runner.resolved_token()));
                 failed = true;
-                keep.push(runner.clone());
             }
         }
     }
-    if delete && keep.len() != cfg.runners.len() {
-        cfg.runners = keep;
-        config::save(path, &cfg)?;
+    if delete && !removed.is_empty() {
+        config::edit::remove_runners(path, &removed)?;
         println!("Removed invalid runners from {}", path.display());
         failed = false;
     }
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
+/// `runway unregister`.
 pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let system_id = config::system_id(&loaded.dir())?;
-    let mut cfg = loaded.config.clone();
+    let cfg = loaded.config.clone();
     let selected: Vec<usize> = cfg
         .runners
         .iter()
@@ -260,7 +396,7 @@ pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<Exi
             token: runner.resolved_token(),
             system_id: system_id.clone(),
         };
-        let client = client_for(runner, None)?;
+        let client = client_for(runner, &config::tls::certs_dir(path), None)?;
         let result = if runner.resolved_token().starts_with("glrt-") {
             client.unregister_manager(&creds).await
         } else {
@@ -278,13 +414,7 @@ pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<Exi
         }
     }
     let failed = removed.is_empty();
-    let mut index = 0;
-    cfg.runners.retain(|_| {
-        let keep = !removed.contains(&index);
-        index += 1;
-        keep
-    });
-    config::save(path, &cfg)?;
+    config::edit::remove_runners(path, &removed)?;
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 

@@ -8,12 +8,16 @@
 pub mod autoscaler;
 pub mod cache;
 pub mod duration;
+pub mod edit;
 mod error;
+pub mod fidelity;
 pub mod grant;
 pub mod limits;
 pub mod ssh;
 pub mod store;
 mod system_id;
+mod timestamp;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,17 +30,16 @@ use crate::config::grant::PluginGrant;
 pub use error::ConfigError;
 pub use system_id::{short_token, system_id};
 
-/// Executor config sections kept as tables and handed to the plugin as JSON.
-pub const EXECUTOR_SECTIONS: &[&str] =
-    &["shell", "docker", "ssh", "custom", "instance", "kubernetes", "virtualbox", "parallels"];
+/// Executor config sections kept as tables and handed to the plugin as JSON (the executors
+/// Runway has; another executor's section is warned about, see [`fidelity`]).
+pub const EXECUTOR_SECTIONS: &[&str] = fidelity::RUNWAY_EXECUTOR_SECTIONS;
 
 /// Executors served by another executor's plugin: `executor = "docker-autoscaler"` is the
 /// `docker` plugin, configured by `[runners.docker]`, on the fleet of `[runners.autoscaler]`.
 pub const EXECUTOR_ALIASES: &[(&str, &str)] = &[("docker-autoscaler", "docker")];
 
-/// GitLab Runner's other `[runners.*]` tables: accepted (and kept) though Runway does not
-/// read them, so a GitLab config.toml loads as it is.
-pub const GITLAB_RUNNER_SECTIONS: &[&str] = &["custom_build_dir", "referees", "steps"];
+/// `[runners.*]` tables of older gitlab-runner releases: loaded with a warning, not an error.
+pub const GITLAB_RUNNER_SECTIONS: &[&str] = &["steps"];
 
 /// The whole file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -132,10 +135,10 @@ pub struct RunnerConfig {
     #[serde(default)]
     pub token: String,
     /// When the token was obtained.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "timestamp")]
     pub token_obtained_at: Option<chrono::DateTime<chrono::Utc>>,
     /// When the token expires (none = never).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "timestamp")]
     pub token_expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// CA certificates to trust for GitLab (PEM).
     #[serde(rename = "tls-ca-file", default, skip_serializing_if = "Option::is_none")]
@@ -375,6 +378,10 @@ impl Loaded {
     pub fn check_interval(&self) -> Duration {
         Duration::from_secs(if self.config.check_interval <= 0 { 3 } else { self.config.check_interval as u64 })
     }
+    /// `shutdown_timeout` as a duration (0 → 30 s, as gitlab-runner's `GetShutdownTimeout`).
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_secs(if self.config.shutdown_timeout == 0 { 30 } else { self.config.shutdown_timeout })
+    }
     /// Directory of plugin `.wasm` files (default `<config dir>/plugins`).
     pub fn plugins_dir(&self) -> PathBuf {
         self.config.plugins_dir.clone().unwrap_or_else(|| self.dir().join("plugins"))
@@ -553,13 +560,12 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
             return Err(e);
         }
     }
-    let mut warnings: Vec<String> = unknown
-        .iter()
-        .map(|k| match line_of_key(text, k) {
-            Some(line) => format!("{}:{line}: {k}: unknown key (ignored)", path.display()),
-            None => format!("{}: {k}: unknown key (ignored)", path.display()),
-        })
-        .collect();
+    let mut warnings: Vec<String> =
+        unknown.iter().filter_map(|k| fidelity::warning(path, line_of_key(text, k), k)).collect();
+    if config.connection_max_age.is_some() {
+        warnings.extend(fidelity::warning(path, line_of_key(text, "connection_max_age"), "connection_max_age"));
+    }
+    warnings.extend(nested_warnings(text, path, &unknown));
     let err = |key: String, message: String| {
         let line = line_of_key(text, &key);
         ConfigError { path: path.to_path_buf(), line, key: Some(key), message }
@@ -630,9 +636,20 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
             cache::check(i, c, text, path)?;
         }
         for (name, value) in &runner.sections {
-            let known = EXECUTOR_SECTIONS.contains(&name.as_str())
-                || GITLAB_RUNNER_SECTIONS.contains(&name.as_str())
-                || *name == runner.executor;
+            let key = format!("runners[{i}].{name}");
+            let plugin_section = fidelity::RUNWAY_EXECUTOR_SECTIONS.contains(&name.as_str())
+                || *name == runner.executor
+                || *name == runner.executor_plugin();
+            if plugin_section && value.is_table() {
+                continue;
+            }
+            // gitlab-runner's keys and sections Runway does not act on (kubernetes,
+            // virtualbox, custom_build_dir, referees, ...): named, never silently absorbed.
+            if fidelity::is_gitlab_runner_key(&key) || fidelity::is_honoured_elsewhere(&key) {
+                warnings.extend(fidelity::warning(path, line_of_key(text, &key), &key));
+                continue;
+            }
+            let known = GITLAB_RUNNER_SECTIONS.contains(&name.as_str());
             if value.is_table() && !known {
                 return Err(err(
                     format!("runners[{i}].{name}"),
@@ -644,15 +661,14 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
                     ),
                 ));
             }
-            if !value.is_table() {
-                let key = format!("runners[{i}].{name}");
-                warnings.push(match line_of_key(text, &key) {
-                    Some(line) => format!("{}:{line}: {key}: unknown key (ignored)", path.display()),
-                    None => format!("{}: {key}: unknown key (ignored)", path.display()),
-                });
-            }
+            warnings.extend(fidelity::warning(path, line_of_key(text, &key), &key));
         }
-        runner.sections.retain(|_, v| v.is_table());
+        let executor = runner.executor.clone();
+        let plugin = runner.executor_plugin().to_string();
+        runner.sections.retain(|name, v| {
+            v.is_table()
+                && (fidelity::RUNWAY_EXECUTOR_SECTIONS.contains(&name.as_str()) || *name == executor || *name == plugin)
+        });
     }
     for (i, runner) in config.runners.iter().enumerate() {
         let token = runner.resolved_token();
@@ -675,6 +691,43 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
         ));
     }
     Ok(Loaded { config, warnings, path: path.to_path_buf() })
+}
+
+/// Warnings for keys of the runners' typed sub-tables (`[runners.cache]`,
+/// `[runners.autoscaler]`, `[runners.machine]`, `[runners.store]`) their models do not read,
+/// leaving out what `already` reported.
+fn nested_warnings(text: &str, path: &Path, already: &[String]) -> Vec<String> {
+    let Ok(table) = text.parse::<toml::Table>() else { return Vec::new() };
+    let Some(runners) = table.get("runners").and_then(toml::Value::as_array) else { return Vec::new() };
+    let seen: std::collections::BTreeSet<String> = already.iter().map(|k| fidelity::normalize(k)).collect();
+    let mut out = Vec::new();
+    for (i, runner) in runners.iter().enumerate() {
+        let Some(runner) = runner.as_table() else { continue };
+        for (section, value) in runner {
+            let ignored = match section.as_str() {
+                "cache" => fidelity::ignored_keys::<cache::CacheConfig>(value),
+                "autoscaler" => fidelity::ignored_keys::<autoscaler::AutoscalerConfig>(value),
+                "machine" => {
+                    // The legacy keys Runway maps onto fleets; the rest is kept unread.
+                    let other = value.clone().try_into::<autoscaler::MachineConfig>().map(|m| m.other);
+                    let mut keys: Vec<String> = other.map(|o| o.into_keys().collect()).unwrap_or_default();
+                    keys.extend(value.get("MaxRemovalAttempts").map(|_| "MaxRemovalAttempts".to_string()));
+                    keys
+                }
+                "store" => fidelity::ignored_keys::<store::StoreConfig>(value),
+                _ => continue,
+            };
+            for key in ignored {
+                let key = format!("runners.{i}.{section}.{key}");
+                let normalized = fidelity::normalize(&key);
+                if seen.iter().any(|s| *s == normalized) {
+                    continue;
+                }
+                out.extend(fidelity::warning(path, line_of_key(text, &key), &key));
+            }
+        }
+    }
+    out
 }
 
 /// Read and parse a config file for [`Purpose::Run`].

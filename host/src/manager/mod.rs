@@ -68,6 +68,8 @@ pub struct RunnerSettings {
     pub fleet: Option<Arc<fleet::Fleet>>,
     /// The job store running jobs are kept in (`[runners.store]`), when on.
     pub store: Option<RunnerStore>,
+    /// `labels` (global, overlaid by the runner's) sent to GitLab in `info.labels`.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// A runner's job store and its settings.
@@ -288,7 +290,8 @@ fn make_runner(r: RunnerSettings, client: &Arc<GitLabClient>) -> Arc<Runner> {
     let executor = &r.env.executor;
     // The configured executor (`docker-autoscaler` is served by the `docker` plugin).
     let name = if r.env.settings.executor.is_empty() { &executor.info.name } else { &r.env.settings.executor };
-    let info = VersionInfo::this_runner(name, &r.env.settings.shell, features(executor.features()));
+    let mut info = VersionInfo::this_runner(name, &r.env.settings.shell, features(executor.features()));
+    info.labels = r.labels.clone();
     let limit = if r.limit == 0 { Semaphore::MAX_PERMITS } else { r.limit };
     let runner_client = r.client.clone().unwrap_or_else(|| client.clone());
     let adaptive = flags::resolve(flags::ADAPTIVE_REQUEST_CONCURRENCY, &r.env.settings.feature_flags, None);
@@ -599,7 +602,16 @@ async fn poll(
             RequestJobResult::Unhealthy(message) => {
                 unhealthy += 1;
                 observer.processing_failure(me, ProcessingFailure::Other);
-                tracing::warn!(runner = %runner.settings.env.identity.short_token, "job request failed: {message}");
+                if message.contains("forbidden (403)") {
+                    tracing::error!(
+                        runner = %runner.settings.env.identity.short_token,
+                        name = %runner.settings.env.identity.name,
+                        "GitLab refused this runner's token (403 Forbidden): it is invalid, expired or revoked; this runner pauses after {} such answers (unhealthy_requests_limit) while the others go on. Register it again or put a valid token in config.toml",
+                        runner.settings.unhealthy_requests_limit.max(1)
+                    );
+                } else {
+                    tracing::warn!(runner = %runner.settings.env.identity.short_token, "job request failed: {message}");
+                }
                 let limit = runner.settings.unhealthy_requests_limit.max(1);
                 let wait = if unhealthy >= limit {
                     tracing::error!(

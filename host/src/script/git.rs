@@ -254,6 +254,10 @@ impl JobPlan {
                 quote(&format!("^{}$", quote_meta(&without)))
             ));
         }
+        // The CA the runner trusts for GitLab (gitlab-runner's writeGitSSLConfig).
+        if self.settings.server_tls_ca_chain.as_ref().is_some_and(|c| !c.is_empty()) {
+            out.push_str(&format!("git config --file {} http.sslCAInfo \"$CI_SERVER_TLS_CA_FILE\"\n", quote(&ext)));
+        }
         out.push_str(&format!(
             "git config --file {template_config} --replace-all include.path {} {}\n",
             quote(&ext),

@@ -75,6 +75,9 @@ pub struct ScriptSettings {
     pub runner_command: Option<String>,
     /// The GitLab URL the helper uploads and downloads artifacts at (the runner's `url`).
     pub gitlab_url: String,
+    /// The CA chain (PEM) the runner trusts for GitLab (`tls-ca-file` or `<config
+    /// dir>/certs/<host>.crt`): the job's `CI_SERVER_TLS_CA_FILE`, and git's `http.sslCAInfo`.
+    pub server_tls_ca_chain: Option<String>,
     /// Pre-signed URLs of the distributed cache (`[runners.cache]`); `None`: local caches only.
     pub cache_signer: Option<std::sync::Arc<dyn CacheSigner>>,
     /// `runway exec`: artifacts are kept in `<dir>/<job name>/` instead of uploaded, and
@@ -346,6 +349,9 @@ impl JobPlan {
             format!("{}/{}", crate::buildinfo::OS, crate::buildinfo::go_arch()),
         ));
         list.push(var("RUNNER_TEMP_PROJECT_DIR", tmp_dir.display().to_string()));
+        if let Some(chain) = settings.server_tls_ca_chain.as_ref().filter(|c| !c.is_empty()) {
+            list.push(JobVariable { file: true, ..var("CI_SERVER_TLS_CA_FILE", chain) });
+        }
         let variables = variables::expand_all(&variables::dedup(list)).map_err(PlanError::payload)?;
 
         if job.variable("CI_DEBUG_TRACE") == Some("true") && settings.debug_trace_disabled {

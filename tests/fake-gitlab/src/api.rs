@@ -62,6 +62,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v4/runners", post(register).delete(unregister_runner))
         .route("/api/v4/runners/verify", post(verify))
         .route("/api/v4/runners/managers", delete(unregister_manager))
+        .route("/api/v4/runners/reset_authentication_token", post(reset_token))
         .route("/api/v4/jobs/request", post(request_job))
         .route("/api/v4/jobs/{id}", put(update_job))
         .route("/api/v4/jobs/{id}/trace", patch(patch_trace))
@@ -171,7 +172,7 @@ fn check_runner_header(req: &Incoming, body_token: &str) -> Result<(), Response>
 }
 
 fn runner_details(runner: &RunnerRecord) -> Value {
-    json!({ "id": runner.id, "token": runner.token, "token_expires_at": Value::Null })
+    json!({ "id": runner.id, "token": runner.token, "token_expires_at": runner.token_expires_at_json() })
 }
 
 macro_rules! incoming {
@@ -223,6 +224,8 @@ fn register_inner(shared: &Shared, req: &Incoming) -> Response {
             managers: Default::default(),
             info: body.get("info").cloned().unwrap_or(Value::Null),
             paused: body.get("paused").and_then(Value::as_bool).unwrap_or(false),
+            token_expires_at: s.token_expiry.map(crate::expiry_from_now),
+            resets: 0,
         };
         let details = runner_details(&runner);
         s.runners.insert(runner.token.clone(), runner);
@@ -254,12 +257,67 @@ fn verify_inner(shared: &Shared, req: &Incoming) -> Response {
     if let Err(r) = check_runner_header(req, &token) {
         return r;
     }
-    shared.mutate(|s| match s.runners.get_mut(&token) {
+    shared.mutate(|s| match s.runners.get_mut(&token).filter(|r| !r.token_expired()) {
         None => message(403, &[], "403 Forbidden"),
         Some(runner) => {
             note_contact(runner, &body);
             json_response(200, &[], &runner_details(runner))
         }
+    })
+}
+
+async fn reset_token(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let req = incoming!(method, uri, headers, body);
+    let resp = reset_token_inner(&shared, &req);
+    finish(&shared, &req, resp)
+}
+
+/// `POST /runners/reset_authentication_token` (Rails `Ci::Runners::ResetAuthenticationTokenService`):
+/// a valid, unexpired token gets a new one (201 `{token, token_expires_at}`); the old token is
+/// revoked at once. The runner keeps its id, managers, jobs and queue.
+fn reset_token_inner(shared: &Shared, req: &Incoming) -> Response {
+    if let Some(r) = take_injected(shared, Endpoint::ResetToken) {
+        return r;
+    }
+    let body = match parse_json(req) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let token = str_field(&body, "token").unwrap_or_default().to_string();
+    if let Err(r) = check_runner_header(req, &token) {
+        return r;
+    }
+    shared.mutate(|s| {
+        let Some(mut runner) = s.runners.remove(&token) else { return message(403, &[], "403 Forbidden") };
+        if runner.token_expired() {
+            s.runners.insert(token, runner);
+            return message(403, &[], "403 Forbidden");
+        }
+        let new_token = crate::random_token("glrt-");
+        runner.token = new_token.clone();
+        runner.token_expires_at = s.token_expiry.map(crate::expiry_from_now);
+        runner.resets += 1;
+        let reply = json!({ "token": new_token, "token_expires_at": runner.token_expires_at_json() });
+        s.runners.insert(new_token.clone(), runner);
+        s.revoked_tokens.insert(token.clone());
+        if let Some(version) = s.queue_versions.remove(&token) {
+            s.queue_versions.insert(new_token.clone(), version);
+        }
+        for job in s.jobs.values_mut() {
+            if job.runner_token.as_deref() == Some(token.as_str()) {
+                job.runner_token = Some(new_token.clone());
+            }
+            if job.only_for_runner.as_deref() == Some(token.as_str()) {
+                job.only_for_runner = Some(new_token.clone());
+            }
+        }
+        json_response(201, &[], &reply)
     })
 }
 
@@ -384,7 +442,7 @@ async fn request_job_inner(shared: &Shared, req: &Incoming) -> Response {
     let headers: &[(&str, String)] = if long_poll.is_zero() { &[] } else { &polling };
     shared.mutate(|s| {
         s.expire_unacknowledged();
-        let paused = match s.runners.get_mut(&token) {
+        let paused = match s.runners.get_mut(&token).filter(|r| !r.token_expired()) {
             None => return message(403, headers, "403 Forbidden"),
             Some(runner) => {
                 note_contact(runner, &body);

@@ -1,7 +1,8 @@
 //! A faithful fake of GitLab's runner API (and of its git HTTP server) for Runway's tests.
 //!
 //! [`FakeGitLab::start`] serves on `127.0.0.1:0`:
-//! - `POST/DELETE /api/v4/runners`, `POST /api/v4/runners/verify`, `DELETE /api/v4/runners/managers`
+//! - `POST/DELETE /api/v4/runners`, `POST /api/v4/runners/verify`, `DELETE /api/v4/runners/managers`,
+//!   `POST /api/v4/runners/reset_authentication_token` (token expiry and revocation)
 //! - `POST /api/v4/jobs/request` with Workhorse long polling on a per-runner queue version
 //! - two-phase job commit, `PUT /api/v4/jobs/:id` (keep-alives, final state, crc32 checksum check,
 //!   202 backoff), `PATCH /api/v4/jobs/:id/trace` (inclusive `Content-Range`, 416 on mismatch)
@@ -50,6 +51,7 @@ pub enum Endpoint {
     Verify,
     UnregisterRunner,
     UnregisterManager,
+    ResetToken,
     RequestJob,
     PatchTrace,
     UpdateJob,
@@ -231,6 +233,30 @@ pub struct RunnerRecord {
     /// Last `info` object the runner sent.
     pub info: serde_json::Value,
     pub paused: bool,
+    /// When `token` stops being accepted (none: never).
+    pub token_expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Times the token was reset through `POST /runners/reset_authentication_token`.
+    pub resets: u32,
+}
+
+impl RunnerRecord {
+    /// Has the token expired (runner-token calls then get 403, as in Rails)?
+    pub fn token_expired(&self) -> bool {
+        self.token_expires_at.is_some_and(|at| at <= chrono::Utc::now())
+    }
+
+    /// `token_expires_at` as GitLab's API renders it (ISO 8601, or null).
+    pub fn token_expires_at_json(&self) -> serde_json::Value {
+        match self.token_expires_at {
+            Some(at) => at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true).into(),
+            None => serde_json::Value::Null,
+        }
+    }
+}
+
+/// Now plus `d`, as a token expiry.
+pub(crate) fn expiry_from_now(d: Duration) -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc::now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
 /// Settings fixed at start; most can be changed later.
@@ -281,6 +307,10 @@ pub(crate) struct Inner {
     pub base_url: String,
     /// Job requests parked in the Workhorse long poll right now, by runner token.
     pub long_polls: HashMap<String, usize>,
+    /// Lifetime of runner tokens (created or reset); `None`: they never expire.
+    pub token_expiry: Option<Duration>,
+    /// Tokens replaced by a reset (revoked).
+    pub revoked_tokens: BTreeSet<String>,
 }
 
 impl Inner {
@@ -458,6 +488,8 @@ impl FakeGitLab {
                 object_storage: false,
                 base_url: String::new(),
                 long_polls: HashMap::new(),
+                token_expiry: None,
+                revoked_tokens: BTreeSet::new(),
             }),
             changes,
             repo_root: repo_dir.path().to_path_buf(),
@@ -587,6 +619,7 @@ impl FakeGitLab {
             let id = s.next_runner_id;
             s.next_runner_id += 1;
             let token = random_token("glrt-");
+            let token_expires_at = s.token_expiry.map(expiry_from_now);
             s.runners.insert(
                 token.clone(),
                 RunnerRecord {
@@ -597,10 +630,40 @@ impl FakeGitLab {
                     managers: BTreeSet::new(),
                     info: serde_json::Value::Null,
                     paused: false,
+                    token_expires_at,
+                    resets: 0,
                 },
             );
             CreatedRunner { id, token }
         })
+    }
+
+    /// Runner tokens created or reset from now on expire after `lifetime` (GitLab's
+    /// "runner authentication token expiration"); `None`: they never expire.
+    pub fn set_token_expiry(&self, lifetime: Option<Duration>) {
+        self.shared.mutate(|s| s.token_expiry = lifetime);
+    }
+
+    /// Revoke a runner's token (the runner was deleted or its token reset elsewhere): every
+    /// runner-token call with it gets 403 from now on. Its queue value goes too (in GitLab the
+    /// Redis key of a token no runner has expires), so a parked long poll does not keep
+    /// answering 204 for it: the next request reaches "Rails" and gets the 403.
+    pub fn revoke_runner_token(&self, token: &str) -> Option<RunnerRecord> {
+        self.shared.mutate(|s| {
+            s.revoked_tokens.insert(token.to_string());
+            s.queue_versions.remove(token);
+            s.runners.remove(token)
+        })
+    }
+
+    /// The runner whose token once was `token` (before resets), by id.
+    pub fn runner_by_id(&self, id: i64) -> Option<RunnerRecord> {
+        self.shared.lock().runners.values().find(|r| r.id == id).cloned()
+    }
+
+    /// Was `token` revoked (by a reset or [`FakeGitLab::revoke_runner_token`])?
+    pub fn token_revoked(&self, token: &str) -> bool {
+        self.shared.lock().revoked_tokens.contains(token)
     }
 
     pub fn runners(&self) -> Vec<RunnerRecord> {

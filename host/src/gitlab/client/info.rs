@@ -179,6 +179,16 @@ pub struct RunnerDetails {
     pub token_expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+/// `{token, token_expires_at}` from `POST /runners/reset_authentication_token` (§1.5).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ResetTokenResponse {
+    /// The new runner token (the old one is revoked).
+    pub token: String,
+    /// When the new token expires, if it does.
+    #[serde(default)]
+    pub token_expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,7 +38,9 @@ use crate::gitlab::retry::{is_retryable_status, RetryPolicy};
 use http::header_str;
 
 pub use artifacts::{ArtifactUpload, DownloadOutcome, UploadOutcome};
-pub use info::{ConfigInfo, FeaturesInfo, RegisterParams, RunnerCredentials, RunnerDetails, VersionInfo};
+pub use info::{
+    ConfigInfo, FeaturesInfo, RegisterParams, ResetTokenResponse, RunnerCredentials, RunnerDetails, VersionInfo,
+};
 pub use job::JobClient;
 pub use request::{BadJob, ReceivedJob, RequestJobResult};
 pub use setup::ClientOptions;
@@ -54,6 +56,8 @@ pub enum Endpoint {
     UnregisterRunner,
     /// `DELETE /runners/managers`.
     UnregisterRunnerManager,
+    /// `POST /runners/reset_authentication_token`.
+    ResetToken,
     /// `POST /jobs/request`.
     RequestJob,
     /// `PUT /jobs/:id`.
@@ -74,6 +78,7 @@ impl Endpoint {
             Endpoint::VerifyRunner => "verify_runner",
             Endpoint::UnregisterRunner => "unregister_runner",
             Endpoint::UnregisterRunnerManager => "unregister_runner_manager",
+            Endpoint::ResetToken => "reset_token",
             Endpoint::RequestJob => "request_job",
             Endpoint::UpdateJob => "update_job",
             Endpoint::PatchTrace => "patch_trace",

@@ -1,12 +1,12 @@
-//! The runner-token management calls (protocol §1.1–§1.4): legacy registration, verify,
-//! and unregistering a runner or one of its managers.
+//! The runner-token management calls (protocol §1.1–§1.5): legacy registration, verify,
+//! unregistering a runner or one of its managers, and resetting the runner token.
 
 use reqwest::{Method, Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::http::error_message;
 use super::{api_base_url, describe_reqwest_error, ApiError, Endpoint, GitLabClient};
-use super::{RegisterParams, RunnerCredentials, RunnerDetails, VersionInfo};
+use super::{RegisterParams, ResetTokenResponse, RunnerCredentials, RunnerDetails, VersionInfo};
 
 impl GitLabClient {
     /// `POST /runners` with a legacy registration token (§1.1).
@@ -79,6 +79,41 @@ impl GitLabClient {
         self.remember_last_update(&base, &creds.token, response.headers());
         match response.status() {
             StatusCode::OK => decode_details(endpoint, response, Some(&creds.token)).await,
+            StatusCode::FORBIDDEN => Err(ApiError::Forbidden { endpoint, message: error_message(response).await }),
+            status => {
+                Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await })
+            }
+        }
+    }
+
+    /// `POST /runners/reset_authentication_token` (§1.5): a new token for this runner; GitLab
+    /// revokes the old one. 403 when the token is invalid, expired or revoked already.
+    pub async fn reset_token(&self, creds: &RunnerCredentials) -> Result<ResetTokenResponse, ApiError> {
+        let endpoint = Endpoint::ResetToken;
+        let base = api_base_url(&creds.url)?;
+        let body = json!({ "token": creds.token });
+        let response = self
+            .execute(
+                endpoint,
+                Method::POST,
+                &Self::endpoint_url(&base, "runners/reset_authentication_token")?,
+                Self::runner_token_request(&creds.token, &body),
+            )
+            .await
+            .map_err(|e| e.at(endpoint))?;
+        match response.status() {
+            StatusCode::CREATED => {
+                let bytes = response
+                    .bytes()
+                    .await
+                    .map_err(|e| ApiError::Transport { endpoint, message: describe_reqwest_error(&e) })?;
+                let reset: ResetTokenResponse = serde_json::from_slice(&bytes)
+                    .map_err(|e| ApiError::InvalidResponse { endpoint, message: e.to_string() })?;
+                if reset.token.is_empty() {
+                    return Err(ApiError::InvalidResponse { endpoint, message: "no token in the response".into() });
+                }
+                Ok(reset)
+            }
             StatusCode::FORBIDDEN => Err(ApiError::Forbidden { endpoint, message: error_message(response).await }),
             status => {
                 Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await })
