@@ -304,7 +304,7 @@ async fn dependencies_are_downloaded_with_their_token_and_through_object_storage
     assert_eq!(gone.final_state.as_deref(), Some("failed"));
     let trace = gone.trace_text();
     assert!(trace.contains("not found"), "{trace}");
-    assert!(trace.contains("Retrying download_artifacts (attempt 2 of 2)"), "{trace}");
+    assert!(trace.contains("Retrying download_artifacts in ") && trace.contains("(attempt 2 of 2)"), "{trace}");
     assert!(!trace.contains("$ echo never"), "{trace}");
 }
 

@@ -324,11 +324,11 @@ async fn fault_soak_every_line_once_in_order_and_the_right_final_state() {
                 assert_eq!(job.exit_code, Some(3), "seed {seed}");
             }
         }
+        // How many requests of each kind a seed makes depends on timing (a loaded machine
+        // sends fewer keep-alive PUTs between patches), so coverage is asserted over all seeds
+        // together, per kind and fault, below.
         let injected = proxy.injected();
-        for kind in KINDS {
-            let n: u64 = injected.iter().filter(|((k, _), _)| *k == kind).map(|(_, n)| n).sum();
-            assert!(n > 0, "seed {seed}: no fault on {kind:?}: {injected:?}");
-        }
+        eprintln!("seed {seed}: injected {injected:?}");
         for (key, n) in injected {
             *total.entry(key).or_default() += n;
         }

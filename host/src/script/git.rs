@@ -232,7 +232,7 @@ impl JobPlan {
         }
         out.push_str(&format!("rm -f {}\n", quote(&ext)));
         // The file may hold the token: only the job's user reads it.
-        out.push_str(&format!("(umask 077 && touch {})\n", quote(&ext)));
+        out.push_str(&format!("(umask 077 && : >> {})\n", quote(&ext)));
         let correlation = &self.job.request_correlation_id;
         if self.feature_flag(flags::GITALY_CORRELATION_ID) && !correlation.is_empty() {
             out.push_str(&format!(

@@ -581,7 +581,8 @@ impl JobPlan {
         if *stage == BuildStage::PrepareScript {
             out.push_str(&format!("rm -f {env_file}\n"));
         }
-        out.push_str(&format!("export GITLAB_ENV={env_file}\ntouch {env_file}\n"));
+        // `: >>` rather than `touch`: user stages run in the job's image, which may have no coreutils.
+        out.push_str(&format!("export GITLAB_ENV={env_file}\n: >> {env_file}\n"));
         out.push_str(&format!("while read -r line; do export \"$line\"; done < {env_file}\n"));
         out.push_str("export GIT_TERMINAL_PROMPT=0 GCM_INTERACTIVE=Never\n");
         if self.value("CI_DEBUG_TRACE") == Some("true") && !self.settings.debug_trace_disabled {
