@@ -454,7 +454,7 @@ pub async fn run(config_path: PathBuf, user: Option<String>) -> anyhow::Result<E
     let system_id = config::system_id(&loaded.dir())?;
     let mut plugins = plugin_host(&loaded).await?;
     plugins.watch()?;
-    let metrics = Metrics::new(loaded.config.concurrent, &system_id);
+    let metrics = Metrics::new(loaded.config.concurrent, &system_id)?;
     metrics.config_loaded(true);
     let client = Arc::new(GitLabClient::new(ClientOptions::default())?);
     let _server = match &loaded.config.listen_address {

@@ -39,7 +39,6 @@ struct RunningJob {
 
 #[derive(Default)]
 struct Inner {
-    system_id: String,
     stats: Vec<Arc<ManagerStats>>,
     fleets: Vec<Arc<Fleet>>,
     health: Option<Arc<HealthBoard>>,
@@ -50,6 +49,8 @@ struct Inner {
 /// Shared metrics state. Cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
+    /// This manager's system ID (a label of most families); fixed for the process.
+    system_id: Arc<str>,
     inner: Arc<Mutex<Inner>>,
     ready: Arc<AtomicBool>,
     families: Arc<Families>,
@@ -57,9 +58,8 @@ pub struct Metrics {
 
 impl Metrics {
     /// Metrics of a manager with `concurrent` slots.
-    pub fn new(concurrent: usize, system_id: &str) -> Self {
-        // Every name and label set is a constant of this crate: only a programming error fails.
-        let families = Families::new().expect("GitLab Runner's metric families are valid");
+    pub fn new(concurrent: usize, system_id: &str) -> Result<Self, MetricsError> {
+        let families = Families::new().map_err(|e| MetricsError::Families(e.to_string()))?;
         families
             .version_info
             .with_label_values(&[
@@ -79,8 +79,12 @@ impl Metrics {
         families.worker_slots.set(slots);
         families.worker_slot_operations.with_label_values(&["started"]).inc_by(u64::try_from(slots).unwrap_or(0));
         families.worker_slot_operations.with_label_values(&["stopped"]).inc_by(0);
-        let inner = Inner { system_id: system_id.to_string(), ..Inner::default() };
-        Metrics { inner: Arc::new(Mutex::new(inner)), ready: Arc::default(), families: Arc::new(families) }
+        Ok(Metrics {
+            system_id: Arc::from(system_id),
+            inner: Arc::default(),
+            ready: Arc::default(),
+            families: Arc::new(families),
+        })
     }
 
     /// Count jobs of this manager (a reload attaches the new one; counters add up) and
@@ -89,20 +93,20 @@ impl Metrics {
         let Ok(mut inner) = self.inner.lock() else { return };
         inner.stats.push(stats);
         let f = &self.families;
-        let sid = inner.system_id.clone();
+        let sid: &str = &self.system_id;
         for r in &loaded.config.runners {
             let short = crate::config::short_token(&r.resolved_token());
-            let labels = [short.as_str(), r.name.as_str(), sid.as_str()];
+            let labels = [short.as_str(), r.name.as_str(), sid];
             f.limit.with_label_values(&labels).set(i64::try_from(r.limit).unwrap_or(i64::MAX));
             for family in [&f.jobs_total, &f.worker_feeds, &f.worker_feed_failures, &f.acceptable_queuing_exceeded] {
                 family.with_label_values(&labels).inc_by(0);
             }
             for kind in ["no_free_executor", "job_failure", "other"] {
-                f.worker_processing_failures.with_label_values(&[kind, &short, &r.name, &sid]).inc_by(0);
+                f.worker_processing_failures.with_label_values(&[kind, &short, &r.name, sid]).inc_by(0);
             }
             // The request-concurrency gauges are set by the pollers (the observer); until the
             // first request, the configured limit and nothing in flight.
-            let pair = [short.as_str(), sid.as_str()];
+            let pair = [short.as_str(), sid];
             let requests = i64::try_from(r.request_concurrency).unwrap_or(i64::MAX);
             f.request_concurrency_hard_limit.with_label_values(&pair).set(requests);
             f.request_concurrency_exceeded.with_label_values(&pair).inc_by(0);
@@ -177,14 +181,14 @@ impl Metrics {
     /// a retry of its path.
     pub fn record_api_request(&self, runner: &str, request: &RequestRecord<'_>) {
         let Some(status) = request.status else { return };
-        let sid = self.inner.lock().map(|i| i.system_id.clone()).unwrap_or_default();
+        let sid = &*self.system_id;
         let method = request.method.to_ascii_lowercase();
         let endpoint = request.endpoint.as_str();
         let f = &self.families;
-        f.api_request_statuses.with_label_values(&[runner, &sid, endpoint, &status.to_string(), &method]).inc();
+        f.api_request_statuses.with_label_values(&[runner, sid, endpoint, &status.to_string(), &method]).inc();
         let class = format!("{}xx", status / 100);
         f.api_request_duration
-            .with_label_values(&[runner, &sid, endpoint, &class, &method])
+            .with_label_values(&[runner, sid, endpoint, &class, &method])
             .observe(request.duration.as_secs_f64());
         if request.attempt > 1 {
             f.api_request_retries.with_label_values(&[request.path, &method]).inc();
@@ -194,7 +198,7 @@ impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let Ok(inner) = self.inner.lock() else { return String::new() };
-        let sid = &inner.system_id;
+        let sid = &*self.system_id;
         let f = &self.families;
         f.jobs.reset();
         for job in inner.running.values() {
@@ -404,6 +408,9 @@ pub enum MetricsError {
         /// The bind error.
         source: std::io::Error,
     },
+    /// A metric family could not be defined (a programming error in `families.rs`).
+    #[error("defining the metric families: {0}")]
+    Families(String),
 }
 
 /// Serve metrics and health on `address` (`host:port`).

@@ -29,15 +29,6 @@ const TOKEN_USER: &str = "gitlab-ci-token";
 const SAFE_DIRECTORY_EXECUTORS: &[&str] =
     &["docker", "docker-autoscaler", "docker+machine", "docker-windows", "kubernetes", "parallels", "virtualbox"];
 
-/// Go's `strconv.ParseBool`.
-pub(super) fn go_bool(value: &str) -> Option<bool> {
-    match value {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
-}
-
 /// Go's `regexp.QuoteMeta`.
 fn quote_meta(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -92,7 +83,7 @@ fn scheme_and_host(url: &Url) -> Option<String> {
 impl JobPlan {
     /// A boolean job variable read as gitlab-runner does (Go's `ParseBool`; else `default`).
     pub(super) fn flag(&self, key: &str, default: bool) -> bool {
-        self.value(key).and_then(go_bool).unwrap_or(default)
+        self.value(key).and_then(flags::parse_bool).unwrap_or(default)
     }
 
     fn tmp_file(&self, name: &str) -> String {

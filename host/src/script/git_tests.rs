@@ -106,10 +106,10 @@ fn lfs_pull_unless_the_job_skips_smudging() {
 #[test]
 fn go_booleans() {
     for yes in ["1", "t", "T", "TRUE", "true", "True"] {
-        assert_eq!(go_bool(yes), Some(true));
+        assert_eq!(crate::payload::flags::parse_bool(yes), Some(true));
     }
     for no in ["0", "f", "F", "FALSE", "false", "False"] {
-        assert_eq!(go_bool(no), Some(false));
+        assert_eq!(crate::payload::flags::parse_bool(no), Some(false));
     }
-    assert_eq!(go_bool("yes"), None);
+    assert_eq!(crate::payload::flags::parse_bool("yes"), None);
 }
