@@ -76,9 +76,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "trace",
         ],
     ),
+    // `runway router`: polls GitLab, serves the runner API downstream, keeps its queue in the
+    // job store; runs no job (never the manager or the job path).
+    ("router", &["config", "gitlab", "payload", "store"]),
     // Prometheus text and health endpoints: observes the manager (its `Observer` events, the
-    // job info and runner identity they carry), its fleets and the API client's requests.
-    ("metrics", &["autoscaler", "buildinfo", "config", "gitlab", "manager", "payload", "trace"]),
+    // job info and runner identity they carry), its fleets, the router and the API client's
+    // requests.
+    ("metrics", &["autoscaler", "buildinfo", "config", "gitlab", "manager", "payload", "router", "trace"]),
     // The verbs: wires everything together.
     (
         "cli",

@@ -23,6 +23,7 @@ pub mod manager;
 pub mod metrics;
 pub mod payload;
 pub mod plugin;
+pub mod router;
 pub mod script;
 pub mod stop;
 pub mod store;

@@ -4,6 +4,7 @@
 mod exec;
 mod plugins;
 mod rotation;
+mod router;
 mod run;
 pub(crate) mod runners;
 mod store;
@@ -41,6 +42,9 @@ pub enum Command {
         #[arg(long, short = 'u')]
         user: Option<String>,
     },
+    /// Route jobs: poll GitLab once for a fleet of runners and serve them the runner API
+    /// (`-c router.toml`, default ./router.toml).
+    Router,
     /// Run .gitlab-ci.yml jobs locally through the same job path and plugins.
     Exec(exec::ExecArgs),
     /// Register a runner with GitLab and add it to config.toml.
@@ -159,6 +163,9 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Run { user } => run::run(config_path, user).await,
+            Command::Router => {
+                router::run(explicit_config.as_deref().unwrap_or(std::path::Path::new("router.toml"))).await
+            }
             Command::Exec(args) => exec::run(args, explicit_config.as_deref()).await,
             Command::Register(args) => runners::register(args, &config_path).await,
             Command::Verify { delete } => runners::verify(&config_path, delete).await,

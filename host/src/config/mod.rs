@@ -14,6 +14,7 @@ pub mod fidelity;
 pub mod grant;
 pub mod limits;
 mod lines;
+pub mod router;
 pub mod ssh;
 pub mod store;
 mod system_id;

@@ -126,16 +126,25 @@ pub struct JobOutcome {
     /// The job was taken away (abort before or during the run); GitLab must not be told
     /// anything more than the trace and a final state it will likely refuse.
     pub aborted: bool,
+    /// The executor or the job's instance could not be prepared: a problem of this runner
+    /// another one may not have (a Runway router offers such a job elsewhere).
+    pub preparation_failed: bool,
 }
 
 impl JobOutcome {
     /// A job that succeeded (so far).
     pub fn success() -> Self {
-        JobOutcome { failure: None, exit_code: None, message: String::new(), aborted: false }
+        JobOutcome { failure: None, exit_code: None, message: String::new(), aborted: false, preparation_failed: false }
     }
     /// A job that failed for `reason`.
     pub fn failed(reason: FailureReason, exit_code: Option<i32>, message: impl Into<String>) -> Self {
-        JobOutcome { failure: Some(reason), exit_code, message: message.into(), aborted: false }
+        JobOutcome {
+            failure: Some(reason),
+            exit_code,
+            message: message.into(),
+            aborted: false,
+            preparation_failed: false,
+        }
     }
     /// Did the job succeed?
     pub fn succeeded(&self) -> bool {
@@ -262,7 +271,8 @@ async fn run_to_end(
                 let message = format!("preparing the instance: {e}");
                 trace.error(&message);
                 trace.section_end("prepare_executor");
-                return (finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message)), None);
+                let outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message);
+                return (finish(&*trace, JobOutcome { preparation_failed: true, ..outcome }), None);
             }
         },
     };
@@ -294,7 +304,7 @@ async fn run_to_end(
         }
         Err(e @ PrepareError::Failed { .. }) => {
             let outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.to_string());
-            return (finish(&*trace, outcome), None);
+            return (finish(&*trace, JobOutcome { preparation_failed: true, ..outcome }), None);
         }
     };
     // The executor may have moved the job while preparing (a custom executor's config_exec).

@@ -43,7 +43,13 @@ pub struct JobProgress {
 impl JobProgress {
     /// The outcome so far.
     pub fn outcome(&self) -> JobOutcome {
-        JobOutcome { failure: self.failure, exit_code: self.exit_code, message: self.message.clone(), aborted: false }
+        JobOutcome {
+            failure: self.failure,
+            exit_code: self.exit_code,
+            message: self.message.clone(),
+            aborted: false,
+            preparation_failed: false,
+        }
     }
 
     /// Record `outcome` as the outcome so far.

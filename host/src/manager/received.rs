@@ -272,6 +272,7 @@ pub(super) async fn run_received(
     reservation: Option<Reservation>,
 ) {
     let job = received.job;
+    let declinable = received.declinable;
     let settings = &runner.settings;
     // Never run a job whose secrets cannot be masked: fail it with only the error in its log.
     let trace = match JobTrace::new(&trace_options(&job, &runner)) {
@@ -355,6 +356,27 @@ pub(super) async fn run_received(
             return;
         }
     };
+    if declinable && outcome.preparation_failed && !hooks.accepted.load(Ordering::SeqCst) {
+        // Behind a Runway router: hand the job back so another runner can take it.
+        match decline(&runner, &job, &outcome.message).await {
+            Ok(()) => {
+                tracing::warn!(job = job.id, error = %outcome.message, "preparation failed; job declined back to the router");
+                drop(slot);
+                interrupt.abort();
+                keepalive.cancel();
+                cleanup.run().await;
+                if let Some(record) = &hooks.record {
+                    record.finish().await;
+                }
+                if let Some(reservation) = reservation {
+                    reservation.finish(true).await;
+                }
+                drop(permits);
+                return;
+            }
+            Err(e) => tracing::warn!(job = job.id, "declining the job failed ({e}); failing it instead"),
+        }
+    }
     let wire_failure = outcome.failure.map(|r| wire_reason(Some(r), &job.features.failure_reasons));
     shared.stats.record(wire_failure.as_deref(), started.elapsed());
     let finished = FinishedJob {
@@ -374,6 +396,15 @@ pub(super) async fn run_received(
         reservation.finish(outcome.failure == Some(FailureReason::RunnerSystemFailure)).await;
     }
     drop(permits);
+}
+
+/// `POST /jobs/:id/runner_provisioning` `status=declined` to the router `job` came from.
+async fn decline(runner: &Runner, job: &JobResponse, reason: &str) -> Result<(), String> {
+    let settings = &runner.settings;
+    let client =
+        JobClient::new(runner.client.clone(), &settings.credentials.url, job.id, &job.token, runner.info.clone())
+            .map_err(|e| e.to_string())?;
+    client.decline(reason).await
 }
 
 /// The tail every job shares: accept a job that failed before acceptance (so its trace and

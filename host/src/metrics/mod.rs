@@ -26,6 +26,7 @@ use crate::manager::ManagerStats;
 mod errors;
 mod families;
 mod observer;
+pub mod router;
 
 pub use errors::ErrorCounter;
 use families::Families;

@@ -12,13 +12,15 @@
 //!
 //! This file owns the client itself (endpoints, errors, the retrying send loop); the calls
 //! live beside it: [`setup`] (options, TLS), [`info`] (the runner `info` and credentials),
-//! [`runner`] (register, verify, unregister), [`request`] (job request), [`job`] (trace PATCH
-//! and job PUT), `http` (response header helpers). Metrics are not known here: a caller may
+//! [`runner`] (register, verify, unregister), [`request`] (job request), [`job`] (trace PATCH,
+//! job PUT, a router's decline), [`forward`] (the router's pass-through), `http` (response
+//! header helpers). Metrics are not known here: a caller may
 //! observe every attempt through [`RequestHook`].
 //!
 //! [`JobApi`]: crate::gitlab::api::JobApi
 
 pub mod artifacts;
+pub mod forward;
 mod http;
 pub mod info;
 pub mod job;
@@ -68,6 +70,8 @@ pub enum Endpoint {
     UploadArtifacts,
     /// `GET /jobs/:id/artifacts`.
     DownloadArtifacts,
+    /// `POST /jobs/:id/runner_provisioning` (a Runway router's decline).
+    RunnerProvisioning,
 }
 
 impl Endpoint {
@@ -84,6 +88,7 @@ impl Endpoint {
             Endpoint::PatchTrace => "patch_trace",
             Endpoint::UploadArtifacts => "upload_artifacts",
             Endpoint::DownloadArtifacts => "download_artifacts",
+            Endpoint::RunnerProvisioning => "runner_provisioning",
         }
     }
 }

@@ -6,7 +6,9 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use super::http::{error_message, header_str};
-use super::{api_base_url, describe_reqwest_error, GitLabClient, RunnerCredentials, VersionInfo};
+#[cfg(doc)]
+use super::VersionInfo;
+use super::{api_base_url, describe_reqwest_error, GitLabClient, RunnerCredentials};
 use crate::payload::JobResponse;
 
 /// A job handed out by `POST /jobs/request`.
@@ -16,7 +18,19 @@ pub struct ReceivedJob {
     pub raw: bytes::Bytes,
     /// The decoded payload.
     pub job: JobResponse,
+    /// The job came from a Runway router that takes declines: a runner that cannot prepare
+    /// the job hands it back ([`super::JobClient::decline`]) instead of failing it.
+    pub declinable: bool,
 }
+
+/// Request header a runner sends to say it declines jobs it cannot prepare, and response
+/// header a Runway router answers a job with to say it takes declines. GitLab ignores the
+/// header, so the runner sends it everywhere and declines only when the answer has it.
+pub const ROUTER_FEATURES_HEADER: &str = "runway-router-features";
+
+/// The feature of [`ROUTER_FEATURES_HEADER`]: `POST /jobs/:id/runner_provisioning` with
+/// `status=declined` (seed 002's proposal).
+pub const DECLINE_FEATURE: &str = "runner_provisioning";
 
 /// What a job request came to (§1.6 runner-side handling).
 #[derive(Debug, Clone)]
@@ -68,8 +82,13 @@ impl BadJob {
 impl GitLabClient {
     /// `POST /jobs/request` (§1.6), echoing the last `X-GitLab-Last-Update` seen for this
     /// (URL, token) as `last_update`. May block for GitLab's long-poll window; it is drop-safe,
-    /// so `select!` it against shutdown.
-    pub async fn request_job(&self, creds: &RunnerCredentials, info: &VersionInfo) -> RequestJobResult {
+    /// so `select!` it against shutdown. `info` is this runner's [`VersionInfo`], or — for the
+    /// router — the `info` a downstream runner sent.
+    pub async fn request_job(
+        &self,
+        creds: &RunnerCredentials,
+        info: &(impl serde::Serialize + Sync),
+    ) -> RequestJobResult {
         let endpoint = super::Endpoint::RequestJob;
         let base = match api_base_url(&creds.url) {
             Ok(b) => b,
@@ -87,11 +106,12 @@ impl GitLabClient {
         if let Some(last_update) = &sent_last_update {
             body["last_update"] = last_update.clone().into();
         }
-        let response =
-            match self.execute(endpoint, Method::POST, &url, Self::runner_token_request(&creds.token, &body)).await {
-                Ok(r) => r,
-                Err(e) => return RequestJobResult::Unhealthy(format!("request_job: {e}")),
-            };
+        let request = Self::runner_token_request(&creds.token, &body);
+        let decorate = |rb| request(rb).header(ROUTER_FEATURES_HEADER, DECLINE_FEATURE);
+        let response = match self.execute(endpoint, Method::POST, &url, decorate).await {
+            Ok(r) => r,
+            Err(e) => return RequestJobResult::Unhealthy(format!("request_job: {e}")),
+        };
         self.remember_last_update(&base, &creds.token, response.headers());
         // GitLab's correlation ID for the request; one of our own when it gives none.
         let correlation_id = header_str(response.headers(), "x-request-id")
@@ -99,6 +119,8 @@ impl GitLabClient {
             .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         match response.status() {
             StatusCode::CREATED => {
+                let declinable = header_str(response.headers(), ROUTER_FEATURES_HEADER)
+                    .is_some_and(|v| v.split(',').any(|f| f.trim() == DECLINE_FEATURE));
                 let is_json = header_str(response.headers(), "content-type").is_some_and(|t| t.contains("json"));
                 let raw = match response.bytes().await {
                     Ok(b) => b,
@@ -115,7 +137,7 @@ impl GitLabClient {
                 match JobResponse::from_json(&raw) {
                     Ok(mut job) => {
                         job.request_correlation_id = correlation_id;
-                        RequestJobResult::Job(Box::new(ReceivedJob { raw, job }))
+                        RequestJobResult::Job(Box::new(ReceivedJob { raw, job, declinable }))
                     }
                     Err(error) => match BadJob::identify(&raw, error.to_string()) {
                         Some(bad) => RequestJobResult::BadPayload(Box::new(bad)),
