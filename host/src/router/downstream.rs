@@ -184,31 +184,21 @@ async fn request_job(State(inner): Shared, headers: HeaderMap, body: Bytes) -> R
             }
             (None, None) => return no_job(),
         };
-        if !two_phase {
-            // A runner without two-phase commit runs what it gets: accept at GitLab first.
-            match upstream::accept(&inner, id).await {
-                Accept::Accepted => {
-                    mark_accepted(&inner, id, Some(d));
-                    persist::save(&inner, id).await;
+        // Saved with the offer before the runner gets the job: a restarted router knows who
+        // has it and how it will be accepted.
+        let changed = {
+            let mut st = inner.lock();
+            match st.jobs.get_mut(&id) {
+                Some(job) if job.two_phase != two_phase => {
+                    job.two_phase = two_phase;
+                    job.version += 1;
+                    true
                 }
-                Accept::Gone => {
-                    upstream::release(&inner, id).await;
-                    if Instant::now() < until {
-                        continue;
-                    }
-                    return no_job();
-                }
-                Accept::Unavailable(e) => {
-                    tracing::warn!(job = id, "accepting the job at GitLab failed: {e}");
-                    let handed = {
-                        let mut st = inner.lock();
-                        st.requeue(id, None);
-                        st.hand_out(&settings.downstreams, settings.accept_timeout)
-                    };
-                    upstream::after_hand_out(&inner, handed).await;
-                    return no_job();
-                }
+                _ => false,
             }
+        };
+        if changed {
+            persist::save(&inner, id).await;
         }
         let raw = inner.lock().jobs.get(&id).map(|j| j.raw.clone());
         let Some(raw) = raw else { continue };
@@ -224,6 +214,32 @@ async fn request_job(State(inner): Shared, headers: HeaderMap, body: Bytes) -> R
 /// Workhorse's answer to a long poll that ended without a job: the runner asks again at once.
 fn no_job() -> Response {
     (StatusCode::NO_CONTENT, [("gitlab-ci-builds-polling", "yes")]).into_response()
+}
+
+/// A runner without two-phase commit calls about its job for the first time (a trace patch,
+/// a final update, an upload): it runs the job, so the router accepts it at GitLab now. A
+/// runner whose job answer was lost never calls, and the job goes to another after
+/// `accept_timeout` instead of being stranded. `Err` is the answer to give the runner.
+async fn accept_on_contact(inner: &Arc<Inner>, id: i64) -> Result<(), Response> {
+    let due = inner.lock().jobs.get(&id).is_some_and(|j| !j.two_phase && !matches!(j.phase, Phase::Accepted { .. }));
+    if !due {
+        return Ok(());
+    }
+    match upstream::accept(inner, id).await {
+        Accept::Accepted => {
+            mark_accepted(inner, id, None);
+            persist::save(inner, id).await;
+            Ok(())
+        }
+        Accept::Gone => {
+            upstream::release(inner, id).await;
+            Err(message(StatusCode::FORBIDDEN, "403 Forbidden - Job is not processing on runner"))
+        }
+        Accept::Unavailable(e) => {
+            tracing::warn!(job = id, "accepting the job at GitLab failed: {e}");
+            Err(message(StatusCode::SERVICE_UNAVAILABLE, "503 Service Unavailable"))
+        }
+    }
 }
 
 fn mark_accepted(inner: &Inner, id: i64, fallback: Option<usize>) -> Option<usize> {
@@ -275,6 +291,11 @@ async fn update_job(State(inner): Shared, Path(id): Path<i64>, headers: HeaderMa
         persist::save(&inner, id).await;
         return pending_ok();
     }
+    if held && state != "running" {
+        if let Err(answer) = accept_on_contact(&inner, id).await {
+            return answer;
+        }
+    }
     if held {
         seen(&inner, id);
     }
@@ -316,6 +337,9 @@ async fn patch_trace(
         return message(StatusCode::NOT_FOUND, "404 Not Found");
     };
     if held {
+        if let Err(answer) = accept_on_contact(&inner, id).await {
+            return answer;
+        }
         seen(&inner, id);
     }
     let path = match query {
@@ -420,6 +444,9 @@ async fn artifacts(
         return message(StatusCode::NOT_FOUND, "404 Not Found");
     };
     if held {
+        if let Err(answer) = accept_on_contact(&inner, id).await {
+            return answer;
+        }
         seen(&inner, id);
     }
     if let Some(holder) = token.as_deref().and_then(|t| inner.lock().by_token.get(t).copied()) {

@@ -11,8 +11,10 @@
 //! back). A runner speaking two-phase commit pings (`PUT state=pending`, answered here) and
 //! accepts (`PUT state=running`, forwarded: GitLab's job turns `running`); one that declines
 //! (`POST /jobs/:id/runner_provisioning`, Runway does when preparation fails) or stays silent
-//! past `accept_timeout` gives the job back to the queue. A runner without two-phase commit
-//! gets jobs the router accepted at GitLab first. Once accepted, the runner's trace patches,
+//! past `accept_timeout` gives the job back to the queue. A job given to a runner without
+//! two-phase commit is accepted at GitLab by the router on that runner's first call for it (its
+//! first trace patch), so a job whose answer never reached its runner is offered again instead
+//! of stranded. Once accepted, the runner's trace patches,
 //! updates and artifacts pass through ([`downstream`], streamed); a runner silent for
 //! `lease_timeout` has its job failed upstream with `runner_system_failure`. Every held job is
 //! an entry of the job store ([`persist`]: file, or Redis shared by several routers), so a
@@ -212,6 +214,7 @@ impl Router {
             stop: CancellationToken::new(),
         });
         persist::take_over(&inner).await;
+        upstream::keep_alive(&inner).await;
         upstream::spawn(&inner);
         Router { inner }
     }

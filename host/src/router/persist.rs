@@ -30,6 +30,12 @@ struct Record {
     declined: Vec<String>,
     seq: u64,
     upstream_trace_size: u64,
+    #[serde(default = "yes")]
+    two_phase: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn unix_now() -> u64 {
@@ -49,6 +55,7 @@ fn entry_of(inner: &Inner, job: &Routed) -> Entry {
         declined: job.declined.iter().filter_map(|d| names(*d)).collect(),
         seq: job.seq,
         upstream_trace_size: job.upstream_trace_size,
+        two_phase: job.two_phase,
     };
     Entry {
         meta: EntryMeta {
@@ -173,6 +180,7 @@ fn restore(inner: &Arc<Inner>, id: i64, body: &[u8]) -> Result<&'static str, Str
     let mut job = upstream::routed(id, record.token, upstream, bytes::Bytes::from(record.payload), record.seq)?;
     job.declined = record.declined.iter().filter_map(|n| index(n)).collect();
     job.upstream_trace_size = record.upstream_trace_size;
+    job.two_phase = record.two_phase;
     let downstream = record.downstream.as_deref().and_then(index);
     let now = Instant::now();
     job.phase = match record.phase.as_str() {

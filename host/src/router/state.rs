@@ -94,6 +94,9 @@ pub struct Routed {
     pub upstream_trace_size: u64,
     /// The router is failing the job upstream itself (lost runner, every runner declined).
     pub failing: bool,
+    /// The runner it was offered to speaks two-phase commit (it accepts the job itself);
+    /// otherwise the router accepts the job at GitLab on the runner's first call for it.
+    pub two_phase: bool,
 }
 
 impl Routed {
@@ -341,6 +344,7 @@ mod tests {
             saved: Default::default(),
             upstream_trace_size: 0,
             failing: false,
+            two_phase: true,
         }
     }
 

@@ -168,6 +168,7 @@ pub(super) fn routed(id: i64, token: String, upstream: usize, raw: bytes::Bytes,
         saved: Default::default(),
         upstream_trace_size: 0,
         failing: false,
+        two_phase: true,
     })
 }
 
@@ -238,8 +239,8 @@ pub(super) enum Accept {
     Unavailable(String),
 }
 
-/// `PUT state=running` for held job `id` (a runner without two-phase commit, or one that
-/// accepted through `runner_provisioning`).
+/// `PUT state=running` for held job `id` (the first call of a runner without two-phase
+/// commit for it, or a runner accepting through `runner_provisioning`).
 pub(super) async fn accept(inner: &Arc<Inner>, id: i64) -> Accept {
     let target = inner.lock().jobs.get(&id).map(|j| (j.upstream, j.token.clone()));
     let Some((u, token)) = target else { return Accept::Gone };
@@ -387,8 +388,8 @@ async fn sweep(inner: &Arc<Inner>) {
 }
 
 /// `PUT state=pending` for every job not accepted yet; jobs GitLab no longer has for us are
-/// let go of.
-async fn keep_alive(inner: &Arc<Inner>) {
+/// let go of, jobs it runs already (409) are watched as accepted.
+pub(super) async fn keep_alive(inner: &Arc<Inner>) {
     let pending: Vec<(i64, usize, String)> = {
         let st = inner.lock();
         st.jobs
@@ -401,10 +402,33 @@ async fn keep_alive(inner: &Arc<Inner>) {
         let inner = inner.clone();
         async move {
             let Some(api) = job_api(&inner, u, id, &token) else { return };
-            let outcome = api.update_job(&JobUpdate::state(JobState::Pending)).await.outcome;
-            if matches!(outcome, UpdateOutcome::Abort) {
-                tracing::info!(job = id, "GitLab no longer has the job for us (canceled?); letting it go");
-                release(&inner, id).await;
+            match api.update_job(&JobUpdate::state(JobState::Pending)).await.outcome {
+                UpdateOutcome::Abort => {
+                    tracing::info!(job = id, "GitLab no longer has the job for us (canceled?); letting it go");
+                    release(&inner, id).await;
+                }
+                // Already running: a runner accepted it and the router did not see it through
+                // (it was restarted in between). Its runner is watched from now on.
+                UpdateOutcome::Conflict => {
+                    let changed = {
+                        let mut st = inner.lock();
+                        st.queue.remove(id);
+                        match st.jobs.get_mut(&id) {
+                            Some(job) if !matches!(job.phase, Phase::Accepted { .. }) => {
+                                let downstream = job.phase.downstream();
+                                job.phase = Phase::Accepted { downstream, last_seen: Instant::now() };
+                                job.version += 1;
+                                true
+                            }
+                            _ => false,
+                        }
+                    };
+                    if changed {
+                        tracing::info!(job = id, "the job runs at GitLab already; watching its runner");
+                        persist::save(&inner, id).await;
+                    }
+                }
+                _ => {}
             }
         }
     });
