@@ -9,6 +9,8 @@
 //! `runner_system_failure`; the router killed with SIGKILL and started again loses no job;
 //! one pipeline's fan-out does not starve another project (fair share); unknown tokens get 403.
 
+#[path = "support/redis_server.rs"]
+mod redis_server;
 #[path = "support/runway_process.rs"]
 mod runway_process;
 #[path = "support/sshd.rs"]
@@ -27,6 +29,8 @@ const WAIT: Duration = Duration::from_secs(120);
 /// The router's deadlines in these tests (short, so the tests are).
 const ACCEPT_TIMEOUT_S: u64 = 6;
 const LEASE_TIMEOUT_S: u64 = 8;
+/// The store key the routers of a test share (several routers on one Redis must).
+const STORE_KEY: &str = "8f3b5c2a9d1e4f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
 const RUNWAY_TOKEN: &str = "downstream-runway-token";
 const PLAIN_TOKEN: &str = "downstream-plain-token";
 
@@ -76,6 +80,7 @@ impl RouterProcess {
             .arg("router")
             .current_dir(&self.dir)
             .env("RUST_LOG", "info")
+            .env("RUNWAY_STORE_KEY", STORE_KEY)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -139,11 +144,17 @@ impl World {
 
     /// A router holding downstream job requests up to `long_poll`.
     fn router_with(&self, long_poll: &str, extra: &str) -> RouterProcess {
-        let dir = self.root.path().join("router");
+        self.router_in("router", long_poll, extra, "name = \"file\"")
+    }
+
+    /// A router in directory `name` with `store` lines in `[router.store]`.
+    fn router_in(&self, name: &str, long_poll: &str, extra: &str, store: &str) -> RouterProcess {
+        let dir = self.root.path().join(name);
         std::fs::create_dir_all(&dir).expect("router dir");
         let (api_port, metrics_port) = (free_port(), free_port());
         let config = format!(
             r#"listen_address = "127.0.0.1:{metrics_port}"
+log_level = "info"
 [router]
   listen = "127.0.0.1:{api_port}"
   long_poll_timeout = "{long_poll}"
@@ -163,8 +174,8 @@ impl World {
     token = "{PLAIN_TOKEN}"
     tags = ["plain", "linux"]
   [router.store]
-    name = "file"
     health_interval = 1
+    {store}
 "#,
             url = self.fake.url(),
             token = self.token,
@@ -396,6 +407,22 @@ async fn jobs_reach_both_runners_with_tags_artifacts_and_403_for_strangers() {
     assert!(metrics.contains("runway_router_queue_wait_seconds_count{project=\"group/project\"}"), "{metrics}");
     assert!(metrics.contains("runway_router_upstream_requests_saved_total"), "{metrics}");
     assert_eq!(router.metric("runway_router_jobs{phase=\"accepted\"}").await, 0.0, "nothing left held: {metrics}");
+    // docs/router.md lists what is exported, with its type.
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/router.md")).expect("router.md");
+    let table = doc
+        .split("<!-- router-metrics-table -->")
+        .nth(1)
+        .and_then(|t| t.split("<!-- /router-metrics-table -->").next())
+        .expect("the metrics table between its markers");
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| `")).collect();
+    assert!(rows.len() >= 13, "{table}");
+    for row in rows {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (name, kind) = (cells[1].trim_matches('`'), cells[2]);
+        assert!(metrics.contains(&format!("# TYPE {name} {kind}\n")), "{name} {kind} is not exported:\n{metrics}");
+    }
+    let families = metrics.lines().filter(|l| l.starts_with("# TYPE ")).count();
+    assert_eq!(families, 13, "every exported family is in docs/router.md:\n{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -576,4 +603,53 @@ async fn one_pipelines_fan_out_does_not_starve_another_project() {
     let first20 = plain.ran();
     let other = first20.iter().filter(|(_, project)| *project == 43).count();
     assert_eq!(other, 10, "the other project's 10 jobs within the first 20 dispatches: {first20:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_routers_on_one_redis_share_the_work_and_take_over_a_dead_ones_jobs() {
+    let w = world().await;
+    let redis = redis_server::RedisServer::start();
+    let store =
+        format!("name = \"redis\"\n    health_timeout = 3\n    [router.store.redis]\n      url = \"{}\"", redis.url());
+    let mut a = w.router_in("router-a", "5s", "  queue_size = 20", &store);
+    let mut b = w.router_in("router-b", "5s", "  queue_size = 20", &store);
+    a.start();
+    b.start();
+    a.ready().await;
+    b.ready().await;
+    let ids: Vec<i64> = (0..6).map(|i| w.enqueue(&spec(&format!("job {i}"), &["true"]))).collect();
+    // One runner asks router A once: A takes the jobs from GitLab (room for its policy) and
+    // gives that runner one.
+    let at_a = PlainRunner::new(&a.url());
+    let first = loop {
+        if let Some(job) = at_a.request().await {
+            break job;
+        }
+    };
+    at_a.run(&first, Duration::ZERO).await;
+    let mut queued = 0.0;
+    for _ in 0..600 {
+        queued = a.metric("runway_router_jobs{phase=\"queued\"}").await;
+        if queued >= 5.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(queued, 5.0, "{}", a.log());
+    // A dies with five jobs held; B's runner waits at B, which takes A's jobs over once A's
+    // heartbeat is older than health_timeout.
+    a.kill9();
+    let at_b = PlainRunner::new(&b.url());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let loop_b = at_b.spawn_loop(Duration::ZERO, stop.clone());
+    for id in &ids {
+        let record = w.finished(*id, &b).await;
+        assert_eq!(record.final_state.as_deref(), Some("success"), "job {id}: {}", record.trace_text());
+    }
+    stop.cancel();
+    let _ = loop_b.await;
+    assert_eq!(at_a.ran().len() + at_b.ran().len(), ids.len(), "each job ran once");
+    assert_eq!(at_b.ran().len(), 5);
+    let taken = b.log().matches("holding a stored job again").count();
+    assert_eq!(taken, 5, "B took A's five jobs over:\n{}", b.log());
 }

@@ -19,7 +19,7 @@ use crate::store::jobs::seal::StoreKey;
 /// Run the router until a stop signal.
 pub async fn run(path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = config::router::load(path)?;
-    let router_id = config::system_id(&loaded.dir())?;
+    let router_id = config::router_id(&loaded.dir())?;
     let store_settings = loaded.store_settings();
     let store = match &store_settings.backend {
         None => None,

@@ -31,7 +31,7 @@ use crate::config::duration::duration_str;
 use crate::config::grant::PluginGrant;
 pub use error::ConfigError;
 use lines::{key_at_line, line_of_key, line_of_offset, runner_header_line, sub_table_line, text_has_shell_section};
-pub use system_id::{short_token, system_id};
+pub use system_id::{router_id, short_token, system_id};
 
 /// Executor config sections kept as tables and handed to the plugin as JSON (the executors
 /// Runway has; another executor's section is warned about, see [`fidelity`]).

@@ -24,9 +24,29 @@ fn generate() -> String {
             }
         }
     }
+    random_id()
+}
+
+fn random_id() -> String {
     let mut rng = rand::rng();
     let suffix: String = (0..12).map(|_| rng.sample(rand::distr::Alphanumeric) as char).collect();
     format!("r_{suffix}")
+}
+
+/// The identity of a `runway router` kept in `<dir>/.runway_router_id`: random (`r_…`), so two
+/// routers on one machine — which share a machine-derived system ID — own their store entries
+/// apart; stable across restarts.
+pub fn router_id(dir: &Path) -> anyhow::Result<String> {
+    let path = dir.join(".runway_router_id");
+    if let Ok(existing) = std::fs::read_to_string(&path) {
+        let existing = existing.trim();
+        if valid(existing) {
+            return Ok(existing.to_string());
+        }
+    }
+    let id = random_id();
+    crate::store::atomic::write(&path, format!("{id}\n").as_bytes(), None)?;
+    Ok(id)
 }
 
 /// The system ID stored in `<config dir>/.runner_system_id`, created when missing or invalid.
