@@ -6,6 +6,8 @@
 
 #[path = "support/runway_process.rs"]
 mod runway_process;
+#[path = "support/test_ca.rs"]
+mod test_ca;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,6 +17,7 @@ use std::time::Duration;
 
 use fake_gitlab::{FakeGitLab, JobSpec, JobStatus};
 use runway_process::RunwayProcess;
+use test_ca::{make_ca, TestCa};
 use tokio_rustls::rustls;
 
 const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
@@ -26,59 +29,6 @@ fn runway(config: &Path, args: &[&str]) -> std::process::Output {
 
 fn text(out: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl runs");
-    assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
-}
-
-/// A test CA and a server certificate it signed for 127.0.0.1 (PEM files in `dir`).
-struct TestCa {
-    ca: PathBuf,
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-fn make_ca(dir: &Path, name: &str) -> TestCa {
-    std::fs::create_dir_all(dir).expect("mkdir");
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    let subject = format!("/CN=Runway test CA {name} {}", std::process::id());
-    let mut args = vec!["req", "-x509"];
-    args.extend(ec);
-    args.extend(["-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", &subject]);
-    args.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
-    openssl(dir, &args);
-    let mut args = vec!["req"];
-    args.extend(ec);
-    args.extend(["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"]);
-    openssl(dir, &args);
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("ext");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-        ],
-    );
-    TestCa { ca: dir.join("ca.crt"), cert: dir.join("server.crt"), key: dir.join("server.key") }
 }
 
 /// The test CA in the system trust store (Debian's `update-ca-certificates`) while alive;

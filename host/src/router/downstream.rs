@@ -179,10 +179,10 @@ async fn request_job(State(inner): Shared, headers: HeaderMap, body: Bytes) -> R
                 // A job sent just as the wait ended is still ours.
                 match got.or_else(|| rx.try_recv().ok()) {
                     Some(id) => id,
-                    None => return no_job(),
+                    None => return no_job(&inner),
                 }
             }
-            (None, None) => return no_job(),
+            (None, None) => return no_job(&inner),
         };
         // Saved with the offer before the runner gets the job: a restarted router knows who
         // has it and how it will be accepted.
@@ -211,9 +211,13 @@ async fn request_job(State(inner): Shared, headers: HeaderMap, body: Bytes) -> R
     }
 }
 
-/// Workhorse's answer to a long poll that ended without a job: the runner asks again at once.
-fn no_job() -> Response {
-    (StatusCode::NO_CONTENT, [("gitlab-ci-builds-polling", "yes")]).into_response()
+/// The answer to a job request that ended without a job, as GitLab gives it: 204 with the
+/// queue's version in `X-GitLab-Last-Update` (a runner sending it back while nothing entered
+/// the queue waits its `check_interval`; one seeing it move on asks again at once).
+fn no_job(inner: &Inner) -> Response {
+    let version = format!("{:016x}", inner.lock().queue_version);
+    (StatusCode::NO_CONTENT, [("gitlab-ci-builds-polling", "yes".to_string()), ("x-gitlab-last-update", version)])
+        .into_response()
 }
 
 /// A runner without two-phase commit calls about its job for the first time (a trace patch,

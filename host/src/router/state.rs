@@ -152,6 +152,9 @@ pub struct State {
     pub last_info: Option<serde_json::Value>,
     /// Jobs dispatched per downstream (`weighted`).
     pub dispatched: Vec<u64>,
+    /// Moves on whenever a job enters the queue: the `X-GitLab-Last-Update` of a long poll
+    /// that ended without a job (Rails' `runner:build_queue` value).
+    pub queue_version: u64,
     policy: Policy,
 }
 
@@ -168,6 +171,7 @@ impl State {
             last_poll: None,
             last_info: None,
             dispatched: vec![0; downstreams],
+            queue_version: rand::random(),
             policy,
         }
     }
@@ -177,6 +181,7 @@ impl State {
         self.next_seq = self.next_seq.max(job.seq + 1);
         if job.phase == Phase::Queued {
             self.queue.push(job.seq, job.queued());
+            self.queue_version = self.queue_version.wrapping_add(1);
         }
         self.by_token.insert(job.token.clone(), job.id);
         self.jobs.insert(job.id, job);
@@ -236,6 +241,7 @@ impl State {
         job.version += 1;
         let queued = job.queued();
         self.queue.push(job.seq, queued);
+        self.queue_version = self.queue_version.wrapping_add(1);
         true
     }
 
