@@ -184,22 +184,13 @@ async fn request_job(State(inner): Shared, headers: HeaderMap, body: Bytes) -> R
             }
             (None, None) => return no_job(&inner),
         };
-        // Saved with the offer before the runner gets the job: a restarted router knows who
-        // has it and how it will be accepted.
-        let changed = {
-            let mut st = inner.lock();
-            match st.jobs.get_mut(&id) {
-                Some(job) if job.two_phase != two_phase => {
-                    job.two_phase = two_phase;
-                    job.version += 1;
-                    true
-                }
-                _ => false,
-            }
-        };
-        if changed {
-            persist::save(&inner, id).await;
+        // Saved as offered (with how it will be accepted) before the runner gets the job: a
+        // restarted router knows who has it. A save the hand-out already made is not repeated.
+        if let Some(job) = inner.lock().jobs.get_mut(&id).filter(|j| j.two_phase != two_phase) {
+            job.two_phase = two_phase;
+            job.version += 1;
         }
+        persist::save(&inner, id).await;
         let raw = inner.lock().jobs.get(&id).map(|j| j.raw.clone());
         let Some(raw) = raw else { continue };
         return Response::builder()

@@ -90,7 +90,7 @@ async fn save_inner(inner: &Arc<Inner>, id: i64, heartbeat: bool) {
         return;
     }
     match store.save(&entry).await {
-        Ok(()) => *saved = version.max(if *saved == u64::MAX { 0 } else { *saved }),
+        Ok(()) => *saved = (*saved).max(version),
         Err(JobStoreError::Lost(_)) => {
             tracing::warn!(job = id, "another router took this job over; letting it go");
             *saved = u64::MAX;
