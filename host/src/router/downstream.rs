@@ -211,6 +211,19 @@ fn no_job(inner: &Inner) -> Response {
         .into_response()
 }
 
+/// A runner's call about job `id` (with `token`): where it goes (upstream, held with this
+/// token), the job accepted at GitLab first when due, the runner seen alive.
+async fn contact(inner: &Arc<Inner>, id: i64, token: Option<&str>) -> Result<(usize, bool), Response> {
+    let Some((u, held)) = route(inner, id, token) else {
+        return Err(message(StatusCode::NOT_FOUND, "404 Not Found"));
+    };
+    if held {
+        accept_on_contact(inner, id).await?;
+        seen(inner, id);
+    }
+    Ok((u, held))
+}
+
 /// A runner without two-phase commit calls about its job for the first time (a trace patch,
 /// a final update, an upload): it runs the job, so the router accepts it at GitLab now. A
 /// runner whose job answer was lost never calls, and the job goes to another after
@@ -328,15 +341,10 @@ async fn patch_trace(
     body: Bytes,
 ) -> Response {
     let token = job_token(&headers, None).map(str::to_string);
-    let Some((u, held)) = route(&inner, id, token.as_deref()) else {
-        return message(StatusCode::NOT_FOUND, "404 Not Found");
+    let (u, held) = match contact(&inner, id, token.as_deref()).await {
+        Ok(routed) => routed,
+        Err(answer) => return answer,
     };
-    if held {
-        if let Err(answer) = accept_on_contact(&inner, id).await {
-            return answer;
-        }
-        seen(&inner, id);
-    }
     let path = match query {
         Some(q) => format!("jobs/{id}/trace?{q}"),
         None => format!("jobs/{id}/trace"),
@@ -435,15 +443,10 @@ async fn artifacts(
     body: Body,
 ) -> Response {
     let token = job_token(&headers, None).map(str::to_string);
-    let Some((u, held)) = route(&inner, id, token.as_deref()) else {
-        return message(StatusCode::NOT_FOUND, "404 Not Found");
+    let (u, _) = match contact(&inner, id, token.as_deref()).await {
+        Ok(routed) => routed,
+        Err(answer) => return answer,
     };
-    if held {
-        if let Err(answer) = accept_on_contact(&inner, id).await {
-            return answer;
-        }
-        seen(&inner, id);
-    }
     if let Some(holder) = token.as_deref().and_then(|t| inner.lock().by_token.get(t).copied()) {
         seen(&inner, holder);
     }

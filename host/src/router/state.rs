@@ -99,7 +99,51 @@ pub struct Routed {
     pub two_phase: bool,
 }
 
+/// Where a job comes from and what it is, for [`Routed::new`].
+#[derive(Debug, Clone)]
+pub struct Origin {
+    /// GitLab's job id.
+    pub id: i64,
+    /// The job token.
+    pub token: String,
+    /// Index of its `[[router.upstream]]`.
+    pub upstream: usize,
+    /// The payload as GitLab sent it.
+    pub raw: bytes::Bytes,
+    /// `job_info.project_id`.
+    pub project: i64,
+    /// `job_info.pipeline_id`.
+    pub pipeline: i64,
+    /// `job_info.project_full_path`.
+    pub project_path: String,
+    /// The job's tags.
+    pub tags: Vec<String>,
+}
+
 impl Routed {
+    /// A job just taken from GitLab: queued, offered to nobody yet, arrival number `seq`.
+    pub fn new(origin: Origin, seq: u64) -> Self {
+        Routed {
+            id: origin.id,
+            token: origin.token,
+            upstream: origin.upstream,
+            raw: origin.raw,
+            project: origin.project,
+            pipeline: origin.pipeline,
+            project_path: origin.project_path,
+            tags: origin.tags,
+            phase: Phase::Queued,
+            declined: BTreeSet::new(),
+            seq,
+            enqueued: Instant::now(),
+            version: 0,
+            saved: Default::default(),
+            upstream_trace_size: 0,
+            failing: false,
+            two_phase: true,
+        }
+    }
+
     fn queued(&self) -> Queued {
         Queued { id: self.id, project: self.project, pipeline: self.pipeline }
     }
@@ -333,7 +377,7 @@ mod tests {
     }
 
     fn job(id: i64, seq: u64, tags: &[&str]) -> Routed {
-        Routed {
+        let origin = Origin {
             id,
             token: format!("t{id}"),
             upstream: 0,
@@ -342,16 +386,8 @@ mod tests {
             pipeline: 1,
             project_path: "g/p".into(),
             tags: tags.iter().map(|t| t.to_string()).collect(),
-            phase: Phase::Queued,
-            declined: BTreeSet::new(),
-            seq,
-            enqueued: Instant::now(),
-            version: 0,
-            saved: Default::default(),
-            upstream_trace_size: 0,
-            failing: false,
-            two_phase: true,
-        }
+        };
+        Routed::new(origin, seq)
     }
 
     fn waiter(state: &mut State, d: usize) -> oneshot::Receiver<i64> {

@@ -10,12 +10,11 @@
 //! retry policy and by backing off here after failed requests. Owns these tasks. Must not
 //! answer downstream HTTP (`downstream`) or write the store itself (`persist`).
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::persist;
-use super::state::{Handed, Phase, Routed, State};
+use super::state::{Handed, Origin, Phase, Routed, State};
 use super::stats::DeclineReason;
 use super::{Inner, CHECK_INTERVAL};
 use crate::gitlab::api::{JobApi, JobState, JobUpdate, PatchOutcome, UpdateOutcome};
@@ -151,25 +150,17 @@ fn with_two_phase(mut info: serde_json::Value) -> serde_json::Value {
 pub(super) fn routed(id: i64, token: String, upstream: usize, raw: bytes::Bytes, seq: u64) -> Result<Routed, String> {
     let job = JobResponse::from_json(&raw).map_err(|e| e.to_string())?;
     let tags = job.variable("CI_JOB_TAGS").map(parse_tags).unwrap_or_default();
-    Ok(Routed {
+    let origin = Origin {
         id,
         token,
         upstream,
+        raw,
         project: job.job_info.project_id,
         pipeline: job.job_info.pipeline_id,
         project_path: job.job_info.project_full_path.clone(),
         tags,
-        raw,
-        phase: Phase::Queued,
-        declined: BTreeSet::new(),
-        seq,
-        enqueued: Instant::now(),
-        version: 0,
-        saved: Default::default(),
-        upstream_trace_size: 0,
-        failing: false,
-        two_phase: true,
-    })
+    };
+    Ok(Routed::new(origin, seq))
 }
 
 /// `CI_JOB_TAGS` as a JSON array (`["a","b"]`) or a comma-separated list.
