@@ -102,6 +102,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "metrics",
             "payload",
             "plugin",
+            "router",
             "script",
             "stop",
             "store",
