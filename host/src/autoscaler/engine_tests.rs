@@ -698,3 +698,89 @@ fn shutdown_removes_idle_instances_and_stops_reserving() {
     let left: Vec<String> = h.engine.instance_summary().into_iter().map(|(id, _, _)| id).collect();
     assert_eq!(left, vec![busy_on], "the instance running a job stays; nothing is re-created");
 }
+
+/// Long polling as the manager drives it: before every job request a reservation is held for
+/// the whole poll (here 25 s) and given back when GitLab had no job, again and again for six
+/// hours of virtual time. The fleet must sit at `idle_count` without creating or removing a
+/// single instance after warm-up, preemptive or not, and with the predictive policy.
+#[test]
+fn long_polling_reservations_cause_no_churn() {
+    let predictive = || Some(super::predictive::PredictiveSettings::default());
+    let cases = [
+        ("preemptive", IdlePolicy { preemptive_mode: Some(true), ..utc_policy(2, 300) }, None),
+        ("non-preemptive", IdlePolicy { preemptive_mode: Some(false), ..utc_policy(2, 300) }, None),
+        ("predictive", utc_policy(2, 300), predictive()),
+    ];
+    for (name, policy, predictive) in cases {
+        let settings = AutoscalerSettings { policies: vec![policy], predictive, ..Default::default() };
+        let mut h = Harness::new(&settings, cloud(10.0));
+        h.step_until(Duration::from_secs(600), "warm-up", |h| h.metrics().slots_idle == 2 && h.in_creation() == 0);
+        let created = h.provider.created_total;
+        let removed: u64 = h.metrics().instances_removed_total.values().sum();
+        let end = h.now().plus(Duration::from_secs(6 * 3600));
+        let mut polls = 0u64;
+        while h.now() < end {
+            let key = format!("poll-{polls}");
+            assert!(h.engine.reserve(&key, h.now()).is_ok(), "{name}: the poller can always reserve");
+            h.run_for(Duration::from_secs(25));
+            assert!(h.engine.unreserve(&key), "{name}: released without a job");
+            h.run_for(Duration::from_secs(2));
+            polls += 1;
+        }
+        assert!(polls > 700);
+        assert_eq!(h.provider.created_total, created, "{name}: no instance created by polling");
+        assert_eq!(h.metrics().instances_removed_total.values().sum::<u64>(), removed, "{name}: none removed");
+        assert_eq!(h.total(), 2, "{name}: the fleet stays at idle_count");
+    }
+}
+
+/// The predictive policy learns a daily burst at 04:00 through the engine's own observations
+/// and, on the fourth day, has instances requested before 04:00 and ready when it arrives;
+/// what it learned survives a snapshot and restore.
+#[test]
+fn predictive_policy_pre_warms_a_daily_burst_and_keeps_its_history_across_restarts() {
+    let settings = AutoscalerSettings {
+        policies: vec![utc_policy(0, 600)],
+        predictive: Some(super::predictive::PredictiveSettings {
+            lead_time: Some(Duration::from_secs(60)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut h = Harness::new(&settings, cloud(30.0));
+    let day = Duration::from_secs(86_400);
+    let burst = 40;
+    for d in 0..3u32 {
+        let four = TRACE_START.plus(day * d).plus(Duration::from_secs(4 * 3600));
+        h.run_until(four);
+        for i in 0..burst {
+            assert!(h.reserve_and_acquire(&format!("d{d}-{i}")), "non-preemptive: every job is taken");
+        }
+        h.step_until(Duration::from_secs(600), "the burst runs", |h| h.metrics().slots_acquired == burst);
+        h.run_for(Duration::from_secs(600));
+        for i in 0..burst {
+            h.engine.release(&format!("d{d}-{i}"), h.now()).expect("acquired");
+        }
+        h.tick();
+    }
+    // Day 3, shortly before 04:00: the fleet is being pre-warmed.
+    let four = TRACE_START.plus(day * 3).plus(Duration::from_secs(4 * 3600));
+    h.run_until(four.minus(Duration::from_secs(45 * 60)));
+    assert_eq!(h.total(), 0, "nothing kept idle during the night");
+    let saved = serde_json::to_string(&h.engine.snapshot(h.now())).expect("serialise");
+    let snapshot = serde_json::from_str(&saved).expect("deserialise");
+    h.engine = Taskscaler::restore(&settings, &snapshot, h.now()).expect("restore");
+    let target_before = h.engine.predictor().map(|p| p.idle_target(four.minus(Duration::from_secs(10))));
+    assert!(target_before.is_some_and(|t| t >= burst), "the history survived the restart: {target_before:?}");
+    h.run_until(four);
+    assert!(h.ready() >= burst, "{} instances ready when the burst arrives", h.ready());
+    let now = h.now();
+    for i in 0..burst {
+        let key = format!("d3-{i}");
+        h.engine.reserve(&key, now).expect("reserve");
+        assert!(
+            matches!(h.engine.acquire(&key, now), Ok(AcquireStatus::Ready(_))),
+            "job {i} starts at once on a pre-warmed instance"
+        );
+    }
+}
