@@ -101,7 +101,7 @@ async fn import_pages_through_the_jobs_api_and_writes_a_trace() {
     let config = dir.path().join("config.toml");
     std::fs::write(
         &config,
-        "[[runners]]\n[runners.autoscaler]\nmax_instances = 20\n[[runners.autoscaler.policy]]\nidle_count = 1\nidle_time = \"5m\"\n",
+        "concurrent = 20\n[[runners]]\n[runners.autoscaler]\nmax_instances = 20\n[[runners.autoscaler.policy]]\nidle_count = 1\nidle_time = \"5m\"\n",
     )
     .expect("config");
     let sim = runway(&[

@@ -6,7 +6,8 @@
 //!   (acquired + waiting jobs) within one lead time. Kept for `history_days` days; the forecast
 //!   for a slot is the `headroom_quantile` of the same slot (± one slot) on past days of the
 //!   same weekday (time-of-day and day-of-week seasonality), or of the same day type
-//!   (weekday / weekend) while fewer than four such days are known;
+//!   (weekday / weekend) while fewer than four such days are known, or the largest rise of
+//!   the last hour while none is;
 //! - **arrival rate**: the median per-minute arrivals of the last `recent_window`, scaled to
 //!   one lead time;
 //! - **lead time**: the 90th percentile of request → ready of the last 64 instances (or
@@ -281,7 +282,8 @@ impl Predictor {
 
     /// The forecast rise for one slot of `day`, from past days (never the current one): the
     /// headroom quantile over past days of the same weekday once four are known, else over
-    /// past days of the same day type (weekday / weekend).
+    /// past days of the same day type (weekday / weekend); with no such day yet, the largest
+    /// rise of the last hour of the current day.
     fn forecast_slot(&self, day: u64, slot: usize) -> f64 {
         let wd = weekday(day);
         let weekend = |d: u64| weekday(d) >= 5;
@@ -289,6 +291,13 @@ impl Predictor {
         let same_day: Vec<&DayRecord> = past().filter(|r| weekday(r.day) == wd).collect();
         let days: Vec<&DayRecord> =
             if same_day.len() >= 4 { same_day } else { past().filter(|r| weekend(r.day) == weekend(day)).collect() };
+        if days.is_empty() {
+            // Nothing learned for this day type yet: the largest rise of the last hour today.
+            return self.state.days.back().filter(|r| r.day == day).map_or(0.0, |r| {
+                let lo = slot.saturating_sub(12);
+                f64::from(r.rise[lo..slot.min(r.rise.len())].iter().copied().max().unwrap_or(0))
+            });
+        }
         let mut values: Vec<f64> = days.iter().map(|r| f64::from(r.rise.get(slot).copied().unwrap_or(0))).collect();
         quantile(&mut values, self.settings.headroom_quantile).unwrap_or(0.0)
     }

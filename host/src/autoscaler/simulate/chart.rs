@@ -15,7 +15,7 @@ const W: f64 = 1200.0;
 const H: f64 = 440.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
-const TOP: f64 = 56.0;
+const TOP: f64 = 72.0;
 const BOTTOM: f64 = 60.0;
 
 /// A round step (1, 2 or 5 × 10^k) giving at most about `ticks` ticks up to `top`.
@@ -48,7 +48,7 @@ fn time_label(t: f64, unit: &str) -> String {
     let day = (t / 86_400.0).floor() as u64;
     let clock = format!("{:02}:{:02}", ((t % 86_400.0) / 3600.0) as u64, ((t % 3600.0) / 60.0) as u64);
     match unit {
-        "day" => format!("day {day} ({})", DAYS[(day % 7) as usize]),
+        "day" => format!("d{day} {}", DAYS[(day % 7) as usize]),
         _ if t < 86_400.0 => clock,
         _ => format!("d{day} {clock}"),
     }
@@ -168,7 +168,7 @@ impl SimReport {
             H - BOTTOM
         );
         let axis = match unit {
-            "day" => "time since trace start (days; day 0 is a Monday, UTC)",
+            "day" => "time since trace start (days, UTC; d0 is a Monday)",
             "hour" => "time since trace start (hours, UTC)",
             _ => "time since trace start (minutes, UTC)",
         };
@@ -194,9 +194,9 @@ impl SimReport {
             let _ = writeln!(
                 svg,
                 r##"<rect x="{lx:.1}" y="{:.1}" width="12" height="12" fill="{color}"/><text x="{:.1}" y="{:.1}">{label}</text>"##,
-                TOP + 6.0,
+                TOP - 24.0,
                 lx + 16.0,
-                TOP + 16.0
+                TOP - 14.0
             );
             lx += 24.0 + 7.0 * label.len() as f64;
         }
@@ -220,7 +220,7 @@ mod tests {
         assert_eq!(nice_step(3.0, 6.0), 1.0);
         assert_eq!(time_step(28.0 * 86_400.0).0, 2.0 * 86_400.0, "28 days: two-day ticks");
         assert_eq!(time_step(6.0 * 3600.0).0, 1800.0);
-        assert_eq!(time_label(4.0 * 86_400.0, "day"), "day 4 (Fri)");
+        assert_eq!(time_label(4.0 * 86_400.0, "day"), "d4 Fri");
         assert_eq!(time_label(5400.0, "min"), "01:30");
     }
 }

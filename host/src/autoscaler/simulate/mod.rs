@@ -557,7 +557,7 @@ mod tests {
         let config = dir.path().join("config.toml");
         std::fs::write(
             &config,
-            "[[runners]]\n[runners.autoscaler]\n[[runners.autoscaler.policy]]\nidle_count = 2\nscale_factr = 0.2\n[runners.autoscaler.predictive]\nenabled = true\nhorizon = \"5m\"\n",
+            "concurrent = 1\n[[runners]]\n[runners.autoscaler]\n[[runners.autoscaler.policy]]\nidle_count = 2\nscale_factr = 0.2\n[runners.autoscaler.predictive]\nenabled = true\nhorizon = \"5m\"\n",
         )
         .expect("write");
         let loaded = config::load_for(&config, Purpose::Simulate).expect("loads");
