@@ -40,7 +40,8 @@ fn time_step(span: f64) -> (f64, &'static str) {
         (2.0 * 86_400.0, "day"),
         (7.0 * 86_400.0, "day"),
     ];
-    STEPS.iter().copied().find(|(s, _)| span / s <= 14.0).unwrap_or((7.0 * 86_400.0, "day"))
+    // A run ends a little after its last arrival (jobs finish): allow one tick more.
+    STEPS.iter().copied().find(|(s, _)| span / s <= 15.0).unwrap_or((7.0 * 86_400.0, "day"))
 }
 
 fn time_label(t: f64, unit: &str) -> String {
@@ -120,6 +121,9 @@ impl SimReport {
         let mut t = 0.0;
         while t <= span + 1e-9 {
             let xx = LEFT + t / span * columns as f64;
+            if xx + 28.0 > W {
+                break; // its label would be cut at the right edge
+            }
             let _ = writeln!(
                 svg,
                 r##"<line x1="{xx:.1}" y1="{TOP}" x2="{xx:.1}" y2="{:.1}" stroke="#e4e4e4"/><text x="{xx:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,

@@ -552,6 +552,38 @@ mod tests {
     }
 
     #[test]
+    fn compare_runs_configs_side_by_side_with_the_floors() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let trace_path = dir.path().join("trace.jsonl");
+        let mut file = std::fs::File::create(&trace_path).expect("create");
+        crate::autoscaler::trace::write_trace(&mut file, &generate(TraceKind::Bursty, 1, 4)).expect("write");
+        drop(file);
+        let configs =
+            vec![examples().join("simulate/p0-static-idle.toml"), examples().join("simulate/p3-predictive.toml")];
+        let options = SimulateOptions {
+            configs: configs.clone(),
+            trace: trace_path.clone(),
+            svg: Some(dir.path().join("chart.svg")),
+            ..Default::default()
+        };
+        let text = simulate_command(&options).expect("simulates");
+        let header = text.lines().next().unwrap_or_default();
+        for column in ["p0-static-idle", "p3-predictive", "oracle", "infinite"] {
+            assert!(header.contains(column), "{header}");
+        }
+        assert!(text.contains("p95 wait (s)") && text.contains("instance-hours"), "{text}");
+        assert!(
+            dir.path().join("chart-p0-static-idle.svg").exists() && dir.path().join("chart-p3-predictive.svg").exists()
+        );
+        let json = simulate_command(&SimulateOptions { json: true, svg: None, ..options }).expect("json");
+        let value: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        assert_eq!(value.as_array().map(Vec::len), Some(2));
+        assert!(value[1]["config"].as_str().is_some_and(|c| c.ends_with("p3-predictive.toml")));
+        assert!(value[1]["summary"]["p95_wait_s"].is_number() && value[1]["oracle"]["instance_hours"].is_number());
+        assert_eq!(value[1]["hours"].as_array().map(Vec::len), Some(168));
+    }
+
+    #[test]
     fn unknown_keys_in_the_fleet_config_are_warned_about() {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("config.toml");
