@@ -18,8 +18,8 @@ use std::collections::BinaryHeap;
 
 use serde::Serialize;
 
-use super::super::provider::{DelayDistribution, SimProviderSettings};
-use super::super::trace::JobArrival;
+use crate::autoscaler::provider::{DelayDistribution, SimProviderSettings};
+use crate::autoscaler::trace::JobArrival;
 
 /// A floor's summary, in the units of the simulator's report.
 #[derive(Clone, Debug, PartialEq, Serialize)]
