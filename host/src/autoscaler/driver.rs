@@ -132,6 +132,12 @@ impl Autoscaler {
         self.lock().engine.metrics()
     }
 
+    /// The predictive policy's revision (changes when it learned something worth saving);
+    /// `None` without the predictive policy.
+    pub fn predictor_revision(&self) -> Option<u64> {
+        self.lock().engine.predictor().map(|p| p.revision())
+    }
+
     /// State to persist (`state_storage`).
     pub fn snapshot(&self) -> EngineSnapshot {
         self.lock().engine.snapshot(self.clock.now())

@@ -698,3 +698,190 @@ fn shutdown_removes_idle_instances_and_stops_reserving() {
     let left: Vec<String> = h.engine.instance_summary().into_iter().map(|(id, _, _)| id).collect();
     assert_eq!(left, vec![busy_on], "the instance running a job stays; nothing is re-created");
 }
+
+/// Long polling as the manager drives it: before every job request a reservation is held for
+/// the whole poll (here 25 s) and given back when GitLab had no job, again and again for six
+/// hours of virtual time. The fleet must sit at `idle_count` without creating or removing a
+/// single instance after warm-up, preemptive or not, and with the predictive policy.
+#[test]
+fn long_polling_reservations_cause_no_churn() {
+    let predictive = || Some(super::predictive::PredictiveSettings::default());
+    let cases = [
+        ("preemptive", IdlePolicy { preemptive_mode: Some(true), ..utc_policy(2, 300) }, None),
+        ("non-preemptive", IdlePolicy { preemptive_mode: Some(false), ..utc_policy(2, 300) }, None),
+        ("predictive", utc_policy(2, 300), predictive()),
+    ];
+    for (name, policy, predictive) in cases {
+        let settings = AutoscalerSettings { policies: vec![policy], predictive, ..Default::default() };
+        let mut h = Harness::new(&settings, cloud(10.0));
+        h.step_until(Duration::from_secs(600), "warm-up", |h| h.metrics().slots_idle == 2 && h.in_creation() == 0);
+        let created = h.provider.created_total;
+        let removed: u64 = h.metrics().instances_removed_total.values().sum();
+        let end = h.now().plus(Duration::from_secs(6 * 3600));
+        let mut polls = 0u64;
+        while h.now() < end {
+            let key = format!("poll-{polls}");
+            assert!(h.engine.reserve(&key, h.now()).is_ok(), "{name}: the poller can always reserve");
+            h.run_for(Duration::from_secs(25));
+            assert!(h.engine.unreserve(&key), "{name}: released without a job");
+            h.run_for(Duration::from_secs(2));
+            polls += 1;
+        }
+        assert!(polls > 700);
+        assert_eq!(h.provider.created_total, created, "{name}: no instance created by polling");
+        assert_eq!(h.metrics().instances_removed_total.values().sum::<u64>(), removed, "{name}: none removed");
+        assert_eq!(h.total(), 2, "{name}: the fleet stays at idle_count");
+    }
+}
+
+/// The predictive policy learns a daily burst at 04:00 through the engine's own observations
+/// and, on the fourth day, has instances requested before 04:00 and ready when it arrives;
+/// what it learned survives a snapshot and restore.
+#[test]
+fn predictive_policy_pre_warms_a_daily_burst_and_keeps_its_history_across_restarts() {
+    let settings = AutoscalerSettings {
+        policies: vec![utc_policy(0, 600)],
+        predictive: Some(super::predictive::PredictiveSettings {
+            lead_time: Some(Duration::from_secs(60)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut h = Harness::new(&settings, cloud(30.0));
+    let day = Duration::from_secs(86_400);
+    let burst = 40;
+    for d in 0..3u32 {
+        let four = TRACE_START.plus(day * d).plus(Duration::from_secs(4 * 3600));
+        h.run_until(four);
+        for i in 0..burst {
+            assert!(h.reserve_and_acquire(&format!("d{d}-{i}")), "non-preemptive: every job is taken");
+        }
+        h.step_until(Duration::from_secs(600), "the burst runs", |h| h.metrics().slots_acquired == burst);
+        h.run_for(Duration::from_secs(600));
+        for i in 0..burst {
+            h.engine.release(&format!("d{d}-{i}"), h.now()).expect("acquired");
+        }
+        h.tick();
+    }
+    // Day 3, shortly before 04:00: the fleet is being pre-warmed.
+    let four = TRACE_START.plus(day * 3).plus(Duration::from_secs(4 * 3600));
+    h.run_until(four.minus(Duration::from_secs(45 * 60)));
+    assert_eq!(h.total(), 0, "nothing kept idle during the night");
+    let saved = serde_json::to_string(&h.engine.snapshot(h.now())).expect("serialise");
+    let snapshot = serde_json::from_str(&saved).expect("deserialise");
+    h.engine = Taskscaler::restore(&settings, &snapshot, h.now()).expect("restore");
+    let target_before = h.engine.predictor().map(|p| p.idle_target(four.minus(Duration::from_secs(10))));
+    assert!(target_before.is_some_and(|t| t >= burst), "the history survived the restart: {target_before:?}");
+    h.run_until(four);
+    assert!(h.ready() >= burst, "{} instances ready when the burst arrives", h.ready());
+    let now = h.now();
+    for i in 0..burst {
+        let key = format!("d3-{i}");
+        h.engine.reserve(&key, now).expect("reserve");
+        assert!(
+            matches!(h.engine.acquire(&key, now), Ok(AcquireStatus::Ready(_))),
+            "job {i} starts at once on a pre-warmed instance"
+        );
+    }
+}
+
+// ---- GitLab's semantics, one test per point (sources cited in docs/autoscaling.md §10) ----
+
+/// `scale_factor` raises the idle target to a minimum of `idle_count` (it does not add to it),
+/// and `scale_factor_limit = 0` means no cap; the engine acts on that target.
+#[test]
+fn semantics_scale_factor_is_a_minimum_and_a_zero_limit_is_no_cap() {
+    let policy = IdlePolicy { scale_factor: 0.5, scale_factor_limit: 0, ..utc_policy(2, 600) };
+    let settings = AutoscalerSettings { policies: vec![policy], ..Default::default() };
+    let compiled = settings.compile().expect("valid");
+    let p = compiled.active_policy(TRACE_START);
+    assert_eq!(compiled.idle_target(&p, 10), 5, "max(2, ceil(10 × 0.5)), not 2 + 5");
+    assert_eq!(compiled.idle_target(&p, 2), 2, "idle_count is the floor");
+    assert_eq!(compiled.idle_target(&p, 1000), 500, "scale_factor_limit = 0: no cap");
+    let mut h = Harness::new(&settings, cloud(10.0));
+    h.step_until(Duration::from_secs(600), "idle_count", |h| h.metrics().slots_idle == 2);
+    for i in 0..10 {
+        h.step_until(Duration::from_secs(600), "an idle slot", |h| h.metrics().slots_idle >= 1);
+        assert!(h.reserve_and_acquire(&format!("job-{i}")));
+    }
+    h.step_until(Duration::from_secs(600), "scaled", |h| h.in_creation() == 0 && h.metrics().slots_idle == 5);
+    assert_eq!(h.metrics().idle_target, 5);
+    assert_eq!(h.total(), 15, "10 running + 5 idle");
+}
+
+/// No period matches: taskscaler falls back to nothing idle and no preemption (so jobs are
+/// still taken); docker+machine falls back to the `[runners.machine]` values.
+#[test]
+fn semantics_no_matching_period_is_a_zero_policy_or_the_machine_defaults() {
+    let office = IdlePolicy { periods: vec!["* 8-18 * * mon-fri".into()], ..utc_policy(5, 600) };
+    let settings = AutoscalerSettings { policies: vec![office], ..Default::default() };
+    let compiled = settings.compile().expect("valid");
+    let sunday = TRACE_START.plus(Duration::from_secs(6 * 86_400 + 10 * 3600));
+    let p = compiled.active_policy(sunday);
+    assert!(p.policy().is_none() && !p.preemptive());
+    assert_eq!((compiled.idle_target(&p, 3), p.idle_time()), (0, Duration::ZERO));
+    let legacy = AutoscalerSettings::legacy(LegacyMachineSettings {
+        idle_count: 3,
+        idle_time: Duration::from_secs(900),
+        autoscaling: vec![super::settings::LegacyPeriod {
+            periods: vec!["* * 8-18 * * mon-fri *".into()],
+            timezone: Some("UTC".into()),
+            idle_count: 20,
+            idle_time: Duration::from_secs(60),
+            ..Default::default()
+        }],
+        ..Default::default()
+    })
+    .compile()
+    .expect("valid");
+    let p = legacy.active_policy(sunday);
+    assert_eq!((legacy.idle_target(&p, 0), p.idle_time()), (3, Duration::from_secs(900)));
+}
+
+/// docker+machine `IdleScaleFactor` multiplies the machines running jobs only (`InUse`), never
+/// idle or creating ones, truncated (`int(...)`), capped by `IdleCount`, floored at
+/// `max(IdleCountMin, 1)`.
+#[test]
+fn semantics_idle_scale_factor_multiplies_busy_machines_only() {
+    let settings = AutoscalerSettings::legacy(LegacyMachineSettings {
+        idle_count: 10,
+        idle_count_min: 1,
+        idle_scale_factor: 0.5,
+        idle_time: Duration::from_secs(600),
+        ..Default::default()
+    });
+    let mut h = Harness::new(&settings, cloud(10.0));
+    h.step_until(Duration::from_secs(600), "IdleCountMin", |h| h.metrics().slots_idle == 1 && h.in_creation() == 0);
+    assert_eq!(h.metrics().idle_target, 1, "no machine in use: the floor, not 0.5 × idle machines");
+    for i in 0..5 {
+        h.step_until(Duration::from_secs(600), "an idle machine", |h| h.metrics().slots_idle >= 1);
+        assert!(h.reserve_and_acquire(&format!("job-{i}")));
+    }
+    h.step_until(Duration::from_secs(600), "scaled", |h| h.in_creation() == 0 && h.metrics().slots_acquired == 5);
+    h.tick();
+    assert_eq!(h.metrics().idle_target, 2, "int(5 × 0.5): busy machines only");
+}
+
+/// Which idle instances survive a scale-down: the most recently used; the longest idle go
+/// first (docker+machine removes any machine past `IdleTime` while idle machines exceed the
+/// target; taskscaler keeps what the idle target needs). Recently used instances have warm
+/// caches and the longest remaining billing.
+#[test]
+fn semantics_scale_down_keeps_the_most_recently_used_instances() {
+    let settings = AutoscalerSettings { policies: vec![utc_policy(1, 600)], ..Default::default() };
+    let mut h = Harness::new(&settings, cloud(10.0));
+    h.step_until(Duration::from_secs(600), "one idle", |h| h.metrics().slots_idle == 1);
+    for i in 0..3 {
+        h.step_until(Duration::from_secs(600), "an idle slot", |h| h.metrics().slots_idle >= 1);
+        assert!(h.reserve_and_acquire(&format!("job-{i}")));
+    }
+    h.step_until(Duration::from_secs(600), "steady", |h| h.in_creation() == 0 && h.metrics().slots_idle == 1);
+    let last = h.instance_of("job-2").expect("acquired");
+    for i in 0..3 {
+        h.run_for(Duration::from_secs(60));
+        h.engine.release(&format!("job-{i}"), h.now()).expect("acquired");
+    }
+    h.run_for(Duration::from_secs(3600));
+    let left: Vec<String> = h.engine.instance_summary().into_iter().map(|(id, _, _)| id).collect();
+    assert_eq!(left, vec![last], "the instance whose job ended last survives");
+}

@@ -9,6 +9,7 @@
 use crate::config::autoscaler::{AutoscalerConfig, MachineConfig};
 use crate::config::RunnerConfig;
 
+use super::predictive::PredictiveSettings;
 use super::settings::{AutoscalerSettings, IdlePolicy, LegacyMachineSettings, LegacyPeriod, ScaleThrottle};
 
 /// What an idle policy without a `timezone` (or a `[[runners.machine.autoscaling]]` entry
@@ -94,6 +95,15 @@ pub fn settings(
         keep_instance_with_acquisitions: config.state_storage.keep_instance_with_acquisitions,
         delete_instances_on_shutdown: config.delete_instances_on_shutdown,
         legacy: machine.map(|m| legacy_settings(m, runner_limit, mapping)),
+        predictive: config.predictive.as_ref().filter(|p| p.enabled).map(|p| PredictiveSettings {
+            history_days: p.history_days,
+            headroom_quantile: p.headroom_quantile,
+            lead_time: p.lead_time,
+            recent_window: p.recent_window,
+            keep_alive_quantile: p.keep_alive_quantile,
+            max_idle_time: p.max_idle_time,
+            min_idle_time: p.min_idle_time,
+        }),
         ..AutoscalerSettings::default()
     }
 }

@@ -9,6 +9,8 @@
 //!   simulated provider;
 //! - [`plugin_provider`]: the [`provider::InstanceGroup`] over a `runway:fleeting` plugin,
 //!   served from a thread of its own so the engine's synchronous calls never stall the runtime;
+//! - [`predictive`]: the predictive policy's forecaster (demand history, lead time, learned
+//!   keep-alive), used by the engine;
 //! - [`engine`]: the deterministic state machine ([`engine::Taskscaler`]);
 //! - [`driver`]: the production wrapper ([`driver::Autoscaler`]): async `acquire`, a run loop
 //!   sleeping on the clock, concurrent ready checks;
@@ -25,6 +27,7 @@ pub mod driver;
 pub mod engine;
 pub mod from_config;
 pub mod plugin_provider;
+pub mod predictive;
 pub mod provider;
 pub mod settings;
 pub mod simulate;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::clock::Moment;
 use super::cron::{CronDialect, CronError, CronPeriod, PolicyZone};
+use super::predictive::PredictiveSettings;
 
 /// Settings the engine cannot run with; the message names the offending key
 /// (`policy[0].periods: ...`, `capacity_per_instance must be at least 1`).
@@ -140,6 +141,9 @@ pub struct AutoscalerSettings {
     pub delete_instances_on_shutdown: bool,
     /// Legacy `docker+machine` mode; when set it overrides capacity, use count and limit.
     pub legacy: Option<LegacyMachineSettings>,
+    /// `[runners.autoscaler.predictive]` with `enabled = true`: forecast demand and learn
+    /// idle keep-alive (see [`super::predictive`]).
+    pub predictive: Option<PredictiveSettings>,
 }
 
 impl Default for AutoscalerSettings {
@@ -163,6 +167,7 @@ impl Default for AutoscalerSettings {
             keep_instance_with_acquisitions: false,
             delete_instances_on_shutdown: false,
             legacy: None,
+            predictive: None,
         }
     }
 }
@@ -184,6 +189,9 @@ impl AutoscalerSettings {
         }
         if self.update_interval.is_zero() || self.update_interval_when_expecting.is_zero() {
             return Err("update_interval and update_interval_when_expecting must be positive".into());
+        }
+        if let Some(p) = &self.predictive {
+            p.validate()?;
         }
         let mut policies = Vec::new();
         let (capacity, max_use, max_instances, max_growth, mode) = match &self.legacy {

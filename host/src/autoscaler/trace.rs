@@ -34,6 +34,58 @@ pub struct JobArrival {
 /// Largest `at` or `duration` a trace may hold, in seconds.
 pub const MAX_SECONDS: f64 = 1e9;
 
+/// One job of GitLab's jobs API (`GET /projects/:id/jobs`), the fields a trace needs.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct ApiJob {
+    /// When the job was created (became pending).
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When a runner started it (`null` for jobs that never ran).
+    #[serde(default)]
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When it finished (`null` while running or never started).
+    #[serde(default)]
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Its pipeline (`pipeline.id`).
+    #[serde(default)]
+    pub pipeline: Option<ApiPipeline>,
+}
+
+/// The `pipeline` object of an [`ApiJob`].
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct ApiPipeline {
+    /// Pipeline id.
+    pub id: u64,
+}
+
+/// Turn a project's job history into a trace: `at` = `created_at` and `duration` =
+/// `finished_at − started_at`, with trace time 0 at the Monday 00:00 UTC of the week of the
+/// earliest job, so weekdays and times of day line up with the simulator's clock (and cron
+/// policies). Jobs that never started or finished are skipped; returns the trace (sorted)
+/// and how many were skipped.
+pub fn trace_from_jobs(jobs: &[ApiJob]) -> (Vec<JobArrival>, usize) {
+    use chrono::{Datelike, Duration as ChronoDuration, TimeZone};
+    let Some(first) = jobs.iter().map(|j| j.created_at).min() else { return (Vec::new(), 0) };
+    let monday = first.date_naive() - ChronoDuration::days(i64::from(first.weekday().num_days_from_monday()));
+    let origin = chrono::Utc.from_utc_datetime(&monday.and_hms_opt(0, 0, 0).unwrap_or_default());
+    let mut skipped = 0;
+    let mut out = Vec::new();
+    for job in jobs {
+        let (Some(started), Some(finished)) = (job.started_at, job.finished_at) else {
+            skipped += 1;
+            continue;
+        };
+        let at = (job.created_at - origin).num_milliseconds() as f64 / 1000.0;
+        let duration = ((finished - started).num_milliseconds() as f64 / 1000.0).max(0.0);
+        if !(at.is_finite() && (0.0..=MAX_SECONDS).contains(&at) && duration <= MAX_SECONDS) {
+            skipped += 1;
+            continue;
+        }
+        out.push(JobArrival { at, duration, pipeline: job.pipeline.as_ref().map(|p| p.id) });
+    }
+    out.sort_by(|a, b| a.at.total_cmp(&b.at));
+    (out, skipped)
+}
+
 /// Read a JSONL trace; errors name the file and line. Jobs are returned sorted by `at`.
 pub fn read_trace(path: &Path) -> anyhow::Result<Vec<JobArrival>> {
     let file = std::fs::File::open(path).with_context(|| format!("cannot open trace {}", path.display()))?;

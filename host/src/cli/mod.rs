@@ -7,6 +7,7 @@ mod rotation;
 mod router;
 mod run;
 pub(crate) mod runners;
+pub mod simulate_import;
 mod store;
 
 use std::path::PathBuf;
@@ -65,16 +66,29 @@ pub enum Command {
     Lint,
     /// Replay a job trace against the autoscaler policy of config.toml on a virtual clock:
     /// queue wait percentiles, instance-hours, idle share, creations per job.
+    #[command(args_conflicts_with_subcommands = true)]
     Simulate {
+        /// `import`: turn a project's job history from GitLab's jobs API into a trace.
+        #[command(subcommand)]
+        action: Option<SimulateAction>,
         /// Job trace: JSONL, one job per line (arrival offset and duration in seconds).
         #[arg(long)]
-        trace: PathBuf,
+        trace: Option<PathBuf>,
         /// Simulated provider (provisioning delays, failure rates) as TOML.
         #[arg(long)]
         provider: Option<PathBuf>,
-        /// Write an SVG chart of queued jobs and instances over time.
+        /// Write an SVG chart of busy and idle instances and queued jobs over time.
         #[arg(long)]
         svg: Option<PathBuf>,
+        /// Print the results as JSON (`summary`, `oracle`, `infinite`, `hours`, `report`).
+        #[arg(long)]
+        json: bool,
+        /// Add the per-hour-of-week table to the text report.
+        #[arg(long)]
+        per_hour: bool,
+        /// Simulate these configs side by side on the trace instead of `--config`.
+        #[arg(long, num_args = 1..)]
+        compare: Vec<PathBuf>,
     },
     /// Inspect the job store: running jobs kept so a restarted manager can resume them.
     Store {
@@ -96,6 +110,13 @@ pub enum Command {
         #[command(subcommand)]
         command: plugins::PluginsCommand,
     },
+}
+
+/// Sub-verbs of `runway simulate`.
+#[derive(Subcommand, Debug)]
+pub enum SimulateAction {
+    /// Fetch a project's job history from GitLab's jobs API and write it as a JSONL trace.
+    Import(simulate_import::ImportArgs),
 }
 
 /// The tracing level of a gitlab-runner `log_level` (`fatal` and `panic` log errors only).
@@ -173,13 +194,19 @@ pub fn main() -> ExitCode {
             Command::ResetToken(args) => runners::reset_token(args, &config_path).await,
             Command::List => runners::list(&config_path),
             Command::Lint => runners::lint(&config_path),
-            Command::Simulate { trace, provider, svg } => {
-                let report = crate::autoscaler::simulate::simulate_command(
-                    &config_path,
-                    &trace,
-                    provider.as_deref(),
-                    svg.as_deref(),
-                )?;
+            Command::Simulate { action: Some(SimulateAction::Import(args)), .. } => simulate_import::run(args).await,
+            Command::Simulate { action: None, trace, provider, svg, json, per_hour, compare } => {
+                let trace = trace.ok_or_else(|| anyhow::anyhow!("runway simulate: --trace is required"))?;
+                let configs = if compare.is_empty() { vec![config_path.clone()] } else { compare };
+                let report =
+                    crate::autoscaler::simulate::simulate_command(&crate::autoscaler::simulate::SimulateOptions {
+                        configs,
+                        trace,
+                        provider,
+                        svg,
+                        json,
+                        per_hour,
+                    })?;
                 print!("{report}");
                 Ok(ExitCode::SUCCESS)
             }

@@ -96,6 +96,66 @@ pub struct AutoscalerConfig {
     /// `[[runners.autoscaler.policy]]`; last matching entry wins. Empty = one default policy.
     #[serde(default, rename = "policy")]
     pub policies: Vec<Policy>,
+    /// `[runners.autoscaler.predictive]`: Runway's predictive policy (absent = off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predictive: Option<Predictive>,
+}
+
+default_fn!(d_history_days, u32, 28);
+default_fn!(d_headroom_quantile, f64, 0.8);
+default_fn!(d_recent_window, Duration, secs(300));
+default_fn!(d_keep_alive_quantile, f64, 0.95);
+default_fn!(d_max_idle_time, Duration, secs(20 * 60));
+default_fn!(d_min_idle_time, Duration, secs(60));
+
+/// `[runners.autoscaler.predictive]` (Runway only): forecast slots from the runner's own
+/// history and learn idle keep-alive per hour of week.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Predictive {
+    /// Turn the predictive policy on.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Days of history kept.
+    #[serde(default = "d_history_days")]
+    pub history_days: u32,
+    /// Quantile of past days' demand provisioned ahead (0–1).
+    #[serde(default = "d_headroom_quantile")]
+    pub headroom_quantile: f64,
+    /// Request → first job time of an instance; unset = learned.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "duration_opt")]
+    pub lead_time: Option<Duration>,
+    /// Window of the current arrival rate.
+    #[serde(default = "d_recent_window", with = "duration_str")]
+    pub recent_window: Duration,
+    /// Quantile of an hour's arrival gaps idle instances are kept for (0–1).
+    #[serde(default = "d_keep_alive_quantile")]
+    pub keep_alive_quantile: f64,
+    /// Longest learned keep-alive.
+    #[serde(default = "d_max_idle_time", with = "duration_str")]
+    pub max_idle_time: Duration,
+    /// Shortest learned keep-alive.
+    #[serde(default = "d_min_idle_time", with = "duration_str")]
+    pub min_idle_time: Duration,
+}
+
+mod duration_opt {
+    //! An optional duration string.
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(d) => crate::config::duration::duration_str::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        #[derive(Deserialize)]
+        struct Wrapped(#[serde(with = "crate::config::duration::duration_str")] Duration);
+        Ok(Some(Wrapped::deserialize(d)?.0))
+    }
 }
 
 impl AutoscalerConfig {

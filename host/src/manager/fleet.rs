@@ -465,9 +465,13 @@ async fn save_periodically(fleet: std::sync::Weak<Fleet>, cancel: CancellationTo
         let Some(path) = &fleet.state_file else {
             return;
         };
-        // Compare the instance part only: `taken_at` changes every time.
+        // Compare the instances and the predictor's revision only: `taken_at` changes every time.
         let snapshot = fleet.scaler.snapshot();
-        let key = serde_json::to_string(&snapshot.instances).unwrap_or_default();
+        let key = format!(
+            "{}/{:?}",
+            serde_json::to_string(&snapshot.instances).unwrap_or_default(),
+            fleet.scaler.predictor_revision()
+        );
         if key == last {
             continue;
         }
@@ -490,7 +494,7 @@ mod tests {
     fn the_engine_snapshot_round_trips_through_the_state_file() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state/runner.json");
-        let snapshot = EngineSnapshot { version: 1, taken_at: Moment(42), instances: Vec::new() };
+        let snapshot = EngineSnapshot { version: 1, taken_at: Moment(42), instances: Vec::new(), predictor: None };
         write_state(&path, "s_1", &snapshot).expect("write");
         assert_eq!(load_state::<EngineSnapshot>(&path, "s_1"), Some(snapshot));
         assert!(load_state::<EngineSnapshot>(&path, "s_2").is_none(), "another manager's instances are not ours");

@@ -73,6 +73,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
                 .layer(axum::extract::DefaultBodyLimit::disable()),
         )
         .route("/objectstore/artifacts/{id}/{name}", get(crate::artifacts::object_store))
+        .route("/api/v4/projects/{id}/jobs", get(crate::jobs_api::list_jobs))
         .fallback(git::serve)
         .with_state(shared)
 }
@@ -86,7 +87,7 @@ pub(crate) struct Incoming {
 }
 
 impl Incoming {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 }
@@ -131,13 +132,13 @@ pub(crate) fn response(status: u16, headers: &[(&str, String)], body: impl Into<
     }
 }
 
-fn json_response(status: u16, headers: &[(&str, String)], value: &Value) -> Response {
+pub(crate) fn json_response(status: u16, headers: &[(&str, String)], value: &Value) -> Response {
     let mut all = vec![("Content-Type", "application/json".to_string())];
     all.extend(headers.iter().map(|(n, v)| (*n, v.clone())));
     response(status, &all, value.to_string())
 }
 
-fn message(status: u16, headers: &[(&str, String)], text: &str) -> Response {
+pub(crate) fn message(status: u16, headers: &[(&str, String)], text: &str) -> Response {
     json_response(status, headers, &json!({ "message": text }))
 }
 

@@ -20,6 +20,7 @@
 mod api;
 mod artifacts;
 mod git;
+mod jobs_api;
 mod lfs;
 mod payload;
 pub mod proxy;
@@ -34,6 +35,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 pub use artifacts::StoredArtifact;
+pub use jobs_api::HistoricJob;
 pub use payload::JobSpec;
 
 /// The legacy registration token the fake accepts out of the box.
@@ -311,6 +313,10 @@ pub(crate) struct Inner {
     pub token_expiry: Option<Duration>,
     /// Tokens replaced by a reset (revoked).
     pub revoked_tokens: BTreeSet<String>,
+    /// Personal / project access tokens the REST API (`PRIVATE-TOKEN`) accepts.
+    pub api_tokens: BTreeSet<String>,
+    /// Projects whose job history `GET /api/v4/projects/:id/jobs` serves.
+    pub projects: Vec<jobs_api::ProjectHistory>,
 }
 
 impl Inner {
@@ -490,6 +496,8 @@ impl FakeGitLab {
                 long_polls: HashMap::new(),
                 token_expiry: None,
                 revoked_tokens: BTreeSet::new(),
+                api_tokens: BTreeSet::new(),
+                projects: Vec::new(),
             }),
             changes,
             repo_root: repo_dir.path().to_path_buf(),
@@ -508,6 +516,20 @@ impl FakeGitLab {
             }
         });
         FakeGitLab { addr, shared, shutdown: Some(tx), server: Some(server), _repo_dir: repo_dir }
+    }
+
+    /// Accept `token` as a personal access token on the REST API (`PRIVATE-TOKEN`).
+    pub fn add_api_token(&self, token: &str) {
+        self.shared.mutate(|inner| inner.api_tokens.insert(token.to_string()));
+    }
+
+    /// Serve `jobs` as the history of project `id` (also reachable as `path`) on
+    /// `GET /api/v4/projects/:id/jobs`.
+    pub fn add_project_history(&self, id: i64, path: &str, jobs: Vec<HistoricJob>) {
+        self.shared.mutate(|inner| {
+            inner.projects.retain(|p| p.id != id);
+            inner.projects.push(jobs_api::ProjectHistory { id, path: path.to_string(), jobs });
+        });
     }
 
     /// Refuse artifact uploads larger than `bytes` with 413 (0: no limit).

@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use super::clock::Moment;
+use super::predictive::Predictor;
 use super::provider::InstanceGroup;
 use super::settings::{AutoscalerSettings, CompiledSettings, SettingsError};
 
@@ -49,6 +50,8 @@ enum Phase {
 #[derive(Clone, Debug)]
 struct Instance {
     phase: Phase,
+    /// When the creation was requested (unknown for adopted or discovered instances).
+    requested_at: Option<Moment>,
     created_at: Moment,
     ready_at: Option<Moment>,
     idle_since: Moment,
@@ -65,6 +68,7 @@ impl Instance {
     fn discovered(phase: Phase, now: Moment, capacity: u32) -> Self {
         Instance {
             phase,
+            requested_at: None,
             created_at: now,
             ready_at: None,
             idle_since: now,
@@ -123,6 +127,7 @@ pub struct Taskscaler {
     wants_more: bool,
     events: Vec<EngineEvent>,
     metrics: EngineMetrics,
+    predictor: Option<Predictor>,
 }
 
 impl Taskscaler {
@@ -130,6 +135,7 @@ impl Taskscaler {
     pub fn new(settings: &AutoscalerSettings, now: Moment) -> Result<Self, SettingsError> {
         let cfg = settings.compile()?;
         let tokens = f64::from(cfg.throttle_burst);
+        let predictor = cfg.raw.predictive.clone().map(|p| Predictor::new(p, None));
         Ok(Taskscaler {
             cfg,
             instances: BTreeMap::new(),
@@ -149,6 +155,7 @@ impl Taskscaler {
             wants_more: false,
             events: Vec::new(),
             metrics: EngineMetrics::default(),
+            predictor,
         })
     }
 
@@ -160,6 +167,9 @@ impl Taskscaler {
         now: Moment,
     ) -> Result<Self, SettingsError> {
         let mut engine = Self::new(settings, now)?;
+        if let (Some(p), Some(saved)) = (&settings.predictive, &snapshot.predictor) {
+            engine.predictor = Some(Predictor::new(p.clone(), Some(saved.clone())));
+        }
         let capacity = engine.cfg.capacity as usize;
         for saved in &snapshot.instances {
             let phase = match saved.phase {
@@ -174,6 +184,7 @@ impl Taskscaler {
                 saved.id.clone(),
                 Instance {
                     phase,
+                    requested_at: None,
                     created_at: saved.created_at,
                     ready_at: saved.ready_at,
                     idle_since: saved.idle_since,
@@ -215,12 +226,37 @@ impl Taskscaler {
                 }
             })
             .collect();
-        EngineSnapshot { version: 1, taken_at: now, instances }
+        EngineSnapshot {
+            version: 1,
+            taken_at: now,
+            instances,
+            predictor: self.predictor.as_ref().map(|p| p.state().clone()),
+        }
     }
 
     /// Settings in force.
     pub fn settings(&self) -> &CompiledSettings {
         &self.cfg
+    }
+
+    /// The predictive policy's forecaster, when `[runners.autoscaler.predictive]` is enabled.
+    pub fn predictor(&self) -> Option<&Predictor> {
+        self.predictor.as_ref()
+    }
+
+    /// Whether reservations need a ready idle slot at `now`. The predictive policy never
+    /// reserves preemptively: a queued job must become demand at once.
+    fn preemptive(&self, now: Moment) -> bool {
+        self.predictor.is_none() && self.cfg.active_policy(now).preemptive()
+    }
+
+    /// How long an instance above the idle target may stay idle at `now`: the predictive
+    /// policy's learned keep-alive, else the active policy's `idle_time`.
+    fn idle_time(&self, now: Moment) -> Duration {
+        match &self.predictor {
+            Some(p) => p.keep_alive(now),
+            None => self.cfg.active_policy(now).idle_time(),
+        }
     }
 
     /// Claim capacity for a job before asking GitLab for one. In preemptive mode only when an
@@ -234,7 +270,7 @@ impl Taskscaler {
         }
         let census = self.census();
         let demand = census.reserved + census.pending;
-        let ok = if self.cfg.active_policy(now).preemptive() {
+        let ok = if self.preemptive(now) {
             census.idle > demand
         } else if self.cfg.max_instances > 0 {
             let max_slots = self.cfg.max_instances.saturating_mul(self.cfg.capacity);
@@ -274,6 +310,9 @@ impl Taskscaler {
             None => return Err(AcquireError::NotReserved(key.to_string())),
         }
         let deadline = now.plus(self.cfg.raw.instance_acquire_timeout);
+        if let Some(p) = &mut self.predictor {
+            p.observe_arrival(now);
+        }
         self.keys.insert(key.to_string(), KeyState::Pending { deadline });
         self.pending_order.push_back(key.to_string());
         self.dirty = true;
@@ -408,7 +447,10 @@ impl Taskscaler {
                 consider(*deadline);
             }
         }
-        let idle_time = self.cfg.active_policy(self.last_tick).idle_time();
+        let idle_time = self.idle_time(self.last_tick);
+        if let Some(p) = &self.predictor {
+            consider(p.next_change(self.last_tick));
+        }
         for inst in self.instances.values() {
             if inst.phase == Phase::Ready {
                 if self.cfg.raw.heartbeat_interval.is_some() {

@@ -101,6 +101,9 @@ impl Taskscaler {
         if let Some(inst) = self.instances.get_mut(id) {
             inst.phase = Phase::Ready;
             inst.ready_at = Some(now);
+            if let (Some(p), Some(requested)) = (&mut self.predictor, inst.requested_at) {
+                p.observe_lead(requested, now);
+            }
             inst.idle_since = now;
             inst.next_heartbeat = interval.map_or(now, |d| now.plus(d));
             self.failure_streak = 0;
@@ -201,8 +204,10 @@ impl Taskscaler {
                 if !alive {
                     continue;
                 }
-                if self.requested.pop_front().is_some() {
-                    self.instances.insert(id.clone(), Instance::discovered(Phase::Creating, now, self.cfg.capacity));
+                if let Some(requested) = self.requested.pop_front() {
+                    let mut inst = Instance::discovered(Phase::Creating, now, self.cfg.capacity);
+                    inst.requested_at = Some(requested);
+                    self.instances.insert(id.clone(), inst);
                 } else {
                     // No saved state for it: remove for safety.
                     self.instances.insert(
@@ -313,12 +318,21 @@ impl Taskscaler {
 
         let policy = self.cfg.active_policy(now);
         let c = self.census();
-        // A reservation is only a job request in flight. In preemptive mode it holds an idle
-        // slot; otherwise it must not create demand, or an idle runner polling GitLab would
-        // keep an instance forever and never scale to zero.
-        let held = if policy.preemptive() { c.reserved } else { 0 };
-        let in_use = c.acquired + held + c.pending;
-        let idle_target = if self.shutting_down { 0 } else { self.cfg.idle_target(&policy, in_use) };
+        if let Some(p) = &mut self.predictor {
+            p.observe_in_use(now, c.acquired + c.pending);
+        }
+        // A reservation is only a job request in flight (the poller holds one for every long
+        // poll and gives it back when GitLab has no job): it never creates demand. In
+        // preemptive mode it sits on an idle slot, which is still idle capacity; counting it
+        // as in use would create an instance for every poll and remove it `idle_time` later
+        // (create/remove churn under long polling). A job that arrives becomes pending, then
+        // acquired, and that is demand.
+        let in_use = c.acquired + c.pending;
+        let mut idle_target = if self.shutting_down { 0 } else { self.cfg.idle_target(&policy, in_use) };
+        if let (Some(p), false) = (&self.predictor, self.shutting_down) {
+            // The policy's idle target is the floor; the forecast may only add to it.
+            idle_target = idle_target.max(p.idle_target(now));
+        }
         let needed_slots = in_use + c.unavailable + idle_target;
         let mut required = ceil_div(needed_slots, cap);
         if self.cfg.max_instances > 0 {
@@ -386,7 +400,7 @@ impl Taskscaler {
         if excess == 0 && over_limit == 0 {
             return;
         }
-        let idle_time = policy.idle_time();
+        let idle_time = self.idle_time(now);
         let mut idle: Vec<(Moment, String)> = self
             .instances
             .iter()

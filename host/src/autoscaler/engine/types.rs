@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::autoscaler::clock::Moment;
+use crate::autoscaler::predictive::PredictorState;
 
 /// Why an instance was removed (exported as a metric label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -261,6 +262,9 @@ pub struct EngineSnapshot {
     pub taken_at: Moment,
     /// Every known instance.
     pub instances: Vec<InstanceSnapshot>,
+    /// What the predictive policy learned (its history), when it is enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predictor: Option<PredictorState>,
 }
 
 /// Why a new instance is not ready: what its `instance_ready_command`, or the way to run it,

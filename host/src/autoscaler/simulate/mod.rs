@@ -9,6 +9,8 @@
 //! mapping (`from_config`); see [`read_sim_config`] for the simulator's two deliberate
 //! differences. The report and its chart live in `report`. Must not parse config.toml itself.
 
+mod chart;
+mod oracle;
 mod report;
 
 use std::cmp::Reverse;
@@ -28,7 +30,8 @@ use super::provider::{SimProvider, SimProviderSettings};
 use super::settings::AutoscalerSettings;
 use super::trace::{read_trace, JobArrival, TRACE_START};
 use crate::config::{self, Purpose};
-pub use report::{ChartPoint, SimReport};
+pub use oracle::{infinite, oracle, Baseline};
+pub use report::{ChartPoint, HourRow, SimReport, Summary};
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
@@ -36,6 +39,61 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     }
     let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
+}
+
+/// Per hour of week (trace time 0 is Monday 00:00): waits of the jobs arriving in it, and the
+/// fleet's instance-seconds and busy instance-seconds spent in it.
+struct HourTable {
+    waits: Vec<Vec<f64>>,
+    instance_seconds: Vec<f64>,
+    busy_seconds: Vec<f64>,
+}
+
+impl Default for HourTable {
+    fn default() -> Self {
+        HourTable { waits: vec![Vec::new(); 168], instance_seconds: vec![0.0; 168], busy_seconds: vec![0.0; 168] }
+    }
+}
+
+impl HourTable {
+    fn hour_of(at: Moment) -> (usize, u64) {
+        let ms = at.since(TRACE_START).as_millis() as u64;
+        (((ms / 3_600_000) % 168) as usize, (ms / 3_600_000 + 1) * 3_600_000)
+    }
+
+    fn job(&mut self, arrival: Moment, wait: f64) {
+        self.waits[Self::hour_of(arrival).0].push(wait);
+    }
+
+    /// `instances` (of which `busy` run jobs) from `from` to `to`, split at hour boundaries.
+    fn fleet(&mut self, from: Moment, to: Moment, instances: u32, busy: u32) {
+        let mut t = from;
+        while t < to {
+            let (hour, hour_end_ms) = Self::hour_of(t);
+            let end = to.min(TRACE_START.plus(Duration::from_millis(hour_end_ms)));
+            let seconds = end.since(t).as_secs_f64();
+            self.instance_seconds[hour] += seconds * f64::from(instances);
+            self.busy_seconds[hour] += seconds * f64::from(busy);
+            t = end;
+        }
+    }
+
+    fn rows(mut self) -> Vec<HourRow> {
+        (0..168)
+            .map(|h| {
+                let waits = &mut self.waits[h];
+                waits.sort_by(f64::total_cmp);
+                HourRow {
+                    hour_of_week: h as u32,
+                    jobs: waits.len() as u64,
+                    p95_wait_s: percentile(waits, 0.95),
+                    mean_wait_s: if waits.is_empty() { 0.0 } else { waits.iter().sum::<f64>() / waits.len() as f64 },
+                    instance_hours: self.instance_seconds[h] / 3600.0,
+                    busy_instance_hours: self.busy_seconds[h] / 3600.0,
+                }
+            })
+            .collect()
+    }
 }
 
 struct JobRecord {
@@ -83,6 +141,10 @@ pub fn run_simulation(
     let mut done = 0usize;
     let mut chart: Vec<ChartPoint> = Vec::new();
     let mut peak_instances = 0u32;
+    let mut pickup = vec![0.0f64; jobs.len()];
+    let mut pickup_waits: Vec<f64> = Vec::with_capacity(jobs.len());
+    let mut instance_waits: Vec<f64> = Vec::with_capacity(jobs.len());
+    let mut hours = HourTable::default();
 
     let key_of = |idx: usize| idx.to_string();
     let idx_of = |key: &str| key.parse::<usize>().ok();
@@ -144,6 +206,7 @@ pub fn run_simulation(
                     break;
                 }
                 queue.pop_front();
+                pickup[idx] = now.since(jobs[idx].arrival).as_secs_f64();
                 waiting_for_slot += 1;
                 let _ = engine.acquire(&key_of(idx), now);
             }
@@ -152,7 +215,11 @@ pub fn run_simulation(
                     EngineEvent::Acquired { key, acquisition } => {
                         let Some(idx) = idx_of(&key) else { continue };
                         waiting_for_slot = waiting_for_slot.saturating_sub(1);
-                        waits.push(now.since(jobs[idx].arrival).as_secs_f64());
+                        let wait = now.since(jobs[idx].arrival).as_secs_f64();
+                        waits.push(wait);
+                        pickup_waits.push(pickup[idx]);
+                        instance_waits.push((wait - pickup[idx]).max(0.0));
+                        hours.job(jobs[idx].arrival, wait);
                         running.push(Reverse((now.plus(jobs[idx].duration), idx)));
                         busy_change(&mut busy, &mut busy_seconds, &acquisition.instance, 1, now);
                         instance_of.insert(idx, acquisition.instance);
@@ -188,8 +255,9 @@ pub fn run_simulation(
         let queued = queue.len() as u32 + waiting_for_slot;
         let instances = engine.instance_count();
         peak_instances = peak_instances.max(instances);
-        let point = ChartPoint { t: now.since(TRACE_START).as_secs_f64(), queued, instances };
-        if chart.last().is_none_or(|p| p.queued != queued || p.instances != instances) {
+        let busy_now = busy.len() as u32;
+        let point = ChartPoint { t: now.since(TRACE_START).as_secs_f64(), queued, instances, busy: busy_now };
+        if chart.last().is_none_or(|p| p.queued != queued || p.instances != instances || p.busy != busy_now) {
             chart.push(point);
         }
 
@@ -212,6 +280,7 @@ pub fn run_simulation(
         if next > give_up_at {
             break;
         }
+        hours.fleet(now, next, instances, busy_now);
         clock.set(next);
     }
 
@@ -222,6 +291,8 @@ pub fn run_simulation(
         }
     }
     waits.sort_by(f64::total_cmp);
+    pickup_waits.sort_by(f64::total_cmp);
+    instance_waits.sort_by(f64::total_cmp);
     let billed = provider.billed_seconds(end);
     let metrics = engine.metrics();
     let jobs_total = jobs.len() as u64;
@@ -244,6 +315,10 @@ pub fn run_simulation(
         wait_p95_s: percentile(&waits, 0.95),
         wait_p99_s: percentile(&waits, 0.99),
         wait_max_s: waits.last().copied().unwrap_or(0.0),
+        wait_pickup_p50_s: percentile(&pickup_waits, 0.50),
+        wait_pickup_p95_s: percentile(&pickup_waits, 0.95),
+        wait_instance_p50_s: percentile(&instance_waits, 0.50),
+        wait_instance_p95_s: percentile(&instance_waits, 0.95),
         wait_mean_s: if waits.is_empty() { 0.0 } else { waits.iter().sum::<f64>() / waits.len() as f64 },
         share_wait_over_30s: share(30.0),
         share_wait_over_120s: share(120.0),
@@ -257,6 +332,9 @@ pub fn run_simulation(
         removals: metrics.instances_removed_total.iter().map(|(r, n)| (r.as_str().to_string(), *n)).collect(),
         simulated_seconds: end.since(TRACE_START).as_secs_f64(),
         cost: billed / 3600.0 * provider_settings.price_per_hour,
+        oracle: oracle::oracle(trace, provider_settings, settings.instance_ready_command.is_some(), capacity),
+        infinite: oracle::infinite(trace, provider_settings, capacity),
+        hours: hours.rows(),
         chart,
     })
 }
@@ -295,25 +373,78 @@ pub fn read_provider_settings(path: &Path) -> anyhow::Result<SimProviderSettings
     Ok(settings)
 }
 
-/// `runway simulate --config config.toml --trace trace.jsonl [--provider provider.toml]
-/// [--svg out.svg]`: run the simulation and return the report text.
-pub fn simulate_command(
-    config_path: &Path,
-    trace_path: &Path,
-    provider_path: Option<&Path>,
-    out_svg: Option<&Path>,
-) -> anyhow::Result<String> {
-    let settings = read_sim_config(config_path)?;
-    let provider = match provider_path {
+/// What `runway simulate` was asked for.
+#[derive(Clone, Debug, Default)]
+pub struct SimulateOptions {
+    /// The configs to simulate: `--config`, or every file of `--compare`, side by side.
+    pub configs: Vec<std::path::PathBuf>,
+    /// The job trace (JSONL).
+    pub trace: std::path::PathBuf,
+    /// The provider profile (TOML); the linux-cold defaults when `None`.
+    pub provider: Option<std::path::PathBuf>,
+    /// Write the chart here (with several configs, `<stem>-<config stem>.svg` beside it).
+    pub svg: Option<std::path::PathBuf>,
+    /// Print JSON instead of text.
+    pub json: bool,
+    /// Add the per-hour-of-week table to the text output.
+    pub per_hour: bool,
+}
+
+fn stem(path: &Path) -> String {
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
+}
+
+/// `runway simulate`: run the simulation of every config on the trace, write the charts and
+/// return the report (text, or JSON with `--json`).
+pub fn simulate_command(options: &SimulateOptions) -> anyhow::Result<String> {
+    anyhow::ensure!(!options.configs.is_empty(), "runway simulate: no config to simulate");
+    let provider = match &options.provider {
         Some(p) => read_provider_settings(p)?,
         None => SimProviderSettings::default(),
     };
-    let trace = read_trace(trace_path)?;
-    let report = run_simulation(&settings, &provider, &trace)?;
-    if let Some(svg) = out_svg {
-        std::fs::write(svg, report.to_svg()).with_context(|| format!("cannot write {}", svg.display()))?;
+    let trace = read_trace(&options.trace)?;
+    let mut runs = Vec::new();
+    for config in &options.configs {
+        let settings = read_sim_config(config)?;
+        let report = run_simulation(&settings, &provider, &trace)?;
+        if let Some(svg) = &options.svg {
+            let path = if options.configs.len() == 1 {
+                svg.clone()
+            } else {
+                svg.with_file_name(format!("{}-{}.svg", stem(svg), stem(config)))
+            };
+            let title = format!("{} on {}", stem(config), stem(&options.trace));
+            std::fs::write(&path, report.to_svg(&title)).with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        runs.push((config.clone(), report));
     }
-    Ok(report.to_text())
+    if options.json {
+        let entries: Vec<serde_json::Value> = runs
+            .iter()
+            .map(|(config, r)| {
+                serde_json::json!({
+                    "config": config.display().to_string(),
+                    "trace": options.trace.display().to_string(),
+                    "summary": r.summary(),
+                    "oracle": r.oracle,
+                    "infinite": r.infinite,
+                    "hours": r.hours,
+                    "report": r,
+                })
+            })
+            .collect();
+        let value = if entries.len() == 1 { entries[0].clone() } else { serde_json::Value::Array(entries) };
+        return Ok(serde_json::to_string_pretty(&value)? + "\n");
+    }
+    if runs.len() == 1 {
+        let (_, r) = &runs[0];
+        let mut text = r.to_text();
+        if options.per_hour {
+            text.push_str(&r.hours_text());
+        }
+        return Ok(text);
+    }
+    Ok(report::compare_text(&runs.iter().map(|(c, r)| (stem(c), r)).collect::<Vec<_>>()))
 }
 
 #[cfg(test)]
@@ -378,12 +509,13 @@ mod tests {
         crate::autoscaler::trace::write_trace(&mut file, &generate(TraceKind::Diurnal, 1, 2)).expect("write");
         drop(file);
         let svg = dir.path().join("chart.svg");
-        let text = simulate_command(
-            &examples().join("simulate/docker-machine-seed-001.toml"),
-            &trace_path,
-            Some(&examples().join("simulate/linux-cold.toml")),
-            Some(&svg),
-        )
+        let text = simulate_command(&SimulateOptions {
+            configs: vec![examples().join("simulate/docker-machine-seed-001.toml")],
+            trace: trace_path.clone(),
+            provider: Some(examples().join("simulate/linux-cold.toml")),
+            svg: Some(svg.clone()),
+            ..Default::default()
+        })
         .expect("simulates");
         assert!(text.contains("queue wait") && text.contains("instance-hours"), "{text}");
         let chart = std::fs::read_to_string(&svg).expect("svg written");
@@ -419,6 +551,69 @@ mod tests {
         assert!(read_provider_settings(&provider).is_err(), "unknown keys are rejected");
     }
 
+    #[test]
+    fn compare_runs_configs_side_by_side_with_the_floors() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let trace_path = dir.path().join("trace.jsonl");
+        let mut file = std::fs::File::create(&trace_path).expect("create");
+        crate::autoscaler::trace::write_trace(&mut file, &generate(TraceKind::Bursty, 1, 4)).expect("write");
+        drop(file);
+        let configs =
+            vec![examples().join("simulate/p0-static-idle.toml"), examples().join("simulate/p3-predictive.toml")];
+        let options = SimulateOptions {
+            configs: configs.clone(),
+            trace: trace_path.clone(),
+            svg: Some(dir.path().join("chart.svg")),
+            ..Default::default()
+        };
+        let text = simulate_command(&options).expect("simulates");
+        let header = text.lines().next().unwrap_or_default();
+        for column in ["p0-static-idle", "p3-predictive", "oracle", "infinite"] {
+            assert!(header.contains(column), "{header}");
+        }
+        assert!(text.contains("p95 wait (s)") && text.contains("instance-hours"), "{text}");
+        assert!(
+            dir.path().join("chart-p0-static-idle.svg").exists() && dir.path().join("chart-p3-predictive.svg").exists()
+        );
+        let json = simulate_command(&SimulateOptions { json: true, svg: None, ..options }).expect("json");
+        let value: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        assert_eq!(value.as_array().map(Vec::len), Some(2));
+        assert!(value[1]["config"].as_str().is_some_and(|c| c.ends_with("p3-predictive.toml")));
+        assert!(value[1]["summary"]["p95_wait_s"].is_number() && value[1]["oracle"]["instance_hours"].is_number());
+        assert_eq!(value[1]["hours"].as_array().map(Vec::len), Some(168));
+    }
+
+    #[test]
+    fn unknown_keys_in_the_fleet_config_are_warned_about() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            "concurrent = 1\n[[runners]]\n[runners.autoscaler]\n[[runners.autoscaler.policy]]\nidle_count = 2\nscale_factr = 0.2\n[runners.autoscaler.predictive]\nenabled = true\nhorizon = \"5m\"\n",
+        )
+        .expect("write");
+        let loaded = config::load_for(&config, Purpose::Simulate).expect("loads");
+        let warnings = loaded.warnings.join("\n");
+        assert!(warnings.contains("scale_factr") && warnings.contains("horizon"), "{warnings}");
+        let settings = read_sim_config(&config).expect("still simulates");
+        assert!(settings.predictive.is_some(), "enabled = true turns the predictive policy on");
+    }
+
+    #[test]
+    fn every_run_reports_the_oracle_and_infinite_floors_and_hours_of_week() {
+        let settings = read_sim_config(&examples().join("simulate/p3-predictive.toml")).expect("example config");
+        let trace = generate(TraceKind::Diurnal, 2, 3);
+        let r = run_simulation(&settings, &quick_cloud(), &trace).expect("runs");
+        assert!(r.infinite.instance_hours > 0.0 && r.oracle.instance_hours > r.infinite.instance_hours);
+        assert!(r.instance_hours >= r.infinite.instance_hours, "no policy beats infinite instant capacity");
+        assert_eq!(r.hours.len(), 168);
+        assert_eq!(r.hours.iter().map(|h| h.jobs).sum::<u64>(), r.jobs_started);
+        assert!(r.wait_pickup_p95_s <= r.wait_p95_s + 1e-9 && r.wait_instance_p95_s <= r.wait_p95_s + 1e-9);
+        let svg = r.to_svg("p3 on diurnal");
+        assert!(svg.contains("p3 on diurnal") && svg.contains("busy instances") && svg.contains("queued jobs"));
+        assert!(svg.contains("time since trace start"), "an axis title");
+    }
+
     /// The 4-week diurnal trace of §3.4 runs to completion under P0 (no timing assertion).
     #[test]
     fn four_week_diurnal_trace_completes() {
@@ -436,12 +631,24 @@ mod tests {
     /// `cargo test --release -p runway --lib autoscaler_benchmark -- --ignored --nocapture`.
     #[test]
     #[ignore]
-    fn autoscaler_benchmark_p0_p2() {
+    fn autoscaler_benchmark() {
         let svg_dir = std::env::var_os("RUNWAY_BENCH_SVG_DIR").map(std::path::PathBuf::from);
         for trace_name in ["diurnal-4w", "bursty-4w"] {
             let trace = read_trace(&examples().join(format!("traces/{trace_name}.jsonl"))).expect("shipped trace");
-            for policy in ["p0-static-idle", "p1-cron-periods", "p2-scale-factor"] {
-                let settings = read_sim_config(&examples().join(format!("simulate/{policy}.toml"))).expect("config");
+            let only = std::env::var("RUNWAY_BENCH_POLICIES").unwrap_or_default();
+            // RUNWAY_BENCH_EXTRA: more config files (comma-separated) to run beside the four.
+            let extra = std::env::var("RUNWAY_BENCH_EXTRA").unwrap_or_default();
+            let shipped = ["p0-static-idle", "p1-cron-periods", "p2-scale-factor", "p3-predictive"]
+                .map(|p| examples().join(format!("simulate/{p}.toml")));
+            let all =
+                shipped.into_iter().chain(extra.split(',').filter(|e| !e.is_empty()).map(std::path::PathBuf::from));
+            for path in all {
+                let policy = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+                let policy = policy.as_str();
+                if !only.is_empty() && !only.split(',').any(|p| policy.starts_with(p)) {
+                    continue;
+                }
+                let settings = read_sim_config(&path).expect("config");
                 let provider = read_provider_settings(&examples().join("simulate/linux-cold.toml")).expect("provider");
                 let started = std::time::Instant::now();
                 let report = run_simulation(&settings, &provider, &trace).expect("runs");
@@ -452,9 +659,13 @@ mod tests {
                     elapsed.as_secs_f64(),
                     report.to_text()
                 );
-                println!("json {}", serde_json::to_string(&report).expect("json"));
+                println!("json {}", serde_json::to_string(&report.summary()).expect("json"));
                 if let Some(dir) = &svg_dir {
-                    std::fs::write(dir.join(format!("{trace_name}-{policy}.svg")), report.to_svg()).expect("svg");
+                    std::fs::write(
+                        dir.join(format!("{trace_name}-{policy}.svg")),
+                        report.to_svg(&format!("{policy} on {trace_name}")),
+                    )
+                    .expect("svg");
                 }
             }
         }

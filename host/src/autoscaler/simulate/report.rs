@@ -1,5 +1,6 @@
-//! The report of a `runway simulate` run: the numbers ([`SimReport`]), their text summary and
-//! an SVG chart of queued jobs and instances over time.
+//! The report of a `runway simulate` run: the numbers ([`SimReport`]), the summary
+//! `--json` prints ([`Summary`]), the per-hour-of-week table ([`HourRow`]) and the text
+//! summary. The chart is drawn by the sibling `chart` module.
 //!
 //! Owns presentation only: the numbers are computed by the simulation loop in the parent
 //! module; nothing here touches the engine, the provider or the config.
@@ -8,6 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
+
+use super::oracle::Baseline;
 
 /// One point of the chart: at `t` seconds after the start, the queue and fleet sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -18,6 +21,48 @@ pub struct ChartPoint {
     pub queued: u32,
     /// Instances in any state.
     pub instances: u32,
+    /// Instances running at least one job.
+    pub busy: u32,
+}
+
+/// One hour of the week (0 = Monday 00:00–01:00 of the trace's clock, UTC) over the whole run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HourRow {
+    /// Hour of week, 0–167.
+    pub hour_of_week: u32,
+    /// Jobs that arrived in this hour and started.
+    pub jobs: u64,
+    /// Their 95th percentile queue wait.
+    pub p95_wait_s: f64,
+    /// Their mean queue wait.
+    pub mean_wait_s: f64,
+    /// Instance-hours (all states, unbilled minimums aside) spent in this hour.
+    pub instance_hours: f64,
+    /// Of which instances running a job.
+    pub busy_instance_hours: f64,
+}
+
+/// The headline numbers (`runway simulate --json`'s `summary`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    /// Median queue wait.
+    pub p50_wait_s: f64,
+    /// 95th percentile queue wait.
+    pub p95_wait_s: f64,
+    /// 99th percentile queue wait.
+    pub p99_wait_s: f64,
+    /// 95th percentile of the pickup part (arrival → the runner takes the job).
+    pub pickup_p95_wait_s: f64,
+    /// 95th percentile of the instance part (taken → a slot is assigned).
+    pub instance_p95_wait_s: f64,
+    /// Billed instance-hours.
+    pub instance_hours: f64,
+    /// Billed hours with no job over billed hours.
+    pub idle_share: f64,
+    /// Instances created per job.
+    pub creations_per_job: f64,
+    /// `instance_hours × price_per_hour`.
+    pub cost: f64,
 }
 
 /// Results of one simulation run.
@@ -41,6 +86,14 @@ pub struct SimReport {
     pub wait_p99_s: f64,
     /// Maximum.
     pub wait_max_s: f64,
+    /// Pickup wait (arrival → the runner takes the job): median.
+    pub wait_pickup_p50_s: f64,
+    /// Pickup wait, 95th percentile.
+    pub wait_pickup_p95_s: f64,
+    /// Instance wait (taken → slot assigned): median.
+    pub wait_instance_p50_s: f64,
+    /// Instance wait, 95th percentile.
+    pub wait_instance_p95_s: f64,
     /// Mean.
     pub wait_mean_s: f64,
     /// Share of started jobs that waited more than 30 s.
@@ -67,12 +120,58 @@ pub struct SimReport {
     pub simulated_seconds: f64,
     /// `instance_hours × price_per_hour`.
     pub cost: f64,
+    /// The zero-wait oracle on the same trace and cloud.
+    pub oracle: Baseline,
+    /// Infinite instant capacity on the same trace.
+    pub infinite: Baseline,
+    /// Per hour of week.
+    pub hours: Vec<HourRow>,
     /// Chart samples (one per change).
     #[serde(skip)]
     pub chart: Vec<ChartPoint>,
 }
 
 impl SimReport {
+    /// The headline numbers.
+    pub fn summary(&self) -> Summary {
+        Summary {
+            p50_wait_s: self.wait_p50_s,
+            p95_wait_s: self.wait_p95_s,
+            p99_wait_s: self.wait_p99_s,
+            pickup_p95_wait_s: self.wait_pickup_p95_s,
+            instance_p95_wait_s: self.wait_instance_p95_s,
+            instance_hours: self.instance_hours,
+            idle_share: self.idle_share,
+            creations_per_job: self.creations_per_job,
+            cost: self.cost,
+        }
+    }
+
+    /// The per-hour-of-week table as text (hours with neither jobs nor instances left out).
+    pub fn hours_text(&self) -> String {
+        const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
+        let mut s = String::from("hour       jobs   p95 wait  mean wait  instance-h  busy-h  idle %\n");
+        for row in &self.hours {
+            if row.jobs == 0 && row.instance_hours == 0.0 {
+                continue;
+            }
+            let idle = if row.instance_hours > 0.0 { 1.0 - row.busy_instance_hours / row.instance_hours } else { 0.0 };
+            let _ = writeln!(
+                s,
+                "{} {:02}:00 {:>7} {:>8.1} s {:>8.1} s {:>11.1} {:>7.1} {:>6.1}",
+                DAYS[(row.hour_of_week / 24) as usize % 7],
+                row.hour_of_week % 24,
+                row.jobs,
+                row.p95_wait_s,
+                row.mean_wait_s,
+                row.instance_hours,
+                row.busy_instance_hours,
+                idle * 100.0
+            );
+        }
+        s
+    }
+
     /// A human-readable summary.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
@@ -96,6 +195,11 @@ impl SimReport {
         );
         let _ = writeln!(
             s,
+            "  split       pickup p50 {:.1} s, p95 {:.1} s; instance p50 {:.1} s, p95 {:.1} s",
+            self.wait_pickup_p50_s, self.wait_pickup_p95_s, self.wait_instance_p50_s, self.wait_instance_p95_s
+        );
+        let _ = writeln!(
+            s,
             "instances     {:.1} instance-hours billed, {:.1} idle ({:.1}% idle), slot utilisation {:.1}%, peak {}",
             self.instance_hours,
             self.idle_instance_hours,
@@ -115,82 +219,75 @@ impl SimReport {
         if self.cost > 0.0 {
             let _ = writeln!(s, "cost          {:.2}", self.cost);
         }
+        let distance = |floor: f64| {
+            if floor > 0.0 {
+                format!("{:+.1}%", (self.instance_hours / floor - 1.0) * 100.0)
+            } else {
+                "n/a".to_string()
+            }
+        };
+        let _ = writeln!(
+            s,
+            "oracle        {:.1} instance-hours at zero wait ({:.1}% idle, {:.3} creations per job); this run {}",
+            self.oracle.instance_hours,
+            self.oracle.idle_share * 100.0,
+            self.oracle.creations_per_job,
+            distance(self.oracle.instance_hours)
+        );
+        let _ = writeln!(
+            s,
+            "infinite      {:.1} instance-hours (job time only); this run {}",
+            self.infinite.instance_hours,
+            distance(self.infinite.instance_hours)
+        );
         s
     }
+}
 
-    /// An SVG line chart of queued jobs and instances over time (hand-written, no deps).
-    /// Each pixel column shows the maximum of its time bucket, so short bursts stay visible.
-    pub fn to_svg(&self) -> String {
-        const W: f64 = 1200.0;
-        const H: f64 = 360.0;
-        const LEFT: f64 = 56.0;
-        const RIGHT: f64 = 16.0;
-        const TOP: f64 = 28.0;
-        const BOTTOM: f64 = 36.0;
-        let span = self.simulated_seconds.max(1.0);
-        let columns = (W - LEFT - RIGHT) as usize;
-        let mut queued = vec![0u32; columns];
-        let mut instances = vec![0u32; columns];
-        // Carry each sample forward until the next one, keeping per-column maxima.
-        for (i, p) in self.chart.iter().enumerate() {
-            let until = self.chart.get(i + 1).map_or(span, |n| n.t);
-            let first = ((p.t / span) * columns as f64).floor() as usize;
-            let last = (((until / span) * columns as f64).ceil() as usize).max(first + 1).min(columns);
-            for c in first.min(columns.saturating_sub(1))..last {
-                queued[c] = queued[c].max(p.queued);
-                instances[c] = instances[c].max(p.instances);
-            }
-        }
-        let top = queued.iter().chain(instances.iter()).copied().max().unwrap_or(0).max(1);
-        let y = |v: u32| TOP + (H - TOP - BOTTOM) * (1.0 - f64::from(v) / f64::from(top));
-        let line = |values: &[u32]| {
-            let mut d = String::new();
-            for (c, v) in values.iter().enumerate() {
-                let _ = write!(d, "{}{:.1},{:.1} ", if c == 0 { "M" } else { "L" }, LEFT + c as f64, y(*v));
-            }
-            d
-        };
-        let mut svg = String::new();
-        let _ = writeln!(
-            svg,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">"#
-        );
-        let _ = writeln!(svg, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-        let days = (span / 86_400.0).ceil() as u32;
-        let step = if days > 14 { 7 } else { 1 };
-        for d in (0..=days).step_by(step as usize) {
-            let x = LEFT + (f64::from(d) * 86_400.0 / span) * columns as f64;
-            if x > W - RIGHT + 0.5 {
-                break;
-            }
-            let _ = writeln!(
-                svg,
-                r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">day {d}</text>"##,
-                H - BOTTOM,
-                H - BOTTOM + 14.0
-            );
-        }
-        for frac in [0.0, 0.25, 0.5, 0.75, 1.0] {
-            let v = (f64::from(top) * frac).round() as u32;
-            let _ =
-                writeln!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="end">{v}</text>"##, LEFT - 6.0, y(v) + 4.0);
-        }
-        let _ = writeln!(svg, r##"<path d="{}" fill="none" stroke="#1f77b4" stroke-width="1"/>"##, line(&instances));
-        let _ = writeln!(svg, r##"<path d="{}" fill="none" stroke="#ff7f0e" stroke-width="1"/>"##, line(&queued));
-        let _ = writeln!(
-            svg,
-            r##"<text x="{LEFT}" y="16" fill="#1f77b4">instances</text><text x="{:.1}" y="16" fill="#ff7f0e">queued jobs</text>"##,
-            LEFT + 80.0
-        );
-        let _ = writeln!(
-            svg,
-            r##"<text x="{:.1}" y="16" text-anchor="end">p95 wait {:.1} s, {:.1} instance-hours, {:.1}% idle</text>"##,
-            W - RIGHT,
-            self.wait_p95_s,
-            self.instance_hours,
-            self.idle_share * 100.0
-        );
-        svg.push_str("</svg>\n");
-        svg
+/// Several runs side by side on one trace (`runway simulate --compare`), with the oracle and
+/// infinite capacity as the last columns.
+pub fn compare_text(runs: &[(String, &SimReport)]) -> String {
+    let Some((_, first)) = runs.first() else { return String::new() };
+    let mut names: Vec<String> = runs.iter().map(|(n, _)| n.clone()).collect();
+    names.push("oracle".into());
+    names.push("infinite".into());
+    let width = names.iter().map(|n| n.len()).max().unwrap_or(8).max(10);
+    let mut s = format!("{:<20}", "");
+    for n in &names {
+        let _ = write!(s, " {n:>width$}");
     }
+    s.push('\n');
+    let summaries: Vec<Summary> = runs.iter().map(|(_, r)| r.summary()).collect();
+    let floor = |b: &Baseline| Summary {
+        p50_wait_s: b.p50_wait_s,
+        p95_wait_s: b.p95_wait_s,
+        p99_wait_s: b.p99_wait_s,
+        pickup_p95_wait_s: 0.0,
+        instance_p95_wait_s: 0.0,
+        instance_hours: b.instance_hours,
+        idle_share: b.idle_share,
+        creations_per_job: b.creations_per_job,
+        cost: b.cost,
+    };
+    let all: Vec<Summary> = summaries.into_iter().chain([floor(&first.oracle), floor(&first.infinite)]).collect();
+    type Row = (&'static str, fn(&Summary) -> String);
+    let rows: [Row; 9] = [
+        ("p50 wait (s)", |x| format!("{:.1}", x.p50_wait_s)),
+        ("p95 wait (s)", |x| format!("{:.1}", x.p95_wait_s)),
+        ("p99 wait (s)", |x| format!("{:.1}", x.p99_wait_s)),
+        ("  pickup p95 (s)", |x| format!("{:.1}", x.pickup_p95_wait_s)),
+        ("  instance p95 (s)", |x| format!("{:.1}", x.instance_p95_wait_s)),
+        ("instance-hours", |x| format!("{:.1}", x.instance_hours)),
+        ("idle %", |x| format!("{:.1}", x.idle_share * 100.0)),
+        ("creations / job", |x| format!("{:.3}", x.creations_per_job)),
+        ("cost", |x| format!("{:.2}", x.cost)),
+    ];
+    for (label, f) in rows {
+        let _ = write!(s, "{label:<20}");
+        for x in &all {
+            let _ = write!(s, " {:>width$}", f(x));
+        }
+        s.push('\n');
+    }
+    s
 }
