@@ -5,11 +5,15 @@
 //! router (201), `PUT state=running` (forwarded: GitLab's acceptance) and `PUT state=success`
 //! (forwarded). The router asks GitLab for each job (one upstream request per dispatch,
 //! `request_concurrency` 8) and keeps its queue in the store. Measured: with no store, with
-//! the file store (an fsync'd entry write per transition) and, as the floor, the same 50
+//! the file store (an fsync'd entry write per transition), with Redis (a `redis-server` on
+//! loopback, when installed) and, as the floor, the same 50
 //! pollers doing the same three calls straight against the fake GitLab. Ratios matter, not
 //! absolute numbers (the fake GitLab shares the cores).
 
 #![allow(missing_docs)]
+
+#[path = "../../tests/support/redis_server.rs"]
+mod redis_server;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,6 +24,7 @@ use runway::config::router::Policy;
 use runway::gitlab::client::{ClientOptions, GitLabClient};
 use runway::router::{Downstream, Router, RouterSettings, Upstream};
 use runway::store::jobs::file::FileStore;
+use runway::store::jobs::redis::RedisStore;
 use runway::store::jobs::seal::StoreKey;
 use runway::store::jobs::JobStore;
 use serde_json::{json, Value};
@@ -137,5 +142,20 @@ fn main() {
         let file = run_pollers(&url, TOKEN, JOBS).await;
         router_file.shutdown();
         println!("through the router, file store: {file:.0} dispatches/s ({:.2} of direct)", file / direct);
+
+        if std::process::Command::new("redis-server").arg("--version").output().is_ok_and(|o| o.status.success()) {
+            let redis = redis_server::RedisServer::start();
+            let store: Arc<dyn JobStore> = Arc::new(
+                RedisStore::open(&redis.url(), "bench", StoreKey::from_bytes([7; 32])).await.expect("redis store"),
+            );
+            let (fake, token) = gitlab(JOBS + 200).await;
+            let (router_redis, url) = router(&fake, &token, Some(store)).await;
+            let on_redis = run_pollers(&url, TOKEN, JOBS).await;
+            router_redis.shutdown();
+            println!(
+                "through the router, Redis store: {on_redis:.0} dispatches/s ({:.2} of direct)",
+                on_redis / direct
+            );
+        }
     });
 }

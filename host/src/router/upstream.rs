@@ -191,18 +191,20 @@ async fn enqueue(inner: &Arc<Inner>, u: usize, received: ReceivedJob) {
         }
         return;
     }
-    {
+    // Held and handed out under one lock, then saved once in its latest state (queued, or
+    // offered to the runner that was waiting): one store write, not two, per job dispatched at
+    // once.
+    let handed = {
         let mut st = inner.lock();
         st.insert(job);
         if let Some(j) = st.jobs.get_mut(&id) {
             j.version = 1;
         }
-    }
-    persist::save(inner, id).await;
-    let handed = {
-        let mut st = inner.lock();
         st.hand_out(&inner.settings.downstreams, inner.settings.accept_timeout)
     };
+    if !handed.iter().any(|h| h.id == id) {
+        persist::save(inner, id).await;
+    }
     after_hand_out(inner, handed).await;
 }
 
