@@ -14,7 +14,9 @@ use wasmtime::Store;
 pub use crate::bindings::fleeting::exports::runway::fleeting::instance_group::{
     ConnectInfo, ConnectorConfig, Instance, Interruption, ProviderError, ProviderInfo,
 };
-pub use crate::bindings::fleeting::runway::fleeting::types::{CapacityError, InstanceState, Protocol};
+pub use crate::bindings::fleeting::runway::fleeting::types::{
+    CapacityError, InstanceState, InterruptionKind, Protocol,
+};
 use crate::bindings::fleeting::FleetingPlugin;
 use crate::capability::CallContext;
 use crate::plugin::call::{bound_message, classify, guarded, PluginError, PluginErrorKind};
