@@ -53,6 +53,7 @@ pub fn builtin_plugins() -> Vec<(&'static str, &'static [u8])> {
         ("fleeting-static.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_static.wasm"))),
         ("fleeting-aws.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_aws.wasm"))),
         ("fleeting-azure.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_azure.wasm"))),
+        ("fleeting-gcp.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_gcp.wasm"))),
     ]
 }
 
