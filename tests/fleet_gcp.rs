@@ -1,4 +1,4 @@
-//! The `gcp` fleeting plugin against a fake Google Cloud written here from the REST
+//! The `googlecompute` fleeting plugin (plugins/fleeting-gcp) against a fake Google Cloud written here from the REST
 //! documentation (OAuth 2.0 for service accounts: the JWT-bearer grant, its RS256 signature
 //! checked with the key's public half; Compute Engine's instanceGroupManagers get, resize,
 //! listManagedInstances with `maxResults`/`pageToken`, deleteInstances, zone operations
@@ -371,7 +371,7 @@ async fn a_managed_instance_group_resizes_deletes_reports_preemptions_and_refuse
     };
     let host = PluginHost::new(HostSettings {
         state_dir: Some(root.path().join("state")),
-        grants: BTreeMap::from([("gcp".to_string(), grant)]),
+        grants: BTreeMap::from([("googlecompute".to_string(), grant)]),
         builtins: runway::plugin::builtin_plugins(),
         ..HostSettings::default()
     })
@@ -389,7 +389,7 @@ async fn a_managed_instance_group_resizes_deletes_reports_preemptions_and_refuse
     };
 
     // A key Google does not know: the token is refused, init fails as a configuration error.
-    match FleetingGroup::start(&host, "gcp", connector(), &config("unknown.json")).await {
+    match FleetingGroup::start(&host, "googlecompute", connector(), &config("unknown.json")).await {
         Err(FleetingFailure::Provider(ProviderError::InvalidConfig(m))) => {
             assert!(m.contains("invalid_grant") && m.contains(EMAIL), "{m}")
         }
@@ -400,15 +400,16 @@ async fn a_managed_instance_group_resizes_deletes_reports_preemptions_and_refuse
     let outside = root.path().join("keys").join("good.pem");
     let escaped =
         json!({"project": PROJECT, "zone": ZONE, "name": GROUP, "credentials_file": outside.display().to_string()});
-    match FleetingGroup::start(&host, "gcp", connector(), &escaped.to_string()).await {
+    match FleetingGroup::start(&host, "googlecompute", connector(), &escaped.to_string()).await {
         Err(FleetingFailure::Provider(ProviderError::InvalidConfig(m))) => assert!(m.contains("cannot read"), "{m}"),
         Err(other) => panic!("unexpected {other}"),
         Ok(_) => panic!("a file outside the grant was read"),
     }
     assert!(cloud.lock().expect("cloud").tokens.is_empty());
 
-    let (group, info) = FleetingGroup::start(&host, "gcp", connector(), &config("good.json")).await.expect("init");
-    assert_eq!(info.id, format!("gcp/{PROJECT}/{ZONE}/{GROUP}"));
+    let (group, info) =
+        FleetingGroup::start(&host, "googlecompute", connector(), &config("good.json")).await.expect("init");
+    assert_eq!(info.id, format!("googlecompute/{PROJECT}/{ZONE}/{GROUP}"));
 
     // Scale up: resize, the zone operation followed to DONE through the operations URL.
     assert_eq!(group.increase(3).await.expect("increase"), 3);

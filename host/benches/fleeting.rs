@@ -13,7 +13,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use runway::plugin::{builtin_plugins, HostSettings, PluginHost};
 
 const PROVIDERS: [(&str, &str); 3] =
-    [("aws", "fleeting-aws.wasm"), ("gcp", "fleeting-gcp.wasm"), ("azure", "fleeting-azure.wasm")];
+    [("aws", "fleeting-aws.wasm"), ("googlecompute", "fleeting-gcp.wasm"), ("azure", "fleeting-azure.wasm")];
 
 async fn load(plugin: (&'static str, &'static [u8]), cache: &std::path::Path) -> Duration {
     let start = Instant::now();
@@ -24,7 +24,7 @@ async fn load(plugin: (&'static str, &'static [u8]), cache: &std::path::Path) ->
     })
     .await
     .expect("host");
-    let name = plugin.0.trim_start_matches("fleeting-").trim_end_matches(".wasm");
+    let name = PROVIDERS.iter().find(|(_, file)| *file == plugin.0).map_or("", |(name, _)| *name);
     assert!(host.load_on_first_use(name).await.expect("loads"), "{} was not waiting for its first use", plugin.0);
     start.elapsed()
 }

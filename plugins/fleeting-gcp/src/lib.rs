@@ -173,7 +173,7 @@ impl InstanceGroup for GcpGroup {
         group.compute.check_auth().map_err(|e| e.into_provider("authenticating"))?;
         group.group()?;
         let info = ProviderInfo {
-            id: format!("gcp/{}/{}/{}", config.project, config.zone, config.name),
+            id: format!("googlecompute/{}/{}/{}", config.project, config.zone, config.name),
             max_size: MAX_SIZE,
             version: env!("CARGO_PKG_VERSION").into(),
             capabilities: vec!["interruptions".into()],
@@ -301,4 +301,4 @@ impl InstanceGroup for GcpGroup {
     }
 }
 
-runway_sdk::export_fleeting!(GcpGroup, name: "gcp", description: "a Google Compute Engine managed instance group");
+runway_sdk::export_fleeting!(GcpGroup, name: "googlecompute", description: "a Google Compute Engine managed instance group");
