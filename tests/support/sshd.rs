@@ -68,7 +68,16 @@ impl SshServer {
 
     /// Start on a given port (to bring an instance back at the same address).
     pub fn start_on(addr: Ipv4Addr, port: u16, key: &ClientKey) -> SshServer {
-        assert!(addr.is_loopback(), "tests only listen on loopback");
+        Self::start_on_many(&[addr], port, key)
+    }
+
+    /// One `sshd` listening on `port` of every address in `addrs` (all 127.x.y.z, at most 16:
+    /// sshd's MAX_LISTEN_SOCKS): the
+    /// instances of a cloud fake whose addresses are handed out from a loopback range.
+    pub fn start_on_many(addrs: &[Ipv4Addr], port: u16, key: &ClientKey) -> SshServer {
+        assert!(!addrs.is_empty() && addrs.iter().all(|a| a.is_loopback()), "tests only listen on loopback");
+        let addr = addrs[0];
+        let listen: String = addrs.iter().map(|a| format!("ListenAddress {a}:{port}\n")).collect();
         let dir = tempfile::tempdir().expect("tempdir");
         let host_key = dir.path().join("host_ed25519");
         keygen(&host_key);
@@ -78,7 +87,7 @@ impl SshServer {
         std::fs::write(
             &config,
             format!(
-                "ListenAddress {addr}:{port}\nHostKey {}\nPidFile {}\nAuthorizedKeysFile {}\nStrictModes no\nUsePAM no\n\
+                "{listen}HostKey {}\nPidFile {}\nAuthorizedKeysFile {}\nStrictModes no\nUsePAM no\n\
                  PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin yes\n\
                  PrintMotd no\nLogLevel ERROR\nMaxStartups 100\nMaxSessions 100\nClientAliveInterval 0\n",
                 host_key.display(),

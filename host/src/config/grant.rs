@@ -30,8 +30,8 @@ pub struct PluginGrant {
     /// `tcp://host:port`, `instance` (the engine on a job's fleet instance) or `*`.
     #[serde(default, deserialize_with = "docker_endpoints")]
     pub allow_docker: Vec<String>,
-    /// Host directories preopened for the plugin (read-write), as `host_path` or
-    /// `host_path:guest_path`.
+    /// Host directories preopened for the plugin, as `host_path` or `host_path:guest_path`,
+    /// read-write unless followed by `:ro` (e.g. `/etc/runway/aws:/aws:ro`).
     #[serde(default)]
     pub dirs: Vec<String>,
     /// Linear memory limit in MiB.
@@ -90,6 +90,25 @@ fn docker_endpoints<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String
     Ok(entries)
 }
 
+/// How a `dirs` entry is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirPerms {
+    /// `:ro`: the plugin may read, never write.
+    pub read_only: bool,
+}
+
+/// Split a `dirs` entry into host path, guest path and permissions:
+/// `host[:guest][:ro|:rw]` (the guest path defaults to the host path).
+pub fn split_dir(entry: &str) -> (&str, &str, DirPerms) {
+    let (rest, read_only) = match entry.rsplit_once(':') {
+        Some((rest, "ro")) => (rest, true),
+        Some((rest, "rw")) => (rest, false),
+        _ => (entry, false),
+    };
+    let (host, guest) = rest.split_once(':').unwrap_or((rest, rest));
+    (host, guest, DirPerms { read_only })
+}
+
 fn default_memory_mb() -> u64 {
     64
 }
@@ -145,6 +164,15 @@ mod tests {
         assert_eq!(grant.memory_mb, 64);
         assert_eq!((grant.kv_max_keys, grant.kv_max_mb, grant.log_lines_per_second), (1024, 4, 20));
         assert_eq!(grant, PluginGrant::default());
+    }
+
+    #[test]
+    fn dirs_split_into_host_guest_and_permissions() {
+        assert_eq!(split_dir("/a"), ("/a", "/a", DirPerms { read_only: false }));
+        assert_eq!(split_dir("/a:/b"), ("/a", "/b", DirPerms { read_only: false }));
+        assert_eq!(split_dir("/a:/b:ro"), ("/a", "/b", DirPerms { read_only: true }));
+        assert_eq!(split_dir("/a:ro"), ("/a", "/a", DirPerms { read_only: true }));
+        assert_eq!(split_dir("/a:/b:rw"), ("/a", "/b", DirPerms { read_only: false }));
     }
 
     #[test]

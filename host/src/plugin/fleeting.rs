@@ -14,7 +14,9 @@ use wasmtime::Store;
 pub use crate::bindings::fleeting::exports::runway::fleeting::instance_group::{
     ConnectInfo, ConnectorConfig, Instance, Interruption, ProviderError, ProviderInfo,
 };
-pub use crate::bindings::fleeting::runway::fleeting::types::{CapacityError, InstanceState, Protocol};
+pub use crate::bindings::fleeting::runway::fleeting::types::{
+    CapacityError, InstanceState, InterruptionKind, Protocol,
+};
 use crate::bindings::fleeting::FleetingPlugin;
 use crate::capability::CallContext;
 use crate::plugin::call::{bound_message, classify, guarded, PluginError, PluginErrorKind};
@@ -111,6 +113,16 @@ impl FleetingGroup {
     /// Make sure a live, initialised instance of the current plugin version exists; returns
     /// the provider info when it had to (re)initialise.
     async fn ensure(&self, live: &mut Option<Live>) -> Result<Option<ProviderInfo>, FleetingFailure> {
+        if live.is_none() {
+            // A built-in cloud provider is compiled when a group first uses it.
+            self.host.registry.load_on_first_use(&self.name).await.map_err(|e| {
+                FleetingFailure::Plugin(PluginError {
+                    plugin: self.name.clone(),
+                    kind: PluginErrorKind::Incompatible,
+                    message: format!("built-in plugin did not load: {e}"),
+                })
+            })?;
+        }
         let plugin = self.current()?;
         if live.as_ref().is_some_and(|l| Arc::ptr_eq(&l.plugin, &plugin)) {
             return Ok(None);

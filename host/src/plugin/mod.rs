@@ -51,8 +51,15 @@ pub fn builtin_plugins() -> Vec<(&'static str, &'static [u8])> {
         ("executor-custom.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_custom.wasm"))),
         ("executor-ssh.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_ssh.wasm"))),
         ("fleeting-static.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_static.wasm"))),
+        ("fleeting-aws.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_aws.wasm"))),
+        ("fleeting-azure.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_azure.wasm"))),
+        ("fleeting-gcp.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_gcp.wasm"))),
     ]
 }
+
+/// Built-ins compiled when a runner first uses them rather than at start: the cloud fleeting
+/// providers, large and needed by few runners (compiling them would double every cold start).
+pub const ON_FIRST_USE: [&str; 3] = ["fleeting-aws.wasm", "fleeting-gcp.wasm", "fleeting-azure.wasm"];
 
 /// Why `runway plugins check FILE` refused a file.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -157,10 +164,31 @@ impl PluginHost {
         self.registry.plugins.load_full()
     }
 
-    /// Every loaded plugin and every rejected file, for `runway plugins list`.
+    /// Compile and publish built-in `name` now if it is one compiled on first use
+    /// ([`ON_FIRST_USE`]) and not loaded yet; whether it was.
+    pub async fn load_on_first_use(&self, name: &str) -> Result<bool, LoadError> {
+        self.registry.load_on_first_use(name).await
+    }
+
+    /// Every loaded plugin, every built-in waiting for its first use and every rejected file,
+    /// for `runway plugins list`.
     pub fn listing(&self) -> Vec<PluginListing> {
         let plugins = self.plugins();
         let mut rows: Vec<PluginListing> = plugins.values().map(|p| listing_row(p, "loaded")).collect();
+        let deferred = self.registry.deferred.lock().map(|d| d.clone()).unwrap_or_default();
+        let grants = self.registry.settings.load().grants.clone();
+        for (name, (meta, _)) in deferred.iter().filter(|(name, _)| !plugins.contains_key(*name)) {
+            rows.push(PluginListing {
+                name: name.clone(),
+                kind: meta.kind.to_string(),
+                version: meta.version.clone(),
+                api_version: meta.api_version.clone(),
+                source: PluginSource::Builtin.to_string(),
+                grants: describe_grant(&grants.get(name).cloned().unwrap_or_default()),
+                status: "compiled on first use".into(),
+            });
+        }
+        rows.sort_by(|a, b| a.name.cmp(&b.name));
         let files = self.registry.files.lock().map(|f| f.clone()).unwrap_or_default();
         for (path, (status, serving)) in files {
             if let FileStatus::Rejected { reason, .. } = status {

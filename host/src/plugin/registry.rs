@@ -229,6 +229,13 @@ pub(crate) struct Registry {
     pub(crate) reload_lock: tokio::sync::Mutex<()>,
     /// Each plugin's kv store, kept across reloads so its quota holds for every version.
     kv_stores: Mutex<BTreeMap<String, Arc<KvStore>>>,
+    /// Built-ins compiled on first use ([`crate::plugin::ON_FIRST_USE`]) not used yet: name →
+    /// (metadata, bytes).
+    pub(crate) deferred: Mutex<BTreeMap<String, (PluginMeta, &'static [u8])>>,
+    /// Built-ins compiled on first use that have been used (a grant change reloads them).
+    demanded: Mutex<std::collections::BTreeSet<String>>,
+    /// One first-use compilation at a time.
+    first_use: tokio::sync::Mutex<()>,
 }
 
 fn linker<F>(engine: &wasmtime::Engine, add_world: F) -> anyhow::Result<Linker<PluginState>>
@@ -262,6 +269,9 @@ impl Registry {
             files: Mutex::new(BTreeMap::new()),
             reload_lock: tokio::sync::Mutex::new(()),
             kv_stores: Mutex::new(BTreeMap::new()),
+            deferred: Mutex::new(BTreeMap::new()),
+            demanded: Mutex::new(std::collections::BTreeSet::new()),
+            first_use: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -273,7 +283,8 @@ impl Registry {
         let grant = settings.grants.get(&meta.name);
         if let (PluginSource::File(path), Binding::Bound) = (source, binding) {
             let explicit = grant.and_then(|g| g.file.clone());
-            let is_builtin = self.builtins.lock().map(|b| b.contains_key(&meta.name)).unwrap_or(true);
+            let is_builtin = self.builtins.lock().map(|b| b.contains_key(&meta.name)).unwrap_or(true)
+                || self.deferred.lock().map(|d| d.contains_key(&meta.name)).unwrap_or(true);
             if is_builtin && explicit.is_none() {
                 return Err(LoadError::BuiltinName { plugin: meta.name.clone() });
             }
@@ -391,11 +402,23 @@ impl Registry {
         Ok(())
     }
 
-    /// Load the built-in plugins (once, at start).
+    /// Load the built-in plugins (at start, and again when grants change). Those compiled on
+    /// first use ([`crate::plugin::ON_FIRST_USE`]) are only read for their metadata until a
+    /// runner asks for them ([`Registry::load_on_first_use`]).
     pub(crate) async fn load_builtins(&self) -> anyhow::Result<()> {
         let builtins = self.settings.load().builtins.clone();
+        let demanded = self.demanded.lock().map(|d| d.clone()).unwrap_or_default();
         let mut loaded = BTreeMap::new();
+        let mut deferred = BTreeMap::new();
         for (label, bytes) in builtins {
+            if crate::plugin::ON_FIRST_USE.contains(&label) {
+                let meta = crate::plugin::metadata::read(bytes)
+                    .map_err(|e| anyhow::anyhow!("built-in plugin {label}: {e}"))?;
+                if !demanded.contains(&meta.name) {
+                    deferred.insert(meta.name.clone(), (meta, bytes));
+                    continue;
+                }
+            }
             let plugin = self
                 .load(bytes.to_vec(), PluginSource::Builtin, Binding::Free)
                 .await
@@ -405,7 +428,33 @@ impl Registry {
         if let Ok(mut b) = self.builtins.lock() {
             *b = loaded;
         }
+        if let Ok(mut d) = self.deferred.lock() {
+            *d = deferred;
+        }
         Ok(())
+    }
+
+    /// Compile and publish built-in `name` if it is one compiled on first use and not loaded
+    /// yet; whether it was.
+    pub(crate) async fn load_on_first_use(&self, name: &str) -> Result<bool, LoadError> {
+        let _one = self.first_use.lock().await;
+        let Some((_, bytes)) = self.deferred.lock().ok().and_then(|d| d.get(name).cloned()) else {
+            return Ok(false);
+        };
+        let plugin = self.load(bytes.to_vec(), PluginSource::Builtin, Binding::Free).await?;
+        tracing::info!(plugin = name, "built-in plugin compiled on first use");
+        if let Ok(mut b) = self.builtins.lock() {
+            b.insert(name.to_string(), plugin);
+        }
+        if let Ok(mut d) = self.deferred.lock() {
+            d.remove(name);
+        }
+        if let Ok(mut d) = self.demanded.lock() {
+            d.insert(name.to_string());
+        }
+        // Publish it with the rest (a file of the same name still wins, as for any built-in).
+        self.rescan().await;
+        Ok(true)
     }
 
     /// Scan `plugins_dir` and publish the result. Unchanged files are not reloaded; a file

@@ -68,8 +68,10 @@ impl PluginState {
             }
         }
         for dir in &grant.dirs {
-            let (host, guest) = dir.split_once(':').unwrap_or((dir.as_str(), dir.as_str()));
-            wasi.preopened_dir(host, guest, wasmtime_wasi::FsPerms::ReadWrite)
+            let (host, guest, perms) = crate::config::grant::split_dir(dir);
+            let perms =
+                if perms.read_only { wasmtime_wasi::FsPerms::ReadOnly } else { wasmtime_wasi::FsPerms::ReadWrite };
+            wasi.preopened_dir(host, guest, perms)
                 .map_err(|e| anyhow::anyhow!("plugin {plugin}: cannot open granted directory {host}: {e}"))?;
         }
         let memory = usize::try_from(grant.memory_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);

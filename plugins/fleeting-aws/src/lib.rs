@@ -1,0 +1,368 @@
+//! A fleeting provider over an AWS EC2 Auto Scaling group, as GitLab's fleeting-plugin-aws:
+//! the same `plugin_config` keys (`name`, `region`, `profile`, `config_file`,
+//! `credentials_file`, `endpoint`), run as a sandboxed component that reaches only the hosts
+//! its grant's `allow_hosts` names and sees only the environment variables and directories
+//! granted.
+//!
+//! - `update`: DescribeAutoScalingGroups, then DescribeInstances for the group's instances;
+//!   Auto Scaling lifecycle states and EC2 states are mapped to fleeting's. An instance that
+//!   is `Terminating*` (or shutting down) without this plugin having asked is an interruption
+//!   notice (spot reclaim for spot instances, rebalance otherwise). When launches the plugin
+//!   asked for fail for lack of capacity (a failed scaling activity naming
+//!   InsufficientInstanceCapacity, a spot or vCPU limit, ...), the desired capacity goes back
+//!   to the instances that exist and `increase` reports a capacity error with a retry-after.
+//! - `increase`: SetDesiredCapacity (never past MaxSize; at MaxSize, a capacity error).
+//! - `decrease`: TerminateInstanceInAutoScalingGroup with ShouldDecrementDesiredCapacity.
+//! - `get-connect-info`: the instance's private and public addresses from DescribeInstances.
+//!
+//! What must survive a reload (instances this plugin asked to terminate, the capacity
+//! back-off) is kept in `kv` under the group's identity.
+
+mod api;
+mod credentials;
+mod xml;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use runway_sdk::fleeting::*;
+
+use api::{CallError, Client, Service};
+use credentials::Sources;
+use xml::{AsgInstance, Ec2Instance, Group};
+
+/// `[runners.autoscaler.plugin_config]`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    /// The Auto Scaling group.
+    name: String,
+    /// Its region (else `AWS_REGION`, `AWS_DEFAULT_REGION` or the profile's `region`).
+    #[serde(default)]
+    region: Option<String>,
+    /// Shared config profile.
+    #[serde(default)]
+    profile: Option<String>,
+    /// Shared config file.
+    #[serde(default)]
+    config_file: Option<String>,
+    /// Shared credentials file.
+    #[serde(default)]
+    credentials_file: Option<String>,
+    /// One endpoint for every API (private endpoints, local test servers).
+    #[serde(default)]
+    endpoint: Option<String>,
+}
+
+/// An instance as the group lists it, with EC2's description when EC2 knows it.
+type Listed = (AsgInstance, Option<Ec2Instance>);
+
+/// How long `increase` refuses after launches failed for lack of capacity.
+const CAPACITY_BACKOFF_SECONDS: u64 = 120;
+/// At MaxSize: when to ask again.
+const FULL_RETRY_SECONDS: u32 = 60;
+
+struct AwsGroup {
+    name: String,
+    client: Client,
+    autoscaling: Service,
+    ec2: Service,
+    connector: ConnectorConfig,
+    /// kv key prefix: this group's identity.
+    key: String,
+    /// Addresses and states from the last DescribeInstances.
+    known: BTreeMap<String, Ec2Instance>,
+}
+
+fn env(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+fn kv_error(e: runway_sdk::kv::KvError) -> ProviderError {
+    ProviderError::Transient(format!("plugin state: {e:?}"))
+}
+
+impl AwsGroup {
+    fn describe_group(&mut self) -> Result<Group, ProviderError> {
+        let params = vec![("AutoScalingGroupNames.member.1".to_string(), self.name.clone())];
+        let body = self
+            .client
+            .call(&self.autoscaling, "DescribeAutoScalingGroups", &params)
+            .map_err(|e| e.into_provider("DescribeAutoScalingGroups"))?;
+        xml::parse_group(&body, &self.name)
+            .map_err(|e| ProviderError::Other(format!("DescribeAutoScalingGroups: {e}")))?
+            .ok_or_else(|| {
+                ProviderError::InvalidConfig(format!(
+                    "Auto Scaling group {:?} does not exist in {}",
+                    self.name, self.client.region
+                ))
+            })
+    }
+
+    /// DescribeInstances for `ids` (100 at a time). Instances EC2 does not know yet (its API
+    /// is eventually consistent) are simply missing.
+    fn describe_instances(&mut self, ids: &[String]) -> Result<Vec<Ec2Instance>, ProviderError> {
+        let mut out = Vec::new();
+        for chunk in ids.chunks(100) {
+            let params: Vec<(String, String)> =
+                chunk.iter().enumerate().map(|(i, id)| (format!("InstanceId.{}", i + 1), id.clone())).collect();
+            match self.client.call(&self.ec2, "DescribeInstances", &params) {
+                Ok(body) => out.extend(
+                    xml::parse_instances(&body).map_err(|e| ProviderError::Other(format!("DescribeInstances: {e}")))?,
+                ),
+                Err(e) if e.code() == Some("InvalidInstanceID.NotFound") && chunk.len() > 1 => {
+                    // One unknown ID fails the whole call: ask one by one.
+                    for id in chunk {
+                        out.extend(self.describe_instances(std::slice::from_ref(id))?);
+                    }
+                }
+                Err(e) if e.code() == Some("InvalidInstanceID.NotFound") => {}
+                Err(e) => return Err(e.into_provider("DescribeInstances")),
+            }
+        }
+        Ok(out)
+    }
+
+    fn kv_get(&self, what: &str) -> Result<String, ProviderError> {
+        let value = runway_sdk::kv::get(&format!("{}/{what}", self.key)).map_err(kv_error)?.unwrap_or_default();
+        Ok(String::from_utf8_lossy(&value).into_owned())
+    }
+
+    fn kv_set(&self, what: &str, value: &str) -> Result<(), ProviderError> {
+        runway_sdk::kv::set(&format!("{}/{what}", self.key), value.as_bytes()).map_err(kv_error)
+    }
+
+    /// Instances this plugin asked to terminate (their `Terminating` is no interruption).
+    fn decreased(&self) -> Result<BTreeSet<String>, ProviderError> {
+        Ok(self.kv_get("decreased")?.lines().map(str::to_string).collect())
+    }
+
+    fn set_desired(&mut self, desired: u32) -> Result<(), CallError> {
+        let params = vec![
+            ("AutoScalingGroupName".to_string(), self.name.clone()),
+            ("DesiredCapacity".to_string(), desired.to_string()),
+            ("HonorCooldown".to_string(), "false".to_string()),
+        ];
+        self.client.call(&self.autoscaling, "SetDesiredCapacity", &params).map(|_| ())
+    }
+
+    /// After an increase whose launches are still outstanding: did the latest scaling
+    /// activity fail for lack of capacity? Then take the desired capacity back to what
+    /// exists and refuse increases for a while.
+    fn check_capacity(&mut self, group: &Group, live: u32) -> Result<(), ProviderError> {
+        let Ok(increased_at) = self.kv_get("increased-at")?.parse::<u64>() else { return Ok(()) };
+        if group.desired <= live {
+            return Ok(());
+        }
+        let params =
+            vec![("AutoScalingGroupName".to_string(), self.name.clone()), ("MaxRecords".to_string(), "5".to_string())];
+        let body = self
+            .client
+            .call(&self.autoscaling, "DescribeScalingActivities", &params)
+            .map_err(|e| e.into_provider("DescribeScalingActivities"))?;
+        let activities = xml::parse_activities(&body).map_err(ProviderError::Other)?;
+        let failed = activities.iter().find(|a| {
+            a.start.is_some_and(|t| t + 5 >= increased_at)
+                && matches!(a.status.as_str(), "Failed" | "Cancelled")
+                && xml::is_capacity_failure(&a.message)
+        });
+        if let Some(activity) = failed {
+            runway_sdk::log::warn(&format!(
+                "group {}: launches failed for lack of capacity ({}); desired capacity back to {live}, no increase for {CAPACITY_BACKOFF_SECONDS}s",
+                self.name, activity.message
+            ));
+            self.set_desired(live).map_err(|e| e.into_provider("SetDesiredCapacity"))?;
+            self.kv_set("capacity-until", &(cloud_common::now_unix() + CAPACITY_BACKOFF_SECONDS).to_string())?;
+            self.kv_set("capacity-message", &activity.message)?;
+            self.kv_set("increased-at", "")?;
+        }
+        Ok(())
+    }
+
+    fn interruption_kind(instance: Option<&Ec2Instance>) -> InterruptionKind {
+        match instance {
+            Some(i) if i.lifecycle.as_deref() == Some("spot") => InterruptionKind::SpotReclaim,
+            _ => InterruptionKind::Rebalance,
+        }
+    }
+
+    /// The group's instances with EC2's view of them.
+    fn listed(&mut self) -> Result<(Group, Vec<Listed>), ProviderError> {
+        let group = self.describe_group()?;
+        let ids: Vec<String> = group.instances.iter().map(|i| i.id.clone()).collect();
+        let described = self.describe_instances(&ids)?;
+        self.known = described.into_iter().map(|i| (i.id.clone(), i)).collect();
+        let listed = group.instances.iter().map(|i| (i.clone(), self.known.get(&i.id).cloned())).collect();
+        Ok((group, listed))
+    }
+}
+
+impl InstanceGroup for AwsGroup {
+    fn init(connector: ConnectorConfig, plugin_config: &str) -> Result<(Self, ProviderInfo), ProviderError> {
+        let config: Config = serde_json::from_str(plugin_config)
+            .map_err(|e| ProviderError::InvalidConfig(format!("plugin_config: {e}")))?;
+        if config.name.trim().is_empty() {
+            return Err(ProviderError::InvalidConfig("plugin_config.name (the Auto Scaling group) is empty".into()));
+        }
+        let sources = Sources {
+            profile: config.profile.clone(),
+            config_file: config.config_file.clone(),
+            credentials_file: config.credentials_file.clone(),
+        };
+        let region = match config.region.clone().or_else(|| env("AWS_REGION")).or_else(|| env("AWS_DEFAULT_REGION")) {
+            Some(r) => r,
+            None => sources.config_section().map_err(ProviderError::InvalidConfig)?.get("region").cloned().ok_or_else(
+                || ProviderError::InvalidConfig("no region: set plugin_config.region (or grant AWS_REGION)".into()),
+            )?,
+        };
+        let url = |service: &str| match &config.endpoint {
+            Some(endpoint) => endpoint.trim_end_matches('/').to_string() + "/",
+            None if region.starts_with("cn-") => format!("https://{service}.{region}.amazonaws.com.cn/"),
+            None => format!("https://{service}.{region}.amazonaws.com/"),
+        };
+        if let Some(endpoint) = &config.endpoint {
+            cloud_common::http::parse_url(endpoint)
+                .map_err(|e| ProviderError::InvalidConfig(format!("plugin_config.endpoint: {e}")))?;
+        }
+        let mut group = AwsGroup {
+            name: config.name.clone(),
+            autoscaling: Service { name: "autoscaling", version: "2011-01-01", url: url("autoscaling") },
+            ec2: Service { name: "ec2", version: "2016-11-15", url: url("ec2") },
+            client: Client::new(region.clone(), sources),
+            connector,
+            key: format!("{region}/{}", config.name),
+            known: BTreeMap::new(),
+        };
+        let described = group.describe_group()?;
+        let info = ProviderInfo {
+            id: format!("aws/{region}/{}", config.name),
+            max_size: described.max_size,
+            version: env!("CARGO_PKG_VERSION").into(),
+            capabilities: vec!["interruptions".into()],
+        };
+        Ok((group, info))
+    }
+
+    fn update(&mut self) -> Result<Vec<Instance>, ProviderError> {
+        let (group, listed) = self.listed()?;
+        let instances: Vec<Instance> = listed
+            .iter()
+            .filter_map(|(asg, ec2)| {
+                xml::fleeting_state(&asg.lifecycle, ec2.as_ref().map(|e| e.state.as_str()))
+                    .map(|state| Instance { id: asg.id.clone(), state })
+            })
+            .collect();
+        let live =
+            instances.iter().filter(|i| matches!(i.state, InstanceState::Creating | InstanceState::Running)).count();
+        self.check_capacity(&group, u32::try_from(live).unwrap_or(u32::MAX))?;
+        // Forget terminations that are over.
+        let decreased = self.decreased()?;
+        let still: Vec<&String> = decreased.iter().filter(|id| group.instances.iter().any(|i| &i.id == *id)).collect();
+        if still.len() != decreased.len() {
+            self.kv_set("decreased", &still.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n"))?;
+        }
+        Ok(instances)
+    }
+
+    fn increase(&mut self, n: u32) -> Result<u32, ProviderError> {
+        if n == 0 {
+            return Ok(0);
+        }
+        let now = cloud_common::now_unix();
+        if let Ok(until) = self.kv_get("capacity-until")?.parse::<u64>() {
+            if until > now {
+                return Err(ProviderError::Capacity(CapacityError {
+                    message: format!("group {}: {}", self.name, self.kv_get("capacity-message")?),
+                    retry_after_seconds: u32::try_from(until - now).unwrap_or(u32::MAX),
+                }));
+            }
+        }
+        let group = self.describe_group()?;
+        if group.desired >= group.max_size {
+            return Err(ProviderError::Capacity(CapacityError {
+                message: format!("group {} is at its MaxSize {}", self.name, group.max_size),
+                retry_after_seconds: FULL_RETRY_SECONDS,
+            }));
+        }
+        let target = group.desired.saturating_add(n).min(group.max_size);
+        self.set_desired(target).map_err(|e| e.into_provider("SetDesiredCapacity"))?;
+        self.kv_set("increased-at", &now.to_string())?;
+        runway_sdk::log::info(&format!("group {}: desired capacity {} -> {target}", self.name, group.desired));
+        Ok(target - group.desired)
+    }
+
+    fn decrease(&mut self, ids: Vec<String>) -> Result<Vec<String>, ProviderError> {
+        let mut accepted = Vec::new();
+        let mut first_error = None;
+        for id in ids {
+            let params = vec![
+                ("InstanceId".to_string(), id.clone()),
+                ("ShouldDecrementDesiredCapacity".to_string(), "true".to_string()),
+            ];
+            match self.client.call(&self.autoscaling, "TerminateInstanceInAutoScalingGroup", &params) {
+                Ok(_) => accepted.push(id),
+                // Already gone from the group: nothing left to delete.
+                Err(CallError::Api(e))
+                    if e.code == "ValidationError" && e.message.to_ascii_lowercase().contains("not found") =>
+                {
+                    accepted.push(id)
+                }
+                Err(e) => {
+                    runway_sdk::log::warn(&format!("group {}: cannot terminate {id}: {e}", self.name));
+                    first_error.get_or_insert(e.into_provider("TerminateInstanceInAutoScalingGroup"));
+                }
+            }
+        }
+        if !accepted.is_empty() {
+            let mut decreased = self.decreased()?;
+            decreased.extend(accepted.iter().cloned());
+            self.kv_set("decreased", &decreased.into_iter().collect::<Vec<_>>().join("\n"))?;
+        }
+        match first_error {
+            Some(e) if accepted.is_empty() => Err(e),
+            _ => Ok(accepted),
+        }
+    }
+
+    fn connect_info(&mut self, id: &str) -> Result<ConnectInfo, ProviderError> {
+        let instance = self
+            .describe_instances(&[id.to_string()])?
+            .into_iter()
+            .find(|i| i.id == id && i.state != "terminated")
+            .ok_or_else(|| ProviderError::NotFound(format!("instance {id}")))?;
+        Ok(ConnectInfo {
+            id: id.to_string(),
+            external_addr: instance.public_ip.clone(),
+            internal_addr: instance.private_ip.clone(),
+            connector: self.connector.clone(),
+            expires_at: None,
+        })
+    }
+
+    fn heartbeat(&mut self, id: &str) -> Result<(), ProviderError> {
+        match self.describe_instances(&[id.to_string()])?.into_iter().find(|i| i.id == id) {
+            Some(i) if i.state == "running" || i.state == "pending" => Ok(()),
+            Some(i) => Err(ProviderError::NotFound(format!("instance {id} is {}", i.state))),
+            None => Err(ProviderError::NotFound(format!("instance {id}"))),
+        }
+    }
+
+    fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
+        let (_, listed) = self.listed()?;
+        let decreased = self.decreased()?;
+        Ok(listed
+            .iter()
+            .filter(|(asg, ec2)| {
+                !decreased.contains(&asg.id)
+                    && (asg.lifecycle.starts_with("Terminating")
+                        || ec2.as_ref().is_some_and(|e| matches!(e.state.as_str(), "shutting-down" | "stopping")))
+            })
+            .map(|(asg, ec2)| Interruption {
+                id: asg.id.clone(),
+                kind: Self::interruption_kind(ec2.as_ref()),
+                deadline: None,
+            })
+            .collect())
+    }
+}
+
+runway_sdk::export_fleeting!(AwsGroup, name: "aws", description: "an AWS EC2 Auto Scaling group");

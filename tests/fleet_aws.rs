@@ -1,0 +1,385 @@
+//! The `aws` fleeting plugin end to end against moto's server (a real implementation of the
+//! Auto Scaling and EC2 Query APIs, started on 127.0.0.1 by the test): the Auto Scaling group
+//! is created through moto's API in a VPC whose subnet is a loopback range, so the instances
+//! moto launches get 127.0.x.y addresses where one real `sshd` listens — `runway run` scales
+//! the group with the plugin, and the instance executor runs jobs over SSH on the instances
+//! the plugin reported. The plugin reaches moto only because the grant names it
+//! (`allow_hosts`) and signs with credentials only from the granted environment.
+
+#[path = "support/object_servers.rs"]
+mod object_servers;
+#[path = "support/runway_process.rs"]
+mod runway_process;
+#[path = "support/sshd.rs"]
+mod sshd;
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use fake_gitlab::{CreatedRunner, FakeGitLab, JobRecord, JobSpec, JobStatus};
+use object_servers::Server;
+use runway_process::RunwayProcess;
+use sshd::{ClientKey, SshServer};
+
+const WAIT: Duration = Duration::from_secs(120);
+const GROUP: &str = "runners";
+
+/// moto's server with one Auto Scaling group whose instances get addresses of 127.0.`net`.0/28.
+struct Moto {
+    server: Server,
+    http: reqwest::Client,
+}
+
+/// The group as DescribeAutoScalingGroups lists it.
+#[derive(Debug)]
+struct GroupState {
+    desired: u32,
+    /// (instance id, lifecycle state)
+    instances: Vec<(String, String)>,
+}
+
+impl GroupState {
+    fn in_service(&self) -> BTreeSet<String> {
+        self.instances.iter().filter(|(_, s)| s == "InService").map(|(id, _)| id.clone()).collect()
+    }
+}
+
+/// Every `<tag>…</tag>` text of `xml`, in order.
+fn tags(xml: &str, tag: &str) -> Vec<String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let mut out = Vec::new();
+    let mut rest = xml;
+    while let Some(start) = rest.find(&open) {
+        let after = &rest[start + open.len()..];
+        let Some(end) = after.find(&close) else { break };
+        out.push(after[..end].to_string());
+        rest = &after[end + close.len()..];
+    }
+    out
+}
+
+impl Moto {
+    /// moto with a VPC 127.0.`net`.0/24, a subnet 127.0.`net`.0/28 (moto hands out .4 to .14),
+    /// a launch template and the group (MinSize 0, MaxSize `max`, desired 0) in that subnet.
+    async fn with_group(net: u8, max: u32) -> Moto {
+        let moto = Moto { server: Server::moto(), http: reqwest::Client::new() };
+        let vpc = moto.call("ec2", &[("Action", "CreateVpc"), ("CidrBlock", &format!("127.0.{net}.0/24"))]).await;
+        let vpc = tags(&vpc, "vpcId").remove(0);
+        let subnet = moto
+            .call("ec2", &[("Action", "CreateSubnet"), ("VpcId", &vpc), ("CidrBlock", &format!("127.0.{net}.0/28"))])
+            .await;
+        let subnet = tags(&subnet, "subnetId").remove(0);
+        moto.call(
+            "ec2",
+            &[
+                ("Action", "CreateLaunchTemplate"),
+                ("LaunchTemplateName", "runner-template"),
+                ("LaunchTemplateData.ImageId", "ami-12c6146b"),
+                ("LaunchTemplateData.InstanceType", "t3.micro"),
+            ],
+        )
+        .await;
+        moto.call(
+            "autoscaling",
+            &[
+                ("Action", "CreateAutoScalingGroup"),
+                ("AutoScalingGroupName", GROUP),
+                ("LaunchTemplate.LaunchTemplateName", "runner-template"),
+                ("MinSize", "0"),
+                ("MaxSize", &max.to_string()),
+                ("DesiredCapacity", "0"),
+                ("VPCZoneIdentifier", &subnet),
+            ],
+        )
+        .await;
+        moto
+    }
+
+    /// One Query API call (moto routes by the credential scope and does not check signatures).
+    async fn call(&self, service: &str, params: &[(&str, &str)]) -> String {
+        let version = if service == "ec2" { "2016-11-15" } else { "2011-01-01" };
+        let mut form: Vec<(&str, &str)> = params.to_vec();
+        form.push(("Version", version));
+        let auth = format!(
+            "AWS4-HMAC-SHA256 Credential=testing/20250101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=00"
+        );
+        let response = self
+            .http
+            .post(self.server.url() + "/")
+            .header("Authorization", auth)
+            .form(&form)
+            .send()
+            .await
+            .expect("moto answers");
+        let status = response.status();
+        let body = response.text().await.expect("moto's body");
+        assert!(status.is_success(), "{params:?}: {status}\n{body}");
+        body
+    }
+
+    async fn group(&self) -> GroupState {
+        let body = self
+            .call("autoscaling", &[("Action", "DescribeAutoScalingGroups"), ("AutoScalingGroupNames.member.1", GROUP)])
+            .await;
+        let desired = tags(&body, "DesiredCapacity").first().and_then(|d| d.parse().ok()).expect("DesiredCapacity");
+        let ids = tags(&body, "InstanceId");
+        let states = tags(&body, "LifecycleState");
+        GroupState { desired, instances: ids.into_iter().zip(states).collect() }
+    }
+
+    /// EC2's state of `id` (`running`, `terminated`, ...).
+    async fn ec2_state(&self, id: &str) -> String {
+        let body = self.call("ec2", &[("Action", "DescribeInstances"), ("InstanceId.1", id)]).await;
+        let state = body.split("<instanceState>").nth(1).map(|s| tags(s, "name").remove(0));
+        state.unwrap_or_else(|| panic!("no state for {id}: {body}"))
+    }
+
+    /// Wait until the group satisfies `check`.
+    async fn wait_group(&self, what: &str, runway: &RunwayProcess, check: impl Fn(&GroupState) -> bool) -> GroupState {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let group = self.group().await;
+            if check(&group) {
+                return group;
+            }
+            if Instant::now() > deadline {
+                panic!("{what}: the group is {group:?}\nrunway log:\n{}", runway.log());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// A fake GitLab, one `sshd` on every address moto may hand out, and a config directory.
+struct Setup {
+    fake: FakeGitLab,
+    runner: CreatedRunner,
+    key: ClientKey,
+    sshd: SshServer,
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn new(net: u8) -> Setup {
+        let fake =
+            FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+                .await;
+        let runner = fake.create_runner("aws-fleet");
+        fake.create_repo("group/project");
+        fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+        let key = ClientKey::generate();
+        let addrs: Vec<Ipv4Addr> = (4..15).map(|last| Ipv4Addr::new(127, 0, net, last)).collect();
+        let port = sshd::free_port(addrs[0]);
+        let sshd = SshServer::start_on_many(&addrs, port, &key);
+        Setup { fake, runner, key, sshd, dir: tempfile::tempdir().expect("tempdir") }
+    }
+
+    /// config.toml for the `aws` plugin on `moto`, with `grant` as the `[plugins.aws]` body
+    /// and `policy` as one `[[runners.autoscaler.policy]]`.
+    fn write_config(&self, moto: &Moto, grant: &str, autoscaler: &str, policy: &str) {
+        let text = format!(
+            r#"concurrent = 4
+check_interval = 1
+shutdown_timeout = 30
+
+[plugins.aws]
+{grant}
+
+[[runners]]
+name = "aws-fleet"
+url = "{url}"
+token = "{token}"
+executor = "instance"
+builds_dir = "{builds}"
+
+[runners.autoscaler]
+plugin = "aws"
+capacity_per_instance = 1
+update_interval = "1s"
+update_interval_when_expecting = "1s"
+deletion_retry_interval = "2s"
+{autoscaler}
+
+[runners.autoscaler.plugin_config]
+name = "{GROUP}"
+region = "us-east-1"
+endpoint = "{endpoint}"
+
+[runners.autoscaler.connector_config]
+username = "{user}"
+key_path = "{key}"
+protocol_port = {port}
+timeout = "10s"
+
+[[runners.autoscaler.policy]]
+{policy}
+"#,
+            url = self.fake.url(),
+            token = self.runner.token,
+            builds = self.dir.path().join("builds").display(),
+            endpoint = moto.server.url(),
+            user = self.sshd.user,
+            key = self.key.private_path.display(),
+            port = self.sshd.port,
+        );
+        std::fs::write(self.dir.path().join("config.toml"), text).expect("config.toml");
+    }
+
+    fn runway(&self) -> RunwayProcess {
+        RunwayProcess::new(self.dir.path().to_path_buf())
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_PROFILE")
+    }
+
+    async fn finished(&self, job: i64, runway: &RunwayProcess) -> JobRecord {
+        match self.fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await {
+            Some(record) => record,
+            None => panic!(
+                "job {job} did not finish; trace:\n{}\nrunway log:\n{}",
+                self.fake.job(job).map(|j| j.trace_text()).unwrap_or_default(),
+                runway.log()
+            ),
+        }
+    }
+}
+
+/// A grant that lets the plugin reach moto and read the two credential variables.
+fn moto_grant(moto: &Moto) -> String {
+    format!(
+        "allow_hosts = [\"127.0.0.1:{}\"]\nenv = [\"AWS_ACCESS_KEY_ID\", \"AWS_SECRET_ACCESS_KEY\"]",
+        moto.server.port
+    )
+}
+
+/// Wait for `runway` to exit; its log.
+async fn exited(runway: &mut RunwayProcess) -> String {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        let Some(pid) = runway.pid() else { return runway.log() };
+        // SAFETY: polling our own child without reaping anything else.
+        let gone = unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), libc::WNOHANG) } == pid as i32;
+        if gone {
+            return runway.log();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("runway did not exit:\n{}", runway.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_scaling_group_follows_idle_count_demand_and_idle_time_and_empties_on_shutdown() {
+    let net = 20;
+    let moto = Moto::with_group(net, 5).await;
+    let setup = Setup::new(net).await;
+    setup.write_config(
+        &moto,
+        &moto_grant(&moto),
+        "max_instances = 4\ndelete_instances_on_shutdown = true",
+        "idle_count = 2\nidle_time = \"5s\"",
+    );
+    let mut runway = setup.runway();
+    runway.start();
+
+    // idle_count 2: two instances in service, nothing else.
+    moto.wait_group("two idle instances", &runway, |g| g.in_service().len() == 2 && g.desired == 2).await;
+
+    // Three overlapping jobs: demand beyond the idle instances scales the group up, and every
+    // job runs over SSH on an instance at the address EC2 gave it.
+    let jobs: Vec<i64> = (0..3)
+        .map(|i| {
+            setup.fake.enqueue(setup.fake.job_payload(&JobSpec::new(
+                "group/project",
+                &format!("job{i}"),
+                &["echo \"on $SSH_CONNECTION\"", "sleep 6"],
+            )))
+        })
+        .collect();
+    // Three acquired, one reserved by the job request, two idle: max_instances (4).
+    let grown = moto.wait_group("scaled up for demand", &runway, |g| g.in_service().len() == 4).await;
+    let mut addresses = BTreeSet::new();
+    for job in &jobs {
+        let record = setup.finished(*job, &runway).await;
+        let trace = record.trace_text();
+        assert_eq!(record.status, JobStatus::Success, "{trace}");
+        let line = trace.lines().find(|l| l.starts_with("on ")).unwrap_or_else(|| panic!("no SSH line:\n{trace}"));
+        let server = line.split_whitespace().nth(3).unwrap_or_default().to_string();
+        assert!(server.starts_with(&format!("127.0.{net}.")), "ran on {server}, not on a moto instance:\n{trace}");
+        addresses.insert(server);
+    }
+    assert_eq!(addresses.len(), 3, "the three jobs ran on three instances: {addresses:?}");
+
+    // Idle again: after idle_time the group goes back to idle_count by terminating the
+    // instances the manager chose (desired capacity decremented, no replacement launched).
+    // (The runner's job request holds one reservation, so idle_count 2 keeps three.)
+    let peak = grown.in_service().len();
+    let shrunk = moto
+        .wait_group("scaled down after idle_time", &runway, |g| {
+            (g.desired as usize) < peak && g.instances.len() == g.desired as usize && g.in_service().len() >= 2
+        })
+        .await;
+    let remaining = shrunk.in_service();
+    let removed: Vec<String> = grown.in_service().difference(&remaining).cloned().collect();
+    assert!(!removed.is_empty(), "{grown:?} -> {shrunk:?}");
+    for id in &removed {
+        assert_eq!(moto.ec2_state(id).await, "terminated", "{id} was terminated, not just dropped from the group");
+    }
+
+    // Graceful shutdown with delete_instances_on_shutdown: the group is emptied.
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(runway.pid().expect("running") as i32, libc::SIGQUIT);
+    }
+    let log = exited(&mut runway).await;
+    let group = moto.group().await;
+    assert_eq!((group.desired, group.instances.len()), (0, 0), "{group:?}\n{log}");
+    for id in &remaining {
+        assert_eq!(moto.ec2_state(id).await, "terminated", "{id}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugin_reaches_only_granted_hosts_with_only_granted_credentials() {
+    let net = 21;
+    let moto = Moto::with_group(net, 5).await;
+    let setup = Setup::new(net).await;
+    let policy = "idle_count = 1\nidle_time = \"1h\"";
+
+    // moto is not in allow_hosts (another loopback port is): the host refuses the request.
+    let elsewhere = sshd::free_port(Ipv4Addr::LOCALHOST);
+    let grant =
+        format!("allow_hosts = [\"127.0.0.1:{elsewhere}\"]\nenv = [\"AWS_ACCESS_KEY_ID\", \"AWS_SECRET_ACCESS_KEY\"]");
+    setup.write_config(&moto, &grant, "max_instances = 2", policy);
+    let mut runway = setup.runway();
+    runway.start();
+    let log = exited(&mut runway).await;
+    assert!(
+        log.contains(&format!("denied the request to 127.0.0.1:{}", moto.server.port)) && log.contains("allow_hosts"),
+        "{log}"
+    );
+    assert!(log.contains("HTTP request denied"), "the host logs the refusal:\n{log}");
+
+    // moto is reachable but the credential variables are not granted: the plugin sees none
+    // (the runner's own environment has them) and signs nothing.
+    setup.write_config(
+        &moto,
+        &format!("allow_hosts = [\"127.0.0.1:{}\"]", moto.server.port),
+        "max_instances = 2",
+        policy,
+    );
+    let mut runway = setup.runway();
+    runway.start();
+    let log = exited(&mut runway).await;
+    assert!(log.contains("no AWS credentials in the environment"), "{log}");
+
+    let group = moto.group().await;
+    assert_eq!((group.desired, group.instances.len()), (0, 0), "nothing was scaled: {group:?}");
+
+    // With the grant, the same config scales the group.
+    setup.write_config(&moto, &moto_grant(&moto), "max_instances = 2", policy);
+    let mut runway = setup.runway().quit_on_drop();
+    runway.start();
+    moto.wait_group("one idle instance", &runway, |g| g.in_service().len() == 1).await;
+}

@@ -1,0 +1,473 @@
+//! The `googlecompute` fleeting plugin (plugins/fleeting-gcp) against a fake Google Cloud written here from the REST
+//! documentation (OAuth 2.0 for service accounts: the JWT-bearer grant, its RS256 signature
+//! checked with the key's public half; Compute Engine's instanceGroupManagers get, resize,
+//! listManagedInstances with `maxResults`/`pageToken`, deleteInstances, zone operations
+//! RUNNING → DONE, instances get; Google's error bodies; 429 `rateLimitExceeded`), served on
+//! 127.0.0.1 by the test. The plugin runs sandboxed in the plugin host as `runway run` runs
+//! it: it reaches the fake only because the grant names it, and reads its key file only
+//! through a read-only `dirs` grant.
+//!
+//! Not run against the real Google Cloud.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use runway::config::grant::PluginGrant;
+use runway::plugin::fleeting::{
+    ConnectorConfig, FleetingFailure, FleetingGroup, InstanceState, InterruptionKind, Protocol, ProviderError,
+};
+use runway::plugin::{HostSettings, PluginHost};
+use serde_json::{json, Value};
+
+const PROJECT: &str = "runway-test";
+const ZONE: &str = "europe-west1-b";
+const GROUP: &str = "runners";
+const EMAIL: &str = "fleeting@runway-test.iam.gserviceaccount.com";
+
+#[derive(Clone, Debug)]
+struct Managed {
+    name: String,
+    index: u8,
+    status: String,
+    action: String,
+    errors: Vec<String>,
+    seen: u32,
+}
+
+#[derive(Default)]
+struct Cloud {
+    port: u16,
+    /// The service account key's public half (PKCS#1 DER).
+    public_key: Vec<u8>,
+    target: u32,
+    next: u8,
+    instances: Vec<Managed>,
+    tokens: Vec<String>,
+    /// Operation name → polls left before DONE.
+    operations: BTreeMap<String, u32>,
+    throttle_next: bool,
+    no_capacity: bool,
+    log: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Cloud>>;
+
+fn google_error(status: StatusCode, reason: &str, message: &str) -> Response {
+    let body = json!({"error": {
+        "code": status.as_u16(),
+        "message": message,
+        "errors": [{"message": message, "domain": "global", "reason": reason}]
+    }});
+    (status, axum::Json(body)).into_response()
+}
+
+impl Cloud {
+    fn operation(&mut self, kind: &str) -> Value {
+        let name = format!("operation-{}", self.operations.len() + 1);
+        self.operations.insert(name.clone(), 1);
+        json!({
+            "kind": "compute#operation",
+            "name": name,
+            "operationType": kind,
+            "status": "RUNNING",
+            "zone": format!("https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE}"),
+            "selfLink": format!("https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE}/operations/{name}")
+        })
+    }
+
+    /// One listing moves every instance one step: created → running, deleting → gone.
+    fn advance(&mut self) {
+        for m in &mut self.instances {
+            m.seen += 1;
+        }
+        self.instances.retain(|m| !(m.action == "DELETING" && m.seen > 1));
+        for m in &mut self.instances {
+            if m.action == "CREATING" && m.errors.is_empty() && m.seen > 1 {
+                m.action = "NONE".into();
+                m.status = "RUNNING".into();
+            }
+        }
+    }
+
+    fn managed_json(&self, m: &Managed) -> Value {
+        let mut value = json!({
+            "instance": format!("https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{}", m.name),
+            "id": format!("{}", 1000 + u32::from(m.index)),
+            "currentAction": m.action,
+        });
+        if !m.status.is_empty() {
+            value["instanceStatus"] = json!(m.status);
+        }
+        if !m.errors.is_empty() {
+            let errors: Vec<Value> = m
+                .errors
+                .iter()
+                .map(|c| json!({"code": c, "message": format!("The zone '{ZONE}' does not have enough resources available to fulfill the request.")}))
+                .collect();
+            value["lastAttempt"] = json!({"errors": {"errors": errors}});
+        }
+        value
+    }
+}
+
+/// Check a JWT-bearer assertion: RS256 signature by the known key, issuer, audience, scope.
+fn assertion_ok(cloud: &Cloud, assertion: &str) -> bool {
+    let parts: Vec<&str> = assertion.split('.').collect();
+    if parts.len() != 3 {
+        return false;
+    }
+    let Ok(signature) = URL_SAFE_NO_PAD.decode(parts[2]) else { return false };
+    let key = ring::signature::UnparsedPublicKey::new(&ring::signature::RSA_PKCS1_2048_8192_SHA256, &cloud.public_key);
+    if key.verify(format!("{}.{}", parts[0], parts[1]).as_bytes(), &signature).is_err() {
+        return false;
+    }
+    let claims: Value =
+        URL_SAFE_NO_PAD.decode(parts[1]).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+    claims["iss"] == EMAIL
+        && claims["aud"] == format!("http://127.0.0.1:{}/token", cloud.port)
+        && claims["scope"].as_str().is_some_and(|s| s.contains("auth/compute"))
+}
+
+async fn serve(State(cloud): State<Shared>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let body: Bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+    let path = parts.uri.path().to_string();
+    let query: BTreeMap<String, String> =
+        parts.uri.query().map(|q| url::form_urlencoded::parse(q.as_bytes()).into_owned().collect()).unwrap_or_default();
+    let mut cloud = cloud.lock().expect("cloud");
+    cloud.log.push(format!("{} {}", parts.method, parts.uri));
+    if path == "/token" {
+        let form: BTreeMap<String, String> = url::form_urlencoded::parse(&body).into_owned().collect();
+        let grant_ok =
+            form.get("grant_type").map(String::as_str) == Some("urn:ietf:params:oauth:grant-type:jwt-bearer");
+        if !grant_ok || !form.get("assertion").is_some_and(|a| assertion_ok(&cloud, a)) {
+            let body = json!({"error": "invalid_grant", "error_description": "Invalid JWT Signature."});
+            return (StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
+        }
+        let token = format!("ya29.token-{}", cloud.tokens.len() + 1);
+        cloud.tokens.push(token.clone());
+        return axum::Json(json!({"access_token": token, "expires_in": 3599, "token_type": "Bearer"})).into_response();
+    }
+    compute(&mut cloud, parts.method.as_str(), &path, &query, &parts.headers, &body)
+}
+
+fn compute(
+    cloud: &mut Cloud,
+    method: &str,
+    path: &str,
+    query: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    let bearer = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    if !bearer.is_some_and(|t| cloud.tokens.iter().any(|k| k == t)) {
+        return google_error(
+            StatusCode::UNAUTHORIZED,
+            "authError",
+            "Request had invalid authentication credentials. Expected OAuth 2 access token.",
+        );
+    }
+    if std::mem::take(&mut cloud.throttle_next) {
+        return google_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rateLimitExceeded",
+            "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute'.",
+        );
+    }
+    let zone = format!("/compute/v1/projects/{PROJECT}/zones/{ZONE}");
+    let Some(rest) = path.strip_prefix(&zone) else {
+        return google_error(StatusCode::NOT_FOUND, "notFound", &format!("The resource '{path}' was not found"));
+    };
+    let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    match (method, segments.as_slice()) {
+        ("GET", ["instanceGroupManagers", GROUP]) => axum::Json(json!({
+            "kind": "compute#instanceGroupManager",
+            "name": GROUP,
+            "baseInstanceName": GROUP,
+            "targetSize": cloud.target,
+            "zone": format!("https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE}")
+        }))
+        .into_response(),
+        ("POST", ["instanceGroupManagers", GROUP, "resize"]) => {
+            let Some(size) = query.get("size").and_then(|s| s.parse::<u32>().ok()) else {
+                return google_error(StatusCode::BAD_REQUEST, "required", "Required parameter: size");
+            };
+            while cloud.target < size {
+                let index = cloud.next;
+                cloud.next += 1;
+                let errors =
+                    if cloud.no_capacity { vec!["ZONE_RESOURCE_POOL_EXHAUSTED".to_string()] } else { Vec::new() };
+                cloud.instances.push(Managed {
+                    name: format!("{GROUP}-{index:04x}"),
+                    index,
+                    status: String::new(),
+                    action: "CREATING".into(),
+                    errors,
+                    seen: 0,
+                });
+                cloud.target += 1;
+            }
+            axum::Json(cloud.operation("compute.instanceGroupManagers.resize")).into_response()
+        }
+        ("POST", ["instanceGroupManagers", GROUP, "listManagedInstances"]) => {
+            let start: usize = query.get("pageToken").and_then(|t| t.strip_prefix("page-")?.parse().ok()).unwrap_or(0);
+            if start == 0 {
+                cloud.advance();
+            }
+            // The server may return fewer than maxResults: two a page.
+            let max: usize = query.get("maxResults").and_then(|m| m.parse().ok()).unwrap_or(500).min(2);
+            let page: Vec<Value> =
+                cloud.instances.iter().skip(start).take(max).map(|m| cloud.managed_json(m)).collect();
+            let mut answer = json!({"managedInstances": page});
+            if start + max < cloud.instances.len() {
+                answer["nextPageToken"] = json!(format!("page-{}", start + max));
+            }
+            axum::Json(answer).into_response()
+        }
+        ("POST", ["instanceGroupManagers", GROUP, "deleteInstances"]) => {
+            let request: Value = serde_json::from_slice(body).unwrap_or_default();
+            let urls: Vec<String> = request["instances"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                .unwrap_or_default();
+            for url in &urls {
+                let name = url.rsplit('/').next().unwrap_or_default();
+                if let Some(m) = cloud.instances.iter_mut().find(|m| m.name == name && m.action != "DELETING") {
+                    m.action = "DELETING".into();
+                    m.seen = 0;
+                    cloud.target -= 1;
+                }
+            }
+            axum::Json(cloud.operation("compute.instanceGroupManagers.deleteInstances")).into_response()
+        }
+        ("GET", ["operations", name]) => match cloud.operations.get_mut(*name) {
+            Some(left) => {
+                let status = if *left == 0 { "DONE" } else { "RUNNING" };
+                *left = left.saturating_sub(1);
+                axum::Json(json!({"kind": "compute#operation", "name": name, "status": status})).into_response()
+            }
+            None => google_error(
+                StatusCode::NOT_FOUND,
+                "notFound",
+                &format!("The resource 'operations/{name}' was not found"),
+            ),
+        },
+        ("GET", ["instances", name]) => {
+            match cloud.instances.iter().find(|m| m.name == *name && !m.status.is_empty()) {
+                Some(m) => axum::Json(json!({
+                    "name": m.name,
+                    "status": m.status,
+                    "scheduling": {"preemptible": false, "provisioningModel": "SPOT"},
+                    "networkInterfaces": [{
+                        "networkIP": format!("127.0.40.{}", 4 + m.index),
+                        "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "natIP": format!("127.0.41.{}", 4 + m.index)}]
+                    }]
+                }))
+                .into_response(),
+                None => google_error(
+                    StatusCode::NOT_FOUND,
+                    "notFound",
+                    &format!("The resource 'projects/{PROJECT}/zones/{ZONE}/instances/{name}' was not found"),
+                ),
+            }
+        }
+        _ => google_error(StatusCode::NOT_FOUND, "notFound", &format!("no route {method} {path}")),
+    }
+}
+
+async fn start_cloud(public_key: Vec<u8>) -> Shared {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let cloud: Shared = Arc::new(Mutex::new(Cloud { port, public_key, ..Cloud::default() }));
+    let app = axum::Router::new().fallback(serve).with_state(cloud.clone());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    cloud
+}
+
+/// A 2048-bit RSA key (PKCS#8 PEM) made by openssl, and its public half as PKCS#1 DER.
+fn rsa_key(dir: &Path, name: &str) -> (String, Vec<u8>) {
+    let pem = dir.join(format!("{name}.pem"));
+    let der = dir.join(format!("{name}.der"));
+    let ok = Command::new("openssl")
+        .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out"])
+        .arg(&pem)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl runs (apt-get install openssl)")
+        .success();
+    assert!(ok, "openssl genpkey");
+    let ok = Command::new("openssl")
+        .args(["rsa", "-RSAPublicKey_out", "-outform", "DER", "-in"])
+        .arg(&pem)
+        .arg("-out")
+        .arg(&der)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl")
+        .success();
+    assert!(ok, "openssl rsa");
+    (std::fs::read_to_string(&pem).expect("pem"), std::fs::read(&der).expect("der"))
+}
+
+fn key_file(private_key: &str, port: u16) -> String {
+    json!({
+        "type": "service_account",
+        "project_id": PROJECT,
+        "private_key_id": "0123456789abcdef",
+        "private_key": private_key,
+        "client_email": EMAIL,
+        "client_id": "100000000000000000001",
+        "token_uri": format!("http://127.0.0.1:{port}/token")
+    })
+    .to_string()
+}
+
+fn connector() -> ConnectorConfig {
+    ConnectorConfig {
+        os: "linux".into(),
+        arch: "amd64".into(),
+        protocol: Protocol::Ssh,
+        protocol_port: 22,
+        username: "runner".into(),
+        password: None,
+        key: None,
+        use_static_credentials: true,
+        keepalive_seconds: 30,
+        timeout_seconds: 10,
+    }
+}
+
+async fn states(group: &FleetingGroup) -> BTreeMap<String, InstanceState> {
+    group.update().await.expect("update").into_iter().map(|i| (i.id, i.state)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_instance_group_resizes_deletes_reports_preemptions_and_refuses_a_bad_key() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let keys = root.path().join("keys");
+    std::fs::create_dir_all(&keys).expect("mkdir");
+    let (good, public) = rsa_key(&keys, "good");
+    let (other, _) = rsa_key(&keys, "other");
+    let cloud = start_cloud(public).await;
+    let port = cloud.lock().expect("cloud").port;
+    let creds = root.path().join("gcp");
+    std::fs::create_dir_all(&creds).expect("mkdir");
+    std::fs::write(creds.join("good.json"), key_file(&good, port)).expect("key file");
+    std::fs::write(creds.join("unknown.json"), key_file(&other, port)).expect("key file");
+    let grant = PluginGrant {
+        allow_hosts: vec![format!("127.0.0.1:{port}")],
+        dirs: vec![format!("{}:/gcp:ro", creds.display())],
+        ..PluginGrant::default()
+    };
+    let host = PluginHost::new(HostSettings {
+        state_dir: Some(root.path().join("state")),
+        grants: BTreeMap::from([("googlecompute".to_string(), grant)]),
+        builtins: runway::plugin::builtin_plugins(),
+        ..HostSettings::default()
+    })
+    .await
+    .expect("host");
+    let config = |file: &str| {
+        json!({
+            "project": PROJECT,
+            "zone": ZONE,
+            "name": GROUP,
+            "credentials_file": format!("/gcp/{file}"),
+            "endpoint": format!("http://127.0.0.1:{port}")
+        })
+        .to_string()
+    };
+
+    // A key Google does not know: the token is refused, init fails as a configuration error.
+    match FleetingGroup::start(&host, "googlecompute", connector(), &config("unknown.json")).await {
+        Err(FleetingFailure::Provider(ProviderError::InvalidConfig(m))) => {
+            assert!(m.contains("invalid_grant") && m.contains(EMAIL), "{m}")
+        }
+        Err(other) => panic!("unexpected {other}"),
+        Ok(_) => panic!("an unknown key was accepted"),
+    }
+    // A key file outside the granted directory cannot be read at all.
+    let outside = root.path().join("keys").join("good.pem");
+    let escaped =
+        json!({"project": PROJECT, "zone": ZONE, "name": GROUP, "credentials_file": outside.display().to_string()});
+    match FleetingGroup::start(&host, "googlecompute", connector(), &escaped.to_string()).await {
+        Err(FleetingFailure::Provider(ProviderError::InvalidConfig(m))) => assert!(m.contains("cannot read"), "{m}"),
+        Err(other) => panic!("unexpected {other}"),
+        Ok(_) => panic!("a file outside the grant was read"),
+    }
+    assert!(cloud.lock().expect("cloud").tokens.is_empty());
+
+    let (group, info) =
+        FleetingGroup::start(&host, "googlecompute", connector(), &config("good.json")).await.expect("init");
+    assert_eq!(info.id, format!("googlecompute/{PROJECT}/{ZONE}/{GROUP}"));
+
+    // Scale up: resize, the zone operation followed to DONE through the operations URL.
+    assert_eq!(group.increase(3).await.expect("increase"), 3);
+    let log = cloud.lock().expect("cloud").log.clone();
+    assert!(log.iter().any(|l| l.contains("/resize?size=3")), "{log:?}");
+    assert!(log.iter().any(|l| l.contains("/operations/operation-1")), "the operation was followed: {log:?}");
+    let first = states(&group).await;
+    assert_eq!(first.len(), 3, "{first:?}");
+    assert!(first.values().all(|s| *s == InstanceState::Creating), "{first:?}");
+    cloud.lock().expect("cloud").throttle_next = true;
+    let running = states(&group).await;
+    assert!(running.values().all(|s| *s == InstanceState::Running), "{running:?}");
+    assert!(
+        cloud.lock().expect("cloud").log.iter().any(|l| l.contains("pageToken=page-2")),
+        "the second page was read"
+    );
+
+    let info = group.connect_info("runners-0001").await.expect("connect info");
+    assert_eq!(
+        (info.internal_addr.as_deref(), info.external_addr.as_deref()),
+        (Some("127.0.40.5"), Some("127.0.41.5"))
+    );
+    assert!(matches!(
+        group.connect_info("runners-ffff").await,
+        Err(FleetingFailure::Provider(ProviderError::NotFound(_)))
+    ));
+    group.heartbeat("runners-0001").await.expect("heartbeat");
+
+    // Scale down: deleteInstances on the chosen instance; the target size follows.
+    assert_eq!(group.decrease(vec!["runners-0000".into()]).await.expect("decrease"), vec!["runners-0000".to_string()]);
+    assert_eq!(cloud.lock().expect("cloud").target, 2);
+    assert_eq!(states(&group).await.get("runners-0000"), Some(&InstanceState::Deleting));
+    let after = states(&group).await;
+    assert_eq!(after.keys().cloned().collect::<Vec<_>>(), vec!["runners-0001".to_string(), "runners-0002".to_string()]);
+    assert!(group.interruptions().await.expect("interruptions").is_empty());
+
+    // A Spot VM preempted: stopping without the plugin asking.
+    if let Some(m) = cloud.lock().expect("cloud").instances.iter_mut().find(|m| m.name == "runners-0002") {
+        m.status = "STOPPING".into();
+    }
+    let notices = group.interruptions().await.expect("interruptions");
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!((notices[0].id.as_str(), notices[0].kind), ("runners-0002", InterruptionKind::SpotReclaim));
+    assert_eq!(states(&group).await.get("runners-0002"), Some(&InstanceState::Deleting));
+    assert!(group.heartbeat("runners-0002").await.is_err());
+
+    // No capacity in the zone: the new instance's creation fails; it is reported timed out and
+    // further increases are capacity errors with a retry-after, without calling Google.
+    cloud.lock().expect("cloud").no_capacity = true;
+    assert_eq!(group.increase(1).await.expect("the resize itself succeeds"), 1);
+    let listed = states(&group).await;
+    assert_eq!(listed.get("runners-0003"), Some(&InstanceState::Timeout), "{listed:?}");
+    let resizes = cloud.lock().expect("cloud").log.iter().filter(|l| l.contains("/resize")).count();
+    match group.increase(1).await {
+        Err(FleetingFailure::Provider(ProviderError::Capacity(c))) => {
+            assert!(c.retry_after_seconds > 0 && c.message.contains("ZONE_RESOURCE_POOL_EXHAUSTED"), "{c:?}")
+        }
+        other => panic!("expected a capacity error, got {other:?}"),
+    }
+    assert_eq!(cloud.lock().expect("cloud").log.iter().filter(|l| l.contains("/resize")).count(), resizes);
+}
