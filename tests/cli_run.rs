@@ -95,11 +95,14 @@ async fn register_run_signals_metrics_unregister() {
     for id in [failed, timed] {
         fake.wait_for_job_state(id, |j| j.final_state.is_some(), WAIT).await.expect("job finished");
     }
-    // SIGQUIT: the running job finishes, then the process exits 0.
+    // SIGQUIT: the running job finishes, then the process exits 0. It sleeps past the runner's
+    // first trace patch (3 s, before GitLab's shorter interval applies), so "started" reaches
+    // GitLab while the job still runs and the scrape below sees it running; with 2 s the whole
+    // log could arrive in the final patch on a quiet machine.
     let job = fake.enqueue(fake.job_payload(&JobSpec::new(
         "group/project",
         "graceful",
-        &["echo started", "sleep 2", "echo done"],
+        &["echo started", "sleep 8", "echo done"],
     )));
     if fake.wait_for_job_state(job, |j| j.trace_text().contains("started"), WAIT).await.is_none() {
         let _ = child.kill();
