@@ -23,10 +23,12 @@ pub struct Queued {
 }
 
 /// The queue. Jobs keep their arrival order (`seq`) also when taken back and queued again.
+/// Entries are keyed by arrival and job id, so two jobs that arrived with the same number (a
+/// stored job from another router) both stay queued, in id order.
 #[derive(Debug)]
 pub struct Queue {
     policy: Policy,
-    entries: BTreeMap<u64, Queued>,
+    entries: BTreeMap<(u64, i64), Queued>,
     seq_of: HashMap<i64, u64>,
     /// `fair`: the project served last, and per project the pipeline served last.
     last_project: Option<i64>,
@@ -58,15 +60,15 @@ impl Queue {
     /// Queue `job` at position `seq` (its arrival order; a job taken back keeps its place).
     pub fn push(&mut self, seq: u64, job: Queued) {
         if let Some(old) = self.seq_of.insert(job.id, seq) {
-            self.entries.remove(&old);
+            self.entries.remove(&(old, job.id));
         }
-        self.entries.insert(seq, job);
+        self.entries.insert((seq, job.id), job);
     }
 
     /// Take job `id` out, wherever it is.
     pub fn remove(&mut self, id: i64) -> Option<Queued> {
         let seq = self.seq_of.remove(&id)?;
-        self.entries.remove(&seq)
+        self.entries.remove(&(seq, id))
     }
 
     /// Is `id` queued?
@@ -81,11 +83,11 @@ impl Queue {
 
     /// Take the next job the policy picks among those `eligible` says a runner may take.
     pub fn take(&mut self, eligible: impl Fn(i64) -> bool) -> Option<Queued> {
-        let seq = match self.policy {
-            Policy::Fifo | Policy::Weighted => self.entries.iter().find(|(_, j)| eligible(j.id)).map(|(s, _)| *s),
+        let key = match self.policy {
+            Policy::Fifo | Policy::Weighted => self.entries.iter().find(|(_, j)| eligible(j.id)).map(|(k, _)| *k),
             Policy::Fair => self.pick_fair(&eligible),
         }?;
-        let job = self.entries.remove(&seq)?;
+        let job = self.entries.remove(&key)?;
         self.seq_of.remove(&job.id);
         if self.policy == Policy::Fair {
             self.last_project = Some(job.project);
@@ -96,12 +98,12 @@ impl Queue {
 
     /// The next project after the one served last (wrapping), its next pipeline after the one
     /// served last there, and that pipeline's oldest eligible job.
-    fn pick_fair(&self, eligible: &impl Fn(i64) -> bool) -> Option<u64> {
-        // project → pipeline → oldest eligible seq.
-        let mut firsts: BTreeMap<i64, BTreeMap<i64, u64>> = BTreeMap::new();
-        for (seq, job) in &self.entries {
+    fn pick_fair(&self, eligible: &impl Fn(i64) -> bool) -> Option<(u64, i64)> {
+        // project → pipeline → oldest eligible entry.
+        let mut firsts: BTreeMap<i64, BTreeMap<i64, (u64, i64)>> = BTreeMap::new();
+        for (key, job) in &self.entries {
             if eligible(job.id) {
-                firsts.entry(job.project).or_default().entry(job.pipeline).or_insert(*seq);
+                firsts.entry(job.project).or_default().entry(job.pipeline).or_insert(*key);
             }
         }
         let project = after(&firsts, self.last_project)?;
@@ -142,6 +144,20 @@ mod tests {
 
     /// The fair-share case: one pipeline's fan-out of 200 jobs queued before 10 jobs
     /// of another project; the other project's jobs all go within the first 20 dispatches.
+    #[test]
+    fn jobs_that_arrived_with_the_same_number_are_both_kept() {
+        // Stored jobs taken over from another router keep that router's numbers, which may
+        // meet; neither job may fall out of the queue.
+        for policy in [Policy::Fifo, Policy::Fair, Policy::Weighted] {
+            let mut q = Queue::new(policy);
+            q.push(7, job(1004, 1, 1));
+            q.push(7, job(1003, 1, 1));
+            assert_eq!(q.len(), 2, "{policy:?}");
+            let order: Vec<i64> = (0..3).filter_map(|_| q.take(|_| true)).map(|j| j.id).collect();
+            assert_eq!(order, vec![1003, 1004], "{policy:?}");
+        }
+    }
+
     #[test]
     fn fair_share_serves_another_project_within_twenty_dispatches_of_a_fan_out() {
         let mut q = Queue::new(Policy::Fair);

@@ -220,6 +220,14 @@ impl State {
         }
     }
 
+    /// The next arrival number (for a job or a waiter); each call a new one, so two jobs fetched
+    /// at once never share a place in the queue.
+    pub fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
     /// Hold `job` (its phase decides whether it is queued).
     pub fn insert(&mut self, job: Routed) {
         self.next_seq = self.next_seq.max(job.seq + 1);
@@ -392,8 +400,7 @@ mod tests {
 
     fn waiter(state: &mut State, d: usize) -> oneshot::Receiver<i64> {
         let (tx, rx) = oneshot::channel();
-        let seq = state.next_seq;
-        state.next_seq += 1;
+        let seq = state.take_seq();
         state.waiters.push(Waiter { seq, downstream: d, tx, info: serde_json::json!({}) });
         rx
     }

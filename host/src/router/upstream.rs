@@ -173,7 +173,7 @@ fn parse_tags(value: &str) -> Vec<String> {
 
 /// A job GitLab handed out: hold it (store first), then give it to a waiting runner.
 async fn enqueue(inner: &Arc<Inner>, u: usize, received: ReceivedJob) {
-    let seq = inner.lock().next_seq;
+    let seq = inner.lock().take_seq();
     let job = match routed(received.job.id, received.job.token.clone(), u, received.raw.clone(), seq) {
         Ok(j) => j,
         Err(e) => {
