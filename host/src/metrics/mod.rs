@@ -416,9 +416,6 @@ pub enum MetricsError {
 
 /// Serve metrics and health on `address` (`host:port`).
 pub async fn serve(address: &str, metrics: Metrics) -> Result<ServerHandle, MetricsError> {
-    let listen = |source| MetricsError::Listen { address: address.to_string(), source };
-    let listener = tokio::net::TcpListener::bind(address).await.map_err(listen)?;
-    let local = listener.local_addr().map_err(listen)?;
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -446,11 +443,19 @@ pub async fn serve(address: &str, metrics: Metrics) -> Result<ServerHandle, Metr
             }),
         )
         .with_state(metrics);
+    serve_app(address, app, "metrics and health listening").await
+}
+
+/// Bind `address` and serve `app` there in the background, logging `what` with the address.
+async fn serve_app(address: &str, app: axum::Router, what: &'static str) -> Result<ServerHandle, MetricsError> {
+    let listen = |source| MetricsError::Listen { address: address.to_string(), source };
+    let listener = tokio::net::TcpListener::bind(address).await.map_err(listen)?;
+    let local = listener.local_addr().map_err(listen)?;
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!("metrics server stopped: {e}");
         }
     });
-    tracing::info!(address = %local, "metrics and health listening");
+    tracing::info!(address = %local, "{what}");
     Ok(ServerHandle { address: local, _task: task })
 }

@@ -110,9 +110,6 @@ pub fn render(snap: &RouterSnapshot) -> String {
 
 /// Serve the router's metrics and health on `address`.
 pub async fn serve(address: &str, router: Router) -> Result<ServerHandle, MetricsError> {
-    let listen = |source| MetricsError::Listen { address: address.to_string(), source };
-    let listener = tokio::net::TcpListener::bind(address).await.map_err(listen)?;
-    let local = listener.local_addr().map_err(listen)?;
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -123,11 +120,5 @@ pub async fn serve(address: &str, router: Router) -> Result<ServerHandle, Metric
         .route("/health/live", get(|| async { "ok\n" }))
         .route("/health/ready", get(|| async { "ok\n" }))
         .with_state(router);
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("metrics server stopped: {e}");
-        }
-    });
-    tracing::info!(address = %local, "router metrics and health listening");
-    Ok(ServerHandle { address: local, _task: task })
+    super::serve_app(address, app, "router metrics and health listening").await
 }

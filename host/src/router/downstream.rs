@@ -155,8 +155,7 @@ async fn request_job(State(inner): Shared, headers: HeaderMap, body: Bytes) -> R
                 Some(h) => (Some(h), None, None),
                 None => {
                     let (tx, rx) = oneshot::channel();
-                    let seq = st.next_seq;
-                    st.next_seq += 1;
+                    let seq = st.take_seq();
                     st.waiters.push(Waiter { seq, downstream: d, tx, info: info.clone() });
                     (None, Some(rx), Some(WaiterGuard { inner: &inner, seq }))
                 }
@@ -233,6 +232,13 @@ async fn accept_on_contact(inner: &Arc<Inner>, id: i64) -> Result<(), Response> 
     if !due {
         return Ok(());
     }
+    accept_now(inner, id).await
+}
+
+/// The router accepts held job `id` at GitLab for its runner (`PUT state=running`) and watches
+/// it as accepted; `Err` is the answer to give the runner (403 when GitLab no longer has the
+/// job for us, 503 when GitLab did not decide).
+async fn accept_now(inner: &Arc<Inner>, id: i64) -> Result<(), Response> {
     match upstream::accept(inner, id).await {
         Accept::Accepted => {
             mark_accepted(inner, id, None);
@@ -402,17 +408,9 @@ async fn runner_provisioning(
         }
         "accepted" => match phase {
             Phase::Accepted { .. } => message(StatusCode::OK, "200 OK"),
-            _ => match upstream::accept(&inner, id).await {
-                Accept::Accepted => {
-                    mark_accepted(&inner, id, None);
-                    persist::save(&inner, id).await;
-                    message(StatusCode::OK, "200 OK")
-                }
-                Accept::Gone => {
-                    upstream::release(&inner, id).await;
-                    message(StatusCode::FORBIDDEN, "403 Forbidden - Job is not processing on runner")
-                }
-                Accept::Unavailable(_) => message(StatusCode::SERVICE_UNAVAILABLE, "503 Service Unavailable"),
+            _ => match accept_now(&inner, id).await {
+                Ok(()) => message(StatusCode::OK, "200 OK"),
+                Err(answer) => answer,
             },
         },
         "declined" => {
