@@ -5,6 +5,11 @@
 //! the group with the plugin, and the instance executor runs jobs over SSH on the instances
 //! the plugin reported. The plugin reaches moto only because the grant names it
 //! (`allow_hosts`) and signs with credentials only from the granted environment.
+//!
+//! The runner has no SSH key of its own (`use_static_credentials` is false, as by default):
+//! before each connection the plugin pushes an ephemeral key with EC2 Instance Connect, and
+//! the instances' `sshd` authorizes what was pushed for it, as EC2 Instance Connect's agent
+//! does on an instance — here by reading the pushes from moto's request recording.
 
 #[path = "support/object_servers.rs"]
 mod object_servers;
@@ -64,6 +69,9 @@ impl Moto {
     /// a launch template and the group (MinSize 0, MaxSize `max`, desired 0) in that subnet.
     async fn with_group(net: u8, max: u32) -> Moto {
         let moto = Moto { server: Server::moto(), http: reqwest::Client::new() };
+        // The instances' sshd reads pushed keys from the recording (see EIC_AGENT).
+        let started = moto.http.post(moto.server.url() + "/moto-api/recorder/start-recording").send().await;
+        assert!(started.is_ok_and(|r| r.status().is_success()), "moto records requests");
         let vpc = moto.call("ec2", &[("Action", "CreateVpc"), ("CidrBlock", &format!("127.0.{net}.0/24"))]).await;
         let vpc = tags(&vpc, "vpcId").remove(0);
         let subnet = moto
@@ -135,6 +143,48 @@ impl Moto {
         state.unwrap_or_else(|| panic!("no state for {id}: {body}"))
     }
 
+    /// The instance whose private address is `address`.
+    async fn instance_at(&self, address: &str) -> String {
+        let body = self
+            .call(
+                "ec2",
+                &[
+                    ("Action", "DescribeInstances"),
+                    ("Filter.1.Name", "private-ip-address"),
+                    ("Filter.1.Value.1", address),
+                ],
+            )
+            .await;
+        tags(&body, "instanceId").into_iter().next().unwrap_or_else(|| panic!("no instance at {address}: {body}"))
+    }
+
+    /// The EC2 Instance Connect pushes moto received: (instance, user, public key).
+    async fn pushed_keys(&self) -> Vec<(String, String, String)> {
+        let url = self.server.url() + "/moto-api/recorder/download-recording";
+        let text = self.http.get(url).send().await.expect("recording").text().await.expect("recording body");
+        let mut out = Vec::new();
+        for line in text.lines() {
+            let record: serde_json::Value = serde_json::from_str(line).expect("recorded request");
+            let headers = record["headers"].as_object().cloned().unwrap_or_default();
+            let target = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("x-amz-target")).map(|(_, v)| v.clone());
+            if target.as_ref().and_then(|t| t.as_str()) != Some("AWSEC2InstanceConnectService.SendSSHPublicKey") {
+                continue;
+            }
+            let raw = record["body"].as_str().unwrap_or_default();
+            let body = if record["body_encoded"].as_bool() == Some(true) {
+                use base64::Engine as _;
+                String::from_utf8(base64::engine::general_purpose::STANDARD.decode(raw).expect("base64"))
+                    .expect("utf-8")
+            } else {
+                raw.to_string()
+            };
+            let push: serde_json::Value = serde_json::from_str(&body).expect("SendSSHPublicKey body");
+            let field = |k: &str| push[k].as_str().unwrap_or_default().to_string();
+            out.push((field("InstanceId"), field("InstanceOSUser"), field("SSHPublicKey")));
+        }
+        out
+    }
+
     /// Wait until the group satisfies `check`.
     async fn wait_group(&self, what: &str, runway: &RunwayProcess, check: impl Fn(&GroupState) -> bool) -> GroupState {
         let deadline = Instant::now() + WAIT;
@@ -151,28 +201,64 @@ impl Moto {
     }
 }
 
-/// A fake GitLab, one `sshd` on every address moto may hand out, and a config directory.
+/// What EC2 Instance Connect's agent does on an instance (sshd's `AuthorizedKeysCommand`): the
+/// keys pushed with SendSSHPublicKey for the login user are authorized. The pushes come from
+/// moto's recording. One sshd serves every instance address and this sshd cannot tell its
+/// command the local address (`%C` is newer than Debian 12's OpenSSH), so it authorizes pushes
+/// for any instance; the test checks that each job's instance is the one its key was pushed to.
+/// Arguments: moto's URL, `%u`.
+const EIC_AGENT: &str = r#"#!/usr/bin/python3
+import base64, json, sys, urllib.request
+moto, user = sys.argv[1], sys.argv[2]
+for line in urllib.request.urlopen(moto + "/moto-api/recorder/download-recording").read().decode().splitlines():
+    record = json.loads(line)
+    headers = {k.lower(): v for k, v in record.get("headers", {}).items()}
+    if headers.get("x-amz-target") != "AWSEC2InstanceConnectService.SendSSHPublicKey":
+        continue
+    body = record.get("body") or ""
+    if record.get("body_encoded"):
+        body = base64.b64decode(body).decode()
+    push = json.loads(body)
+    if push.get("InstanceOSUser") == user:
+        print(push["SSHPublicKey"])
+"#;
+
+/// A fake GitLab, one `sshd` on every address moto may hand out (authorizing the keys pushed
+/// with EC2 Instance Connect), and a config directory.
 struct Setup {
     fake: FakeGitLab,
     runner: CreatedRunner,
-    key: ClientKey,
     sshd: SshServer,
     dir: tempfile::TempDir,
+    /// The agent script: sshd wants it and every directory above it owned by root and
+    /// writable by no one else, so it lives under /run, not /tmp.
+    _agent: tempfile::TempDir,
 }
 
 impl Setup {
-    async fn new(net: u8) -> Setup {
+    async fn new(net: u8, moto: &Moto) -> Setup {
         let fake =
             FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
                 .await;
         let runner = fake.create_runner("aws-fleet");
         fake.create_repo("group/project");
         fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+        // sshd's own authorized_keys holds a key the runner never sees.
         let key = ClientKey::generate();
+        let agent = tempfile::Builder::new().prefix("runway-eic").tempdir_in("/run").expect("a directory in /run");
+        let script = agent.path().join("eic-authorized-keys");
+        std::fs::write(&script, EIC_AGENT).expect("agent script");
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        std::fs::set_permissions(agent.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        let extra = format!(
+            "AuthorizedKeysCommand {} {} %u\nAuthorizedKeysCommandUser root\n",
+            script.display(),
+            moto.server.url()
+        );
         let addrs: Vec<Ipv4Addr> = (4..15).map(|last| Ipv4Addr::new(127, 0, net, last)).collect();
         let port = sshd::free_port(addrs[0]);
-        let sshd = SshServer::start_on_many(&addrs, port, &key);
-        Setup { fake, runner, key, sshd, dir: tempfile::tempdir().expect("tempdir") }
+        let sshd = SshServer::start_on_many_with(&addrs, port, &key, &extra);
+        Setup { fake, runner, sshd, dir: tempfile::tempdir().expect("tempdir"), _agent: agent }
     }
 
     /// config.toml for the `aws` plugin on `moto`, with `grant` as the `[plugins.aws]` body
@@ -208,7 +294,6 @@ endpoint = "{endpoint}"
 
 [runners.autoscaler.connector_config]
 username = "{user}"
-key_path = "{key}"
 protocol_port = {port}
 timeout = "10s"
 
@@ -220,7 +305,6 @@ timeout = "10s"
             builds = self.dir.path().join("builds").display(),
             endpoint = moto.server.url(),
             user = self.sshd.user,
-            key = self.key.private_path.display(),
             port = self.sshd.port,
         );
         std::fs::write(self.dir.path().join("config.toml"), text).expect("config.toml");
@@ -273,7 +357,7 @@ async fn exited(runway: &mut RunwayProcess) -> String {
 async fn an_auto_scaling_group_follows_idle_count_demand_and_idle_time_and_empties_on_shutdown() {
     let net = 20;
     let moto = Moto::with_group(net, 5).await;
-    let setup = Setup::new(net).await;
+    let setup = Setup::new(net, &moto).await;
     setup.write_config(
         &moto,
         &moto_grant(&moto),
@@ -303,13 +387,29 @@ async fn an_auto_scaling_group_follows_idle_count_demand_and_idle_time_and_empti
     for job in &jobs {
         let record = setup.finished(*job, &runway).await;
         let trace = record.trace_text();
-        assert_eq!(record.status, JobStatus::Success, "{trace}");
+        assert_eq!(record.status, JobStatus::Success, "{trace}\nsshd:\n{}", setup.sshd.log());
         let line = trace.lines().find(|l| l.starts_with("on ")).unwrap_or_else(|| panic!("no SSH line:\n{trace}"));
         let server = line.split_whitespace().nth(3).unwrap_or_default().to_string();
         assert!(server.starts_with(&format!("127.0.{net}.")), "ran on {server}, not on a moto instance:\n{trace}");
         addresses.insert(server);
     }
     assert_eq!(addresses.len(), 3, "the three jobs ran on three instances: {addresses:?}");
+
+    // The runner holds no key: every connection used a key pushed for it with EC2 Instance
+    // Connect, a new one each time, for the configured user on an instance of the group.
+    let pushed = moto.pushed_keys().await;
+    let keys: BTreeSet<&String> = pushed.iter().map(|(_, _, k)| k).collect();
+    assert!(pushed.len() >= jobs.len(), "{pushed:?}");
+    assert_eq!(keys.len(), pushed.len(), "one ephemeral key per connection: {pushed:?}");
+    for (instance, user, key) in &pushed {
+        assert!(grown.instances.iter().any(|(id, _)| id == instance), "{instance} is not in the group");
+        assert_eq!(user, &setup.sshd.user);
+        assert!(key.starts_with("ssh-ed25519 "), "{key}");
+    }
+    for address in &addresses {
+        let instance = moto.instance_at(address).await;
+        assert!(pushed.iter().any(|(id, _, _)| *id == instance), "no key was pushed to {instance} ({address})");
+    }
 
     // Idle again: after idle_time the group goes back to idle_count by terminating the
     // instances the manager chose (desired capacity decremented, no replacement launched).
@@ -344,7 +444,7 @@ async fn an_auto_scaling_group_follows_idle_count_demand_and_idle_time_and_empti
 async fn the_plugin_reaches_only_granted_hosts_with_only_granted_credentials() {
     let net = 21;
     let moto = Moto::with_group(net, 5).await;
-    let setup = Setup::new(net).await;
+    let setup = Setup::new(net, &moto).await;
     let policy = "idle_count = 1\nidle_time = \"1h\"";
 
     // moto is not in allow_hosts (another loopback port is): the host refuses the request.

@@ -75,6 +75,11 @@ impl SshServer {
     /// sshd's MAX_LISTEN_SOCKS): the
     /// instances of a cloud fake whose addresses are handed out from a loopback range.
     pub fn start_on_many(addrs: &[Ipv4Addr], port: u16, key: &ClientKey) -> SshServer {
+        Self::start_on_many_with(addrs, port, key, "")
+    }
+
+    /// As [`SshServer::start_on_many`], with `extra` lines appended to `sshd_config`.
+    pub fn start_on_many_with(addrs: &[Ipv4Addr], port: u16, key: &ClientKey, extra: &str) -> SshServer {
         assert!(!addrs.is_empty() && addrs.iter().all(|a| a.is_loopback()), "tests only listen on loopback");
         let addr = addrs[0];
         let listen: String = addrs.iter().map(|a| format!("ListenAddress {a}:{port}\n")).collect();
@@ -89,7 +94,7 @@ impl SshServer {
             format!(
                 "{listen}HostKey {}\nPidFile {}\nAuthorizedKeysFile {}\nStrictModes no\nUsePAM no\n\
                  PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin yes\n\
-                 PrintMotd no\nLogLevel ERROR\nMaxStartups 100\nMaxSessions 100\nClientAliveInterval 0\n",
+                 PrintMotd no\nLogLevel ERROR\nMaxStartups 100\nMaxSessions 100\nClientAliveInterval 0\n{extra}",
                 host_key.display(),
                 dir.path().join("sshd.pid").display(),
                 authorized.display()

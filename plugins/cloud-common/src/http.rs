@@ -149,8 +149,14 @@ fn transport(what: &str, code: &ErrorCode) -> HttpError {
 /// Send `request` and read the whole response.
 pub fn send(request: &Request) -> Result<Response, HttpError> {
     let url = parse_url(&request.url)?;
-    let entries: Vec<(String, Vec<u8>)> =
+    let mut entries: Vec<(String, Vec<u8>)> =
         request.headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.as_bytes().to_vec())).collect();
+    // The body's length up front, as the clouds' SDKs send it: without it the body goes
+    // chunked, which some endpoints refuse (411) or do not read.
+    let has_body = !request.body.is_empty() || matches!(request.method.as_str(), "POST" | "PUT" | "PATCH");
+    if has_body && !entries.iter().any(|(k, _)| k == "content-length") {
+        entries.push(("content-length".into(), request.body.len().to_string().into_bytes()));
+    }
     let fields = Fields::from_list(&entries).map_err(|e| HttpError::BadUrl(format!("bad header: {e:?}")))?;
     let outgoing = OutgoingRequest::new(fields);
     let bad = |what: &str| HttpError::BadUrl(format!("{}: bad {what}", request.url));

@@ -1,7 +1,8 @@
 //! The AWS Query protocol as the Auto Scaling and EC2 APIs speak it: form-encoded `POST`s
 //! signed with SigV4 (AWS's `aws-sigv4` signer), XML answers, XML error bodies
 //! (`<ErrorResponse><Error><Code>` for Auto Scaling, `<Response><Errors><Error><Code>` for
-//! EC2). Throttling and 5xx answers are retried with back-off; expired temporary credentials
+//! EC2); and JSON 1.1 as EC2 Instance Connect speaks it (`X-Amz-Target`, JSON bodies and
+//! errors). Throttling and 5xx answers are retried with back-off; expired temporary credentials
 //! are refreshed once.
 //!
 //! Owns: requests, signing, error classification. Must not touch: what the calls mean for the
@@ -147,19 +148,37 @@ impl Client {
         }
     }
 
-    /// Call `action` of `service` with `params`; the XML body of a 2xx answer.
+    /// Call `action` of `service` with `params` (the Query protocol); the XML body of a 2xx
+    /// answer.
     pub fn call(&mut self, service: &Service, action: &str, params: &[(String, String)]) -> Result<String, CallError> {
         let mut pairs: Vec<(String, String)> =
             vec![("Action".into(), action.into()), ("Version".into(), service.version.into())];
         pairs.extend(params.iter().cloned());
         let body = cloud_common::form_encode(&pairs);
+        self.send(service, &body, QUERY_CONTENT_TYPE, None)
+    }
+
+    /// Call `target` (`Service.Operation`) of a JSON 1.1 `service` with the JSON `body`; the
+    /// JSON body of a 2xx answer.
+    pub fn call_json(&mut self, service: &Service, target: &str, body: &str) -> Result<String, CallError> {
+        self.send(service, body, JSON_CONTENT_TYPE, Some(target))
+    }
+
+    /// One signed `POST`, retried while throttled or failing on the service's side.
+    fn send(
+        &mut self,
+        service: &Service,
+        body: &str,
+        content_type: &str,
+        target: Option<&str>,
+    ) -> Result<String, CallError> {
         let mut refreshed = false;
         with_backoff(|_| {
             let credentials = match self.credentials() {
                 Ok(c) => c,
                 Err(e) => return Attempt::Done(Err(e)),
             };
-            let request = match signed(service, &self.region, &credentials, &body) {
+            let request = match signed(service, &self.region, &credentials, body, content_type, target) {
                 Ok(r) => r,
                 Err(e) => return Attempt::Done(Err(e)),
             };
@@ -186,9 +205,19 @@ impl Client {
     }
 }
 
-/// The request for `body`, signed for `service` in `region`.
-fn signed(service: &Service, region: &str, credentials: &Credentials, body: &str) -> Result<Request, CallError> {
-    let content_type = "application/x-www-form-urlencoded; charset=utf-8";
+const QUERY_CONTENT_TYPE: &str = "application/x-www-form-urlencoded; charset=utf-8";
+const JSON_CONTENT_TYPE: &str = "application/x-amz-json-1.1";
+
+/// The request for `body`, signed for `service` in `region` (`target`: the JSON protocol's
+/// `X-Amz-Target`, signed with the rest).
+fn signed(
+    service: &Service,
+    region: &str,
+    credentials: &Credentials,
+    body: &str,
+    content_type: &str,
+    target: Option<&str>,
+) -> Result<Request, CallError> {
     let identity: Identity = AwsCredentials::new(
         &credentials.access_key_id,
         &credentials.secret_access_key,
@@ -206,21 +235,35 @@ fn signed(service: &Service, region: &str, credentials: &Credentials, body: &str
         .build()
         .map_err(|e| CallError::Credentials(format!("signing: {e}")))?
         .into();
-    let headers = [("content-type", content_type)];
+    let mut headers = vec![("content-type", content_type)];
+    if let Some(target) = target {
+        headers.push(("x-amz-target", target));
+    }
     let signable =
         SignableRequest::new("POST", &service.url, headers.iter().copied(), SignableBody::Bytes(body.as_bytes()))
             .map_err(|e| CallError::Credentials(format!("signing {}: {e}", service.url)))?;
     let (instructions, _) =
         sign(signable, &params).map_err(|e| CallError::Credentials(format!("signing: {e}")))?.into_parts();
-    let mut request = Request::new("POST", service.url.clone()).header("content-type", content_type).body(body);
-    for (name, value) in instructions.headers() {
+    let mut request = Request::new("POST", service.url.clone()).body(body);
+    for (name, value) in headers.iter().copied().chain(instructions.headers()) {
         request = request.header(name, value);
     }
     Ok(request)
 }
 
-/// The code and message of an error body (either protocol's shape), or the status alone.
+/// The code and message of an error body (the Query protocols' XML, or JSON 1.1's
+/// `{"__type": "…#Code", "message": …}`), or the status alone.
 pub fn parse_error(status: u16, body: &str) -> ApiError {
+    if let Ok(serde_json::Value::Object(json)) = serde_json::from_str::<serde_json::Value>(body) {
+        let text = |key: &str| json.get(key).and_then(|v| v.as_str()).map(str::to_string);
+        let code =
+            text("__type").or_else(|| text("code")).map(|t| t.rsplit('#').next().unwrap_or_default().to_string());
+        return ApiError {
+            status,
+            code: code.filter(|c| !c.is_empty()).unwrap_or_else(|| format!("HTTP{status}")),
+            message: text("message").or_else(|| text("Message")).unwrap_or_default(),
+        };
+    }
     let doc = roxmltree::Document::parse(body).ok();
     let find = |name: &str| {
         doc.as_ref().and_then(|d| {

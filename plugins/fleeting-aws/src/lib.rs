@@ -13,13 +13,16 @@
 //!   to the instances that exist and `increase` reports a capacity error with a retry-after.
 //! - `increase`: SetDesiredCapacity (never past MaxSize; at MaxSize, a capacity error).
 //! - `decrease`: TerminateInstanceInAutoScalingGroup with ShouldDecrementDesiredCapacity.
-//! - `get-connect-info`: the instance's private and public addresses from DescribeInstances.
+//! - `get-connect-info`: the instance's private and public addresses from DescribeInstances;
+//!   unless `connector_config` `use_static_credentials` is true, a key pushed for the login
+//!   user with EC2 Instance Connect (valid 60 s; see `instance_connect`).
 //!
 //! What must survive a reload (instances this plugin asked to terminate, the capacity
 //! back-off) is kept in `kv` under the group's identity.
 
 mod api;
 mod credentials;
+mod instance_connect;
 mod xml;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -66,6 +69,7 @@ struct AwsGroup {
     client: Client,
     autoscaling: Service,
     ec2: Service,
+    instance_connect: Service,
     connector: ConnectorConfig,
     /// kv key prefix: this group's identity.
     key: String,
@@ -227,6 +231,7 @@ impl InstanceGroup for AwsGroup {
             name: config.name.clone(),
             autoscaling: Service { name: "autoscaling", version: "2011-01-01", url: url("autoscaling") },
             ec2: Service { name: "ec2", version: "2016-11-15", url: url("ec2") },
+            instance_connect: Service { name: "ec2-instance-connect", version: "", url: url("ec2-instance-connect") },
             client: Client::new(region.clone(), sources),
             connector,
             key: format!("{region}/{}", config.name),
@@ -329,12 +334,29 @@ impl InstanceGroup for AwsGroup {
             .into_iter()
             .find(|i| i.id == id && i.state != "terminated")
             .ok_or_else(|| ProviderError::NotFound(format!("instance {id}")))?;
+        let mut connector = self.connector.clone();
+        let mut expires_at = None;
+        if !connector.use_static_credentials && connector.protocol == Protocol::Ssh {
+            if connector.username.is_empty() {
+                return Err(ProviderError::InvalidConfig(
+                    "EC2 Instance Connect pushes a key for the login user: set connector_config username".into(),
+                ));
+            }
+            let pair = instance_connect::key_pair(connector.key.as_deref()).map_err(ProviderError::InvalidConfig)?;
+            let body = instance_connect::request(id, &connector.username, &pair.public);
+            self.client
+                .call_json(&self.instance_connect, instance_connect::SEND_SSH_PUBLIC_KEY, &body)
+                .map_err(|e| e.into_provider("SendSSHPublicKey"))?;
+            connector.key = Some(pair.private_pem);
+            connector.password = None;
+            expires_at = Some(cloud_common::now_unix() + instance_connect::KEY_LIFETIME_SECONDS);
+        }
         Ok(ConnectInfo {
             id: id.to_string(),
             external_addr: instance.public_ip.clone(),
             internal_addr: instance.private_ip.clone(),
-            connector: self.connector.clone(),
-            expires_at: None,
+            connector,
+            expires_at,
         })
     }
 
