@@ -5,7 +5,11 @@
 //! job; a job acquires its slot while preparing ([`InstanceSource::connect`]), and
 //! [`Fleet::finish`] releases it afterwards. An instance that drops a job's connection is
 //! probed `failure_threshold` times and replaced when it stays unreachable; an instance the
-//! engine loses under running jobs aborts those jobs with `runner_system_failure`.
+//! engine loses under running jobs aborts those jobs with `runner_system_failure`. An instance
+//! the provider announces it takes away is drained by the engine; the jobs on it get a log line
+//! naming the instance, the provider and its reason. A provider that fails (at start too) never
+//! stops the fleet: it is logged, retried by the engine with back-off and reported through
+//! [`Fleet::provider_error`] and the metrics.
 //! With `state_storage` enabled the engine's snapshot is written under this manager's
 //! identity, so a restart adopts the instances (with their use counts) instead of deleting them.
 

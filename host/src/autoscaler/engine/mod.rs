@@ -7,7 +7,10 @@
 //! capacity from the active policy, scale-up bounded by `max_instances`, the scale throttle,
 //! the legacy `MaxGrowthRate` and a back-off after failed creations, scale-down of instances
 //! idle beyond `idle_time`, the instance lifecycle (creating → ready check → ready → deleting),
-//! heartbeats, lost-instance reporting, removal reasons, metrics and snapshot/restore.
+//! heartbeats, lost-instance reporting, removal reasons, metrics and snapshot/restore; the
+//! draining of instances with interruption notices, the back-off while the provider fails (no
+//! reservation it could not honour meanwhile) and the adoption of instances a self-launching
+//! group started on its own.
 //! It does not run ready commands or heartbeats over SSH itself: it emits
 //! [`EngineEvent::ReadyCheckRequested`] and takes the answer through
 //! [`Taskscaler::ready_check_finished`]; heartbeats go through [`InstanceGroup::heartbeat`].
