@@ -26,6 +26,8 @@ struct Fleet {
     dir: tempfile::TempDir,
     metrics_port: u16,
     child: Option<Child>,
+    /// Appended to config.toml (more `[[runners]]`, `[plugins.NAME]` grants).
+    extra: String,
 }
 
 impl Fleet {
@@ -40,7 +42,8 @@ impl Fleet {
         let key = ClientKey::generate();
         let servers = addresses.iter().map(|last| SshServer::start(Ipv4Addr::new(127, 0, 0, *last), &key)).collect();
         let metrics_port = sshd::free_port(Ipv4Addr::LOCALHOST);
-        Fleet { fake, runner, key, servers, dir: tempfile::tempdir().expect("tempdir"), metrics_port, child: None }
+        let dir = tempfile::tempdir().expect("tempdir");
+        Fleet { fake, runner, key, servers, dir, metrics_port, child: None, extra: String::new() }
     }
 
     fn config_path(&self) -> PathBuf {
@@ -82,7 +85,10 @@ keepalive = "2s"
 
 [[runners.autoscaler.policy]]
 {policy}
+
+{extra}
 "#,
+            extra = self.extra,
             port = self.metrics_port,
             url = self.fake.url(),
             token = self.runner.token,
@@ -106,6 +112,9 @@ keepalive = "2s"
             .arg("run")
             .current_dir(self.dir.path())
             .env("RUST_LOG", "info")
+            // Only for a runner whose grant names them (none but the broken-provider test's).
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -174,9 +183,11 @@ keepalive = "2s"
 
     /// Wait until `name{labels}` satisfies `check`.
     async fn wait_metric(&self, name: &str, labels: &[&str], check: impl Fn(f64) -> bool, what: &str) -> f64 {
-        let deadline = Instant::now() + WAIT;
+        // Counted from the first scrape: runway's start (compiling plugins) has its own wait.
+        let mut deadline = None;
         loop {
             let text = self.metrics().await;
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + WAIT);
             let value = metric_value(&text, name, labels);
             if check(value) {
                 return value;
@@ -401,5 +412,167 @@ async fn a_restarted_manager_adopts_its_instances_and_deletes_none() {
         [first.clone(), second.clone()].iter().all(|i| fleet.servers.iter().any(|s| s.host_entry() == *i)),
         "{first} {second}"
     );
+    fleet.stop().await;
+}
+
+/// The lines of metric `name` (its samples), for families with one sample per runner.
+fn samples(text: &str, name: &str) -> Vec<String> {
+    text.lines().filter(|l| l.starts_with(&format!("{name}{{"))).map(str::to_string).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_whose_provider_fails_requests_no_job_and_the_others_serve() {
+    let mut fleet = Fleet::new(&[13]).await;
+    let broken = fleet.fake.create_runner("broken");
+    // An AWS fleet whose grant lets the plugin read its credentials but reach no host: every
+    // request is refused by the host (as with a forgotten `allow_hosts` entry).
+    let nowhere = sshd::free_port(Ipv4Addr::LOCALHOST);
+    fleet.extra = format!(
+        r#"[[runners]]
+name = "broken"
+url = "{url}"
+token = "{token}"
+executor = "instance"
+
+[runners.autoscaler]
+plugin = "aws"
+update_interval = "1s"
+update_interval_when_expecting = "1s"
+
+[runners.autoscaler.plugin_config]
+name = "ci"
+region = "us-east-1"
+endpoint = "http://127.0.0.1:{nowhere}/"
+
+[[runners.autoscaler.policy]]
+idle_count = 1
+
+[plugins.aws]
+env = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+"#,
+        url = fleet.fake.url(),
+        token = broken.token,
+    );
+    fleet.write_config("max_instances = 1", "idle_count = 1\nidle_time = \"1h\"");
+    fleet.start();
+    // A job only the broken runner may take stays pending; the working runner runs its own.
+    let stranded = fleet.fake.enqueue_for(
+        &broken.token,
+        fleet.fake.job_payload(&JobSpec::new("group/project", "stranded", &["echo never"])),
+    );
+    let job = fleet.enqueue("served", &["echo served"]);
+    assert_success(&fleet.finished(job).await);
+
+    let text = fleet.metrics().await;
+    let up = samples(&text, "runway_fleet_provider_up");
+    assert_eq!(up.len(), 2, "{text}");
+    assert_eq!(up.iter().filter(|l| l.ends_with(" 0")).count(), 1, "one provider failing:\n{text}");
+    assert_eq!(up.iter().filter(|l| l.ends_with(" 1")).count(), 1, "one answering:\n{text}");
+    let provider_failures = |text: &str| -> f64 {
+        samples(text, "fleeting_provisioner_failures_total")
+            .iter()
+            .filter(|l| l.contains("kind=\"provider\""))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    };
+    let failures = provider_failures(&text);
+    assert!(failures >= 1.0, "{text}");
+    let ready = reqwest::get(format!("http://127.0.0.1:{}/health/ready", fleet.metrics_port))
+        .await
+        .expect("ready")
+        .text()
+        .await;
+    let ready = ready.expect("body");
+    assert!(ready.contains("fleet provider failing") && ready.contains("allow_hosts"), "{ready}");
+
+    // The failing runner never asked GitLab for a job; its job is still pending.
+    let asked = fleet
+        .fake
+        .requests_to("POST", "/api/v4/jobs/request")
+        .iter()
+        .filter(|r| String::from_utf8_lossy(&r.body).contains(&broken.token))
+        .count();
+    assert_eq!(asked, 0, "the broken runner asked for jobs");
+    assert_eq!(fleet.fake.job(stranded).map(|j| j.status), Some(JobStatus::Pending));
+    let log = fleet.log();
+    assert!(log.contains("fleet provider failed to start") && log.contains("allow_hosts"), "{log}");
+    // Retried with back-off: the failure counter grows.
+    let deadline = Instant::now() + WAIT;
+    while provider_failures(&fleet.metrics().await) <= failures {
+        assert!(Instant::now() < deadline, "the provider is not retried:\n{}", fleet.log());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let child = fleet.child.as_mut().expect("running");
+    assert!(child.try_wait().expect("wait").is_none(), "runway run stopped:\n{}", fleet.log());
+    fleet.stop().await;
+}
+
+/// A wasm custom section (`name`, `payload`): appended to a component, it changes the file's
+/// bytes (a new version to the plugin host) and nothing else.
+fn custom_section(name: &str, payload: &[u8]) -> Vec<u8> {
+    let mut body = vec![u8::try_from(name.len()).expect("short name")];
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(payload);
+    let mut section = vec![0u8, u8::try_from(body.len()).expect("short section")];
+    section.extend(body);
+    section
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleeting_plugin_hot_swapped_under_a_running_job_adopts_its_instances() {
+    let mut fleet = Fleet::new(&[14, 15]).await;
+    let plugins = fleet.dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugins dir");
+    let wasm = std::fs::read(PathBuf::from(env!("RUNWAY_GUEST_DIR")).join("fleeting_static.wasm")).expect("static");
+    std::fs::write(plugins.join("static.wasm"), &wasm).expect("install v1");
+    fleet.extra = "[plugins.static]\nfile = \"static.wasm\"\n".into();
+    fleet.write_config("max_instances = 2", "idle_count = 2\nidle_time = \"1h\"");
+    fleet.start();
+    fleet
+        .wait_metric("fleeting_provisioner_instances", &["state=\"running\""], |v| v == 2.0, "two idle instances")
+        .await;
+    let go = fleet.dir.path().join("go");
+    let wait_for_go = format!("while [ ! -e {} ]; do sleep 0.2; done", go.display());
+    let job = fleet.enqueue("long", &["echo started", &wait_for_go, "echo finished"]);
+    let record = match fleet.fake.wait_for_job_state(job, |j| j.trace_text().contains("started"), WAIT).await {
+        Some(r) => r,
+        None => panic!("the job did not start:\n{}", fleet.log()),
+    };
+    let instance = instance_of(&record);
+
+    // Publish a new build of the plugin atomically, as the docs tell operators to.
+    let mut v2 = wasm.clone();
+    v2.extend(custom_section("runway-test-build", b"2"));
+    let tmp = plugins.join(".static.wasm.tmp");
+    std::fs::write(&tmp, &v2).expect("write v2");
+    std::fs::rename(&tmp, plugins.join("static.wasm")).expect("publish v2");
+    let deadline = Instant::now() + WAIT;
+    while fleet.log().matches("fleeting plugin initialised").count() < 2 {
+        assert!(Instant::now() < deadline, "the new version never served a call:\n{}", fleet.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The job keeps running on its instance and ends well.
+    std::fs::write(&go, "").expect("go");
+    let record = fleet.finished(job).await;
+    assert_success(&record);
+    assert!(record.trace_text().contains("finished"));
+    // The new version serves the same instances: another job runs on them.
+    let next = fleet.enqueue("after", &["echo after"]);
+    let after = fleet.finished(next).await;
+    assert_success(&after);
+    assert!(fleet.servers.iter().any(|s| s.host_entry() == instance_of(&after)));
+
+    let text = fleet.metrics().await;
+    assert_eq!(
+        metric_value(&text, "fleeting_provisioner_instance_operations_total", &["operation=\"create\""]),
+        2.0,
+        "no instance was created again:\n{text}"
+    );
+    for line in text.lines().filter(|l| l.contains("operation=\"remove\"")) {
+        assert!(line.ends_with(" 0"), "an instance was removed: {line}\n{}", fleet.log());
+    }
+    assert_eq!(metric_value(&text, "fleeting_provisioner_instances", &["state=\"running\""]), 2.0, "{text}");
+    assert!(fleet.servers.iter().any(|s| s.host_entry() == instance));
     fleet.stop().await;
 }

@@ -353,6 +353,28 @@ async fn exited(runway: &mut RunwayProcess) -> String {
     panic!("runway did not exit:\n{}", runway.log());
 }
 
+/// Wait until `runway`'s log holds every one of `parts`; the log.
+async fn logged(runway: &RunwayProcess, parts: &[&str]) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let log = runway.log();
+        if parts.iter().all(|p| log.contains(p)) {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "{parts:?} not logged:\n{log}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// SIGQUIT `runway` and wait for it to exit; its log.
+async fn quit(runway: &mut RunwayProcess) -> String {
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(runway.pid().expect("running") as i32, libc::SIGQUIT);
+    }
+    exited(runway).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_auto_scaling_group_follows_idle_count_demand_and_idle_time_and_empties_on_shutdown() {
     let net = 20;
@@ -452,14 +474,14 @@ async fn the_plugin_reaches_only_granted_hosts_with_only_granted_credentials() {
     let grant =
         format!("allow_hosts = [\"127.0.0.1:{elsewhere}\"]\nenv = [\"AWS_ACCESS_KEY_ID\", \"AWS_SECRET_ACCESS_KEY\"]");
     setup.write_config(&moto, &grant, "max_instances = 2", policy);
+    // A provider error does not stop `runway run`: the runner keeps retrying; stop it.
     let mut runway = setup.runway();
     runway.start();
-    let log = exited(&mut runway).await;
-    assert!(
-        log.contains(&format!("denied the request to 127.0.0.1:{}", moto.server.port)) && log.contains("allow_hosts"),
-        "{log}"
-    );
-    assert!(log.contains("HTTP request denied"), "the host logs the refusal:\n{log}");
+    let denied = format!("denied the request to 127.0.0.1:{}", moto.server.port);
+    let log = logged(&runway, &[&denied, "allow_hosts", "HTTP request denied"]).await;
+    assert!(log.contains("fleet provider failed to start"), "{log}");
+    let log = quit(&mut runway).await;
+    assert!(!log.contains("panicked"), "{log}");
 
     // moto is reachable but the credential variables are not granted: the plugin sees none
     // (the runner's own environment has them) and signs nothing.
@@ -471,8 +493,8 @@ async fn the_plugin_reaches_only_granted_hosts_with_only_granted_credentials() {
     );
     let mut runway = setup.runway();
     runway.start();
-    let log = exited(&mut runway).await;
-    assert!(log.contains("no AWS credentials in the environment"), "{log}");
+    logged(&runway, &["no AWS credentials in the environment"]).await;
+    quit(&mut runway).await;
 
     let group = moto.group().await;
     assert_eq!((group.desired, group.instances.len()), (0, 0), "nothing was scaled: {group:?}");
@@ -482,4 +504,50 @@ async fn the_plugin_reaches_only_granted_hosts_with_only_granted_credentials() {
     let mut runway = setup.runway().quit_on_drop();
     runway.start();
     moto.wait_group("one idle instance", &runway, |g| g.in_service().len() == 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_the_group_launches_by_itself_is_adopted_and_runs_jobs() {
+    let net = 22;
+    let moto = Moto::with_group(net, 3).await;
+    let setup = Setup::new(net, &moto).await;
+    setup.write_config(&moto, &moto_grant(&moto), "max_instances = 2", "idle_count = 1\nidle_time = \"1h\"");
+    let mut runway = setup.runway();
+    runway.start();
+    let first = moto.wait_group("one idle instance", &runway, |g| g.in_service().len() == 1 && g.desired == 1).await;
+    let first = first.in_service().into_iter().next().expect("an instance");
+
+    // Detached without decrementing the desired capacity: the group launches a replacement on
+    // its own, as it does after a health check failure or a rebalance.
+    moto.call(
+        "autoscaling",
+        &[
+            ("Action", "DetachInstances"),
+            ("AutoScalingGroupName", GROUP),
+            ("InstanceIds.member.1", &first),
+            ("ShouldDecrementDesiredCapacity", "false"),
+        ],
+    )
+    .await;
+    let group = moto.wait_group("a replacement", &runway, |g| g.in_service().iter().any(|id| *id != first)).await;
+    let replacement = group.in_service().into_iter().find(|id| *id != first).expect("replacement");
+    let described = moto.call("ec2", &[("Action", "DescribeInstances"), ("InstanceId.1", &replacement)]).await;
+    let address = tags(&described, "privateIpAddress").remove(0);
+
+    // The manager adopts it (no deletion as unknown, no instance of its own instead): the job
+    // runs on the instance the group launched.
+    let job = setup.fake.enqueue(setup.fake.job_payload(&JobSpec::new(
+        "group/project",
+        "on-replacement",
+        &["echo \"on $SSH_CONNECTION\""],
+    )));
+    let record = setup.finished(job, &runway).await;
+    let trace = record.trace_text();
+    assert_eq!(record.status, JobStatus::Success, "{trace}");
+    let line = trace.lines().find(|l| l.starts_with("on ")).unwrap_or_else(|| panic!("no SSH line:\n{trace}"));
+    assert_eq!(line.split_whitespace().nth(3), Some(address.as_str()), "{trace}\n{}", runway.log());
+    assert_eq!(moto.ec2_state(&replacement).await, "running");
+    let log = runway.log();
+    let removed = log.lines().find(|l| l.contains("removing instance") && l.contains(&replacement));
+    assert!(removed.is_none(), "{removed:?}\n{log}");
 }

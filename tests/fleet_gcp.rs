@@ -7,12 +7,23 @@
 //! it: it reaches the fake only because the grant names it, and reads its key file only
 //! through a read-only `dirs` grant.
 //!
+//! `runway run` drives the same fake with real `sshd`s on the addresses it hands out: a Spot VM
+//! preempted under a running job drains it (a log line in the job), and the job fails with
+//! `runner_system_failure` when the VM is gone.
+//!
 //! Not run against the real Google Cloud.
 
+#[path = "support/runway_process.rs"]
+mod runway_process;
+#[path = "support/sshd.rs"]
+mod sshd;
+
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -470,4 +481,148 @@ async fn a_managed_instance_group_resizes_deletes_reports_preemptions_and_refuse
         other => panic!("expected a capacity error, got {other:?}"),
     }
     assert_eq!(cloud.lock().expect("cloud").log.iter().filter(|l| l.contains("/resize")).count(), resizes);
+}
+
+/// Wait until `check` holds for job `job`; its record.
+async fn job_where(
+    fake: &fake_gitlab::FakeGitLab,
+    job: i64,
+    what: &str,
+    runway: &runway_process::RunwayProcess,
+    check: impl Fn(&fake_gitlab::JobRecord) -> bool,
+) -> fake_gitlab::JobRecord {
+    match fake.wait_for_job_state(job, check, Duration::from_secs(120)).await {
+        Some(record) => record,
+        None => panic!(
+            "job {job}: {what}; trace:\n{}\nrunway log:\n{}",
+            fake.job(job).map(|j| j.trace_text()).unwrap_or_default(),
+            runway.log()
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_vm_is_drained_under_its_job_which_fails_as_a_system_failure_when_it_goes() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (private, public) = rsa_key(root.path(), "sa");
+    let cloud = start_cloud(public).await;
+    let port = cloud.lock().expect("cloud").port;
+    let creds = root.path().join("gcp");
+    std::fs::create_dir_all(&creds).expect("mkdir");
+    std::fs::write(creds.join("sa.json"), key_file(&private, port)).expect("key file");
+    // The fake gives instance n the internal address 127.0.40.(4+n): one sshd listens on them.
+    let key = sshd::ClientKey::generate();
+    let addrs: Vec<Ipv4Addr> = (4..8).map(|last| Ipv4Addr::new(127, 0, 40, last)).collect();
+    let ssh_port = sshd::free_port(addrs[0]);
+    let ssh = sshd::SshServer::start_on_many(&addrs, ssh_port, &key);
+    let fake = fake_gitlab::FakeGitLab::start_with(fake_gitlab::Config {
+        long_poll: Duration::from_secs(1),
+        trace_update_interval: 1,
+    })
+    .await;
+    let runner = fake.create_runner("gcp-fleet");
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let dir = root.path().join("runway");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let config = format!(
+        r#"concurrent = 2
+check_interval = 1
+shutdown_timeout = 10
+
+[plugins.googlecompute]
+allow_hosts = ["127.0.0.1:{port}"]
+dirs = ["{creds}:/gcp:ro"]
+
+[[runners]]
+name = "gcp-fleet"
+url = "{url}"
+token = "{token}"
+executor = "instance"
+builds_dir = "{builds}"
+
+[runners.autoscaler]
+plugin = "googlecompute"
+max_instances = 2
+update_interval = "1s"
+update_interval_when_expecting = "1s"
+deletion_retry_interval = "2s"
+
+[runners.autoscaler.plugin_config]
+project = "{PROJECT}"
+zone = "{ZONE}"
+name = "{GROUP}"
+credentials_file = "/gcp/sa.json"
+endpoint = "http://127.0.0.1:{port}"
+
+[runners.autoscaler.connector_config]
+username = "{user}"
+key_path = "{key}"
+protocol_port = {ssh_port}
+timeout = "10s"
+
+[[runners.autoscaler.policy]]
+idle_count = 1
+idle_time = "1h"
+"#,
+        creds = creds.display(),
+        url = fake.url(),
+        token = runner.token,
+        builds = dir.join("builds").display(),
+        user = ssh.user,
+        key = key.private_path.display(),
+    );
+    std::fs::write(dir.join("config.toml"), config).expect("config.toml");
+    let mut runway = runway_process::RunwayProcess::new(dir.clone()).quit_on_drop();
+    runway.start();
+
+    let never = dir.join("never");
+    let job = fake.enqueue(fake.job_payload(&fake_gitlab::JobSpec::new(
+        "group/project",
+        "on-spot",
+        &["echo started", &format!("while [ ! -e {} ]; do sleep 0.2; done", never.display())],
+    )));
+    let record = job_where(&fake, job, "did not start", &runway, |j| j.trace_text().contains("started")).await;
+    let trace = record.trace_text();
+    let instance = trace
+        .lines()
+        .find_map(|l| l.split("Instance ").nth(1).and_then(|r| r.split_whitespace().next()))
+        .unwrap_or_else(|| panic!("no instance line:\n{trace}"))
+        .to_string();
+
+    // Google preempts the Spot VM: it is stopping, the plugin reports an interruption.
+    if let Some(m) = cloud.lock().expect("cloud").instances.iter_mut().find(|m| m.name == instance) {
+        m.status = "STOPPING".into();
+    }
+    let notice = format!(
+        "The googlecompute fleeting provider is reclaiming instance {instance} (spot/preemptible capacity reclaimed)"
+    );
+    job_where(&fake, job, "no interruption line", &runway, |j| j.trace_text().contains(&notice)).await;
+    // Drained, not lost: the job still runs, and the idle slot is replaced on another VM.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !cloud.lock().expect("cloud").instances.iter().any(|m| m.name != instance && m.status == "RUNNING") {
+        assert!(Instant::now() < deadline, "no replacement:\n{}", runway.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(fake.job(job).map(|j| j.final_state.is_none()), Some(true), "the job ended early");
+
+    // The VM goes away: the job fails as a system failure, so `retry:` applies.
+    {
+        let mut cloud = cloud.lock().expect("cloud");
+        cloud.instances.retain(|m| m.name != instance);
+        cloud.target -= 1;
+    }
+    let record = job_where(&fake, job, "did not fail", &runway, |j| j.final_state.is_some()).await;
+    let trace = record.trace_text();
+    assert_eq!(record.failure_reason.as_deref(), Some("runner_system_failure"), "{trace}");
+    assert!(
+        trace.contains(&format!("Instance {instance} was taken away by the googlecompute fleeting provider")),
+        "{trace}"
+    );
+
+    // The next job runs on the replacement.
+    let next = fake.enqueue(fake.job_payload(&fake_gitlab::JobSpec::new("group/project", "after", &["echo after"])));
+    let record = job_where(&fake, next, "did not finish", &runway, |j| j.final_state.is_some()).await;
+    assert_eq!(record.status, fake_gitlab::JobStatus::Success, "{}", record.trace_text());
+    assert!(!record.trace_text().contains(&format!("Instance {instance} ")), "{}", record.trace_text());
 }

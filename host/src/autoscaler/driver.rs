@@ -127,6 +127,11 @@ impl Autoscaler {
         self.changed.notify_one();
     }
 
+    /// The provider's last error while its `update()` keeps failing.
+    pub fn provider_error(&self) -> Option<String> {
+        self.lock().engine.provider_error().map(str::to_string)
+    }
+
     /// Gauges and counters.
     pub fn metrics(&self) -> EngineMetrics {
         self.lock().engine.metrics()

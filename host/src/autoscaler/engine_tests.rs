@@ -885,3 +885,6 @@ fn semantics_scale_down_keeps_the_most_recently_used_instances() {
     let left: Vec<String> = h.engine.instance_summary().into_iter().map(|(id, _, _)| id).collect();
     assert_eq!(left, vec![last], "the instance whose job ended last survives");
 }
+
+#[path = "engine_drain_tests.rs"]
+mod drain;

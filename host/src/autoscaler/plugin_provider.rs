@@ -5,18 +5,29 @@
 //! [`FleetingGroup`] on a thread of its own with a single-threaded runtime, and both the
 //! engine (blocking, with a deadline) and async callers (`connect_info`) send it requests.
 //! A plugin that hangs or traps fails that one call; the engine treats it as a provider error.
+//! So does a plugin whose `init` fails (at start or after a hot swap): every call tries `init`
+//! again, paced by the engine's back-off. Interruption notices are asked only of a provider
+//! whose `init` names the `interruptions` capability; `self-launching` makes the engine adopt
+//! instances the group started by itself.
 
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 
-use super::provider::{InstanceGroup, InstanceState, ProviderError};
+use super::provider::{InstanceGroup, InstanceState, Interruption, ProviderError};
 use crate::plugin::fleeting::{
-    ConnectInfo, ConnectorConfig, FleetingFailure, FleetingGroup, InstanceState as WitState, ProviderError as WitError,
-    ProviderInfo,
+    ConnectInfo, ConnectorConfig, FleetingFailure, FleetingGroup, InstanceState as WitState, InterruptionKind,
+    ProviderError as WitError, ProviderInfo,
 };
+
+/// The capability a provider names when it reports interruption notices.
+pub const INTERRUPTIONS: &str = "interruptions";
+/// The capability a provider names when its group launches instances on its own (health
+/// replacement, rebalancing) that the manager should adopt.
+pub const SELF_LAUNCHING: &str = "self-launching";
 use crate::plugin::PluginHost;
 
 type Request = Box<dyn for<'a> FnOnce(&'a FleetingGroup) -> BoxFuture<'a, ()> + Send>;
@@ -26,23 +37,26 @@ type Request = Box<dyn for<'a> FnOnce(&'a FleetingGroup) -> BoxFuture<'a, ()> + 
 pub struct PluginProvider {
     requests: mpsc::UnboundedSender<Request>,
     call_deadline: Duration,
-    /// Provider information from `init`.
-    pub info: ProviderInfo,
+    info: Arc<Mutex<Option<ProviderInfo>>>,
 }
 
 impl PluginProvider {
     /// Start plugin `name` and `init` it with `config_json`; engine calls wait at most
-    /// `call_deadline` for an answer.
+    /// `call_deadline` for an answer. Fails only when the provider's thread cannot start: a
+    /// failed `init` (a host not in `allow_hosts`, bad credentials, a missing plugin) is
+    /// returned beside the provider and tried again on every later call, so the engine's
+    /// back-off paces the retries and the manager keeps running.
     pub async fn start(
         host: &PluginHost,
         name: &str,
         connector: ConnectorConfig,
         config_json: &str,
         call_deadline: Duration,
-    ) -> Result<PluginProvider, FleetingFailure> {
+    ) -> Result<(PluginProvider, Option<FleetingFailure>), FleetingFailure> {
         let (requests, mut inbox) = mpsc::unbounded_channel::<Request>();
         let (started_tx, started_rx) = oneshot::channel();
-        let (host, name, config_json) = (host.clone(), name.to_string(), config_json.to_string());
+        let info = Arc::new(Mutex::new(None));
+        let (host, name, config_json, shared) = (host.clone(), name.to_string(), config_json.to_string(), info.clone());
         let spawned = std::thread::Builder::new().name(format!("fleeting-{name}")).spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
@@ -52,31 +66,42 @@ impl PluginProvider {
                 }
             };
             runtime.block_on(async move {
-                let group = match FleetingGroup::start(&host, &name, connector, &config_json).await {
-                    Ok((group, info)) => {
-                        let _ = started_tx.send(Ok(info));
-                        group
-                    }
-                    Err(e) => {
-                        let _ = started_tx.send(Err(e));
-                        return;
-                    }
-                };
+                let group = FleetingGroup::new(&host, &name, connector, &config_json);
+                let init_error = group.init().await.err();
+                if let Ok(mut info) = shared.lock() {
+                    *info = group.info();
+                }
+                let _ = started_tx.send(Ok(init_error));
                 while let Some(request) = inbox.recv().await {
                     request(&group).await;
+                    if let Ok(mut info) = shared.lock() {
+                        *info = group.info();
+                    }
                 }
-                if let Err(e) = group.shutdown().await {
-                    tracing::warn!(plugin = %name, "fleeting plugin shutdown failed: {e}");
+                if group.info().is_some() {
+                    if let Err(e) = group.shutdown().await {
+                        tracing::warn!(plugin = %name, "fleeting plugin shutdown failed: {e}");
+                    }
                 }
             });
         });
         if let Err(e) = spawned {
             return Err(FleetingFailure::Provider(WitError::Other(format!("cannot start the provider thread: {e}"))));
         }
-        let info = started_rx
+        let init_error = started_rx
             .await
             .map_err(|_| FleetingFailure::Provider(WitError::Other("provider thread ended during init".into())))??;
-        Ok(PluginProvider { requests, call_deadline, info })
+        Ok((PluginProvider { requests, call_deadline, info }, init_error))
+    }
+
+    /// What the plugin's last successful `init` returned (`None` while it keeps failing).
+    pub fn info(&self) -> Option<ProviderInfo> {
+        self.info.lock().ok().and_then(|i| i.clone())
+    }
+
+    /// Whether the provider's last `init` named `capability`.
+    fn has_capability(&self, capability: &str) -> bool {
+        self.info().is_some_and(|i| i.capabilities.iter().any(|c| c == capability))
     }
 
     fn send<R: Send + 'static>(
@@ -175,5 +200,35 @@ impl InstanceGroup for PluginProvider {
     fn heartbeat(&mut self, id: &str) -> Result<(), ProviderError> {
         let id = id.to_string();
         self.call_blocking(move |g| Box::pin(async move { g.heartbeat(&id).await }))
+    }
+
+    fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
+        if !self.has_capability(INTERRUPTIONS) {
+            return Ok(Vec::new());
+        }
+        let notices = self.call_blocking(|g| Box::pin(g.interruptions()))?;
+        Ok(notices
+            .into_iter()
+            .map(|n| Interruption { reason: interruption_reason(n.kind, n.deadline), id: n.id, deadline: n.deadline })
+            .collect())
+    }
+
+    fn launches_on_its_own(&self) -> bool {
+        self.has_capability(SELF_LAUNCHING)
+    }
+}
+
+/// A notice's reason in words, for logs and job traces.
+fn interruption_reason(kind: InterruptionKind, deadline: Option<u64>) -> String {
+    let what = match kind {
+        InterruptionKind::SpotReclaim => "spot/preemptible capacity reclaimed",
+        InterruptionKind::Rebalance => "the group is rebalancing or replacing it",
+        InterruptionKind::Maintenance => "scheduled maintenance",
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    match deadline {
+        Some(at) if at > now => format!("{what}; it goes away in about {}s", at - now),
+        Some(_) => format!("{what}; it goes away now"),
+        None => what.to_string(),
     }
 }

@@ -49,6 +49,18 @@ pub enum ProviderError {
     Other(String),
 }
 
+/// A provider's notice that it will take an instance away (spot reclaim, rebalance,
+/// maintenance).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interruption {
+    /// The instance id.
+    pub id: String,
+    /// Why, in words for logs and job traces (`spot capacity reclaimed`, ...).
+    pub reason: String,
+    /// Unix time (seconds) at which the instance goes away, when the provider knows.
+    pub deadline: Option<u64>,
+}
+
 /// A group of instances the engine scales. Calls are synchronous (plugin calls are); a driver
 /// runs the engine's `tick` off the async executor when calls may block.
 pub trait InstanceGroup: Send {
@@ -60,6 +72,17 @@ pub trait InstanceGroup: Send {
     fn update(&mut self) -> Result<Vec<(String, InstanceState)>, ProviderError>;
     /// Liveness of one instance (the `exit 0` probe).
     fn heartbeat(&mut self, id: &str) -> Result<(), ProviderError>;
+    /// Instances the provider announced it will take away. Asked after every successful
+    /// `update()`; by default there are none.
+    fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
+        Ok(Vec::new())
+    }
+    /// Whether the provider's group launches instances on its own (an Auto Scaling group's
+    /// health replacement or rebalancing): the engine then adopts instances it did not request
+    /// instead of removing them as unknown. By default it does not.
+    fn launches_on_its_own(&self) -> bool {
+        false
+    }
 }
 
 /// A delay distribution, seconds.
@@ -245,6 +268,12 @@ pub struct SimProvider {
     pub increase_calls: u64,
     /// Instances created in total.
     pub created_total: u64,
+    /// Interruption notices `interruptions()` reports (set by tests with [`SimProvider::interrupt`]).
+    notices: Vec<Interruption>,
+    /// The group launches instances on its own (see [`InstanceGroup::launches_on_its_own`]).
+    pub self_launching: bool,
+    /// When set, every call fails with this message (a broken grant, bad credentials).
+    pub failing: Option<String>,
 }
 
 impl SimProvider {
@@ -260,7 +289,33 @@ impl SimProvider {
             gone: Vec::new(),
             increase_calls: 0,
             created_total: 0,
+            notices: Vec::new(),
+            self_launching: false,
+            failing: None,
         }
+    }
+
+    /// Announce that `id` will be taken away for `reason` (reported until it is gone).
+    pub fn interrupt(&mut self, id: &str, reason: &str) {
+        self.notices.push(Interruption { id: id.to_string(), reason: reason.to_string(), deadline: None });
+    }
+
+    /// The group launches one instance by itself (a health replacement), up at once; its id.
+    pub fn launch_on_its_own(&mut self) -> String {
+        let now = self.clock.now();
+        self.next_id += 1;
+        let id = format!("sim-{:06}", self.next_id);
+        let instance = SimInstance {
+            created_at: now,
+            up_at: now,
+            times_out: false,
+            delete_requested_at: None,
+            deleted_at: None,
+            broken: false,
+        };
+        self.instances.insert(id.clone(), instance);
+        self.created_total += 1;
+        id
     }
 
     /// The settings in use.
@@ -338,6 +393,9 @@ impl SimProvider {
 
 impl InstanceGroup for SimProvider {
     fn increase(&mut self, n: u32) -> Result<u32, ProviderError> {
+        if let Some(message) = &self.failing {
+            return Err(ProviderError::Other(message.clone()));
+        }
         let now = self.clock.now();
         self.increase_calls += 1;
         let mut granted = n;
@@ -388,6 +446,9 @@ impl InstanceGroup for SimProvider {
     }
 
     fn update(&mut self) -> Result<Vec<(String, InstanceState)>, ProviderError> {
+        if let Some(message) = &self.failing {
+            return Err(ProviderError::Other(message.clone()));
+        }
         let now = self.clock.now();
         self.prune(now);
         // Like real clouds, deleted instances drop out of the listing.
@@ -397,6 +458,18 @@ impl InstanceGroup for SimProvider {
             .filter(|(_, i)| i.deleted_at.is_none_or(|d| d > now))
             .map(|(id, i)| (id.clone(), self.state_at(i, now)))
             .collect())
+    }
+
+    fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
+        let now = self.clock.now();
+        let live = |id: &str| self.instances.get(id).is_some_and(|i| i.deleted_at.is_none_or(|d| d > now));
+        let notices: Vec<Interruption> = self.notices.iter().filter(|n| live(&n.id)).cloned().collect();
+        self.notices = notices.clone();
+        Ok(notices)
+    }
+
+    fn launches_on_its_own(&self) -> bool {
+        self.self_launching
     }
 
     fn heartbeat(&mut self, id: &str) -> Result<(), ProviderError> {

@@ -5,7 +5,11 @@
 //! job; a job acquires its slot while preparing ([`InstanceSource::connect`]), and
 //! [`Fleet::finish`] releases it afterwards. An instance that drops a job's connection is
 //! probed `failure_threshold` times and replaced when it stays unreachable; an instance the
-//! engine loses under running jobs aborts those jobs with `runner_system_failure`.
+//! engine loses under running jobs aborts those jobs with `runner_system_failure`. An instance
+//! the provider announces it takes away is drained by the engine; the jobs on it get a log line
+//! naming the instance, the provider and its reason. A provider that fails (at start too) never
+//! stops the fleet: it is logged, retried by the engine with back-off and reported through
+//! [`Fleet::provider_error`] and the metrics.
 //! With `state_storage` enabled the engine's snapshot is written under this manager's
 //! identity, so a restart adopts the instances (with their use counts) instead of deleting them.
 
@@ -22,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::autoscaler::from_config::{self, Mapping};
 use crate::autoscaler::{
     AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, NotReady, PluginProvider, ReadyCommand,
-    RealClock, ReserveError,
+    RealClock, RemovalReason, ReserveError,
 };
 use crate::config::autoscaler::{AutoscalerConfig, ConnectorConfigToml, MachineConfig};
 use crate::config::duration::{parse_duration, DurationError};
@@ -205,6 +209,12 @@ impl ReadyCommand for ReadyOverSsh {
     }
 }
 
+/// A job running on the fleet: how to abort it and where its log goes.
+struct TrackedJob {
+    control: JobControl,
+    trace: Arc<dyn TraceSink>,
+}
+
 /// One runner's fleet.
 pub struct Fleet {
     name: String,
@@ -213,7 +223,8 @@ pub struct Fleet {
     failure_threshold: u32,
     shutdown_deletion: (Duration, u32),
     delete_on_shutdown: bool,
-    jobs: Mutex<HashMap<String, JobControl>>,
+    jobs: Mutex<HashMap<String, TrackedJob>>,
+    provider_name: String,
     acquired: Mutex<HashMap<String, String>>,
     state_file: Option<PathBuf>,
     manager_id: String,
@@ -235,7 +246,7 @@ impl Fleet {
         manager_id: &str,
     ) -> Result<Arc<Fleet>, FleetError> {
         let defaults = connector_defaults(&config.connector_config)?;
-        let provider = PluginProvider::start(
+        let (provider, init_error) = PluginProvider::start(
             host,
             &config.plugin,
             plugin_view(&defaults, &config.connector_config),
@@ -244,7 +255,17 @@ impl Fleet {
         )
         .await
         .map_err(|e| FleetError::Plugin { plugin: config.plugin.clone(), message: e.to_string() })?;
-        tracing::info!(runner = name, plugin = %config.plugin, group = %provider.info.id, "fleet provider ready");
+        match (init_error, provider.info()) {
+            (None, Some(info)) => {
+                tracing::info!(runner = name, plugin = %config.plugin, group = %info.id, "fleet provider ready")
+            }
+            (error, _) => tracing::error!(
+                runner = name,
+                plugin = %config.plugin,
+                "fleet provider failed to start: {}; this runner asks GitLab for no job until it answers (retrying with back-off); other runners are not affected",
+                error.map(|e| e.to_string()).unwrap_or_default()
+            ),
+        }
         let settings = from_config::settings(config, machine, runner_limit, Mapping::RUN);
         let clock = Arc::new(RealClock::new());
         let saved: Option<EngineSnapshot> =
@@ -270,6 +291,7 @@ impl Fleet {
             shutdown_deletion: (config.shutdown_deletion_interval, config.shutdown_deletion_retries),
             delete_on_shutdown: config.delete_instances_on_shutdown,
             jobs: Mutex::default(),
+            provider_name: config.plugin.clone(),
             acquired: Mutex::default(),
             state_file,
             manager_id: manager_id.to_string(),
@@ -304,11 +326,17 @@ impl Fleet {
         self.scaler.unreserve(key);
     }
 
-    /// Follow a job so an instance lost under it aborts it.
-    pub fn track(&self, key: &str, control: JobControl) {
+    /// Follow a job so an instance lost under it aborts it, and a notice that its instance is
+    /// being reclaimed is written to its trace.
+    pub fn track(&self, key: &str, control: JobControl, trace: Arc<dyn TraceSink>) {
         if let Ok(mut jobs) = self.jobs.lock() {
-            jobs.insert(key.to_string(), control);
+            jobs.insert(key.to_string(), TrackedJob { control, trace });
         }
+    }
+
+    /// The provider's last error while it keeps failing (`None` while it answers).
+    pub fn provider_error(&self) -> Option<String> {
+        self.scaler.provider_error()
     }
 
     /// Gauges and counters of the engine.
@@ -425,20 +453,50 @@ impl InstanceSource for Fleet {
     }
 }
 
+impl Fleet {
+    /// The jobs under `keys` still followed.
+    fn tracked(&self, keys: &[String]) -> Vec<TrackedJob> {
+        let Ok(jobs) = self.jobs.lock() else { return Vec::new() };
+        keys.iter()
+            .filter_map(|k| jobs.get(k).map(|j| TrackedJob { control: j.control.clone(), trace: j.trace.clone() }))
+            .collect()
+    }
+}
+
 async fn handle_events(fleet: std::sync::Weak<Fleet>, mut events: mpsc::UnboundedReceiver<EngineEvent>) {
     while let Some(event) = events.recv().await {
         let Some(fleet) = fleet.upgrade() else { return };
         match event {
             EngineEvent::InstanceLost { instance, keys, reason } => {
                 tracing::warn!(runner = %fleet.name, instance, reason = reason.as_str(), jobs = keys.len(), "instance lost under running jobs");
-                let jobs = fleet
-                    .jobs
-                    .lock()
-                    .map(|j| keys.iter().filter_map(|k| j.get(k).cloned()).collect::<Vec<_>>())
-                    .unwrap_or_default();
-                for control in jobs {
-                    control.abort_with(FailureReason::RunnerSystemFailure);
+                for job in fleet.tracked(&keys) {
+                    if reason == RemovalReason::Interrupted {
+                        job.trace.warning(&format!(
+                            "Instance {instance} was taken away by the {} fleeting provider: failing the job with runner_system_failure (retry: when: runner_system_failure applies)",
+                            fleet.provider_name
+                        ));
+                    }
+                    job.control.abort_with(FailureReason::RunnerSystemFailure);
                 }
+            }
+            EngineEvent::InstanceInterrupted { instance, reason, keys } => {
+                tracing::warn!(runner = %fleet.name, instance, reason, jobs = keys.len(), "the provider is reclaiming an instance; draining it (no new jobs)");
+                for job in fleet.tracked(&keys) {
+                    job.trace.warning(&format!(
+                        "The {} fleeting provider is reclaiming instance {instance} ({reason}). No new job goes to it; this job runs on until the instance goes away, and then fails with runner_system_failure.",
+                        fleet.provider_name
+                    ));
+                }
+            }
+            EngineEvent::ProviderFailing { message, failures, retry_in } => {
+                if failures == 1 {
+                    tracing::error!(runner = %fleet.name, plugin = %fleet.provider_name, "fleet provider failing: {message}; this runner asks GitLab for no job it cannot run; retrying in {}s", retry_in.as_secs());
+                } else {
+                    tracing::warn!(runner = %fleet.name, plugin = %fleet.provider_name, failures, "fleet provider still failing: {message}; retrying in {}s", retry_in.as_secs());
+                }
+            }
+            EngineEvent::ProviderRecovered { failures } => {
+                tracing::info!(runner = %fleet.name, plugin = %fleet.provider_name, failures, "fleet provider answers again");
             }
             EngineEvent::InstanceRemoved { instance, reason } => {
                 tracing::info!(runner = %fleet.name, instance, reason = reason.as_str(), "removing instance");

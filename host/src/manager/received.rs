@@ -340,7 +340,7 @@ pub(super) async fn run_received(
     env.settings.concurrent_id = slot.concurrent_id;
     env.settings.concurrent_project_id = slot.concurrent_project_id;
     if let Some(reservation) = &reservation {
-        reservation.fleet.track(&reservation.key, control.clone());
+        reservation.fleet.track(&reservation.key, control.clone(), Arc::new(trace.clone()));
         env.instance = Some(InstanceLease { source: reservation.fleet.clone(), key: reservation.key.clone() });
     }
 

@@ -161,6 +161,11 @@ impl Metrics {
                 }
             }
         }
+        for fleet in &inner.fleets {
+            if let Some(error) = fleet.provider_error() {
+                let _ = writeln!(out, "runner {} fleet provider failing: {error}", fleet.name());
+            }
+        }
         out
     }
 
@@ -388,6 +393,42 @@ fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
             "fleeting_taskscaler_acquisitions_total{{runner=\"{runner}\",system_id=\"{sid}\",result=\"timeout\"}} {}",
             m.acquisition_timeouts_total
         );
+    }
+    render_fleet_health(out, sid, &all);
+}
+
+/// Runway's own fleet gauges: whether the provider answers, instances being drained after an
+/// interruption notice, notices and adoptions in total.
+fn render_fleet_health(out: &mut String, sid: &str, all: &[(String, crate::autoscaler::EngineMetrics)]) {
+    type Read = fn(&crate::autoscaler::EngineMetrics) -> u64;
+    let families: [(&str, &str, &str, Read); 4] = [
+        (
+            "runway_fleet_provider_up",
+            "gauge",
+            "Whether the fleeting provider answers (0: it fails; the runner asks for no job it cannot run).",
+            |m| u64::from(m.provider_consecutive_failures == 0),
+        ),
+        (
+            "runway_fleet_instances_interrupted",
+            "gauge",
+            "Instances the provider announced it takes away, being drained.",
+            |m| u64::from(m.instances_interrupted),
+        ),
+        ("runway_fleet_interruptions_total", "counter", "Interruption notices received (one per instance).", |m| {
+            m.interruptions_total
+        }),
+        (
+            "runway_fleet_instances_adopted_total",
+            "counter",
+            "Instances the provider's group launched on its own, adopted.",
+            |m| m.instances_adopted_total,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (runner, m) in all {
+            let _ = writeln!(out, "{name}{{runner=\"{runner}\",system_id=\"{sid}\"}} {}", value(m));
+        }
     }
 }
 

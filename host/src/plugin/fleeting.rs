@@ -62,6 +62,8 @@ pub struct FleetingGroup {
     connector: ConnectorConfig,
     config_json: String,
     live: Mutex<Option<Live>>,
+    /// What the last successful `init` returned.
+    info: std::sync::Mutex<Option<ProviderInfo>>,
 }
 
 type Call<'a, R> = BoxFuture<'a, wasmtime::Result<Result<R, ProviderError>>>;
@@ -75,26 +77,40 @@ impl FleetingGroup {
         connector: ConnectorConfig,
         config_json: &str,
     ) -> Result<(FleetingGroup, ProviderInfo), FleetingFailure> {
-        let group = FleetingGroup {
+        let group = FleetingGroup::new(host, name, connector, config_json);
+        let info = group.init().await?;
+        Ok((group, info))
+    }
+
+    /// The group of plugin `name`, not yet started: the first call (or [`FleetingGroup::init`])
+    /// instantiates the plugin and calls `init`; a failed `init` is tried again on the next call.
+    pub fn new(host: &PluginHost, name: &str, connector: ConnectorConfig, config_json: &str) -> FleetingGroup {
+        FleetingGroup {
             host: host.clone(),
             name: name.to_string(),
             connector,
             config_json: config_json.to_string(),
             live: Mutex::new(None),
-        };
-        let info = {
-            let mut live = group.live.lock().await;
-            group.ensure(&mut live).await?
-        };
-        Ok((
-            group,
-            info.unwrap_or_else(|| ProviderInfo {
-                id: String::new(),
-                max_size: 0,
-                version: String::new(),
-                capabilities: Vec::new(),
-            }),
-        ))
+            info: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Instantiate the current version of the plugin and `init` it when no live instance
+    /// exists (or a newer version was published); the provider information.
+    pub async fn init(&self) -> Result<ProviderInfo, FleetingFailure> {
+        let mut live = self.live.lock().await;
+        self.ensure(&mut live).await?;
+        Ok(self.info().unwrap_or_else(|| ProviderInfo {
+            id: String::new(),
+            max_size: 0,
+            version: String::new(),
+            capabilities: Vec::new(),
+        }))
+    }
+
+    /// What the plugin's last successful `init` returned (`None` before one succeeded).
+    pub fn info(&self) -> Option<ProviderInfo> {
+        self.info.lock().ok().and_then(|i| i.clone())
     }
 
     fn current(&self) -> Result<Arc<LoadedPlugin>, FleetingFailure> {
@@ -149,6 +165,9 @@ impl FleetingGroup {
             Err(f) => return Err(FleetingFailure::Plugin(classify(&plugin.meta.name, f, store.data()))),
         };
         tracing::info!(plugin = %plugin.meta.name, version = %plugin.meta.version, group = %info.id, "fleeting plugin initialised");
+        if let Ok(mut saved) = self.info.lock() {
+            *saved = Some(info.clone());
+        }
         *live = Some(Live { plugin, store, bindings });
         Ok(Some(info))
     }

@@ -242,7 +242,9 @@ impl InstanceGroup for AwsGroup {
             id: format!("aws/{region}/{}", config.name),
             max_size: described.max_size,
             version: env!("CARGO_PKG_VERSION").into(),
-            capabilities: vec!["interruptions".into()],
+            // The group replaces unhealthy instances and rebalances zones by itself: the
+            // manager adopts those instances instead of removing them as unknown.
+            capabilities: vec!["interruptions".into(), "self-launching".into()],
         };
         Ok((group, info))
     }

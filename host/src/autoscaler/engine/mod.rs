@@ -7,7 +7,10 @@
 //! capacity from the active policy, scale-up bounded by `max_instances`, the scale throttle,
 //! the legacy `MaxGrowthRate` and a back-off after failed creations, scale-down of instances
 //! idle beyond `idle_time`, the instance lifecycle (creating → ready check → ready → deleting),
-//! heartbeats, lost-instance reporting, removal reasons, metrics and snapshot/restore.
+//! heartbeats, lost-instance reporting, removal reasons, metrics and snapshot/restore; the
+//! draining of instances with interruption notices, the back-off while the provider fails (no
+//! reservation it could not honour meanwhile) and the adoption of instances a self-launching
+//! group started on its own.
 //! It does not run ready commands or heartbeats over SSH itself: it emits
 //! [`EngineEvent::ReadyCheckRequested`] and takes the answer through
 //! [`Taskscaler::ready_check_finished`]; heartbeats go through [`InstanceGroup::heartbeat`].
@@ -61,6 +64,8 @@ struct Instance {
     next_heartbeat: Moment,
     /// Restored from a snapshot and not yet confirmed by `update()`; holds the saved keys.
     awaiting_adoption: Option<Vec<String>>,
+    /// The provider announced it takes this instance away (its reason): draining, no new jobs.
+    interrupted: Option<String>,
 }
 
 impl Instance {
@@ -77,6 +82,7 @@ impl Instance {
             heartbeat_failures: 0,
             next_heartbeat: now,
             awaiting_adoption: None,
+            interrupted: None,
         }
     }
 
@@ -88,10 +94,13 @@ impl Instance {
         matches!(self.phase, Phase::Deleting { .. })
     }
 
-    /// Slots this instance can still give out, were it ready.
+    /// Slots this instance can still give out, were it ready (none once interrupted: its free
+    /// slots leave the capacity, so the policy replaces them).
     fn usable(&self, capacity: u32, max_use: u32) -> u32 {
         let free = capacity.saturating_sub(self.active());
-        if max_use == 0 {
+        if self.interrupted.is_some() {
+            0
+        } else if max_use == 0 {
             free
         } else {
             free.min(max_use.saturating_sub(self.use_count + self.active()))
@@ -103,7 +112,7 @@ impl Instance {
     }
 
     fn assignable(&self) -> bool {
-        self.phase == Phase::Ready && self.awaiting_adoption.is_none()
+        self.phase == Phase::Ready && self.awaiting_adoption.is_none() && self.interrupted.is_none()
     }
 }
 
@@ -128,6 +137,10 @@ pub struct Taskscaler {
     events: Vec<EngineEvent>,
     metrics: EngineMetrics,
     predictor: Option<Predictor>,
+    /// Consecutive failed `update()` calls (0: the provider answers).
+    provider_failures: u32,
+    /// The last provider error while `provider_failures > 0`.
+    provider_error: Option<String>,
 }
 
 impl Taskscaler {
@@ -156,6 +169,8 @@ impl Taskscaler {
             events: Vec::new(),
             metrics: EngineMetrics::default(),
             predictor,
+            provider_failures: 0,
+            provider_error: None,
         })
     }
 
@@ -193,6 +208,7 @@ impl Taskscaler {
                     heartbeat_failures: 0,
                     next_heartbeat: now,
                     awaiting_adoption: Some(saved.acquisitions.clone()),
+                    interrupted: None,
                 },
             );
         }
@@ -270,7 +286,10 @@ impl Taskscaler {
         }
         let census = self.census();
         let demand = census.reserved + census.pending;
-        let ok = if self.preemptive(now) {
+        // While the provider fails no instance can be created: only idle slots on ready
+        // instances can take a job, so no job is asked for that could not run.
+        let provider_down = self.provider_failures > 0;
+        let ok = if provider_down || self.preemptive(now) {
             census.idle > demand
         } else if self.cfg.max_instances > 0 {
             let max_slots = self.cfg.max_instances.saturating_mul(self.cfg.capacity);
@@ -420,7 +439,14 @@ impl Taskscaler {
         m.slots_acquired = c.acquired;
         m.slots_unavailable = c.unavailable;
         m.slots_unhealthy = c.unhealthy;
+        m.instances_interrupted = self.instances.values().filter(|i| i.interrupted.is_some()).count() as u32;
+        m.provider_consecutive_failures = self.provider_failures;
         m
+    }
+
+    /// The provider's last error while its `update()` keeps failing (`None` when it answers).
+    pub fn provider_error(&self) -> Option<&str> {
+        self.provider_error.as_deref()
     }
 
     /// Instances in any state, including requested ones not yet listed by the provider.

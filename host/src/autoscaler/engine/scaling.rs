@@ -11,6 +11,10 @@ use super::{AcquireError, Acquisition, EngineEvent, Instance, KeyState, Phase, R
 use crate::autoscaler::clock::Moment;
 use crate::autoscaler::provider::{InstanceGroup, InstanceState, ProviderError};
 
+/// The longest pause between `update()` calls while the provider keeps failing (unless
+/// `update_interval` is longer).
+const PROVIDER_RETRY_MAX: Duration = Duration::from_secs(60);
+
 impl Taskscaler {
     pub(super) fn census(&self) -> Census {
         let mut c = Census::default();
@@ -143,6 +147,10 @@ impl Taskscaler {
     /// The provider removed an instance we did not ask it to remove.
     pub(super) fn instance_vanished(&mut self, id: &str, now: Moment) {
         let Some(inst) = self.instances.get(id) else { return };
+        if inst.interrupted.is_some() && !inst.is_deleting() {
+            // Announced: no provisioning failure, no back-off; jobs still on it are lost.
+            return self.mark_for_removal(id, RemovalReason::Interrupted);
+        }
         match inst.phase {
             Phase::Deleting { .. } => {}
             Phase::Creating | Phase::ReadyCheck => {
@@ -181,15 +189,57 @@ impl Taskscaler {
         }
     }
 
-    pub(super) fn poll_provider(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
-        let listed = match provider.update() {
-            Ok(listed) => listed,
+    /// `update()` failed: no scaling until it answers; ask again after a growing interval
+    /// (`update_interval_when_expecting` doubled per failure, at most the larger of
+    /// `update_interval` and [`PROVIDER_RETRY_MAX`]).
+    fn provider_failed(&mut self, now: Moment, error: &ProviderError) {
+        self.metrics.provider_errors_total += 1;
+        self.provider_failures = self.provider_failures.saturating_add(1);
+        let base = self.cfg.raw.update_interval_when_expecting;
+        let cap = self.cfg.raw.update_interval.max(PROVIDER_RETRY_MAX);
+        let factor = 1u32 << self.provider_failures.saturating_sub(1).min(16);
+        let retry_in = base.saturating_mul(factor).min(cap);
+        let message = match error {
+            ProviderError::Other(m) => m.clone(),
+            capacity => capacity.to_string(),
+        };
+        self.provider_error = Some(message.clone());
+        self.next_update = now.plus(retry_in);
+        self.events.push(EngineEvent::ProviderFailing { message, failures: self.provider_failures, retry_in });
+    }
+
+    /// Drain the instances the provider announced it takes away.
+    fn apply_interruptions(&mut self, provider: &mut dyn InstanceGroup) {
+        let notices = match provider.interruptions() {
+            Ok(notices) => notices,
             Err(_) => {
                 self.metrics.provider_errors_total += 1;
-                self.next_update = now.plus(self.cfg.raw.update_interval_when_expecting);
                 return;
             }
         };
+        for notice in notices {
+            let Some(inst) = self.instances.get_mut(&notice.id) else { continue };
+            if inst.is_deleting() || inst.interrupted.is_some() {
+                continue;
+            }
+            inst.interrupted = Some(notice.reason.clone());
+            let keys: Vec<String> = inst.slots.iter().flatten().cloned().collect();
+            self.metrics.interruptions_total += 1;
+            self.events.push(EngineEvent::InstanceInterrupted { instance: notice.id, reason: notice.reason, keys });
+        }
+    }
+
+    pub(super) fn poll_provider(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
+        let listed = match provider.update() {
+            Ok(listed) => listed,
+            Err(e) => return self.provider_failed(now, &e),
+        };
+        if self.provider_failures > 0 {
+            self.events.push(EngineEvent::ProviderRecovered { failures: self.provider_failures });
+            self.provider_failures = 0;
+            self.provider_error = None;
+        }
+        self.apply_interruptions(provider);
         // Forget creations the provider never delivered.
         let timeout = self.cfg.raw.pending_request_timeout;
         while self.requested.front().is_some_and(|t| t.plus(timeout) <= now) {
@@ -208,6 +258,11 @@ impl Taskscaler {
                     let mut inst = Instance::discovered(Phase::Creating, now, self.cfg.capacity);
                     inst.requested_at = Some(requested);
                     self.instances.insert(id.clone(), inst);
+                } else if self.synced && provider.launches_on_its_own() {
+                    // The group launched it by itself (a health replacement, rebalancing): it is
+                    // the group's, so ours; it goes through the ready check like any new one.
+                    self.instances.insert(id.clone(), Instance::discovered(Phase::Creating, now, self.cfg.capacity));
+                    self.metrics.instances_adopted_total += 1;
                 } else {
                     // No saved state for it: remove for safety.
                     self.instances.insert(
@@ -238,6 +293,9 @@ impl Taskscaler {
                     }
                 }
                 (Phase::Deleting { .. }, _) => {}
+                // An interrupted instance being taken away still runs its jobs until it is gone.
+                (Phase::Ready, InstanceState::Deleting)
+                    if self.instances.get(id).is_some_and(|i| i.interrupted.is_some()) => {}
                 (_, InstanceState::Deleted) | (_, InstanceState::Deleting) => self.instance_vanished(id, now),
                 (Phase::Creating, InstanceState::Running) => {
                     if self.instances.get(id).is_some_and(|i| i.awaiting_adoption.is_some()) {
@@ -281,7 +339,12 @@ impl Taskscaler {
         let due: Vec<String> = self
             .instances
             .iter()
-            .filter(|(_, i)| i.phase == Phase::Ready && i.awaiting_adoption.is_none() && i.next_heartbeat <= now)
+            .filter(|(_, i)| {
+                i.phase == Phase::Ready
+                    && i.awaiting_adoption.is_none()
+                    && i.interrupted.is_none()
+                    && i.next_heartbeat <= now
+            })
             .map(|(id, _)| id.clone())
             .collect();
         for id in due {

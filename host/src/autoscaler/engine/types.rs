@@ -35,11 +35,14 @@ pub enum RemovalReason {
     OverLimit,
     /// Restored with acquisitions from before a restart (unless `keep_instance_with_acquisitions`).
     AbandonedAcquisitions,
+    /// The provider announced it takes the instance away (spot reclaim, rebalance,
+    /// maintenance) and then did.
+    Interrupted,
 }
 
 impl RemovalReason {
     /// All reasons, for metric registration.
-    pub const ALL: [RemovalReason; 10] = [
+    pub const ALL: [RemovalReason; 11] = [
         RemovalReason::Idle,
         RemovalReason::MaxUseCount,
         RemovalReason::Unhealthy,
@@ -50,6 +53,7 @@ impl RemovalReason {
         RemovalReason::Unknown,
         RemovalReason::OverLimit,
         RemovalReason::AbandonedAcquisitions,
+        RemovalReason::Interrupted,
     ];
 
     /// The metric label value.
@@ -65,6 +69,7 @@ impl RemovalReason {
             RemovalReason::Unknown => "unknown",
             RemovalReason::OverLimit => "over_limit",
             RemovalReason::AbandonedAcquisitions => "abandoned_acquisitions",
+            RemovalReason::Interrupted => "interrupted",
         }
     }
 }
@@ -113,6 +118,32 @@ pub enum EngineEvent {
         instance: String,
         /// The saved keys.
         keys: Vec<String>,
+    },
+    /// The provider announced it takes an instance away: it is drained (no new jobs, its free
+    /// slots leave the capacity); jobs still on it run until it disappears.
+    InstanceInterrupted {
+        /// The instance id.
+        instance: String,
+        /// The provider's reason (`spot reclaim`, `rebalance`, `maintenance`, with the deadline
+        /// when known).
+        reason: String,
+        /// Keys of the jobs running on it.
+        keys: Vec<String>,
+    },
+    /// `update()` failed: no instance is created until it answers again; the engine retries
+    /// with a growing interval.
+    ProviderFailing {
+        /// The provider's error.
+        message: String,
+        /// Consecutive failures so far.
+        failures: u32,
+        /// When the engine asks again.
+        retry_in: Duration,
+    },
+    /// `update()` answers again after failing.
+    ProviderRecovered {
+        /// How many consecutive calls had failed.
+        failures: u32,
     },
     /// The engine decided to remove an instance.
     InstanceRemoved {
@@ -218,6 +249,14 @@ pub struct EngineMetrics {
     pub instances_lost_total: u64,
     /// Failed provider calls.
     pub provider_errors_total: u64,
+    /// Instances the provider announced it takes away (draining).
+    pub instances_interrupted: u32,
+    /// Interruption notices received in total (one per instance).
+    pub interruptions_total: u64,
+    /// Instances the provider's group launched on its own that were adopted.
+    pub instances_adopted_total: u64,
+    /// Consecutive failed `update()` calls (0 while the provider answers).
+    pub provider_consecutive_failures: u32,
 }
 
 /// Saved state of one instance.

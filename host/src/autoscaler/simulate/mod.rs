@@ -244,7 +244,11 @@ pub fn run_simulation(
                             }
                         }
                     }
-                    EngineEvent::AcquisitionsAbandoned { .. } | EngineEvent::InstanceRemoved { .. } => {}
+                    EngineEvent::AcquisitionsAbandoned { .. }
+                    | EngineEvent::InstanceRemoved { .. }
+                    | EngineEvent::InstanceInterrupted { .. }
+                    | EngineEvent::ProviderFailing { .. }
+                    | EngineEvent::ProviderRecovered { .. } => {}
                 }
             }
             if !engine.needs_tick() {
