@@ -24,6 +24,7 @@ use super::predictive::Predictor;
 use super::provider::InstanceGroup;
 use super::settings::{AutoscalerSettings, CompiledSettings, SettingsError};
 
+mod keys;
 mod scaling;
 mod types;
 
@@ -111,7 +112,7 @@ impl Instance {
 pub struct Taskscaler {
     cfg: CompiledSettings,
     instances: BTreeMap<String, Instance>,
-    keys: HashMap<String, KeyState>,
+    keys: keys::Keys,
     pending_order: VecDeque<String>,
     failed_keys: HashMap<String, AcquireError>,
     requested: VecDeque<Moment>,
@@ -139,7 +140,7 @@ impl Taskscaler {
         Ok(Taskscaler {
             cfg,
             instances: BTreeMap::new(),
-            keys: HashMap::new(),
+            keys: keys::Keys::default(),
             pending_order: VecDeque::new(),
             failed_keys: HashMap::new(),
             requested: VecDeque::new(),
@@ -442,8 +443,8 @@ impl Taskscaler {
                 t = m;
             }
         };
-        for state in self.keys.values() {
-            if let KeyState::Pending { deadline } = state {
+        for key in &self.pending_order {
+            if let Some(KeyState::Pending { deadline }) = self.keys.get(key) {
                 consider(*deadline);
             }
         }
