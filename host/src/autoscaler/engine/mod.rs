@@ -91,11 +91,17 @@ impl Instance {
 
     /// Slots this instance can still give out, were it ready.
     fn usable(&self, capacity: u32, max_use: u32) -> u32 {
-        let free = capacity.saturating_sub(self.active());
+        self.usable_with(self.active(), capacity, max_use)
+    }
+
+    /// [`Instance::usable`] with `active` (= [`Instance::active`]) already counted: hot loops
+    /// count the slots once.
+    fn usable_with(&self, active: u32, capacity: u32, max_use: u32) -> u32 {
+        let free = capacity.saturating_sub(active);
         if max_use == 0 {
             free
         } else {
-            free.min(max_use.saturating_sub(self.use_count + self.active()))
+            free.min(max_use.saturating_sub(self.use_count + active))
         }
     }
 

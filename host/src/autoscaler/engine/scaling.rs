@@ -17,7 +17,6 @@ impl Taskscaler {
         let cap = self.cfg.capacity;
         let max_use = self.cfg.max_use;
         for inst in self.instances.values() {
-            let active = inst.active();
             match inst.phase {
                 Phase::Deleting { .. } => {
                     c.deleting += 1;
@@ -27,8 +26,9 @@ impl Taskscaler {
                 Phase::ReadyCheck => c.ready_checking += 1,
                 Phase::Ready => c.ready += 1,
             }
+            let active = inst.active();
             c.acquired += active;
-            let usable = inst.usable(cap, max_use);
+            let usable = inst.usable_with(active, cap, max_use);
             c.unavailable += cap - active - usable;
             if inst.assignable() {
                 if inst.heartbeat_failures > 0 {
@@ -73,12 +73,25 @@ impl Taskscaler {
         let cap = self.cfg.capacity;
         let max_use = self.cfg.max_use;
         while let Some(key) = self.pending_order.front().cloned() {
-            let best = self
-                .instances
-                .iter()
-                .filter(|(_, i)| i.assignable() && i.heartbeat_failures == 0 && i.usable(cap, max_use) > 0)
-                .max_by(|(_, a), (_, b)| a.active().cmp(&b.active()).then_with(|| b.ready_at.cmp(&a.ready_at)))
-                .map(|(id, _)| id.clone());
+            // The maximum by (active, earliest ready); among equals the last in id order, as
+            // `Iterator::max_by` picks. One pass, each instance's slots counted once.
+            let mut best: Option<(&String, u32, Option<Moment>)> = None;
+            for (id, i) in &self.instances {
+                if !i.assignable() || i.heartbeat_failures != 0 {
+                    continue;
+                }
+                let active = i.active();
+                if i.usable_with(active, cap, max_use) == 0 {
+                    continue;
+                }
+                let wins = best.is_none_or(|(_, b_active, b_ready)| {
+                    active.cmp(&b_active).then_with(|| b_ready.cmp(&i.ready_at)) != std::cmp::Ordering::Less
+                });
+                if wins {
+                    best = Some((id, active, i.ready_at));
+                }
+            }
+            let best = best.map(|(id, _, _)| id.clone());
             let Some(id) = best else { break };
             self.pending_order.pop_front();
             let Some(inst) = self.instances.get_mut(&id) else { break };
