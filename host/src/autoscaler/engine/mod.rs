@@ -13,8 +13,9 @@
 //! [`Taskscaler::ready_check_finished`]; heartbeats go through [`InstanceGroup::heartbeat`].
 //!
 //! This file holds the engine's state and its public calls; `scaling` holds what a tick does
-//! (provider polling, heartbeats, slot assignment, scale up/down, deletions) and `types` the
-//! plain types the engine hands out (events, errors, metrics, snapshots).
+//! (provider polling, heartbeats, slot assignment, scale up/down, deletions), `keys` the table
+//! of job keys with its counts by state, and `types` the plain types the engine hands out
+//! (events, errors, metrics, snapshots).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
