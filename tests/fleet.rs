@@ -576,3 +576,131 @@ async fn a_fleeting_plugin_hot_swapped_under_a_running_job_adopts_its_instances(
     assert!(fleet.servers.iter().any(|s| s.host_entry() == instance));
     fleet.stop().await;
 }
+
+/// Milliseconds since the Unix epoch (the engine's `Moment` on its real clock).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Seconds from `from_ms` to `to_ms` (negative when `to_ms` is earlier), for the timeline.
+fn secs_between(from_ms: u64, to_ms: u64) -> f64 {
+    (to_ms as f64 - from_ms as f64) / 1000.0
+}
+
+/// The predictive policy in production (issue 17): `runway run`, the static provider over
+/// real sshd and the fake GitLab with long polling. The fleet state holds a previous week's
+/// record, written through Runway's own types and state file, of three jobs arriving in a
+/// 20-second slot a minute or so from now. `idle_count = 0`, so nothing but that forecast asks
+/// for instances: they are created and become ready while runway long-polls an empty queue,
+/// before the burst's jobs exist; the jobs then run on them and no instance is created for
+/// them. Order of events is asserted, durations are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_predictive_policy_pre_warms_before_the_burst_its_history_expects() {
+    use runway::autoscaler::predictive::{DayRecord, PredictorState};
+    use runway::autoscaler::{EngineSnapshot, Moment};
+
+    const SLOT_S: u64 = 20;
+    let mut fleet = Fleet::new(&[13, 14, 15]).await;
+    fleet.write_config(
+        "max_instances = 3\ninstance_ready_command = \"test -d /\"\n\
+         predictive = { enabled = true, slot_length = \"20s\", lead_time = \"20s\", max_idle_time = \"20m\" }",
+        "idle_count = 0\nidle_time = \"20m\"",
+    );
+
+    // The burst's slot: the first one starting 60 s or more from now (runway's start, with the
+    // static plugin compiled, fits well within that).
+    let seeded_at = wall_ms();
+    let burst_s = (seeded_at / 1000 + 60).div_ceil(SLOT_S) * SLOT_S;
+    let burst_ms = burst_s * 1000;
+    let (day, slot) = (burst_s / 86_400, ((burst_s % 86_400) / SLOT_S) as usize);
+    let mut rise = vec![0u16; (86_400 / SLOT_S) as usize];
+    rise[slot] = 3;
+    let history = PredictorState {
+        slot_secs: SLOT_S,
+        days: [DayRecord { day: day - 7, rise }].into(),
+        ..PredictorState::default()
+    };
+    let manager = runway::config::system_id(fleet.dir.path()).expect("system id");
+    let state_file = runway::store::fleet_state::state_file(
+        true,
+        None,
+        fleet.dir.path(),
+        &runway::config::short_token(&fleet.runner.token),
+    )
+    .expect("state file path");
+    let snapshot =
+        EngineSnapshot { version: 1, taken_at: Moment(seeded_at), instances: Vec::new(), predictor: Some(history) };
+    runway::store::fleet_state::write_state(&state_file, &manager, &snapshot).expect("seed the fleet state");
+
+    fleet.start();
+    let started = wall_ms();
+    // Watch the fleet while runway long-polls an empty queue.
+    let deadline = Instant::now() + Duration::from_millis(burst_ms.saturating_sub(wall_ms())) + WAIT;
+    let mut created_at = None;
+    let (polls_before_ready, ready_at) = loop {
+        let text = fleet.metrics().await;
+        let now = wall_ms();
+        let created = metric_value(&text, "fleeting_provisioner_instance_operations_total", &["operation=\"create\""]);
+        let ready = metric_value(&text, "fleeting_provisioner_instances", &["state=\"running\""]);
+        let idle = metric_value(&text, "fleeting_taskscaler_tasks", &["state=\"idle\""]);
+        if created > 0.0 && created_at.is_none() {
+            created_at = Some(now);
+        }
+        if ready == 3.0 && idle == 3.0 {
+            break (fleet.fake.requests_to("POST", "/api/v4/jobs/request").len(), now);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no pre-warmed fleet by the burst's slot ({created} created, {ready} ready)\n{text}\nrunway log:\n{}",
+            fleet.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let created_at = created_at.unwrap_or(ready_at);
+    assert!(polls_before_ready >= 1, "runway was polling GitLab (long polling) while the fleet warmed up");
+    assert_eq!(
+        fleet.metric("fleeting_provisioner_instance_operations_total", &["operation=\"create\""]).await,
+        3.0,
+        "exactly the forecast: three instances"
+    );
+
+    // The burst arrives at its slot (or now, had warming taken longer): only after the fleet
+    // was ready.
+    let wait = Duration::from_millis(burst_ms.saturating_sub(wall_ms()));
+    tokio::time::sleep(wait).await;
+    let enqueued_at = wall_ms();
+    assert!(ready_at <= enqueued_at, "instances ready before the burst's jobs were enqueued");
+    let jobs: Vec<i64> = (0..3)
+        .map(|i| fleet.enqueue(&format!("burst{i}"), &["echo \"burst on $SSH_CONNECTION\"", "sleep 3"]))
+        .collect();
+    let mut instances = BTreeSet::new();
+    let mut acquire_waits = Vec::new();
+    for job in &jobs {
+        let record = fleet.finished(*job).await;
+        assert_success(&record);
+        instances.insert(instance_of(&record));
+        let trace = record.trace_text();
+        acquire_waits.extend(
+            trace
+                .lines()
+                .filter_map(|l| l.split(" acquired (slot ").nth(1)?.split("after ").nth(1)?.get(..4))
+                .map(str::to_string),
+        );
+    }
+    assert_eq!(instances.len(), 3, "the burst ran on three instances at once: {instances:?}");
+    assert_eq!(
+        fleet.metric("fleeting_provisioner_instance_operations_total", &["operation=\"create\""]).await,
+        3.0,
+        "the burst's jobs waited for no new instance: they ran on the pre-warmed ones"
+    );
+    println!(
+        "timeline (s, relative to the burst's slot): seeded {:+.1}, runway started {:+.1}, first creation {:+.1}, \
+         three ready {:+.1}, jobs enqueued {:+.1}; each job's instance acquired after (s): {acquire_waits:?}",
+        secs_between(burst_ms, seeded_at),
+        secs_between(burst_ms, started),
+        secs_between(burst_ms, created_at),
+        secs_between(burst_ms, ready_at),
+        secs_between(burst_ms, enqueued_at),
+    );
+    fleet.stop().await;
+}

@@ -103,6 +103,7 @@ pub fn settings(
             keep_alive_quantile: p.keep_alive_quantile,
             max_idle_time: p.max_idle_time,
             min_idle_time: p.min_idle_time,
+            slot_length: p.slot_length,
         }),
         ..AutoscalerSettings::default()
     }

@@ -2,7 +2,7 @@
 //! runner will need, learned from its own history, and a learned idle keep-alive.
 //!
 //! What it learns, all from what the engine sees (acquires and releases, instance lead times):
-//! - **demand rise**: for every 5-minute slot of every day, the largest rise of slots in use
+//! - **demand rise**: for every slot of every day (`slot_length`, 5 minutes by default), the largest rise of slots in use
 //!   (acquired + waiting jobs) within one lead time. Kept for `history_days` days; the forecast
 //!   for a slot is the `headroom_quantile` of the same slot (± one slot) on past days of the
 //!   same weekday (time-of-day and day-of-week seasonality), or of the same day type
@@ -30,9 +30,9 @@ use serde::{Deserialize, Serialize};
 
 use super::clock::Moment;
 
-/// Width of a forecast slot.
-pub const SLOT_SECS: u64 = 300;
-const SLOTS_PER_DAY: usize = (86_400 / SLOT_SECS) as usize;
+/// Default width of a forecast slot (`slot_length`), seconds; also the width of history saved
+/// before the setting existed.
+pub const DEFAULT_SLOT_SECS: u64 = 300;
 const DAY_MS: u64 = 86_400_000;
 const HOUR_MS: u64 = 3_600_000;
 const LEAD_SAMPLES: usize = 64;
@@ -57,6 +57,9 @@ pub struct PredictiveSettings {
     pub max_idle_time: Duration,
     /// Shortest keep-alive (e.g. the cloud's billing minimum).
     pub min_idle_time: Duration,
+    /// Width of a forecast slot: the granularity of the learned day profile. Whole seconds
+    /// that divide a day, 10 s to 1 h.
+    pub slot_length: Duration,
 }
 
 impl Default for PredictiveSettings {
@@ -69,6 +72,7 @@ impl Default for PredictiveSettings {
             keep_alive_quantile: 0.95,
             max_idle_time: Duration::from_secs(20 * 60),
             min_idle_time: Duration::from_secs(60),
+            slot_length: Duration::from_secs(DEFAULT_SLOT_SECS),
         }
     }
 }
@@ -92,11 +96,17 @@ impl PredictiveSettings {
         if self.min_idle_time > self.max_idle_time {
             return Err("predictive.min_idle_time must not exceed predictive.max_idle_time".into());
         }
+        let slot = self.slot_length;
+        if slot.subsec_nanos() != 0 || !(10..=3600).contains(&slot.as_secs()) || 86_400 % slot.as_secs() != 0 {
+            return Err(format!(
+                "predictive.slot_length must be whole seconds from 10s to 1h that divide a day, got {slot:?}"
+            ));
+        }
         Ok(())
     }
 }
 
-/// One day of demand rises, per 5-minute slot.
+/// One day of demand rises, per forecast slot.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DayRecord {
     /// Days since the Unix epoch (UTC).
@@ -106,8 +116,12 @@ pub struct DayRecord {
 }
 
 /// What the predictor has learned; persisted with the engine snapshot.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PredictorState {
+    /// Width of the slots of `days`, seconds (history saved before the setting existed has
+    /// none: 300). History of another width is dropped when the predictor starts.
+    #[serde(default = "default_slot_secs")]
+    pub slot_secs: u64,
     /// Past days, oldest first (the current day last while it runs).
     pub days: VecDeque<DayRecord>,
     /// Observed request → ready times, seconds (last 64).
@@ -116,6 +130,22 @@ pub struct PredictorState {
     pub keep_alive_week: Vec<Option<f64>>,
     /// Learned keep-alive per hour of day (fallback while the hour of week is unknown).
     pub keep_alive_day: Vec<Option<f64>>,
+}
+
+fn default_slot_secs() -> u64 {
+    DEFAULT_SLOT_SECS
+}
+
+impl Default for PredictorState {
+    fn default() -> Self {
+        PredictorState {
+            slot_secs: DEFAULT_SLOT_SECS,
+            days: VecDeque::new(),
+            lead_samples: VecDeque::new(),
+            keep_alive_week: Vec::new(),
+            keep_alive_day: Vec::new(),
+        }
+    }
 }
 
 /// The forecaster. See the module docs.
@@ -131,6 +161,9 @@ pub struct Predictor {
     hour: Option<u64>,
     hour_gaps: Vec<f64>,
     revision: u64,
+    /// `slot_length` in milliseconds, and the slots of a day.
+    slot_ms: u64,
+    slots_per_day: usize,
 }
 
 fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
@@ -151,10 +184,23 @@ impl Predictor {
     /// A predictor with no history, or resuming `state` (from a snapshot).
     pub fn new(settings: PredictiveSettings, state: Option<PredictorState>) -> Self {
         let mut state = state.unwrap_or_default();
+        let slot_secs = settings.slot_length.as_secs().max(1);
+        let slots_per_day = (86_400 / slot_secs) as usize;
+        if state.slot_secs != slot_secs {
+            if !state.days.is_empty() {
+                tracing::warn!(
+                    saved = state.slot_secs,
+                    configured = slot_secs,
+                    "predictive.slot_length changed: the demand history of the old slot width is dropped"
+                );
+            }
+            state.days.clear();
+            state.slot_secs = slot_secs;
+        }
         state.keep_alive_week.resize(168, None);
         state.keep_alive_day.resize(24, None);
         for d in &mut state.days {
-            d.rise.resize(SLOTS_PER_DAY, 0);
+            d.rise.resize(slots_per_day, 0);
         }
         Predictor {
             settings,
@@ -166,6 +212,8 @@ impl Predictor {
             hour: None,
             hour_gaps: Vec::new(),
             revision: 0,
+            slot_ms: slot_secs * 1000,
+            slots_per_day,
         }
     }
 
@@ -228,7 +276,7 @@ impl Predictor {
         self.in_use = in_use;
         let floor = self.window_min.front().map_or(in_use, |(_, v)| *v);
         let rise = u16::try_from(in_use - floor).unwrap_or(u16::MAX);
-        let (day, slot) = (now.0 / DAY_MS, ((now.0 % DAY_MS) / (SLOT_SECS * 1000)) as usize);
+        let (day, slot) = (now.0 / DAY_MS, ((now.0 % DAY_MS) / self.slot_ms) as usize);
         let record = self.day_record(day);
         if let Some(r) = record.rise.get_mut(slot) {
             *r = (*r).max(rise);
@@ -241,7 +289,7 @@ impl Predictor {
 
     fn day_record(&mut self, day: u64) -> &mut DayRecord {
         if self.state.days.back().is_none_or(|d| d.day != day) {
-            self.state.days.push_back(DayRecord { day, rise: vec![0; SLOTS_PER_DAY] });
+            self.state.days.push_back(DayRecord { day, rise: vec![0; self.slots_per_day] });
             while self.state.days.len() > self.settings.history_days as usize + 1 {
                 self.state.days.pop_front();
             }
@@ -294,7 +342,7 @@ impl Predictor {
         if days.is_empty() {
             // Nothing learned for this day type yet: the largest rise of the last hour today.
             return self.state.days.back().filter(|r| r.day == day).map_or(0.0, |r| {
-                let lo = slot.saturating_sub(12);
+                let lo = slot.saturating_sub((HOUR_MS / self.slot_ms) as usize);
                 f64::from(r.rise[lo..slot.min(r.rise.len())].iter().copied().max().unwrap_or(0))
             });
         }
@@ -307,7 +355,7 @@ impl Predictor {
     /// over one lead time, whichever is larger.
     pub fn idle_target(&self, now: Moment) -> u32 {
         let lead = self.lead_time();
-        let slot_ms = SLOT_SECS * 1000;
+        let slot_ms = self.slot_ms;
         let current = now.0 / slot_ms;
         let last = now.plus(lead).0 / slot_ms;
         let mut target = 0.0f64;
@@ -365,7 +413,7 @@ impl Predictor {
 
     /// When the forecast next looks at a new slot: the next slot start less the lead time.
     pub fn next_change(&self, now: Moment) -> Moment {
-        let slot_ms = SLOT_SECS * 1000;
+        let slot_ms = self.slot_ms;
         let lead_ms = u64::try_from(self.lead_time().as_millis()).unwrap_or(u64::MAX);
         let mut next = (now.0.saturating_add(lead_ms) / slot_ms + 1) * slot_ms;
         next = next.saturating_sub(lead_ms);

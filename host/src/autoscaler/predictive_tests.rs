@@ -112,3 +112,51 @@ fn invalid_settings_name_the_key() {
     let s = PredictiveSettings { min_idle_time: Duration::from_secs(3600), ..Default::default() };
     assert!(s.validate().expect_err("order").contains("min_idle_time"));
 }
+
+#[test]
+fn history_saved_before_slot_length_existed_reads_as_five_minute_slots() {
+    let state: PredictorState = serde_json::from_str(
+        r#"{"days":[{"day":3,"rise":[1,2]}],"lead_samples":[],"keep_alive_week":[],"keep_alive_day":[]}"#,
+    )
+    .expect("old format");
+    assert_eq!(state.slot_secs, 300);
+    let p = Predictor::new(PredictiveSettings::default(), Some(state));
+    assert_eq!(p.state().days.len(), 1, "kept at the default width");
+    assert_eq!(p.state().days[0].rise.len(), 288);
+}
+
+#[test]
+fn slot_length_must_divide_a_day() {
+    for bad in
+        [Duration::from_secs(7), Duration::from_millis(20_500), Duration::from_secs(7 * 60), Duration::from_secs(7200)]
+    {
+        let s = PredictiveSettings { slot_length: bad, ..Default::default() };
+        assert!(s.validate().expect_err("slot").contains("slot_length"), "{bad:?}");
+    }
+    let s = PredictiveSettings { slot_length: Duration::from_secs(20), ..Default::default() };
+    assert_eq!(s.validate(), Ok(()));
+}
+
+#[test]
+fn a_short_slot_forecasts_at_its_own_granularity_and_drops_history_of_another_width() {
+    let settings = PredictiveSettings {
+        slot_length: Duration::from_secs(20),
+        lead_time: Some(Duration::from_secs(20)),
+        ..Default::default()
+    };
+    // A week ago, 3 slots rose at 10:00:40 (slot 1802 of 4320).
+    let mut rise = vec![0u16; 4320];
+    rise[10 * 180 + 2] = 3;
+    let state = PredictorState { slot_secs: 20, days: [DayRecord { day: 19_363, rise }].into(), ..Default::default() };
+    let p = Predictor::new(settings.clone(), Some(state.clone()));
+    let today = |h: u64, m: u64, s: u64| Moment((19_363 + 7) * DAY_MS + h * HOUR_MS + m * 60_000 + s * 1000);
+    assert_eq!(p.idle_target(today(10, 0, 0)), 0, "40 s ahead: beyond one lead time");
+    assert_eq!(p.idle_target(today(10, 0, 25)), 3, "the burst's slot is within one lead time");
+    assert_eq!(p.idle_target(today(10, 1, 0)), 0, "after the burst's slot");
+    assert_eq!(p.next_change(today(10, 0, 0)), today(10, 0, 20), "wakes one lead time before the next slot");
+
+    let other = PredictiveSettings { slot_length: Duration::from_secs(60), ..settings };
+    let q = Predictor::new(other, Some(state));
+    assert!(q.state().days.is_empty(), "20 s history is not read as 60 s slots");
+    assert_eq!(q.state().slot_secs, 60);
+}

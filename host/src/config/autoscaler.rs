@@ -107,6 +107,7 @@ default_fn!(d_recent_window, Duration, secs(300));
 default_fn!(d_keep_alive_quantile, f64, 0.95);
 default_fn!(d_max_idle_time, Duration, secs(20 * 60));
 default_fn!(d_min_idle_time, Duration, secs(60));
+default_fn!(d_slot_length, Duration, secs(300));
 
 /// `[runners.autoscaler.predictive]` (Runway only): forecast slots from the runner's own
 /// history and learn idle keep-alive per hour of week.
@@ -136,6 +137,9 @@ pub struct Predictive {
     /// Shortest learned keep-alive.
     #[serde(default = "d_min_idle_time", with = "duration_str")]
     pub min_idle_time: Duration,
+    /// Width of a forecast slot (the granularity of the learned day profile).
+    #[serde(default = "d_slot_length", with = "duration_str")]
+    pub slot_length: Duration,
 }
 
 mod duration_opt {

@@ -16,8 +16,9 @@
 //! [`Taskscaler::ready_check_finished`]; heartbeats go through [`InstanceGroup::heartbeat`].
 //!
 //! This file holds the engine's state and its public calls; `scaling` holds what a tick does
-//! (provider polling, heartbeats, slot assignment, scale up/down, deletions) and `types` the
-//! plain types the engine hands out (events, errors, metrics, snapshots).
+//! (provider polling, heartbeats, slot assignment, scale up/down, deletions), `keys` the table
+//! of job keys with its counts by state, and `types` the plain types the engine hands out
+//! (events, errors, metrics, snapshots).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
@@ -27,6 +28,7 @@ use super::predictive::Predictor;
 use super::provider::InstanceGroup;
 use super::settings::{AutoscalerSettings, CompiledSettings, SettingsError};
 
+mod keys;
 mod scaling;
 mod types;
 
@@ -97,13 +99,19 @@ impl Instance {
     /// Slots this instance can still give out, were it ready (none once interrupted: its free
     /// slots leave the capacity, so the policy replaces them).
     fn usable(&self, capacity: u32, max_use: u32) -> u32 {
-        let free = capacity.saturating_sub(self.active());
+        self.usable_with(self.active(), capacity, max_use)
+    }
+
+    /// [`Instance::usable`] with `active` (= [`Instance::active`]) already counted: hot loops
+    /// count the slots once.
+    fn usable_with(&self, active: u32, capacity: u32, max_use: u32) -> u32 {
+        let free = capacity.saturating_sub(active);
         if self.interrupted.is_some() {
             0
         } else if max_use == 0 {
             free
         } else {
-            free.min(max_use.saturating_sub(self.use_count + self.active()))
+            free.min(max_use.saturating_sub(self.use_count + active))
         }
     }
 
@@ -120,7 +128,7 @@ impl Instance {
 pub struct Taskscaler {
     cfg: CompiledSettings,
     instances: BTreeMap<String, Instance>,
-    keys: HashMap<String, KeyState>,
+    keys: keys::Keys,
     pending_order: VecDeque<String>,
     failed_keys: HashMap<String, AcquireError>,
     requested: VecDeque<Moment>,
@@ -152,7 +160,7 @@ impl Taskscaler {
         Ok(Taskscaler {
             cfg,
             instances: BTreeMap::new(),
-            keys: HashMap::new(),
+            keys: keys::Keys::default(),
             pending_order: VecDeque::new(),
             failed_keys: HashMap::new(),
             requested: VecDeque::new(),
@@ -468,8 +476,8 @@ impl Taskscaler {
                 t = m;
             }
         };
-        for state in self.keys.values() {
-            if let KeyState::Pending { deadline } = state {
+        for key in &self.pending_order {
+            if let Some(KeyState::Pending { deadline }) = self.keys.get(key) {
                 consider(*deadline);
             }
         }

@@ -21,7 +21,6 @@ impl Taskscaler {
         let cap = self.cfg.capacity;
         let max_use = self.cfg.max_use;
         for inst in self.instances.values() {
-            let active = inst.active();
             match inst.phase {
                 Phase::Deleting { .. } => {
                     c.deleting += 1;
@@ -31,8 +30,9 @@ impl Taskscaler {
                 Phase::ReadyCheck => c.ready_checking += 1,
                 Phase::Ready => c.ready += 1,
             }
+            let active = inst.active();
             c.acquired += active;
-            let usable = inst.usable(cap, max_use);
+            let usable = inst.usable_with(active, cap, max_use);
             c.unavailable += cap - active - usable;
             if inst.assignable() {
                 if inst.heartbeat_failures > 0 {
@@ -42,13 +42,8 @@ impl Taskscaler {
                 }
             }
         }
-        for state in self.keys.values() {
-            match state {
-                KeyState::Reserved => c.reserved += 1,
-                KeyState::Pending { .. } => c.pending += 1,
-                KeyState::Acquired(_) => {}
-            }
-        }
+        c.reserved = self.keys.reserved();
+        c.pending = self.keys.pending();
         c
     }
 
@@ -64,7 +59,7 @@ impl Taskscaler {
         let expired: Vec<String> = self
             .pending_order
             .iter()
-            .filter(|k| matches!(self.keys.get(*k), Some(KeyState::Pending { deadline }) if *deadline <= now))
+            .filter(|k| matches!(self.keys.get(k), Some(KeyState::Pending { deadline }) if *deadline <= now))
             .cloned()
             .collect();
         for key in expired {
@@ -82,12 +77,25 @@ impl Taskscaler {
         let cap = self.cfg.capacity;
         let max_use = self.cfg.max_use;
         while let Some(key) = self.pending_order.front().cloned() {
-            let best = self
-                .instances
-                .iter()
-                .filter(|(_, i)| i.assignable() && i.heartbeat_failures == 0 && i.usable(cap, max_use) > 0)
-                .max_by(|(_, a), (_, b)| a.active().cmp(&b.active()).then_with(|| b.ready_at.cmp(&a.ready_at)))
-                .map(|(id, _)| id.clone());
+            // The maximum by (active, earliest ready); among equals the last in id order, as
+            // `Iterator::max_by` picks. One pass, each instance's slots counted once.
+            let mut best: Option<(&String, u32, Option<Moment>)> = None;
+            for (id, i) in &self.instances {
+                if !i.assignable() || i.heartbeat_failures != 0 {
+                    continue;
+                }
+                let active = i.active();
+                if i.usable_with(active, cap, max_use) == 0 {
+                    continue;
+                }
+                let wins = best.is_none_or(|(_, b_active, b_ready)| {
+                    active.cmp(&b_active).then_with(|| b_ready.cmp(&i.ready_at)) != std::cmp::Ordering::Less
+                });
+                if wins {
+                    best = Some((id, active, i.ready_at));
+                }
+            }
+            let best = best.map(|(id, _, _)| id.clone());
             let Some(id) = best else { break };
             self.pending_order.pop_front();
             let Some(inst) = self.instances.get_mut(&id) else { break };
@@ -246,10 +254,14 @@ impl Taskscaler {
             self.requested.pop_front();
             self.metrics.provisioning_failures_total += 1;
         }
-        let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::with_capacity(listed.len());
+        // Listed ids that are (or became) known instances: when that is all of them and the
+        // listing has no duplicate (strictly sorted, as the simulated provider lists), none is
+        // missing and the listing need not be searched for each known id.
+        let mut matched = 0usize;
+        let distinct = listed.windows(2).all(|w| w[0].0 < w[1].0);
         for (id, state) in &listed {
-            seen.insert(id.as_str());
-            if !self.instances.contains_key(id) {
+            let known = self.instances.get(id).map(|i| (i.phase, i.awaiting_adoption.is_some()));
+            if known.is_none() {
                 let alive = matches!(state, InstanceState::Creating | InstanceState::Running | InstanceState::Timeout);
                 if !alive {
                     continue;
@@ -276,10 +288,12 @@ impl Taskscaler {
                     *self.metrics.instances_removed_total.entry(RemovalReason::Unknown).or_insert(0) += 1;
                     self.events
                         .push(EngineEvent::InstanceRemoved { instance: id.clone(), reason: RemovalReason::Unknown });
+                    matched += 1;
                     continue;
                 }
             }
-            let Some(phase) = self.instances.get(id).map(|i| i.phase) else { continue };
+            matched += 1;
+            let (phase, awaiting_adoption) = known.unwrap_or((Phase::Creating, false));
             match (phase, state) {
                 (
                     Phase::Deleting { requested_at, reason },
@@ -298,7 +312,7 @@ impl Taskscaler {
                     if self.instances.get(id).is_some_and(|i| i.interrupted.is_some()) => {}
                 (_, InstanceState::Deleted) | (_, InstanceState::Deleting) => self.instance_vanished(id, now),
                 (Phase::Creating, InstanceState::Running) => {
-                    if self.instances.get(id).is_some_and(|i| i.awaiting_adoption.is_some()) {
+                    if awaiting_adoption {
                         // A restored instance that was still provisioning: the ready check reruns.
                         if let Some(inst) = self.instances.get_mut(id) {
                             inst.awaiting_adoption = None;
@@ -312,13 +326,22 @@ impl Taskscaler {
                     self.mark_for_removal(id, RemovalReason::ProvisioningFailed);
                 }
                 (Phase::Ready, InstanceState::Timeout) => self.mark_for_removal(id, RemovalReason::Lost),
-                (Phase::Ready, InstanceState::Running) => self.adopt(id),
+                (Phase::Ready, InstanceState::Running) => {
+                    if awaiting_adoption {
+                        self.adopt(id);
+                    }
+                }
                 (Phase::Creating, InstanceState::Creating)
                 | (Phase::ReadyCheck, _)
                 | (Phase::Ready, InstanceState::Creating) => {}
             }
         }
-        let missing: Vec<String> = self.instances.keys().filter(|id| !seen.contains(id.as_str())).cloned().collect();
+        let missing: Vec<String> = if distinct && matched == self.instances.len() {
+            Vec::new()
+        } else {
+            let seen: std::collections::HashSet<&str> = listed.iter().map(|(id, _)| id.as_str()).collect();
+            self.instances.keys().filter(|id| !seen.contains(id.as_str())).cloned().collect()
+        };
         for id in missing {
             let restored_unconfirmed = self.instances.get(&id).is_some_and(|i| i.awaiting_adoption.is_some());
             if !restored_unconfirmed {
@@ -369,12 +392,15 @@ impl Taskscaler {
         let cap = self.cfg.capacity;
         let max_use = self.cfg.max_use;
         // Instances that used up max_use_count leave as soon as their last job is done.
-        let retired: Vec<String> = self
-            .instances
-            .iter()
-            .filter(|(_, i)| i.assignable() && i.active() == 0 && i.retiring(max_use))
-            .map(|(id, _)| id.clone())
-            .collect();
+        let retired: Vec<String> = if max_use == 0 {
+            Vec::new()
+        } else {
+            self.instances
+                .iter()
+                .filter(|(_, i)| i.assignable() && i.active() == 0 && i.retiring(max_use))
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
         for id in retired {
             self.mark_for_removal(&id, RemovalReason::MaxUseCount);
         }
