@@ -64,10 +64,11 @@ struct ShellEnvironment {
     /// Rebuilt by `resume`: a stage may already have been started by the previous runner.
     #[serde(skip)]
     resumed: bool,
-    /// A stage was started and not followed to its end (or the job was resumed): `cleanup`
-    /// must stop it. When false, `cleanup` only removes the stage files, with no shell.
+    /// Stages started by this environment and not followed to their end (a canceled one
+    /// stays counted): while any, or after `resume`, `cleanup` must stop what still runs.
+    /// Otherwise it only removes the stage files, with no shell.
     #[serde(skip)]
-    unfinished: Cell<bool>,
+    unfinished: Cell<u32>,
 }
 
 fn parse_config(config: &str) -> Result<Config, ExecutorError> {
@@ -121,7 +122,7 @@ impl Executor for Shell {
             started: Cell::new(0),
             last: RefCell::new(None),
             resumed: false,
-            unfinished: Cell::new(false),
+            unfinished: Cell::new(0),
         })
     }
 
@@ -129,7 +130,6 @@ impl Executor for Shell {
         let mut env: ShellEnvironment = serde_json::from_str(&state)
             .map_err(|e| ExecutorError::Other(format!("unreadable shell executor state: {e}")))?;
         env.resumed = true;
-        env.unfinished.set(true);
         Ok(env)
     }
 }
@@ -219,19 +219,21 @@ impl Environment for ShellEnvironment {
                 ),
                 None => format!("cd {} && exec {shell}", quote(cwd)),
             };
-            self.unfinished.set(true);
+            self.unfinished.set(self.unfinished.get() + 1);
             remote::start_detached(&command, Some(stage.script.as_bytes()), &log, &exit).map_err(remote_error)?;
+            let status = remote::attach(&log, &exit, 0).map_err(remote_error)?;
+            // Followed to its exit code: nothing of it is left to stop.
+            self.unfinished.set(self.unfinished.get() - 1);
+            return Ok(ExitStatus { code: status.code });
         }
         let status = remote::attach(&log, &exit, 0).map_err(remote_error)?;
-        // Followed to its exit code: nothing of it is left to stop.
-        self.unfinished.set(false);
         Ok(ExitStatus { code: status.code })
     }
 
     fn cleanup(&self) {
         // Best effort: stop a stage still running (one a previous runner started, too), then
         // remove the stage files (logs, exit codes) — only needed while the job runs.
-        if !self.unfinished.get() {
+        if !self.resumed && self.unfinished.get() == 0 {
             // Every stage ended: only the files are left, removed with one process, no shell.
             let _ = Command::new("rm").args(["-rf", "--", self.stages_dir.as_str()]).output(4096);
             return;
