@@ -7,7 +7,8 @@
 //! A detached command runs under `setsid` (its own session and process group without a
 //! terminal, so no hangup reaches it; nothing that dies with the starter), with its output in
 //! the log file, its process-group ID in `<exit>.pid`, and its exit code written to the exit
-//! file via a temporary file and `mv` when it ends; whatever it left running in its group is
+//! file via a temporary file and `mv` when it ends (on the runner's own machine directly,
+//! [`DIRECT_EXIT_WRAPPER`]); whatever it left running in its group is
 //! then killed, so nothing a stage started outlives it ([`WRAPPER`]). The log (unmasked job
 //! output) is created 0600; the standard input is a 0600 file next to it, removed as soon as
 //! the command has it open.
@@ -131,6 +132,19 @@ fn failed(what: &str, code: i32, output: &[u8]) -> RemoteError {
 /// milliseconds of every stage.
 pub const WRAPPER: &str = r#"echo $$ > "$2"; exec < "$3" > /dev/null 2>&1; (eval "$0") > "$1" 2>&1; echo $? > "$4.tmp" && mv -f -- "$4.tmp" "$4"; kill -s KILL 0"#;
 
+/// [`WRAPPER`] for a host that reads the exit file itself ([`super::LocalSession`]): the exit
+/// code is written straight into the exit file, no `mv` (one process less per stage). The
+/// reader takes the file as written once it ends with a newline (`echo` writes code and newline
+/// in one `write`), or once the leader is gone ([`exit_code_written`]).
+pub const DIRECT_EXIT_WRAPPER: &str =
+    r#"echo $$ > "$2"; exec < "$3" > /dev/null 2>&1; (eval "$0") > "$1" 2>&1; echo $? > "$4"; kill -s KILL 0"#;
+
+/// Whether the exit file text `text` is complete: a code and its newline (what both wrappers
+/// write; [`DIRECT_EXIT_WRAPPER`]'s may be read between its creation and the write).
+pub fn exit_code_written(text: &[u8]) -> bool {
+    text.ends_with(b"\n")
+}
+
 /// The stdin file of the detached command whose log is `log_path`.
 pub fn stdin_path(log_path: &str) -> String {
     format!("{log_path}.stdin")
@@ -138,8 +152,13 @@ pub fn stdin_path(log_path: &str) -> String {
 
 /// `sh -c` [`WRAPPER`] and its arguments.
 pub fn wrapper_args(command: &str, log_path: &str, exit_path: &str) -> Vec<String> {
+    wrapper_args_with(WRAPPER, command, log_path, exit_path)
+}
+
+/// `sh -c wrapper` (one of [`WRAPPER`], [`DIRECT_EXIT_WRAPPER`]) and its arguments.
+pub fn wrapper_args_with(wrapper: &str, command: &str, log_path: &str, exit_path: &str) -> Vec<String> {
     let args = [command, log_path, &pid_path(exit_path), &stdin_path(log_path), exit_path].map(str::to_string);
-    ["sh", "-c", WRAPPER].into_iter().map(str::to_string).chain(args).collect()
+    ["sh", "-c", wrapper].into_iter().map(str::to_string).chain(args).collect()
 }
 
 /// Start `command` (an `sh -c` command line) detached: output to `log_path`, exit code to

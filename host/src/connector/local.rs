@@ -151,6 +151,11 @@ fn gone(pid: i32) -> bool {
     stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'))
 }
 
+/// Whether the exit file of a detached command holds its code ([`detached::exit_code_written`]).
+fn exit_written(exit_path: &str) -> bool {
+    std::fs::read(exit_path).is_ok_and(|text| detached::exit_code_written(&text))
+}
+
 /// Most bytes forwarded from a followed log before the follower lets other tasks run.
 const FOLLOW_SLICE: usize = 4 << 20;
 
@@ -187,13 +192,14 @@ impl ShellHost for LocalSession {
         Ok(status.code)
     }
 
-    /// The files are written here and [`detached::WRAPPER`] started in a session of its own
+    /// The files are written here and [`detached::DIRECT_EXIT_WRAPPER`] started in a session of its own
     /// directly: one process, not a launcher script.
     async fn start(&self, command: &str, stdin: &[u8], log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
         let (log, exit, input) = (log_path.to_string(), exit_path.to_string(), detached::stdin_path(log_path));
         let data = stdin.to_vec();
         blocking(move || prepare_detached(&log, &exit, &input, &data)).await?;
-        let mut args = detached::wrapper_args(command, log_path, exit_path).into_iter();
+        let mut args =
+            detached::wrapper_args_with(detached::DIRECT_EXIT_WRAPPER, command, log_path, exit_path).into_iter();
         let program = args.next().unwrap_or_default();
         let launch = LocalCommand { program, args: args.collect(), ..LocalCommand::default() };
         let started = start_background(&launch).await.map_err(remote_error);
@@ -225,7 +231,7 @@ impl ShellHost for LocalSession {
                 return Err(RemoteError::Canceled);
             }
             // Whether it ended is decided before the read, so the read gets every last byte.
-            let ended = Path::new(exit_path).exists() || leader.is_some_and(gone);
+            let ended = exit_written(exit_path) || leader.is_some_and(gone);
             if !forward_new(&mut file, &mut buf, output).map_err(|e| io_error("following", log_path, e))? {
                 tokio::task::yield_now().await;
                 continue;
@@ -241,8 +247,8 @@ impl ShellHost for LocalSession {
             poll = (poll * 3 / 2).min(MAX_POLL);
         }
         match std::fs::read(exit_path) {
-            Ok(text) => detached::parse_exit_code(exit_path, &text),
-            Err(_) => Err(detached::no_exit_code(exit_path)),
+            Ok(text) if detached::exit_code_written(&text) => detached::parse_exit_code(exit_path, &text),
+            _ => Err(detached::no_exit_code(exit_path)),
         }
     }
 }

@@ -119,9 +119,38 @@ fn exit_status(status: std::process::ExitStatus) -> ExitStatus {
     }
 }
 
+/// `program` found in the directories of `path` (a `PATH` value), as `execvp` would find it;
+/// `None` for a name with a `/` or one not found there.
+fn find_in_path(program: &str, path: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if program.is_empty() || program.contains('/') {
+        return None;
+    }
+    path.split(':').map(|dir| if dir.is_empty() { "." } else { dir }).find_map(|dir| {
+        let candidate = std::path::Path::new(dir).join(program);
+        let meta = std::fs::metadata(&candidate).ok()?;
+        (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(candidate)
+    })
+}
+
 /// `cmd` with only [`PASSTHROUGH`] of the runner's environment under its own.
+///
+/// The program is looked up in the child's `PATH` here: the standard library starts a
+/// command whose environment sets `PATH` and whose program is a bare name with `fork` +
+/// `exec`, and forking the runner (the wasm runtime's mappings included) costs a few
+/// milliseconds of page-table copying per process; with a path it uses `posix_spawn`
+/// (`vfork`-like), as long as nothing runs between fork and exec.
 fn command_of(cmd: &LocalCommand) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(&cmd.program);
+    let path = cmd.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
+    let program = path.and_then(|p| find_in_path(&cmd.program, &p));
+    let mut command = match &program {
+        Some(found) => tokio::process::Command::new(found),
+        None => tokio::process::Command::new(&cmd.program),
+    };
+    if program.is_some() {
+        // What the program sees as its name, as with a lookup by `execvp`.
+        command.arg0(&cmd.program);
+    }
     command.args(&cmd.args).env_clear();
     for key in PASSTHROUGH {
         if !cmd.env.iter().any(|(k, _)| k == key) {
@@ -367,12 +396,18 @@ pub async fn run_streaming(
 /// terminal, no parent-death signal), so that it outlives this call and the runner; nothing on
 /// its standard input and error. Returns once it closed its standard output, which is how it
 /// says it is ready; the caller may wait for its end (dropped, the runtime reaps it).
+///
+/// The new session comes from `setsid(1)` (util-linux), which calls `setsid()` and execs the
+/// command in the same process (it is not a group leader, so it does not fork): one small
+/// `exec` instead of a `pre_exec` hook, which would make the standard library fork the
+/// runner's whole address space for every stage.
 pub async fn start_background(cmd: &LocalCommand) -> Result<tokio::process::Child, ProcessFailure> {
-    let mut command = command_of(cmd);
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        command.pre_exec(|| if libc::setsid() == -1 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
-    }
+    let launch = LocalCommand {
+        program: "setsid".into(),
+        args: std::iter::once(cmd.program.clone()).chain(cmd.args.iter().cloned()).collect(),
+        ..cmd.clone()
+    };
+    let mut command = command_of(&launch);
     command.kill_on_drop(false).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
     let mut child = command.spawn().map_err(|e| spawn_failed(cmd, e))?;
     if let Some(mut stdout) = child.stdout.take() {

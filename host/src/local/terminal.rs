@@ -22,6 +22,8 @@ pub struct TerminalOptions {
 struct State {
     out: Box<dyn Write + Send>,
     pending: Vec<u8>,
+    /// What one `write` renders, written to `out` at once (one system call for many lines).
+    rendered: Vec<u8>,
     sections: Vec<(String, Instant, bool)>,
     last_output: Instant,
     started: Instant,
@@ -69,6 +71,7 @@ impl TerminalSink {
         let state = Arc::new(Mutex::new(State {
             out,
             pending: Vec::new(),
+            rendered: Vec::new(),
             sections: Vec::new(),
             last_output: now,
             started: now,
@@ -96,13 +99,40 @@ impl TerminalSink {
         TerminalSink { state, options, stop }
     }
 
+    /// Whether a collapsed section hides what is printed now.
+    fn hidden(&self, s: &State) -> bool {
+        s.sections.iter().any(|(_, _, collapsed)| *collapsed) && !self.options.verbose
+    }
+
     fn emit(&self, s: &mut State, text: &str) {
-        let hidden = s.sections.iter().any(|(_, _, collapsed)| *collapsed) && !self.options.verbose;
-        if hidden || text.is_empty() {
+        if self.hidden(s) || text.is_empty() {
             return;
         }
-        let text = if self.options.color { text.to_string() } else { strip_ansi(text) };
-        let _ = s.out.write_all(text.as_bytes());
+        if self.options.color || !text.contains('\x1b') {
+            s.rendered.extend_from_slice(text.as_bytes());
+        } else {
+            s.rendered.extend_from_slice(strip_ansi(text).as_bytes());
+        }
+    }
+
+    /// Render `block`, complete lines only. A block without section markers (almost all job
+    /// output) is emitted whole, as its lines would be one by one; one with markers line by line.
+    fn handle_lines(&self, s: &mut State, block: &[u8]) {
+        let marker = |b: &[u8]| SECTION_START.find(b).is_some() || SECTION_END.find(b).is_some();
+        // Without colours an escape sequence is stripped within its line: such blocks go line
+        // by line too.
+        if !marker(block) && (self.options.color || memchr::memchr(0x1b, block).is_none()) {
+            match std::str::from_utf8(block) {
+                Ok(text) => self.emit(s, text),
+                // Lossy conversion replaces within a line only: the same per block as per line.
+                Err(_) => self.emit(s, &String::from_utf8_lossy(block)),
+            }
+            return;
+        }
+        for line in block.split_inclusive(|b| *b == b'\n') {
+            let text = String::from_utf8_lossy(line);
+            self.handle_line(s, &text);
+        }
     }
 
     fn handle_line(&self, s: &mut State, line: &str) {
@@ -137,45 +167,81 @@ impl TerminalSink {
                     format!("  {name} {took}\n")
                 };
                 let line = if self.options.color { format!("\x1b[2m{line}\x1b[0m") } else { line };
-                let _ = s.out.write_all(line.as_bytes());
+                s.rendered.extend_from_slice(line.as_bytes());
             }
             rest = &rest[marker_end.min(rest.len())..];
         }
         self.emit(s, rest);
     }
+
+    /// Write what was rendered to `out`, in one piece.
+    fn flush_rendered(s: &mut State) {
+        if !s.rendered.is_empty() {
+            let _ = s.out.write_all(&s.rendered);
+            s.rendered.clear();
+        }
+        let _ = s.out.flush();
+    }
 }
+
+static SECTION_START: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"section_start:"));
+static SECTION_END: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"section_end:"));
 
 impl TraceSink for TerminalSink {
     fn write(&self, data: &[u8]) {
-        let Ok(mut s) = self.state.lock() else { return };
+        let Ok(mut guard) = self.state.lock() else { return };
+        let s = &mut *guard;
         s.last_output = Instant::now();
         s.notices = 0;
-        s.pending.extend_from_slice(data);
-        // Render complete lines, and a trailing marker once its terminator arrived.
-        while let Some(pos) = s.pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = s.pending.drain(..=pos).collect();
-            let text = String::from_utf8_lossy(&line).into_owned();
-            self.handle_line(&mut s, &text);
+        // Render complete lines: the held partial line completed by the first newline, then
+        // every complete line of `data` as one block; hold what follows the last newline.
+        let mut rest = data;
+        if !s.pending.is_empty() {
+            match memchr::memchr(b'\n', rest) {
+                Some(pos) => {
+                    let mut line = std::mem::take(&mut s.pending);
+                    line.extend_from_slice(&rest[..=pos]);
+                    self.handle_lines(s, &line);
+                    line.clear();
+                    s.pending = line;
+                    rest = &rest[pos + 1..];
+                }
+                None => {
+                    s.pending.extend_from_slice(rest);
+                    rest = &[];
+                }
+            }
         }
-        let tail = String::from_utf8_lossy(&s.pending).into_owned();
-        if tail.ends_with("\r\x1b[0K") && (tail.starts_with("section_start:") || tail.starts_with("section_end:")) {
+        if let Some(last) = memchr::memrchr(b'\n', rest) {
+            self.handle_lines(s, &rest[..=last]);
+            rest = &rest[last + 1..];
+        }
+        s.pending.extend_from_slice(rest);
+        // A trailing marker once its terminator arrived.
+        if s.pending.ends_with(b"\r\x1b[0K")
+            && (s.pending.starts_with(b"section_start:") || s.pending.starts_with(b"section_end:"))
+        {
+            let tail = String::from_utf8_lossy(&s.pending).into_owned();
             s.pending.clear();
-            self.handle_line(&mut s, &tail);
+            self.handle_line(s, &tail);
         }
-        let _ = s.out.flush();
+        Self::flush_rendered(s);
     }
 }
 
 impl Drop for TerminalSink {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(mut s) = self.state.lock() {
+        if let Ok(mut guard) = self.state.lock() {
+            let s = &mut *guard;
             let tail = String::from_utf8_lossy(&std::mem::take(&mut s.pending)).into_owned();
             if !tail.is_empty() {
-                self.handle_line(&mut s, &tail);
-                let _ = s.out.write_all(b"\n");
+                self.handle_line(s, &tail);
+                s.rendered.push(b'\n');
             }
-            let _ = s.out.flush();
+            Self::flush_rendered(s);
         }
     }
 }
@@ -233,6 +299,25 @@ mod tests {
         let out = render(&chunks, false, false);
         assert!(!out.contains("noise") && out.contains("deps (collapsed)") && out.contains("after"), "{out:?}");
         assert!(render(&chunks, false, true).contains("noise"));
+    }
+
+    #[test]
+    fn output_renders_the_same_however_it_is_split() {
+        let text = "section_start:1:a\r\x1b[0Kone\ntwo \x1b[31mred\x1b[0m\n\u{e9} bad\nsection_end:2:a\r\x1b[0K\
+                    section_start:3:b[collapsed=true]\r\x1b[0Khidden\nsection_end:4:b\r\x1b[0Klast\nno newline";
+        let durations = regex::Regex::new(r"[0-9]+\.[0-9]{2}s").expect("regex");
+        let strip_durations = |out: String| durations.replace_all(&out, "T").into_owned();
+        for color in [false, true] {
+            let whole = strip_durations(render(&[text], color, false));
+            assert!(whole.contains("one\ntwo") && whole.contains("last\nno newline") && !whole.contains("hidden"));
+            for cut in 1..text.len() {
+                if !text.is_char_boundary(cut) {
+                    continue;
+                }
+                let split = strip_durations(render(&[&text[..cut], &text[cut..]], color, false));
+                assert_eq!(split, whole, "cut at {cut}, color {color}");
+            }
+        }
     }
 
     #[test]

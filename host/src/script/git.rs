@@ -11,7 +11,7 @@
 
 use url::Url;
 
-use super::shell::{echo_info, echo_warning, quote};
+use super::shell::{echo_info, echo_warning, make_dir_unless_present, quote, remove_if_present};
 use super::{user_lines, GitStrategy, JobPlan};
 use crate::payload::flags;
 
@@ -177,7 +177,7 @@ impl JobPlan {
         let submodules = self.submodule_strategy().is_some();
         let mut out = String::new();
         for file in ["index.lock", "shallow.lock", "HEAD.lock", "hooks/post-checkout", "config.lock"] {
-            out.push_str(&format!("rm -f {}\n", quote(&format!("{dot_git}/{file}"))));
+            out.push_str(&remove_if_present(&quote(&format!("{dot_git}/{file}")), false));
             if submodules {
                 let base = file.rsplit('/').next().unwrap_or(file);
                 out.push_str(&find_delete(&format!("{dot_git}/modules"), "f", base));
@@ -186,8 +186,8 @@ impl JobPlan {
         out.push_str(&find_delete(&format!("{dot_git}/refs"), "f", "*.lock"));
         if self.clean_git_config() {
             for dir in [self.tmp_file(GIT_TEMPLATE_DIR), dot_git.clone()] {
-                out.push_str(&format!("rm -f {}\n", quote(&format!("{dir}/config"))));
-                out.push_str(&format!("rm -rf {}\n", quote(&format!("{dir}/hooks"))));
+                out.push_str(&remove_if_present(&quote(&format!("{dir}/config")), false));
+                out.push_str(&remove_if_present(&quote(&format!("{dir}/hooks")), true));
             }
             if submodules {
                 out.push_str(&find_delete(&format!("{dot_git}/modules"), "f", "config"));
@@ -206,7 +206,7 @@ impl JobPlan {
         let template = self.tmp_file(GIT_TEMPLATE_DIR);
         let template_config = quote(&format!("{template}/config"));
         let ext = self.tmp_file(EXTERNAL_GIT_CONFIG);
-        let mut out = format!("mkdir -p {}\n", quote(&template));
+        let mut out = make_dir_unless_present(&quote(&template));
         if self.safe_directory_checkout() {
             out.push_str(&format!(
                 "git config --global --add safe.directory {}\n",
@@ -221,7 +221,7 @@ impl JobPlan {
         ] {
             out.push_str(&format!("git config -f {template_config} {key} {value}\n"));
         }
-        out.push_str(&format!("rm -f {}\n", quote(&ext)));
+        out.push_str(&remove_if_present(&quote(&ext), false));
         // The file may hold the token: only the job's user reads it.
         out.push_str(&format!("(umask 077 && : >> {})\n", quote(&ext)));
         let correlation = &self.job.request_correlation_id;
@@ -294,7 +294,7 @@ impl JobPlan {
         match self.strategy {
             GitStrategy::None => {
                 out.push_str(&echo_info("Skipping Git repository setup"));
-                out.push_str(&format!("mkdir -p {dir}\n"));
+                out.push_str(&make_dir_unless_present(&dir));
                 return out;
             }
             GitStrategy::Empty => {
@@ -502,7 +502,7 @@ impl JobPlan {
             return String::new();
         }
         let mut out = self.clear_git_credentials();
-        out.push_str(&format!("rm -f {}\n", quote(&self.tmp_file(EXTERNAL_GIT_CONFIG))));
+        out.push_str(&remove_if_present(&quote(&self.tmp_file(EXTERNAL_GIT_CONFIG)), false));
         out.push_str(&self.git_cleanup());
         out
     }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::config::duration::parse_duration;
 use crate::payload::variables;
 use crate::payload::{JobResponse, JobVariable, Step};
-use shell::{echo_command, echo_raw, echo_warning, quote, wrap};
+use shell::{echo_command, echo_raw, echo_warning, make_dir_unless_present, quote, remove_if_present, wrap};
 pub use transfer::{CacheSigner, CacheUrls};
 
 /// GitLab's `DefaultTimeout`: used when the payload's timeout is ≤ 0.
@@ -562,7 +562,7 @@ impl JobPlan {
     fn prelude(&self, stage: &BuildStage, job_status: &str) -> String {
         let mut out = String::new();
         let tmp = self.tmp_dir.display().to_string();
-        out.push_str(&format!("mkdir -p {}\n", quote(&tmp)));
+        out.push_str(&make_dir_unless_present(&quote(&tmp)));
         for v in &self.variables {
             if !is_env_name(&v.key) {
                 continue;
@@ -579,7 +579,7 @@ impl JobPlan {
         }
         let env_file = quote(&self.gitlab_env_file().display().to_string());
         if *stage == BuildStage::PrepareScript {
-            out.push_str(&format!("rm -f {env_file}\n"));
+            out.push_str(&remove_if_present(&env_file, false));
         }
         // `: >>` rather than `touch`: user stages run in the job's image, which may have no coreutils.
         out.push_str(&format!("export GITLAB_ENV={env_file}\n: >> {env_file}\n"));

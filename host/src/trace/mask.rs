@@ -131,20 +131,14 @@ impl PhraseMasker {
             out.extend_from_slice(input);
             return;
         };
-        self.pending.extend_from_slice(input);
-        let hold = patterns.partial_match_start(&self.pending, 0);
-        let mut pos = 0;
-        for found in patterns.matcher.find_iter(&self.pending) {
-            // A match starting in the held tail might still grow; decide it later.
-            if found.start() >= hold {
-                break;
-            }
-            out.extend_from_slice(&self.pending[pos..found.start()]);
-            out.extend_from_slice(MASK);
-            pos = found.end();
+        if self.pending.is_empty() {
+            // Nothing held back (the usual case): scan the input where it is, keep its tail.
+            let cut = mask_phrases(patterns, input, out);
+            self.pending.extend_from_slice(&input[cut..]);
+            return;
         }
-        let cut = pos.max(hold);
-        out.extend_from_slice(&self.pending[pos..cut]);
+        self.pending.extend_from_slice(input);
+        let cut = mask_phrases(patterns, &self.pending, out);
         self.pending.drain(..cut);
     }
 
@@ -164,6 +158,25 @@ impl PhraseMasker {
             None => out.extend_from_slice(&pending),
         }
     }
+}
+
+/// Mask the phrases of `buf` into `out` up to where a match could still grow; returns that
+/// index (the bytes from it on are held back).
+fn mask_phrases(patterns: &PatternSet, buf: &[u8], out: &mut Vec<u8>) -> usize {
+    let hold = patterns.partial_match_start(buf, 0);
+    let mut pos = 0;
+    for found in patterns.matcher.find_iter(buf) {
+        // A match starting in the held tail might still grow; decide it later.
+        if found.start() >= hold {
+            break;
+        }
+        out.extend_from_slice(&buf[pos..found.start()]);
+        out.extend_from_slice(MASK);
+        pos = found.end();
+    }
+    let cut = pos.max(hold);
+    out.extend_from_slice(&buf[pos..cut]);
+    cut
 }
 
 /// Where the URL sanitizer is in its scan.
@@ -217,7 +230,7 @@ impl UrlParamSanitizer {
                     }
                     None => pos = input.len(),
                 },
-                UrlState::Scanning => match input[pos..].iter().position(|&b| b == b'?' || b == b'&') {
+                UrlState::Scanning => match memchr::memchr2(b'?', b'&', &input[pos..]) {
                     Some(offset) => {
                         out.extend_from_slice(&input[pos..=pos + offset]);
                         pos += offset + 1;
@@ -314,38 +327,15 @@ impl TokenPrefixSanitizer {
             out.extend_from_slice(input);
             return;
         };
-        self.pending.extend_from_slice(input);
-        let mut pos = 0;
-        loop {
-            if self.in_token {
-                let token_len = self.pending[pos..].iter().take_while(|&&b| is_token_byte(b)).count();
-                pos += token_len;
-                self.token_dropped |= token_len > 0;
-                if pos == self.pending.len() {
-                    break;
-                }
-                if self.token_dropped {
-                    out.extend_from_slice(MASK);
-                }
-                self.in_token = false;
-                self.token_dropped = false;
-            }
-            let hold = patterns.partial_match_start(&self.pending, pos);
-            match patterns.matcher.find(&self.pending[pos..]) {
-                Some(found) if pos + found.start() < hold => {
-                    // Keep the prefix, drop what follows.
-                    out.extend_from_slice(&self.pending[pos..pos + found.end()]);
-                    pos += found.end();
-                    self.in_token = true;
-                }
-                _ => {
-                    out.extend_from_slice(&self.pending[pos..hold]);
-                    pos = hold;
-                    break;
-                }
-            }
+        if self.pending.is_empty() {
+            // Nothing held back (the usual case): scan the input where it is, keep its tail.
+            let cut = mask_tokens(patterns, &mut self.in_token, &mut self.token_dropped, input, out);
+            self.pending.extend_from_slice(&input[cut..]);
+            return;
         }
-        self.pending.drain(..pos);
+        self.pending.extend_from_slice(input);
+        let cut = mask_tokens(patterns, &mut self.in_token, &mut self.token_dropped, &self.pending, out);
+        self.pending.drain(..cut);
     }
 
     /// End of stream: release every held-back byte.
@@ -358,6 +348,48 @@ impl TokenPrefixSanitizer {
         // Whatever is held is a partial prefix with nothing after it: nothing to mask.
         out.append(&mut self.pending);
     }
+}
+
+/// Mask the token values of `buf` into `out` (`in_token`/`token_dropped`: the
+/// [`TokenPrefixSanitizer`]'s state); returns where the held-back tail starts.
+fn mask_tokens(
+    patterns: &PatternSet,
+    in_token: &mut bool,
+    token_dropped: &mut bool,
+    buf: &[u8],
+    out: &mut Vec<u8>,
+) -> usize {
+    let mut pos = 0;
+    loop {
+        if *in_token {
+            let token_len = buf[pos..].iter().take_while(|&&b| is_token_byte(b)).count();
+            pos += token_len;
+            *token_dropped |= token_len > 0;
+            if pos == buf.len() {
+                break;
+            }
+            if *token_dropped {
+                out.extend_from_slice(MASK);
+            }
+            *in_token = false;
+            *token_dropped = false;
+        }
+        let hold = patterns.partial_match_start(buf, pos);
+        match patterns.matcher.find(&buf[pos..]) {
+            Some(found) if pos + found.start() < hold => {
+                // Keep the prefix, drop what follows.
+                out.extend_from_slice(&buf[pos..pos + found.end()]);
+                pos += found.end();
+                *in_token = true;
+            }
+            _ => {
+                out.extend_from_slice(&buf[pos..hold]);
+                pos = hold;
+                break;
+            }
+        }
+    }
+    pos
 }
 
 /// What a [`Masker`] carries from one write to the next — bytes held back (possibly the start

@@ -9,7 +9,8 @@
 //! the job log. A stage therefore keeps running while no runner is alive, and a runner that
 //! resumes the job (`resume` with the environment's `state`) reattaches to it instead of
 //! running it again. Cancel kills the stage's process group; `cleanup` stops whatever stage
-//! still runs and removes the stage files.
+//! still runs and removes the stage files (when every stage was followed to its end, only
+//! `rm -rf`, without a shell: a process less per job).
 //!
 //! Config (`[runners.shell]`, optional): `login = true|false` (default true) runs
 //! `bash --login`, as gitlab-runner's shell executor does; `user = "name"` (the host fills it
@@ -63,6 +64,11 @@ struct ShellEnvironment {
     /// Rebuilt by `resume`: a stage may already have been started by the previous runner.
     #[serde(skip)]
     resumed: bool,
+    /// Stages started by this environment and not followed to their end (a canceled one
+    /// stays counted): while any, or after `resume`, `cleanup` must stop what still runs.
+    /// Otherwise it only removes the stage files, with no shell.
+    #[serde(skip)]
+    unfinished: Cell<u32>,
 }
 
 fn parse_config(config: &str) -> Result<Config, ExecutorError> {
@@ -116,6 +122,7 @@ impl Executor for Shell {
             started: Cell::new(0),
             last: RefCell::new(None),
             resumed: false,
+            unfinished: Cell::new(0),
         })
     }
 
@@ -212,7 +219,12 @@ impl Environment for ShellEnvironment {
                 ),
                 None => format!("cd {} && exec {shell}", quote(cwd)),
             };
+            self.unfinished.set(self.unfinished.get() + 1);
             remote::start_detached(&command, Some(stage.script.as_bytes()), &log, &exit).map_err(remote_error)?;
+            let status = remote::attach(&log, &exit, 0).map_err(remote_error)?;
+            // Followed to its exit code: nothing of it is left to stop.
+            self.unfinished.set(self.unfinished.get() - 1);
+            return Ok(ExitStatus { code: status.code });
         }
         let status = remote::attach(&log, &exit, 0).map_err(remote_error)?;
         Ok(ExitStatus { code: status.code })
@@ -221,6 +233,11 @@ impl Environment for ShellEnvironment {
     fn cleanup(&self) {
         // Best effort: stop a stage still running (one a previous runner started, too), then
         // remove the stage files (logs, exit codes) — only needed while the job runs.
+        if !self.resumed && self.unfinished.get() == 0 {
+            // Every stage ended: only the files are left, removed with one process, no shell.
+            let _ = Command::new("rm").args(["-rf", "--", self.stages_dir.as_str()]).output(4096);
+            return;
+        }
         let stop = remote::stop_detached_script(&self.stages_dir, STOP_GRACE_SECONDS);
         let _ = remote::run(&format!("{stop}rm -rf {}", quote(&self.stages_dir)), None);
     }
