@@ -36,8 +36,17 @@ const STORE_KEY: &str = "8f3b5c2a9d1e4f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a
 const RUNWAY_TOKEN: &str = "downstream-runway-token";
 const PLAIN_TOKEN: &str = "downstream-plain-token";
 
+/// A port that is free now and below Linux's ephemeral range (32768 and up by default), so
+/// no outgoing connection of a test running beside this one is given it before the router
+/// binds it (a port from `bind(0)` comes from that range, and was taken so under load).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    for _ in 0..1000 {
+        let port = 20_000 + rand::random::<u16>() % 12_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between 20000 and 32000");
 }
 
 /// The fake GitLab, a runner registration for the router, and a directory for everything.
@@ -219,7 +228,12 @@ cache_dir = "{cache}"
     }
 
     async fn finished(&self, id: i64, router: &RouterProcess) -> JobRecord {
-        match self.fake.wait_for_job_state(id, |j| j.final_state.is_some(), WAIT).await {
+        // Finished: a final update arrived, or GitLab dropped the job unacknowledged (it has no
+        // final update then).
+        let ended = |j: &JobRecord| {
+            j.final_state.is_some() || j.failure_reason.as_deref() == Some("runner_provisioning_timeout")
+        };
+        match self.fake.wait_for_job_state(id, ended, WAIT).await {
             Some(record) => record,
             None => panic!(
                 "job {id} did not finish: {:?} runner {:?} retried as {:?} updates {:?}; trace:\n{}\nrouter log:\n{}",

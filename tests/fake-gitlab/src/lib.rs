@@ -389,13 +389,7 @@ impl Inner {
     /// Rails' `Ci::RetryWaitingJobService`: a job a runner did not acknowledge within
     /// `runner_ack_expiry` is dropped (`runner_provisioning_timeout`) and retried as a new job.
     pub fn expire_unacknowledged(&mut self) {
-        let expiry = self.runner_ack_expiry;
-        let expired: Vec<i64> = self
-            .jobs
-            .values()
-            .filter(|j| j.status == JobStatus::Pending && j.awaiting_ack_since.is_some_and(|t| t.elapsed() >= expiry))
-            .map(|j| j.id)
-            .collect();
+        let expired = self.unacknowledged_expired();
         for id in expired {
             let Some(job) = self.jobs.get_mut(&id) else { continue };
             job.status = JobStatus::Failed;
@@ -407,6 +401,16 @@ impl Inner {
                 job.retried_as = Some(retry);
             }
         }
+    }
+
+    /// The jobs whose runner did not acknowledge them within `runner_ack_expiry`.
+    pub fn unacknowledged_expired(&self) -> Vec<i64> {
+        let expiry = self.runner_ack_expiry;
+        self.jobs
+            .values()
+            .filter(|j| j.status == JobStatus::Pending && j.awaiting_ack_since.is_some_and(|t| t.elapsed() >= expiry))
+            .map(|j| j.id)
+            .collect()
     }
 
     pub fn tick_queue(&mut self, token: &str) {
@@ -507,12 +511,27 @@ impl FakeGitLab {
         shared.mutate(|inner| inner.base_url = format!("http://{addr}"));
         let router = api::router(shared.clone());
         let (tx, rx) = oneshot::channel::<()>();
+        // Rails runs `Ci::RetryWaitingJobService` from a cron worker, not on requests: expiry
+        // must happen also while every runner's poll is parked in Workhorse.
+        let sweeper = shared.clone();
         let server = tokio::spawn(async move {
             let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
                 let _ = rx.await;
             });
-            if let Err(e) = serve.await {
-                tracing::warn!("fake-gitlab server stopped: {e}");
+            let sweep = async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    if !sweeper.lock().unacknowledged_expired().is_empty() {
+                        sweeper.mutate(|s| s.expire_unacknowledged());
+                    }
+                }
+            };
+            tokio::select! {
+                served = serve => if let Err(e) = served {
+                    tracing::warn!("fake-gitlab server stopped: {e}");
+                },
+                _ = sweep => {}
             }
         });
         FakeGitLab { addr, shared, shutdown: Some(tx), server: Some(server), _repo_dir: repo_dir }
