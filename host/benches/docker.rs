@@ -12,13 +12,16 @@
 
 #[path = "../../tests/support/dockerd.rs"]
 mod dockerd;
+#[path = "support/runway_guard.rs"]
+mod runway_guard;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use fake_gitlab::{FakeGitLab, JobSpec};
+use runway_guard::RunwayProcess;
 
 const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
 
@@ -31,26 +34,6 @@ fn median(times: &Mutex<Vec<Duration>>) -> Duration {
     let mut v = times.lock().unwrap_or_else(|e| e.into_inner()).clone();
     v.sort();
     v.get(v.len() / 2).copied().unwrap_or_default()
-}
-
-struct RunwayProcess(Child);
-
-impl Drop for RunwayProcess {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe {
-            libc::kill(self.0.id() as i32, libc::SIGQUIT);
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if self.0.try_wait().ok().flatten().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The images of the containers the engine started for `job` between `since` and now (Unix

@@ -23,12 +23,16 @@
 // A bench's main needs no docs.
 #![allow(missing_docs)]
 
+#[path = "support/runway_guard.rs"]
+mod runway_guard;
+
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fake_gitlab::{FakeGitLab, JobSpec};
 use runway::trace::{JobTrace, TraceOptions, TraceSink};
+use runway_guard::RunwayProcess;
 
 /// The runway binaries measured: this build's, and with `RUNWAY_BEFORE=<path>` an earlier one
 /// beside it (named "before"), round by round in the same run.
@@ -78,26 +82,6 @@ fn children_cpu() -> f64 {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or_default()
-}
-
-struct RunwayProcess(Child);
-
-impl Drop for RunwayProcess {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe {
-            libc::kill(self.0.id() as i32, libc::SIGQUIT);
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if self.0.try_wait().ok().flatten().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// One `runway run` process of `binary` polling as a runner of its own.
