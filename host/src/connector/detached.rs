@@ -7,11 +7,13 @@
 //! A detached command runs under `setsid` (its own session and process group without a
 //! terminal, so no hangup reaches it; nothing that dies with the starter), with its output in
 //! the log file, its process-group ID in `<exit>.pid`, and its exit code written to the exit
-//! file via a temporary file and `mv` when it ends (on the runner's own machine directly,
-//! [`DIRECT_EXIT_WRAPPER`]); whatever it left running in its group is
+//! file via a temporary file and `mv` when it ends (on the runner's own machine directly, and
+//! started by `posix_spawn` in a new session instead of `setsid`: [`DIRECT_EXIT_WRAPPER`]);
+//! whatever it left running in its group is
 //! then killed, so nothing a stage started outlives it ([`WRAPPER`]). The log (unmasked job
 //! output) is created 0600; the standard input is a 0600 file next to it, removed as soon as
-//! the command has it open.
+//! the command has it open (on the runner's own machine a memory file instead, where the
+//! kernel has one: [`super::spawn::memory_file`]).
 //!
 //! Following ([`ShellHost::follow`]) is by default `tail -c +N -F` until the exit file appears
 //! (polled every 5 ms at first, then every 100 ms), or the command's leader is gone, or the
@@ -132,12 +134,15 @@ fn failed(what: &str, code: i32, output: &[u8]) -> RemoteError {
 /// milliseconds of every stage.
 pub const WRAPPER: &str = r#"echo $$ > "$2"; exec < "$3" > /dev/null 2>&1; (eval "$0") > "$1" 2>&1; echo $? > "$4.tmp" && mv -f -- "$4.tmp" "$4"; kill -s KILL 0"#;
 
-/// [`WRAPPER`] for a host that reads the exit file itself ([`super::LocalSession`]): the exit
-/// code is written straight into the exit file, no `mv` (one process less per stage). The
-/// reader takes the file as written once it ends with a newline (`echo` writes code and newline
-/// in one `write`), or once the leader is gone ([`exit_code_written`]).
-pub const DIRECT_EXIT_WRAPPER: &str =
-    r#"echo $$ > "$2"; exec < "$3" > /dev/null 2>&1; (eval "$0") > "$1" 2>&1; echo $? > "$4"; kill -s KILL 0"#;
+/// The leader's script on the runner's own machine ([`super::LocalSession`]), run by `sh -c`
+/// with `$0` = command and `$1` = exit file. The runner starts it in a session of its own with
+/// the stdin file as its standard input, the log as its standard output and `/dev/null` as its
+/// standard error, and writes the pid file itself ([`super::spawn`]): no redirections, no
+/// readiness handshake, no `setsid` program. The exit code is written straight into the exit
+/// file, no `mv` (one process less per stage): the reader takes the file as written once it
+/// ends with a newline (`echo` writes code and newline in one `write`), or once the leader is
+/// gone ([`exit_code_written`]). Then, as [`WRAPPER`], the group is killed.
+pub const DIRECT_EXIT_WRAPPER: &str = r#"(eval "$0") 2>&1; echo $? > "$1"; kill -s KILL 0"#;
 
 /// Whether the exit file text `text` is complete: a code and its newline (what both wrappers
 /// write; [`DIRECT_EXIT_WRAPPER`]'s may be read between its creation and the write).
@@ -152,13 +157,8 @@ pub fn stdin_path(log_path: &str) -> String {
 
 /// `sh -c` [`WRAPPER`] and its arguments.
 pub fn wrapper_args(command: &str, log_path: &str, exit_path: &str) -> Vec<String> {
-    wrapper_args_with(WRAPPER, command, log_path, exit_path)
-}
-
-/// `sh -c wrapper` (one of [`WRAPPER`], [`DIRECT_EXIT_WRAPPER`]) and its arguments.
-pub fn wrapper_args_with(wrapper: &str, command: &str, log_path: &str, exit_path: &str) -> Vec<String> {
     let args = [command, log_path, &pid_path(exit_path), &stdin_path(log_path), exit_path].map(str::to_string);
-    ["sh", "-c", wrapper].into_iter().map(str::to_string).chain(args).collect()
+    ["sh", "-c", WRAPPER].into_iter().map(str::to_string).chain(args).collect()
 }
 
 /// Start `command` (an `sh -c` command line) detached: output to `log_path`, exit code to

@@ -4,9 +4,10 @@
 //! Commands are `sh -c` in the runner's working directory with nothing of the runner's
 //! environment but [`super::process::PASSTHROUGH`], leading their own process group, output
 //! streamed into the trace, the group killed on stop ([`super::process`]). Detached commands
-//! are [`super::detached`]'s: under `setsid`, in their own session, outside the runner's
-//! process group, with no parent-death signal, so they outlive the runner (started with one
-//! process, which the runner reaps while it lives); they are followed by reading their log and
+//! are [`super::detached`]'s: in their own session ([`super::spawn`]: `posix_spawn` with
+//! `POSIX_SPAWN_SETSID`), outside the runner's process group, with no parent-death signal, so
+//! they outlive the runner (started with one process, `sh`, which the runner reaps while it
+//! lives); they are followed by reading their log and
 //! exit files directly (in the runner: it ends with the runner), with no process per poll,
 //! waking at once when a leader this session started exits. Files are written atomically (a
 //! temporary file in the same directory, renamed over the target) and read with the caller's
@@ -17,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -25,8 +27,9 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::connector::detached::{self, OutputFn, ShellHost};
-use crate::connector::process::{run_streaming, start_background, LocalCommand, ProcessFailure};
+use crate::connector::process::{run_streaming, LocalCommand, ProcessFailure};
 use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession, SocketStream};
+use crate::connector::spawn::{memory_file, spawn_session_leader, wait_exit, LeaderInput, LeaderStreams};
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;
 
@@ -45,11 +48,12 @@ impl LocalSession {
         LocalSession::default()
     }
 
-    /// Note the end of `child`, the leader of the detached command of `exit_path`.
-    fn watch_end(&self, exit_path: &str, mut child: tokio::process::Child) {
+    /// Note the end of `pid`, the leader of the detached command of `exit_path` (this
+    /// process's child: reaped here).
+    fn watch_end(&self, exit_path: &str, pid: i32) {
         let (ended, receiver) = watch::channel(false);
         tokio::spawn(async move {
-            let _ = child.wait().await;
+            wait_exit(pid).await;
             let _ = ended.send(true);
         });
         if let Ok(mut map) = self.ended.lock() {
@@ -110,9 +114,9 @@ fn read_file(path: &str, max_bytes: usize) -> Result<Vec<u8>, RemoteError> {
     Ok(data)
 }
 
-/// The files of a detached command before it starts: directories, no exit or pid file from an
-/// earlier run, an empty 0600 log, the stdin file (0600).
-fn prepare_detached(log: &str, exit: &str, input: &str, data: &[u8]) -> Result<(), RemoteError> {
+/// The files of a detached command before it starts: directories, no exit, pid or stdin file
+/// from an earlier run, an empty 0600 log, and the stdin file (0600) when `data` is given.
+fn prepare_detached(log: &str, exit: &str, input: &str, data: Option<&[u8]>) -> Result<(), RemoteError> {
     use std::os::unix::fs::OpenOptionsExt;
     for path in [log, exit] {
         if let Some(dir) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -131,6 +135,7 @@ fn prepare_detached(log: &str, exit: &str, input: &str, data: &[u8]) -> Result<(
         options
     };
     private().create(true).truncate(true).open(log).map_err(|e| io_error("creating", log, e))?;
+    let Some(data) = data else { return Ok(()) };
     let mut file = private().create_new(true).open(input).map_err(|e| io_error("creating", input, e))?;
     file.write_all(data).map_err(|e| io_error("writing", input, e))
 }
@@ -192,23 +197,37 @@ impl ShellHost for LocalSession {
         Ok(status.code)
     }
 
-    /// The files are written here and [`detached::DIRECT_EXIT_WRAPPER`] started in a session of its own
-    /// directly: one process, not a launcher script.
+    /// The files are written here and [`detached::DIRECT_EXIT_WRAPPER`] started in a session of
+    /// its own directly ([`spawn_session_leader`]): one process (`sh`), no launcher script, no
+    /// `setsid`. Its standard input is a memory file ([`memory_file`]: the script never touches
+    /// the disk; a 0600 stdin file, removed once the leader has it open, where there is no
+    /// memfd). The pid file is written here once the leader runs (its pid is its process group),
+    /// before this returns, as the other wrapper writes it before its starter returns.
     async fn start(&self, command: &str, stdin: &[u8], log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
-        let (log, exit, input) = (log_path.to_string(), exit_path.to_string(), detached::stdin_path(log_path));
-        let data = stdin.to_vec();
-        blocking(move || prepare_detached(&log, &exit, &input, &data)).await?;
-        let mut args =
-            detached::wrapper_args_with(detached::DIRECT_EXIT_WRAPPER, command, log_path, exit_path).into_iter();
-        let program = args.next().unwrap_or_default();
-        let launch = LocalCommand { program, args: args.collect(), ..LocalCommand::default() };
-        let started = start_background(&launch).await.map_err(remote_error);
-        let _ = std::fs::remove_file(detached::stdin_path(log_path));
-        self.watch_end(exit_path, started?);
-        match std::fs::read_to_string(detached::pid_path(exit_path)) {
-            Ok(pid) if !pid.trim().is_empty() => Ok(()),
-            _ => Err(RemoteError::Other(format!("{log_path}: the detached command did not start"))),
+        let memory = memory_file(stdin).ok();
+        let input = detached::stdin_path(log_path);
+        let (log, exit, file) = (log_path.to_string(), exit_path.to_string(), input.clone());
+        let data = memory.is_none().then(|| stdin.to_vec());
+        blocking(move || prepare_detached(&log, &exit, &file, data.as_deref())).await?;
+        let launch = LocalCommand {
+            program: "sh".into(),
+            args: vec!["-c".into(), detached::DIRECT_EXIT_WRAPPER.into(), command.into(), exit_path.into()],
+            ..LocalCommand::default()
+        };
+        let stdin = match &memory {
+            Some(fd) => LeaderInput::Fd(fd.as_fd()),
+            None => LeaderInput::Path(&input),
+        };
+        let streams = LeaderStreams { stdin, stdout: log_path, stderr: "/dev/null" };
+        let started = spawn_session_leader(&launch, streams).map_err(remote_error);
+        if memory.is_none() {
+            // The leader has its standard input open (the spawn opened it before `sh` ran).
+            let _ = std::fs::remove_file(&input);
         }
+        let pid = started?;
+        self.watch_end(exit_path, pid);
+        let pid_file = detached::pid_path(exit_path);
+        std::fs::write(&pid_file, format!("{pid}\n")).map_err(|e| io_error("writing", &pid_file, e))
     }
 
     /// The files are on this machine: read them, no process per poll. Dies with the runner.

@@ -5,7 +5,8 @@
 //! or captured, killed on stop — also what the `process` capability runs). [`detached`] holds
 //! the detached commands both share: started under `setsid` so they outlive the connection or
 //! the runner, followed again from any byte offset without a byte twice. Together they back
-//! the `runway:host/remote` capability. [`spec`] turns what a provider says about an instance
+//! the `runway:host/remote` capability; on the runner's machine their leaders are started in a
+//! session of their own by [`spawn`] (`posix_spawn`, no `setsid` program). [`spec`] turns what a provider says about an instance
 //! (plus the configured defaults) into a [`ConnectSpec`]; [`probe`] runs the autoscaler's
 //! `instance_ready_command`, health probes and the `$HOME` lookup. [`docker`] carries the Docker
 //! Engine API for the container executors, locally or through a session's unix socket forwarding;
@@ -26,6 +27,7 @@ pub mod probe;
 pub mod process;
 pub mod remote;
 pub mod rootfs;
+pub mod spawn;
 pub mod spec;
 pub mod ssh;
 

@@ -4,8 +4,8 @@
 //!
 //! A stop signal sends SIGTERM to the group, then SIGKILL after [`KILL_GRACE`]; stragglers a
 //! finished command left in its group are killed too (they would hold the pipe open), and a
-//! dropped call kills the group. A command that must outlive its caller is started with
-//! [`start_background`] and leaves the group itself (`setsid`, as [`super::detached`] does).
+//! dropped call kills the group. A command that must outlive its caller is started in a
+//! session of its own by [`super::spawn`] instead.
 //!
 //! Owns: spawning, streaming, capturing and stopping local processes, in the connector's own
 //! types ([`LocalCommand`], [`ProcessFailure`]). Must not touch: WIT types (the `process`
@@ -141,8 +141,8 @@ fn find_in_path(program: &str, path: &str) -> Option<std::path::PathBuf> {
 /// milliseconds of page-table copying per process; with a path it uses `posix_spawn`
 /// (`vfork`-like), as long as nothing runs between fork and exec.
 fn command_of(cmd: &LocalCommand) -> tokio::process::Command {
-    let path = cmd.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
-    let program = path.and_then(|p| find_in_path(&cmd.program, &p));
+    let env = environment(cmd);
+    let program = resolve_program(cmd, &env);
     let mut command = match &program {
         Some(found) => tokio::process::Command::new(found),
         None => tokio::process::Command::new(&cmd.program),
@@ -151,19 +151,36 @@ fn command_of(cmd: &LocalCommand) -> tokio::process::Command {
         // What the program sees as its name, as with a lookup by `execvp`.
         command.arg0(&cmd.program);
     }
-    command.args(&cmd.args).env_clear();
-    for key in PASSTHROUGH {
-        if !cmd.env.iter().any(|(k, _)| k == key) {
-            if let Ok(value) = std::env::var(key) {
-                command.env(key, value);
-            }
-        }
-    }
-    command.envs(cmd.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    command.args(&cmd.args).env_clear().envs(env);
     if let Some(cwd) = &cmd.cwd {
         command.current_dir(cwd);
     }
     command
+}
+
+/// The whole environment of `cmd`: [`PASSTHROUGH`] of the runner's, under `cmd.env`.
+pub fn environment(cmd: &LocalCommand) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = PASSTHROUGH
+        .iter()
+        .filter(|key| !cmd.env.iter().any(|(k, _)| k == *key))
+        .filter_map(|key| std::env::var(key).ok().map(|value| (key.to_string(), value)))
+        .collect();
+    for (key, value) in &cmd.env {
+        env.retain(|(k, _)| k != key);
+        env.push((key.clone(), value.clone()));
+    }
+    env
+}
+
+/// The program of `cmd` found in the `PATH` of `env` (its whole environment), or the runner's
+/// `PATH` when it has none; the program itself when it is a path (has a `/`); `None` when not
+/// found.
+pub fn resolve_program(cmd: &LocalCommand, env: &[(String, String)]) -> Option<std::path::PathBuf> {
+    if cmd.program.contains('/') {
+        return Some(std::path::PathBuf::from(&cmd.program));
+    }
+    let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
+    path.and_then(|p| find_in_path(&cmd.program, &p))
 }
 
 fn build(cmd: &LocalCommand) -> tokio::process::Command {
@@ -390,31 +407,6 @@ pub async fn run_streaming(
     }
     drop(guard);
     result
-}
-
-/// Start `cmd` in a session of its own (`setsid`: its own process group, no controlling
-/// terminal, no parent-death signal), so that it outlives this call and the runner; nothing on
-/// its standard input and error. Returns once it closed its standard output, which is how it
-/// says it is ready; the caller may wait for its end (dropped, the runtime reaps it).
-///
-/// The new session comes from `setsid(1)` (util-linux), which calls `setsid()` and execs the
-/// command in the same process (it is not a group leader, so it does not fork): one small
-/// `exec` instead of a `pre_exec` hook, which would make the standard library fork the
-/// runner's whole address space for every stage.
-pub async fn start_background(cmd: &LocalCommand) -> Result<tokio::process::Child, ProcessFailure> {
-    let launch = LocalCommand {
-        program: "setsid".into(),
-        args: std::iter::once(cmd.program.clone()).chain(cmd.args.iter().cloned()).collect(),
-        ..cmd.clone()
-    };
-    let mut command = command_of(&launch);
-    command.kill_on_drop(false).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
-    let mut child = command.spawn().map_err(|e| spawn_failed(cmd, e))?;
-    if let Some(mut stdout) = child.stdout.take() {
-        let mut sink = Vec::new();
-        let _ = stdout.read_to_end(&mut sink).await;
-    }
-    Ok(child)
 }
 
 async fn read_capped(stream: Option<impl tokio::io::AsyncRead + Unpin>, cap: usize) -> (Vec<u8>, bool) {

@@ -466,8 +466,14 @@ impl JobPlan {
     }
 
     /// `git credential reject` for the remote host, so a credential helper of the user's
-    /// forgets the job token it may have stored (best effort).
+    /// forgets the job token it may have stored (best effort). Nothing with `GIT_STRATEGY`
+    /// `none` or `empty`: the runner never hands the token to git then, so no helper can have
+    /// stored it (gitlab-runner runs the `git` process anyway; its output goes nowhere, so
+    /// the trace is the same).
     fn clear_git_credentials(&self) -> String {
+        if matches!(self.strategy, GitStrategy::None | GitStrategy::Empty) {
+            return String::new();
+        }
         let Some(remote) = self.remote_with_credentials() else {
             return String::new();
         };

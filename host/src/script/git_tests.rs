@@ -113,3 +113,27 @@ fn go_booleans() {
     }
     assert_eq!(crate::payload::flags::parse_bool("yes"), None);
 }
+
+#[test]
+fn the_token_is_rejected_at_cleanup_only_when_git_was_given_it() {
+    let cleanup = |strategy: &str| plan(&[("GIT_STRATEGY", strategy)], |_| {}).git_cleanup_stage();
+    for strategy in ["fetch", "clone"] {
+        let script = cleanup(strategy);
+        assert!(script.contains("| git credential reject"), "{strategy}: {script}");
+        assert!(script.contains("'https://gitlab.example.com' gitlab-ci-token"), "{strategy}: {script}");
+    }
+    for strategy in ["none", "empty"] {
+        assert!(!cleanup(strategy).contains("credential"), "{strategy}: no git process for a token never given");
+    }
+}
+
+#[test]
+fn the_prepare_stage_names_the_machine_as_hostname_does_without_starting_it() {
+    let script = plan(&[], |_| {}).script(&BuildStage::PrepareScript, "running").expect("script");
+    let lines: String = script.lines().filter(|l| l.contains("RUNWAY_MACHINE")).map(|l| format!("{l}\n")).collect();
+    assert!(!lines.contains("$(hostname") || lines.contains("|| RUNWAY_MACHINE=$(hostname"), "{lines}");
+    let out = std::process::Command::new("bash").args(["-c", &lines]).output().expect("bash");
+    let name = std::process::Command::new("hostname").output().expect("hostname");
+    let expected = format!("Running on {}...\n", String::from_utf8_lossy(&name.stdout).trim());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+}

@@ -511,12 +511,17 @@ impl JobPlan {
                 for warning in &self.warnings {
                     body.push_str(&echo_warning(warning));
                 }
+                // The machine's name as `hostname` prints it (the kernel's node name), read by
+                // the shell itself where /proc has it: no process.
+                body.push_str(
+                    "read -r RUNWAY_MACHINE 2>/dev/null < /proc/sys/kernel/hostname || \
+                     RUNWAY_MACHINE=$(hostname 2>/dev/null || uname -n)\n",
+                );
                 match &self.settings.hostname {
-                    Some(name) => body.push_str(&format!(
-                        "echo \"Running on $(hostname 2>/dev/null || uname -n) via \"{}\"...\"\n",
-                        quote(name)
-                    )),
-                    None => body.push_str("echo \"Running on $(hostname 2>/dev/null || uname -n)...\"\n"),
+                    Some(name) => {
+                        body.push_str(&format!("echo \"Running on $RUNWAY_MACHINE via \"{}\"...\"\n", quote(name)))
+                    }
+                    None => body.push_str("echo \"Running on $RUNWAY_MACHINE...\"\n"),
                 }
             }
             BuildStage::GetSources => body.push_str(&self.get_sources()),
