@@ -71,10 +71,10 @@ fn job_token<'a>(headers: &'a HeaderMap, body: Option<&'a Value>) -> Option<&'a 
 fn route(inner: &Inner, id: i64, token: Option<&str>) -> Option<(usize, bool)> {
     let st = inner.lock();
     if let Some(job) = st.jobs.get(&id) {
-        return Some((job.upstream, Some(job.token.as_str()) == token));
+        return Some((job.origin.upstream, Some(job.origin.token.as_str()) == token));
     }
     if let Some(holder) = token.and_then(|t| st.by_token.get(t)).and_then(|i| st.jobs.get(i)) {
-        return Some((holder.upstream, false));
+        return Some((holder.origin.upstream, false));
     }
     (inner.settings.upstreams.len() == 1).then_some((0, false))
 }
@@ -190,7 +190,7 @@ async fn request_job(State(inner): Shared, headers: HeaderMap, body: Bytes) -> R
             job.version += 1;
         }
         persist::save(&inner, id).await;
-        let raw = inner.lock().jobs.get(&id).map(|j| j.raw.clone());
+        let raw = inner.lock().jobs.get(&id).map(|j| j.origin.raw.clone());
         let Some(raw) = raw else { continue };
         return Response::builder()
             .status(StatusCode::CREATED)
@@ -351,10 +351,7 @@ async fn patch_trace(
         Ok(routed) => routed,
         Err(answer) => return answer,
     };
-    let path = match query {
-        Some(q) => format!("jobs/{id}/trace?{q}"),
-        None => format!("jobs/{id}/trace"),
-    };
+    let path = with_query(format!("jobs/{id}/trace"), query);
     let response =
         match forward(&inner, u, Endpoint::PatchTrace, Method::PATCH, &path, &headers, reqwest::Body::from(body)).await
         {
@@ -375,6 +372,14 @@ async fn patch_trace(
     relay(response)
 }
 
+/// `path` with the runner's query string, when it sent one, passed on as it was.
+fn with_query(path: String, query: Option<String>) -> String {
+    match query {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    }
+}
+
 async fn runner_provisioning(
     State(inner): Shared,
     Path(id): Path<i64>,
@@ -392,7 +397,7 @@ async fn runner_provisioning(
         .unwrap_or_default();
     let phase = {
         let st = inner.lock();
-        st.jobs.get(&id).filter(|j| Some(j.token.as_str()) == token.as_deref()).map(|j| j.phase)
+        st.jobs.get(&id).filter(|j| Some(j.origin.token.as_str()) == token.as_deref()).map(|j| j.phase)
     };
     let Some(phase) = phase else {
         return message(StatusCode::NOT_FOUND, "404 Not Found - the router holds no such job");
@@ -448,10 +453,7 @@ async fn artifacts(
     if let Some(holder) = token.as_deref().and_then(|t| inner.lock().by_token.get(t).copied()) {
         seen(&inner, holder);
     }
-    let path = match query {
-        Some(q) => format!("jobs/{id}/artifacts?{q}"),
-        None => format!("jobs/{id}/artifacts"),
-    };
+    let path = with_query(format!("jobs/{id}/artifacts"), query);
     let endpoint = if method == Method::GET { Endpoint::DownloadArtifacts } else { Endpoint::UploadArtifacts };
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     match forward(&inner, u, endpoint, method, &path, &headers, reqwest::Body::wrap_stream(stream)).await {

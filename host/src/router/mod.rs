@@ -247,7 +247,9 @@ impl Router {
         };
         for job in st.jobs.values() {
             match job.phase {
-                state::Phase::Queued => *snap.queued_by_project.entry(job.project_path.clone()).or_default() += 1,
+                state::Phase::Queued => {
+                    *snap.queued_by_project.entry(job.origin.project_path.clone()).or_default() += 1
+                }
                 state::Phase::Offered { .. } => snap.offered += 1,
                 state::Phase::Accepted { .. } => snap.accepted += 1,
             }

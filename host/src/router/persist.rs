@@ -46,10 +46,10 @@ fn unix_now() -> u64 {
 fn entry_of(inner: &Inner, job: &Routed) -> Entry {
     let names = |d: usize| inner.settings.downstreams.get(d).map(|x| x.name.clone());
     let record = Record {
-        token: job.token.clone(),
-        upstream: job.upstream,
-        upstream_url: inner.settings.upstreams.get(job.upstream).map(|u| u.url.clone()).unwrap_or_default(),
-        payload: String::from_utf8_lossy(&job.raw).into_owned(),
+        token: job.origin.token.clone(),
+        upstream: job.origin.upstream,
+        upstream_url: inner.settings.upstreams.get(job.origin.upstream).map(|u| u.url.clone()).unwrap_or_default(),
+        payload: String::from_utf8_lossy(&job.origin.raw).into_owned(),
         phase: job.phase.name().to_string(),
         downstream: job.phase.downstream().and_then(names),
         declined: job.declined.iter().filter_map(|d| names(*d)).collect(),
@@ -59,13 +59,13 @@ fn entry_of(inner: &Inner, job: &Routed) -> Entry {
     };
     Entry {
         meta: EntryMeta {
-            job_id: u64::try_from(job.id).unwrap_or_default(),
+            job_id: u64::try_from(job.origin.id).unwrap_or_default(),
             owner: inner.settings.router_id.clone(),
             created: unix_now(),
             heartbeat: 0,
             resumes: 0,
             stage: job.phase.name().to_string(),
-            project: job.project_path.clone(),
+            project: job.origin.project_path.clone(),
         },
         body: serde_json::to_vec(&record).unwrap_or_default(),
     }
@@ -105,8 +105,8 @@ pub(super) async fn forget(inner: &Arc<Inner>, removed: &Routed) {
     let mut saved = removed.saved.lock().await;
     *saved = u64::MAX;
     if let Some(store) = &inner.settings.store {
-        if let Err(e) = store.remove(u64::try_from(removed.id).unwrap_or_default()).await {
-            tracing::error!(job = removed.id, "removing the routed job from the store: {e}");
+        if let Err(e) = store.remove(u64::try_from(removed.origin.id).unwrap_or_default()).await {
+            tracing::error!(job = removed.origin.id, "removing the routed job from the store: {e}");
         }
     }
 }

@@ -60,22 +60,8 @@ impl Phase {
 /// One job the router holds.
 #[derive(Debug)]
 pub struct Routed {
-    /// GitLab's job id.
-    pub id: i64,
-    /// The job token (authenticates the downstream's job calls; the router's own).
-    pub token: String,
-    /// Index of the `[[router.upstream]]` it came from.
-    pub upstream: usize,
-    /// The payload exactly as GitLab sent it.
-    pub raw: bytes::Bytes,
-    /// `job_info.project_id` / `pipeline_id` / `project_full_path`.
-    pub project: i64,
-    /// Pipeline id.
-    pub pipeline: i64,
-    /// `group/project`, for metrics.
-    pub project_path: String,
-    /// The job's tags (`CI_JOB_TAGS`), empty when GitLab sent none.
-    pub tags: Vec<String>,
+    /// Where it came from and what it is, as taken from GitLab.
+    pub origin: Origin,
     /// Where it is.
     pub phase: Phase,
     /// Downstreams (indices) it was offered to and that gave it back or let it time out:
@@ -104,19 +90,19 @@ pub struct Routed {
 pub struct Origin {
     /// GitLab's job id.
     pub id: i64,
-    /// The job token.
+    /// The job token (authenticates the downstream's job calls; the router's own).
     pub token: String,
-    /// Index of its `[[router.upstream]]`.
+    /// Index of the `[[router.upstream]]` it came from.
     pub upstream: usize,
-    /// The payload as GitLab sent it.
+    /// The payload exactly as GitLab sent it.
     pub raw: bytes::Bytes,
     /// `job_info.project_id`.
     pub project: i64,
     /// `job_info.pipeline_id`.
     pub pipeline: i64,
-    /// `job_info.project_full_path`.
+    /// `job_info.project_full_path` (`group/project`, for metrics).
     pub project_path: String,
-    /// The job's tags.
+    /// The job's tags (`CI_JOB_TAGS`), empty when GitLab sent none.
     pub tags: Vec<String>,
 }
 
@@ -124,14 +110,7 @@ impl Routed {
     /// A job just taken from GitLab: queued, offered to nobody yet, arrival number `seq`.
     pub fn new(origin: Origin, seq: u64) -> Self {
         Routed {
-            id: origin.id,
-            token: origin.token,
-            upstream: origin.upstream,
-            raw: origin.raw,
-            project: origin.project,
-            pipeline: origin.pipeline,
-            project_path: origin.project_path,
-            tags: origin.tags,
+            origin,
             phase: Phase::Queued,
             declined: BTreeSet::new(),
             seq,
@@ -145,7 +124,7 @@ impl Routed {
     }
 
     fn queued(&self) -> Queued {
-        Queued { id: self.id, project: self.project, pipeline: self.pipeline }
+        Queued { id: self.origin.id, project: self.origin.project, pipeline: self.origin.pipeline }
     }
 }
 
@@ -235,15 +214,15 @@ impl State {
             self.queue.push(job.seq, job.queued());
             self.queue_version = self.queue_version.wrapping_add(1);
         }
-        self.by_token.insert(job.token.clone(), job.id);
-        self.jobs.insert(job.id, job);
+        self.by_token.insert(job.origin.token.clone(), job.origin.id);
+        self.jobs.insert(job.origin.id, job);
     }
 
     /// Let go of job `id` (finished, failed, gone).
     pub fn remove(&mut self, id: i64) -> Option<Routed> {
         let job = self.jobs.remove(&id)?;
         self.queue.remove(id);
-        self.by_token.remove(&job.token);
+        self.by_token.remove(&job.origin.token);
         Some(job)
     }
 
@@ -255,7 +234,7 @@ impl State {
         }
         match downstreams.get(d).and_then(|x| x.tags.as_ref()) {
             None => true,
-            Some(tags) => job.tags.iter().all(|t| tags.contains(t)),
+            Some(tags) => job.origin.tags.iter().all(|t| tags.contains(t)),
         }
     }
 
@@ -276,10 +255,10 @@ impl State {
             *n += 1;
         }
         Some(Handed {
-            id: job.id,
+            id: job.origin.id,
             downstream: d,
             waited: job.enqueued.elapsed(),
-            project_path: job.project_path.clone(),
+            project_path: job.origin.project_path.clone(),
         })
     }
 
@@ -411,7 +390,7 @@ mod tests {
         let mut j = job(1, 1, &["gpu"]);
         assert!(State::may_take(&ds, 0, &j), "an untagged downstream takes everything");
         assert!(State::may_take(&ds, 1, &j));
-        j.tags.push("arm".into());
+        j.origin.tags.push("arm".into());
         assert!(!State::may_take(&ds, 1, &j), "b lacks arm");
         j.declined.insert(0);
         assert!(!State::anyone_may_take(&ds, &j));

@@ -181,12 +181,12 @@ async fn enqueue(inner: &Arc<Inner>, u: usize, received: ReceivedJob) {
             return;
         }
     };
-    let id = job.id;
+    let id = job.origin.id;
     if !State::anyone_may_take(&inner.settings.downstreams, &job) {
-        tracing::error!(job = id, tags = ?job.tags, "no downstream takes this job's tags; failing it");
+        tracing::error!(job = id, tags = ?job.origin.tags, "no downstream takes this job's tags; failing it");
         inner.stats.failed("no_downstream");
-        if let Some(api) = job_api(inner, u, id, &job.token) {
-            let message = format!("no runner behind this router takes the job's tags {:?}", job.tags);
+        if let Some(api) = job_api(inner, u, id, &job.origin.token) {
+            let message = format!("no runner behind this router takes the job's tags {:?}", job.origin.tags);
             fail_at_gitlab(&api, false, 0, &message).await;
         }
         return;
@@ -235,7 +235,7 @@ pub(super) enum Accept {
 /// `PUT state=running` for held job `id` (the first call of a runner without two-phase
 /// commit for it, or a runner accepting through `runner_provisioning`).
 pub(super) async fn accept(inner: &Arc<Inner>, id: i64) -> Accept {
-    let target = inner.lock().jobs.get(&id).map(|j| (j.upstream, j.token.clone()));
+    let target = inner.lock().jobs.get(&id).map(|j| (j.origin.upstream, j.origin.token.clone()));
     let Some((u, token)) = target else { return Accept::Gone };
     let Some(api) = job_api(inner, u, id, &token) else { return Accept::Unavailable("no upstream".into()) };
     match api.update_job(&JobUpdate::state(JobState::Running)).await.outcome {
@@ -299,7 +299,12 @@ pub(super) async fn fail(inner: &Arc<Inner>, id: i64, message: &str) {
         st.queue.remove(id);
         st.jobs.get_mut(&id).map(|j| {
             j.failing = true;
-            (j.upstream, j.token.clone(), matches!(j.phase, Phase::Accepted { .. }), j.upstream_trace_size)
+            (
+                j.origin.upstream,
+                j.origin.token.clone(),
+                matches!(j.phase, Phase::Accepted { .. }),
+                j.upstream_trace_size,
+            )
         })
     };
     let Some((u, token, accepted, size)) = target else { return };
@@ -355,10 +360,10 @@ async fn sweep(inner: &Arc<Inner>) {
         let mut lost = Vec::new();
         for job in st.jobs.values_mut() {
             match job.phase {
-                Phase::Offered { downstream, deadline } if deadline <= now => expired.push((job.id, downstream)),
+                Phase::Offered { downstream, deadline } if deadline <= now => expired.push((job.origin.id, downstream)),
                 Phase::Accepted { downstream, last_seen } if !job.failing && now.duration_since(last_seen) >= lease => {
                     job.failing = true;
-                    lost.push((job.id, downstream));
+                    lost.push((job.origin.id, downstream));
                 }
                 _ => {}
             }
@@ -388,7 +393,7 @@ pub(super) async fn keep_alive(inner: &Arc<Inner>) {
         st.jobs
             .values()
             .filter(|j| !matches!(j.phase, Phase::Accepted { .. }) && !j.failing)
-            .map(|j| (j.id, j.upstream, j.token.clone()))
+            .map(|j| (j.origin.id, j.origin.upstream, j.origin.token.clone()))
             .collect()
     };
     let calls = pending.into_iter().map(|(id, u, token)| {
