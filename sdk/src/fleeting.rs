@@ -13,6 +13,14 @@ pub use crate::bindings::fleeting::runway::fleeting::types::{
     CapacityError, InstanceState, InterruptionKind, Protocol,
 };
 
+/// A failure of the host's key-value store ([`crate::kv`]) fails the provider call as
+/// transient: the host retries it, nothing the plugin remembered is lost.
+impl From<crate::kv::KvError> for ProviderError {
+    fn from(e: crate::kv::KvError) -> Self {
+        ProviderError::Transient(format!("plugin state: {e:?}"))
+    }
+}
+
 /// A group of machines at a provider. `init` creates the value; the host then calls the
 /// other methods one at a time for as long as the plugin instance lives.
 pub trait InstanceGroup: Sized + 'static {

@@ -1,11 +1,13 @@
 //! What the cloud fleeting plugins (`fleeting-aws`, `fleeting-gcp`, `fleeting-azure`) share:
 //! blocking HTTP through `wasi:http` (the host lets through only the hosts the plugin's grant
 //! names in `allow_hosts`), retries with exponential back-off for throttling and transient
-//! failures, the wall clock and sleeping.
+//! failures, the wall clock and sleeping, and what a plugin remembers about its group
+//! between calls (`group_state`).
 //!
-//! Owns: the transport and the retry policy. Must not touch: any cloud's API shapes or
+//! Owns: the transport, the retry policy and the remembered group state. Must not touch: any cloud's API shapes or
 //! credentials (each plugin's own).
 
+pub mod group_state;
 pub mod http;
 pub mod retry;
 

@@ -25,11 +25,12 @@ mod credentials;
 mod instance_connect;
 mod xml;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use runway_sdk::fleeting::*;
 
 use api::{CallError, Client, Service};
+use cloud_common::group_state::GroupState;
 use credentials::Sources;
 use xml::{AsgInstance, Ec2Instance, Group};
 
@@ -61,6 +62,9 @@ type Listed = (AsgInstance, Option<Ec2Instance>);
 
 /// How long `increase` refuses after launches failed for lack of capacity.
 const CAPACITY_BACKOFF_SECONDS: u64 = 120;
+/// Group-state list of the instances this plugin asked to terminate (their `Terminating` is
+/// no interruption).
+const DECREASED: &str = "decreased";
 /// At MaxSize: when to ask again.
 const FULL_RETRY_SECONDS: u32 = 60;
 
@@ -71,18 +75,14 @@ struct AwsGroup {
     ec2: Service,
     instance_connect: Service,
     connector: ConnectorConfig,
-    /// kv key prefix: this group's identity.
-    key: String,
+    /// What it remembers between calls, under this group's identity.
+    state: GroupState,
     /// Addresses and states from the last DescribeInstances.
     known: BTreeMap<String, Ec2Instance>,
 }
 
 fn env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
-}
-
-fn kv_error(e: runway_sdk::kv::KvError) -> ProviderError {
-    ProviderError::Transient(format!("plugin state: {e:?}"))
 }
 
 impl AwsGroup {
@@ -126,20 +126,6 @@ impl AwsGroup {
         Ok(out)
     }
 
-    fn kv_get(&self, what: &str) -> Result<String, ProviderError> {
-        let value = runway_sdk::kv::get(&format!("{}/{what}", self.key)).map_err(kv_error)?.unwrap_or_default();
-        Ok(String::from_utf8_lossy(&value).into_owned())
-    }
-
-    fn kv_set(&self, what: &str, value: &str) -> Result<(), ProviderError> {
-        runway_sdk::kv::set(&format!("{}/{what}", self.key), value.as_bytes()).map_err(kv_error)
-    }
-
-    /// Instances this plugin asked to terminate (their `Terminating` is no interruption).
-    fn decreased(&self) -> Result<BTreeSet<String>, ProviderError> {
-        Ok(self.kv_get("decreased")?.lines().map(str::to_string).collect())
-    }
-
     fn set_desired(&mut self, desired: u32) -> Result<(), CallError> {
         let params = vec![
             ("AutoScalingGroupName".to_string(), self.name.clone()),
@@ -153,7 +139,7 @@ impl AwsGroup {
     /// activity fail for lack of capacity? Then take the desired capacity back to what
     /// exists and refuse increases for a while.
     fn check_capacity(&mut self, group: &Group, live: u32) -> Result<(), ProviderError> {
-        let Ok(increased_at) = self.kv_get("increased-at")?.parse::<u64>() else { return Ok(()) };
+        let Ok(increased_at) = self.state.get("increased-at")?.parse::<u64>() else { return Ok(()) };
         if group.desired <= live {
             return Ok(());
         }
@@ -175,9 +161,8 @@ impl AwsGroup {
                 self.name, activity.message
             ));
             self.set_desired(live).map_err(|e| e.into_provider("SetDesiredCapacity"))?;
-            self.kv_set("capacity-until", &(cloud_common::now_unix() + CAPACITY_BACKOFF_SECONDS).to_string())?;
-            self.kv_set("capacity-message", &activity.message)?;
-            self.kv_set("increased-at", "")?;
+            self.state.back_off(CAPACITY_BACKOFF_SECONDS, &activity.message)?;
+            self.state.set("increased-at", "")?;
         }
         Ok(())
     }
@@ -234,7 +219,7 @@ impl InstanceGroup for AwsGroup {
             instance_connect: Service { name: "ec2-instance-connect", version: "", url: url("ec2-instance-connect") },
             client: Client::new(region.clone(), sources),
             connector,
-            key: format!("{region}/{}", config.name),
+            state: GroupState::new(format!("{region}/{}", config.name)),
             known: BTreeMap::new(),
         };
         let described = group.describe_group()?;
@@ -262,11 +247,7 @@ impl InstanceGroup for AwsGroup {
             instances.iter().filter(|i| matches!(i.state, InstanceState::Creating | InstanceState::Running)).count();
         self.check_capacity(&group, u32::try_from(live).unwrap_or(u32::MAX))?;
         // Forget terminations that are over.
-        let decreased = self.decreased()?;
-        let still: Vec<&String> = decreased.iter().filter(|id| group.instances.iter().any(|i| &i.id == *id)).collect();
-        if still.len() != decreased.len() {
-            self.kv_set("decreased", &still.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n"))?;
-        }
+        self.state.retain_ids(DECREASED, |id| group.instances.iter().any(|i| i.id == id))?;
         Ok(instances)
     }
 
@@ -275,14 +256,7 @@ impl InstanceGroup for AwsGroup {
             return Ok(0);
         }
         let now = cloud_common::now_unix();
-        if let Ok(until) = self.kv_get("capacity-until")?.parse::<u64>() {
-            if until > now {
-                return Err(ProviderError::Capacity(CapacityError {
-                    message: format!("group {}: {}", self.name, self.kv_get("capacity-message")?),
-                    retry_after_seconds: u32::try_from(until - now).unwrap_or(u32::MAX),
-                }));
-            }
-        }
+        self.state.check_capacity(&format!("group {}", self.name))?;
         let group = self.describe_group()?;
         if group.desired >= group.max_size {
             return Err(ProviderError::Capacity(CapacityError {
@@ -292,7 +266,7 @@ impl InstanceGroup for AwsGroup {
         }
         let target = group.desired.saturating_add(n).min(group.max_size);
         self.set_desired(target).map_err(|e| e.into_provider("SetDesiredCapacity"))?;
-        self.kv_set("increased-at", &now.to_string())?;
+        self.state.set("increased-at", &now.to_string())?;
         runway_sdk::log::info(&format!("group {}: desired capacity {} -> {target}", self.name, group.desired));
         Ok(target - group.desired)
     }
@@ -320,9 +294,9 @@ impl InstanceGroup for AwsGroup {
             }
         }
         if !accepted.is_empty() {
-            let mut decreased = self.decreased()?;
+            let mut decreased = self.state.ids(DECREASED)?;
             decreased.extend(accepted.iter().cloned());
-            self.kv_set("decreased", &decreased.into_iter().collect::<Vec<_>>().join("\n"))?;
+            self.state.set_ids(DECREASED, &decreased)?;
         }
         match first_error {
             Some(e) if accepted.is_empty() => Err(e),
@@ -372,7 +346,7 @@ impl InstanceGroup for AwsGroup {
 
     fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
         let (_, listed) = self.listed()?;
-        let decreased = self.decreased()?;
+        let decreased = self.state.ids(DECREASED)?;
         Ok(listed
             .iter()
             .filter(|(asg, ec2)| {

@@ -16,13 +16,16 @@
 mod arm;
 mod auth;
 
-use std::collections::BTreeSet;
-
+use cloud_common::group_state::GroupState;
 use runway_sdk::fleeting::*;
 use serde_json::{json, Value};
 
 use arm::{Arm, CallError, Lro};
 use auth::Auth;
+
+/// Group-state list of the instances this plugin asked to delete (their going away is no
+/// interruption).
+const DELETED: &str = "deleted";
 
 /// `[runners.autoscaler.plugin_config]`.
 #[derive(serde::Deserialize)]
@@ -51,7 +54,8 @@ struct AzureGroup {
     endpoint: String,
     name: String,
     connector: ConnectorConfig,
-    key: String,
+    /// What it remembers between calls, under this group's identity.
+    state: GroupState,
 }
 
 /// One VM of the scale set as listed.
@@ -60,10 +64,6 @@ struct Vm {
     provisioning: String,
     power: Option<String>,
     spot: bool,
-}
-
-fn kv_error(e: runway_sdk::kv::KvError) -> ProviderError {
-    ProviderError::Transient(format!("plugin state: {e:?}"))
 }
 
 fn vm_of(value: &Value, set_spot: bool) -> Option<Vm> {
@@ -102,19 +102,6 @@ impl AzureGroup {
     fn url(&self, path: &str, api: &str) -> String {
         let sep = if path.contains('?') { '&' } else { '?' };
         format!("{}{path}{sep}api-version={api}", self.base)
-    }
-
-    fn kv_get(&self, what: &str) -> Result<String, ProviderError> {
-        let value = runway_sdk::kv::get(&format!("{}/{what}", self.key)).map_err(kv_error)?.unwrap_or_default();
-        Ok(String::from_utf8_lossy(&value).into_owned())
-    }
-
-    fn kv_set(&self, what: &str, value: &str) -> Result<(), ProviderError> {
-        runway_sdk::kv::set(&format!("{}/{what}", self.key), value.as_bytes()).map_err(kv_error)
-    }
-
-    fn deleted_by_us(&self) -> Result<BTreeSet<String>, ProviderError> {
-        Ok(self.kv_get("deleted")?.lines().map(str::to_string).collect())
     }
 
     fn scale_set(&mut self) -> Result<Value, ProviderError> {
@@ -166,7 +153,10 @@ impl InstanceGroup for AzureGroup {
             endpoint,
             name: config.name.clone(),
             connector,
-            key: format!("{}/{}/{}", config.subscription_id, config.resource_group_name, config.name),
+            state: GroupState::new(format!(
+                "{}/{}/{}",
+                config.subscription_id, config.resource_group_name, config.name
+            )),
         };
         let set = group.scale_set()?;
         if set.pointer("/properties/orchestrationMode").and_then(|m| m.as_str()) == Some("Flexible") {
@@ -186,11 +176,7 @@ impl InstanceGroup for AzureGroup {
 
     fn update(&mut self) -> Result<Vec<Instance>, ProviderError> {
         let vms = self.vms()?;
-        let deleted = self.deleted_by_us()?;
-        let kept: Vec<&String> = deleted.iter().filter(|id| vms.iter().any(|v| &v.id == *id)).collect();
-        if kept.len() != deleted.len() {
-            self.kv_set("deleted", &kept.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n"))?;
-        }
+        self.state.retain_ids(DELETED, |id| vms.iter().any(|v| v.id == id))?;
         Ok(vms.iter().map(|vm| Instance { id: vm.id.clone(), state: state(vm) }).collect())
     }
 
@@ -198,15 +184,7 @@ impl InstanceGroup for AzureGroup {
         if n == 0 {
             return Ok(0);
         }
-        let now = cloud_common::now_unix();
-        if let Ok(until) = self.kv_get("capacity-until")?.parse::<u64>() {
-            if until > now {
-                return Err(ProviderError::Capacity(CapacityError {
-                    message: format!("scale set {}: {}", self.name, self.kv_get("capacity-message")?),
-                    retry_after_seconds: u32::try_from(until - now).unwrap_or(u32::MAX),
-                }));
-            }
-        }
+        self.state.check_capacity(&format!("scale set {}", self.name))?;
         let set = self.scale_set()?;
         let current = set.pointer("/sku/capacity").and_then(|c| c.as_u64()).unwrap_or(0);
         let current = u32::try_from(current).unwrap_or(MAX_SIZE);
@@ -235,8 +213,7 @@ impl InstanceGroup for AzureGroup {
                 ));
                 // The failed VMs would be retried behind the manager's back: give them up.
                 let _ = self.arm.send("PATCH", &url, Some(&json!({"sku": {"capacity": current}})));
-                self.kv_set("capacity-until", &(now + u64::from(arm::CAPACITY_RETRY_SECONDS)).to_string())?;
-                self.kv_set("capacity-message", &message)?;
+                self.state.back_off(u64::from(arm::CAPACITY_RETRY_SECONDS), &message)?;
                 Err(CallError::Arm(e).into_provider("scaling out"))
             }
             Err(e) => Err(e.into_provider("scaling out")),
@@ -250,9 +227,9 @@ impl InstanceGroup for AzureGroup {
         let url = self.url("/delete", COMPUTE_API);
         // The deletion goes on at Azure (a long-running operation); update sees the VMs go.
         self.arm.send("POST", &url, Some(&json!({"instanceIds": ids}))).map_err(|e| e.into_provider("deleting VMs"))?;
-        let mut deleted = self.deleted_by_us()?;
+        let mut deleted = self.state.ids(DELETED)?;
         deleted.extend(ids.iter().cloned());
-        self.kv_set("deleted", &deleted.into_iter().collect::<Vec<_>>().join("\n"))?;
+        self.state.set_ids(DELETED, &deleted)?;
         Ok(ids)
     }
 
@@ -312,7 +289,7 @@ impl InstanceGroup for AzureGroup {
 
     fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
         let vms = self.vms()?;
-        let deleted = self.deleted_by_us()?;
+        let deleted = self.state.ids(DELETED)?;
         Ok(vms
             .iter()
             .filter(|vm| evicted(vm) && !deleted.contains(&vm.id))

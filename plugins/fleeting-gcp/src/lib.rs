@@ -16,12 +16,15 @@
 mod auth;
 mod compute;
 
-use std::collections::BTreeSet;
-
+use cloud_common::group_state::GroupState;
 use runway_sdk::fleeting::*;
 use serde_json::{json, Value};
 
 use compute::Compute;
+
+/// Group-state list of the instances this plugin asked to delete (their going away is no
+/// interruption).
+const DELETED: &str = "deleted";
 
 /// `[runners.autoscaler.plugin_config]`.
 #[derive(serde::Deserialize)]
@@ -49,7 +52,8 @@ struct GcpGroup {
     zone: String,
     name: String,
     connector: ConnectorConfig,
-    key: String,
+    /// What it remembers between calls, under this group's identity.
+    state: GroupState,
 }
 
 /// One managed instance.
@@ -59,10 +63,6 @@ struct Managed {
     action: String,
     /// Error codes of its last creation attempt.
     errors: Vec<String>,
-}
-
-fn kv_error(e: runway_sdk::kv::KvError) -> ProviderError {
-    ProviderError::Transient(format!("plugin state: {e:?}"))
 }
 
 fn managed_of(value: &Value) -> Option<Managed> {
@@ -106,19 +106,6 @@ impl GcpGroup {
 
     fn operations_url(&self) -> String {
         format!("{}/operations", self.zone_url)
-    }
-
-    fn kv_get(&self, what: &str) -> Result<String, ProviderError> {
-        let value = runway_sdk::kv::get(&format!("{}/{what}", self.key)).map_err(kv_error)?.unwrap_or_default();
-        Ok(String::from_utf8_lossy(&value).into_owned())
-    }
-
-    fn kv_set(&self, what: &str, value: &str) -> Result<(), ProviderError> {
-        runway_sdk::kv::set(&format!("{}/{what}", self.key), value.as_bytes()).map_err(kv_error)
-    }
-
-    fn deleted_by_us(&self) -> Result<BTreeSet<String>, ProviderError> {
-        Ok(self.kv_get("deleted")?.lines().map(str::to_string).collect())
     }
 
     fn group(&mut self) -> Result<Value, ProviderError> {
@@ -168,7 +155,7 @@ impl InstanceGroup for GcpGroup {
             zone: config.zone.clone(),
             name: config.name.clone(),
             connector,
-            key: format!("{}/{}/{}", config.project, config.zone, config.name),
+            state: GroupState::new(format!("{}/{}/{}", config.project, config.zone, config.name)),
         };
         group.compute.check_auth().map_err(|e| e.into_provider("authenticating"))?;
         group.group()?;
@@ -184,19 +171,13 @@ impl InstanceGroup for GcpGroup {
     fn update(&mut self) -> Result<Vec<Instance>, ProviderError> {
         let managed = self.managed()?;
         if let Some(m) = managed.iter().find(|m| state(m) == InstanceState::Timeout) {
-            if self.kv_get("capacity-until")?.parse::<u64>().map_or(true, |u| u <= cloud_common::now_unix()) {
+            if !self.state.backing_off()? {
                 let message = format!("creating {} failed: {}", m.name, m.errors.join(", "));
                 runway_sdk::log::warn(&format!("group {}: {message}", self.name));
-                let until = cloud_common::now_unix() + u64::from(compute::CAPACITY_RETRY_SECONDS);
-                self.kv_set("capacity-until", &until.to_string())?;
-                self.kv_set("capacity-message", &message)?;
+                self.state.back_off(u64::from(compute::CAPACITY_RETRY_SECONDS), &message)?;
             }
         }
-        let deleted = self.deleted_by_us()?;
-        let kept: Vec<&String> = deleted.iter().filter(|n| managed.iter().any(|m| &m.name == *n)).collect();
-        if kept.len() != deleted.len() {
-            self.kv_set("deleted", &kept.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n"))?;
-        }
+        self.state.retain_ids(DELETED, |id| managed.iter().any(|m| m.name == id))?;
         Ok(managed.iter().map(|m| Instance { id: m.name.clone(), state: state(m) }).collect())
     }
 
@@ -204,15 +185,7 @@ impl InstanceGroup for GcpGroup {
         if n == 0 {
             return Ok(0);
         }
-        let now = cloud_common::now_unix();
-        if let Ok(until) = self.kv_get("capacity-until")?.parse::<u64>() {
-            if until > now {
-                return Err(ProviderError::Capacity(CapacityError {
-                    message: format!("group {}: {}", self.name, self.kv_get("capacity-message")?),
-                    retry_after_seconds: u32::try_from(until - now).unwrap_or(u32::MAX),
-                }));
-            }
-        }
+        self.state.check_capacity(&format!("group {}", self.name))?;
         let group = self.group()?;
         let current = group.get("targetSize").and_then(|t| t.as_u64()).unwrap_or(0);
         let current = u32::try_from(current).unwrap_or(MAX_SIZE);
@@ -244,9 +217,9 @@ impl InstanceGroup for GcpGroup {
         let url = self.group_url("/deleteInstances");
         // The deletion goes on at Google (an operation); update sees the instances go.
         self.compute.send("POST", &url, Some(&body)).map_err(|e| e.into_provider("deleteInstances"))?;
-        let mut deleted = self.deleted_by_us()?;
+        let mut deleted = self.state.ids(DELETED)?;
         deleted.extend(ids.iter().cloned());
-        self.kv_set("deleted", &deleted.into_iter().collect::<Vec<_>>().join("\n"))?;
+        self.state.set_ids(DELETED, &deleted)?;
         Ok(ids)
     }
 
@@ -277,7 +250,7 @@ impl InstanceGroup for GcpGroup {
 
     fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
         let managed = self.managed()?;
-        let deleted = self.deleted_by_us()?;
+        let deleted = self.state.ids(DELETED)?;
         let mut out = Vec::new();
         for m in managed {
             let lost = m.action == "RECREATING" || matches!(m.status.as_str(), "STOPPING" | "STOPPED" | "TERMINATED");

@@ -24,30 +24,26 @@ struct StaticGroup {
 const IN_SERVICE: &str = "in-service";
 const RELEASED: &str = "released";
 
-fn kv_error(e: runway_sdk::kv::KvError) -> ProviderError {
-    ProviderError::Transient(format!("plugin state: {e:?}"))
-}
-
 impl StaticGroup {
     fn in_service(&self) -> Result<Vec<String>, ProviderError> {
-        let stored = runway_sdk::kv::get(IN_SERVICE).map_err(kv_error)?.unwrap_or_default();
+        let stored = runway_sdk::kv::get(IN_SERVICE)?.unwrap_or_default();
         let text = String::from_utf8_lossy(&stored);
         // Hosts removed from the config are no longer ours to hand out.
         Ok(text.lines().filter(|h| self.hosts.iter().any(|c| c == h)).map(str::to_string).collect())
     }
 
     fn store(&self, hosts: &[String]) -> Result<(), ProviderError> {
-        runway_sdk::kv::set(IN_SERVICE, hosts.join("\n").as_bytes()).map_err(kv_error)
+        runway_sdk::kv::set(IN_SERVICE, hosts.join("\n").as_bytes()).map_err(ProviderError::from)
     }
 
     /// Hosts taken out of service, oldest release first.
     fn released(&self) -> Result<Vec<String>, ProviderError> {
-        let stored = runway_sdk::kv::get(RELEASED).map_err(kv_error)?.unwrap_or_default();
+        let stored = runway_sdk::kv::get(RELEASED)?.unwrap_or_default();
         Ok(String::from_utf8_lossy(&stored).lines().map(str::to_string).collect())
     }
 
     fn store_released(&self, hosts: &[String]) -> Result<(), ProviderError> {
-        runway_sdk::kv::set(RELEASED, hosts.join("\n").as_bytes()).map_err(kv_error)
+        runway_sdk::kv::set(RELEASED, hosts.join("\n").as_bytes()).map_err(ProviderError::from)
     }
 }
 
