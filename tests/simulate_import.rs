@@ -1,7 +1,8 @@
 //! `runway simulate import` against the fake GitLab's jobs API: a project's history of 250 jobs
 //! (three pages of 100, newest first, with GitLab's pagination headers) becomes a JSONL trace
 //! aligned on the Monday of its first week; jobs that never ran are skipped; a wrong token is
-//! refused with GitLab's message; the imported trace replays in `runway simulate`.
+//! refused with GitLab's message; the imported trace replays in `runway simulate`, alone and, as
+//! each job names the runner that ran it, with two runners on one simulated cloud.
 
 use std::process::Output;
 
@@ -30,6 +31,7 @@ fn history() -> Vec<HistoricJob> {
                 created_at: stamp(created),
                 started_at: Some(stamp(created + 5)),
                 finished_at: Some(stamp(created + 5 + 100 + i)),
+                runner: Some(if i % 2 == 0 { "linux" } else { "gpu" }.into()),
             }
         })
         .collect();
@@ -41,6 +43,7 @@ fn history() -> Vec<HistoricJob> {
             created_at: stamp(wednesday_9 + 30),
             started_at: None,
             finished_at: None,
+            runner: None,
         });
     }
     jobs
@@ -120,6 +123,38 @@ async fn import_pages_through_the_jobs_api_and_writes_a_trace() {
         assert!(report["summary"][key].is_number(), "summary.{key}");
     }
     assert!(report["oracle"]["instance_hours"].as_f64().is_some_and(|h| h > 0.0));
+    assert!(report.get("runners").is_none(), "one runner: the trace's `runner` is ignored");
+
+    // Each job names the runner that ran it: a config with both runners on one plugin
+    // replays them together, each with the jobs it ran, on one simulated cloud.
+    assert_eq!(lines[0]["runner"].as_str(), Some("linux"));
+    assert_eq!(lines[1]["runner"].as_str(), Some("gpu"));
+    let two = dir.path().join("two.toml");
+    std::fs::write(
+        &two,
+        "concurrent = 20\n[[runners]]\nname = \"linux\"\n[runners.autoscaler]\nplugin = \"aws\"\nmax_instances = 10\n[[runners]]\nname = \"gpu\"\n[runners.autoscaler]\nplugin = \"aws\"\nmax_instances = 2\n",
+    )
+    .expect("config");
+    let provider = dir.path().join("spot.toml");
+    std::fs::write(
+        &provider,
+        "seed = 3\ninterruption_rate_per_hour = 0.5\ncreate_rate_per_s = 0.01\ncreate_burst = 2\n",
+    )
+    .expect("provider");
+    let args = ["simulate", "--config", two.to_str().expect("utf-8"), "--trace", out.to_str().expect("utf-8")];
+    let sim = runway(&[&args[..], &["--provider", provider.to_str().expect("utf-8"), "--json"]].concat()).await;
+    assert!(sim.status.success(), "{}", String::from_utf8_lossy(&sim.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&sim.stdout).expect("JSON report");
+    let runners = report["runners"].as_array().expect("a report per runner");
+    assert_eq!(runners.iter().map(|r| r["name"].as_str().unwrap_or("")).collect::<Vec<_>>(), ["linux", "gpu"]);
+    assert_eq!(runners[0]["report"]["jobs_total"].as_u64(), Some(125));
+    assert_eq!(runners[1]["report"]["jobs_total"].as_u64(), Some(125));
+    assert_eq!(report["report"]["jobs_total"].as_u64(), Some(250));
+    assert!(report["report"]["throttled_requests"].as_u64().is_some_and(|n| n > 0), "{}", report["report"]);
+    assert!(report["report"]["interruptions"].as_u64().is_some(), "{}", report["report"]);
+    let text = runway(&args).await;
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("== runner linux") && text.contains("== total (2 runners on one cloud)"), "{text}");
 
     // A wrong token: GitLab's 401, named in the error.
     let denied = runway(&["simulate", "import", "--url", &url, "--token", "nope", "--project", "42"]).await;

@@ -11,6 +11,8 @@
 //!   served from a thread of its own so the engine's synchronous calls never stall the runtime;
 //! - [`predictive`]: the predictive policy's forecaster (demand history, lead time, learned
 //!   keep-alive), used by the engine;
+//! - [`throttle`]: the token bucket of the engine's scale throttle and the simulated cloud's
+//!   launch rate limit;
 //! - [`engine`]: the deterministic state machine ([`engine::Taskscaler`]);
 //! - [`driver`]: the production wrapper ([`driver::Autoscaler`]): async `acquire`, a run loop
 //!   sleeping on the clock, concurrent ready checks;
@@ -31,6 +33,7 @@ pub mod predictive;
 pub mod provider;
 pub mod settings;
 pub mod simulate;
+pub mod throttle;
 pub mod trace;
 
 #[cfg(test)]

@@ -1,8 +1,12 @@
 //! The engine's view of a fleet: the [`InstanceGroup`] trait (GitLab fleeting's
 //! `InstanceGroup`: increase, decrease, update, heartbeat) with capacity errors that carry a
 //! retry-after, and [`SimProvider`], a seeded simulated cloud for tests and `runway simulate`
-//! (provisioning delay distributions, `timeout` failures, deletion delay, billing records).
-//! The WASM fleeting plugin adapter implements the same trait elsewhere.
+//! (provisioning delay distributions, `timeout` failures, deletion delay, billing records,
+//! spot interruptions with a notice, a creation rate limit that throttles with a retry-after,
+//! and a quota shared by several instance groups: [`SimProvider::group`] is one `[[runners]]`
+//! entry's group in the same cloud account).
+//! The WASM fleeting plugin adapter implements the same trait elsewhere. Unit tests are in
+//! `provider_tests.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,6 +17,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::clock::{Clock, Moment};
+use super::throttle::TokenBucket;
 
 /// Simulated provider settings (`provider.toml`) that make no sense; the message names the key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -180,6 +185,20 @@ pub struct SimProviderSettings {
     /// Price per instance-hour (for the report's cost line).
     #[serde(default)]
     pub price_per_hour: f64,
+    /// Spot interruptions: expected interruption notices per running instance-hour (0 = none).
+    /// Each instance draws its notice time once it is up (exponential, from the seed).
+    #[serde(default)]
+    pub interruption_rate_per_hour: f64,
+    /// Time from an interruption notice to the instance's removal (AWS gives two minutes).
+    #[serde(default = "default_interruption_notice_s")]
+    pub interruption_notice_s: f64,
+    /// Creation rate limit of the account: instances launched per second over all groups
+    /// (0 = unlimited). A refused or cut `increase` is a throttling error with a retry-after.
+    #[serde(default)]
+    pub create_rate_per_s: f64,
+    /// Launches the rate limit lets through at once (token bucket size).
+    #[serde(default = "default_create_burst")]
+    pub create_burst: u32,
 }
 
 fn default_seed() -> u64 {
@@ -200,6 +219,12 @@ fn default_retry_after_s() -> f64 {
 fn default_billing_minimum_s() -> f64 {
     60.0
 }
+fn default_interruption_notice_s() -> f64 {
+    120.0
+}
+fn default_create_burst() -> u32 {
+    10
+}
 
 impl Default for SimProviderSettings {
     /// The `linux-cold` profile of autoscaling.md §3.4.
@@ -215,6 +240,10 @@ impl Default for SimProviderSettings {
             capacity_retry_after_s: default_retry_after_s(),
             billing_minimum_s: default_billing_minimum_s(),
             price_per_hour: 0.0,
+            interruption_rate_per_hour: 0.0,
+            interruption_notice_s: default_interruption_notice_s(),
+            create_rate_per_s: 0.0,
+            create_burst: default_create_burst(),
         }
     }
 }
@@ -232,6 +261,18 @@ impl SimProviderSettings {
         }
         if self.capacity_retry_after_s < 0.0 || self.billing_minimum_s < 0.0 {
             return Err(ProviderSettingsError("capacity_retry_after_s and billing_minimum_s must be ≥ 0".into()));
+        }
+        for (name, v) in [
+            ("interruption_rate_per_hour", self.interruption_rate_per_hour),
+            ("interruption_notice_s", self.interruption_notice_s),
+            ("create_rate_per_s", self.create_rate_per_s),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(ProviderSettingsError(format!("{name} must be a number ≥ 0")));
+            }
+        }
+        if self.create_rate_per_s > 0.0 && self.create_burst == 0 {
+            return Err(ProviderSettingsError("create_burst must be ≥ 1 when create_rate_per_s is set".into()));
         }
         Ok(())
     }
@@ -252,6 +293,34 @@ pub struct SimInstance {
     pub deleted_at: Option<Moment>,
     /// Heartbeats fail (a broken instance).
     pub broken: bool,
+    /// The instance group (`[[runners]]` entry) it belongs to; 0 for a lone group.
+    pub group: u32,
+    /// When the cloud announces it takes the instance away (a spot interruption); it is
+    /// deleted `interruption_notice_s` later.
+    pub interruption_at: Option<Moment>,
+}
+
+impl SimInstance {
+    /// Whether its spot interruption notice came by `now` (and it was not already being
+    /// deleted at our request before then).
+    fn noticed_by(&self, now: Moment) -> bool {
+        self.interruption_at.is_some_and(|at| at <= now && self.delete_requested_at.is_none_or(|r| r >= at))
+    }
+}
+
+/// What one instance group met in the simulated cloud.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SimGroupStats {
+    /// Instances created for it.
+    pub created: u64,
+    /// `increase` calls refused or cut by the creation rate limit.
+    pub throttled: u64,
+    /// `increase` calls refused by the quota (`max_size`).
+    pub capacity_refused: u64,
+    /// Retry-after handed out with throttling errors, seconds in total (creation held back).
+    pub throttled_wait_s: f64,
+    /// Spot interruption notices its instances received.
+    pub interruptions: u64,
 }
 
 /// A seeded fake cloud. Reads time from the shared clock.
@@ -274,12 +343,50 @@ pub struct SimProvider {
     pub self_launching: bool,
     /// When set, every call fails with this message (a broken grant, bad credentials).
     pub failing: Option<String>,
+    /// Draws interruption times (its own stream: a profile without interruptions draws none,
+    /// so the other draws stay as they were).
+    interrupt_rng: StdRng,
+    /// The `create_rate_per_s` bucket (`None`: unlimited).
+    launches: Option<TokenBucket>,
+    /// Per instance group.
+    stats: Vec<SimGroupStats>,
+}
+
+/// One instance group (one `[[runners]]` entry's autoscaling group) in a [`SimProvider`]
+/// cloud: lists and removes only its own instances, shares the cloud's quota and rate limit.
+pub struct SimGroup<'a> {
+    cloud: &'a mut SimProvider,
+    group: u32,
+}
+
+impl InstanceGroup for SimGroup<'_> {
+    fn increase(&mut self, n: u32) -> Result<u32, ProviderError> {
+        self.cloud.increase_in(self.group, n)
+    }
+    fn decrease(&mut self, ids: &[String]) -> Result<Vec<String>, ProviderError> {
+        self.cloud.decrease_in(self.group, ids)
+    }
+    fn update(&mut self) -> Result<Vec<(String, InstanceState)>, ProviderError> {
+        self.cloud.update_in(self.group)
+    }
+    fn heartbeat(&mut self, id: &str) -> Result<(), ProviderError> {
+        self.cloud.heartbeat(id)
+    }
+    fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
+        self.cloud.interruptions_in(self.group)
+    }
+    fn launches_on_its_own(&self) -> bool {
+        self.cloud.self_launching
+    }
 }
 
 impl SimProvider {
     /// A provider reading time from `clock`.
     pub fn new(settings: SimProviderSettings, clock: Arc<dyn Clock>) -> Self {
         let rng = StdRng::seed_from_u64(settings.seed);
+        let interrupt_rng = StdRng::seed_from_u64(settings.seed ^ 0x5bd1_e995_1e7e_4a11);
+        let launches = (settings.create_rate_per_s > 0.0)
+            .then(|| TokenBucket::full(settings.create_rate_per_s, settings.create_burst, clock.now()));
         SimProvider {
             settings,
             clock,
@@ -292,7 +399,33 @@ impl SimProvider {
             notices: Vec::new(),
             self_launching: false,
             failing: None,
+            interrupt_rng,
+            launches,
+            stats: Vec::new(),
         }
+    }
+
+    /// Instance group `group` of this cloud (see [`SimGroup`]); the cloud itself acts as group 0.
+    pub fn group(&mut self, group: u32) -> SimGroup<'_> {
+        SimGroup { cloud: self, group }
+    }
+
+    /// What instance group `group` met so far (interruptions: notices due by now for
+    /// instances not removed before them).
+    pub fn group_stats(&self, group: u32) -> SimGroupStats {
+        let now = self.clock.now();
+        let mut stats = self.stats.get(group as usize).cloned().unwrap_or_default();
+        stats.interruptions =
+            self.instances().filter(|(_, i)| i.group == group).filter(|(_, i)| i.noticed_by(now)).count() as u64;
+        stats
+    }
+
+    fn stats_mut(&mut self, group: u32) -> &mut SimGroupStats {
+        let i = group as usize;
+        if self.stats.len() <= i {
+            self.stats.resize(i + 1, SimGroupStats::default());
+        }
+        &mut self.stats[i]
     }
 
     /// Announce that `id` will be taken away for `reason` (reported until it is gone).
@@ -312,6 +445,8 @@ impl SimProvider {
             delete_requested_at: None,
             deleted_at: None,
             broken: false,
+            group: 0,
+            interruption_at: None,
         };
         self.instances.insert(id.clone(), instance);
         self.created_total += 1;
@@ -354,7 +489,7 @@ impl SimProvider {
     pub fn vanish(&mut self, id: &str) {
         let now = self.clock.now();
         if let Some(i) = self.instances.get_mut(id) {
-            if i.deleted_at.is_none() {
+            if i.deleted_at.is_none_or(|d| d > now) {
                 i.deleted_at = Some(now);
             }
         }
@@ -367,7 +502,17 @@ impl SimProvider {
 
     /// Billed seconds up to `end` (each instance at least `billing_minimum_s`).
     pub fn billed_seconds(&self, end: Moment) -> f64 {
+        self.billed_seconds_where(end, |_| true)
+    }
+
+    /// [`SimProvider::billed_seconds`] of instance group `group` only.
+    pub fn group_billed_seconds(&self, group: u32, end: Moment) -> f64 {
+        self.billed_seconds_where(end, |i| i.group == group)
+    }
+
+    fn billed_seconds_where(&self, end: Moment, keep: impl Fn(&SimInstance) -> bool) -> f64 {
         self.instances()
+            .filter(|(_, i)| keep(i))
             .map(|(_, i)| {
                 let stop = i.deleted_at.map_or(end, |d| d.min(end));
                 let lived = stop.since(i.created_at).as_secs_f64();
@@ -391,8 +536,8 @@ impl SimProvider {
     }
 }
 
-impl InstanceGroup for SimProvider {
-    fn increase(&mut self, n: u32) -> Result<u32, ProviderError> {
+impl SimProvider {
+    fn increase_in(&mut self, group: u32, n: u32) -> Result<u32, ProviderError> {
         if let Some(message) = &self.failing {
             return Err(ProviderError::Other(message.clone()));
         }
@@ -403,16 +548,47 @@ impl InstanceGroup for SimProvider {
             let live = self.live_count(now) as u32;
             granted = n.min(self.settings.max_size.saturating_sub(live));
             if granted == 0 {
+                self.stats_mut(group).capacity_refused += 1;
                 return Err(ProviderError::Capacity {
                     retry_after: Some(Duration::from_secs_f64(self.settings.capacity_retry_after_s)),
                 });
             }
         }
+        let limit = self.launches.as_mut().map(|bucket| {
+            bucket.refill(now);
+            (bucket.available(), bucket.wait_for_token())
+        });
+        if let Some((allowed, wait)) = limit {
+            if allowed < granted {
+                self.stats_mut(group).throttled += 1;
+            }
+            if allowed == 0 {
+                // Throttled (EC2's `RequestLimitExceeded`): try again once a launch is allowed.
+                let retry_after = wait.unwrap_or_default().max(Duration::from_secs_f64(0.001));
+                self.stats_mut(group).throttled_wait_s += retry_after.as_secs_f64();
+                return Err(ProviderError::Capacity { retry_after: Some(retry_after) });
+            }
+            granted = granted.min(allowed);
+            if let Some(bucket) = &mut self.launches {
+                bucket.take(granted);
+            }
+        }
+        let interruptions = self.settings.interruption_rate_per_hour;
         for _ in 0..granted {
             self.next_id += 1;
             let id = format!("sim-{:06}", self.next_id);
             let up_at = now.plus(self.settings.provisioning.sample(&mut self.rng));
             let times_out = self.rng.random::<f64>() < self.settings.timeout_rate;
+            let mut deleted_at = None;
+            let mut interruption_at = None;
+            if interruptions > 0.0 && !times_out {
+                // Exponential time to the notice, counted from the moment the instance runs.
+                let u: f64 = self.interrupt_rng.random::<f64>().max(f64::MIN_POSITIVE);
+                let hours = (-u.ln() / interruptions).min(1e5);
+                let notice = up_at.plus(Duration::from_secs_f64(hours * 3600.0));
+                interruption_at = Some(notice);
+                deleted_at = Some(notice.plus(Duration::from_secs_f64(self.settings.interruption_notice_s.min(1e9))));
+            }
             self.instances.insert(
                 id,
                 SimInstance {
@@ -420,24 +596,28 @@ impl InstanceGroup for SimProvider {
                     up_at,
                     times_out,
                     delete_requested_at: None,
-                    deleted_at: None,
+                    deleted_at,
                     broken: false,
+                    group,
+                    interruption_at,
                 },
             );
         }
         self.created_total += u64::from(granted);
+        self.stats_mut(group).created += u64::from(granted);
         Ok(granted)
     }
 
-    fn decrease(&mut self, ids: &[String]) -> Result<Vec<String>, ProviderError> {
+    fn decrease_in(&mut self, group: u32, ids: &[String]) -> Result<Vec<String>, ProviderError> {
         let now = self.clock.now();
         let mut accepted = Vec::new();
         for id in ids {
             let delay = self.settings.deletion.sample(&mut self.rng);
             if let Some(i) = self.instances.get_mut(id) {
-                if i.deleted_at.is_none() && i.delete_requested_at.is_none() {
+                if i.group == group && i.deleted_at.is_none_or(|d| d > now) && i.delete_requested_at.is_none() {
+                    let done = now.plus(delay);
                     i.delete_requested_at = Some(now);
-                    i.deleted_at = Some(now.plus(delay));
+                    i.deleted_at = Some(i.deleted_at.map_or(done, |d| d.min(done)));
                     accepted.push(id.clone());
                 }
             }
@@ -445,7 +625,7 @@ impl InstanceGroup for SimProvider {
         Ok(accepted)
     }
 
-    fn update(&mut self) -> Result<Vec<(String, InstanceState)>, ProviderError> {
+    fn update_in(&mut self, group: u32) -> Result<Vec<(String, InstanceState)>, ProviderError> {
         if let Some(message) = &self.failing {
             return Err(ProviderError::Other(message.clone()));
         }
@@ -455,17 +635,51 @@ impl InstanceGroup for SimProvider {
         Ok(self
             .instances
             .iter()
-            .filter(|(_, i)| i.deleted_at.is_none_or(|d| d > now))
+            .filter(|(_, i)| i.group == group && i.deleted_at.is_none_or(|d| d > now))
             .map(|(id, i)| (id.clone(), self.state_at(i, now)))
             .collect())
     }
 
-    fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
+    fn interruptions_in(&mut self, group: u32) -> Result<Vec<Interruption>, ProviderError> {
         let now = self.clock.now();
-        let live = |id: &str| self.instances.get(id).is_some_and(|i| i.deleted_at.is_none_or(|d| d > now));
-        let notices: Vec<Interruption> = self.notices.iter().filter(|n| live(&n.id)).cloned().collect();
-        self.notices = notices.clone();
+        let live = |i: &SimInstance| i.deleted_at.is_none_or(|d| d > now);
+        let instances = &self.instances;
+        let notices: Vec<Interruption> = self
+            .notices
+            .iter()
+            .filter(|n| instances.get(&n.id).is_some_and(|i| i.group == group && live(i)))
+            .cloned()
+            .collect();
+        self.notices.retain(|n| instances.get(&n.id).is_some_and(live));
+        let mut notices = notices;
+        if self.settings.interruption_rate_per_hour > 0.0 {
+            for (id, i) in instances.iter().filter(|(_, i)| i.group == group && live(i)) {
+                if !i.noticed_by(now) {
+                    continue;
+                }
+                let deadline = i.deleted_at.map(|d| d.0 / 1000);
+                notices.push(Interruption { id: id.clone(), reason: "spot capacity reclaimed".into(), deadline });
+            }
+        }
         Ok(notices)
+    }
+}
+
+impl InstanceGroup for SimProvider {
+    fn increase(&mut self, n: u32) -> Result<u32, ProviderError> {
+        self.increase_in(0, n)
+    }
+
+    fn decrease(&mut self, ids: &[String]) -> Result<Vec<String>, ProviderError> {
+        self.decrease_in(0, ids)
+    }
+
+    fn update(&mut self) -> Result<Vec<(String, InstanceState)>, ProviderError> {
+        self.update_in(0)
+    }
+
+    fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
+        self.interruptions_in(0)
     }
 
     fn launches_on_its_own(&self) -> bool {
@@ -483,51 +697,5 @@ impl InstanceGroup for SimProvider {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::autoscaler::clock::VirtualClock;
-
-    #[test]
-    fn lognormal_samples_have_the_requested_median() {
-        let mut rng = StdRng::seed_from_u64(7);
-        let mut samples: Vec<f64> = (0..20_001).map(|_| lognormal(&mut rng, 27.0, 45.0)).collect();
-        samples.sort_by(f64::total_cmp);
-        let median = samples[10_000];
-        let p95 = samples[19_000];
-        assert!((25.0..29.0).contains(&median), "median {median}");
-        assert!((41.0..50.0).contains(&p95), "p95 {p95}");
-    }
-
-    #[test]
-    fn simulated_instances_come_up_and_go_away() {
-        let clock = Arc::new(VirtualClock::new(Moment(0)));
-        let settings = SimProviderSettings {
-            provisioning: DelayDistribution::Fixed { seconds: 30.0, jitter_s: 0.0 },
-            deletion: DelayDistribution::Fixed { seconds: 10.0, jitter_s: 0.0 },
-            timeout_rate: 0.0,
-            billing_minimum_s: 0.0,
-            ..Default::default()
-        };
-        let mut p = SimProvider::new(settings, clock.clone());
-        assert_eq!(p.increase(2), Ok(2));
-        let listed = p.update().expect("update");
-        assert!(listed.iter().all(|(_, s)| *s == InstanceState::Creating));
-        clock.advance(Duration::from_secs(30));
-        let listed = p.update().expect("update");
-        assert!(listed.iter().all(|(_, s)| *s == InstanceState::Running));
-        let id = listed[0].0.clone();
-        assert_eq!(p.decrease(std::slice::from_ref(&id)), Ok(vec![id.clone()]));
-        assert!(p.update().expect("update").contains(&(id.clone(), InstanceState::Deleting)));
-        clock.advance(Duration::from_secs(10));
-        assert_eq!(p.update().expect("update").len(), 1);
-        assert_eq!(p.billed_seconds(clock.now()), 40.0 + 40.0, "one deleted after 40 s, one still running");
-    }
-
-    #[test]
-    fn full_group_reports_capacity_error_with_retry_after() {
-        let clock = Arc::new(VirtualClock::new(Moment(0)));
-        let mut p = SimProvider::new(SimProviderSettings { max_size: 1, ..Default::default() }, clock);
-        assert_eq!(p.increase(3), Ok(1));
-        assert!(matches!(p.increase(1), Err(ProviderError::Capacity { retry_after: Some(_) })));
-    }
-}
+#[path = "provider_tests.rs"]
+mod tests;

@@ -29,6 +29,11 @@ pub struct JobArrival {
     /// The pipeline it belongs to (informational).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline: Option<u64>,
+    /// The `[[runners]]` entry (its `name`) that ran it: when several entries are simulated
+    /// together the job goes to that one; without it (or naming none of them) the job waits
+    /// in the queue all of them poll. Ignored when one entry is simulated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<String>,
 }
 
 /// Largest `at` or `duration` a trace may hold, in seconds.
@@ -48,6 +53,17 @@ pub struct ApiJob {
     /// Its pipeline (`pipeline.id`).
     #[serde(default)]
     pub pipeline: Option<ApiPipeline>,
+    /// The runner that ran it (`null` for jobs no runner took).
+    #[serde(default)]
+    pub runner: Option<ApiRunner>,
+}
+
+/// The `runner` object of an [`ApiJob`].
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct ApiRunner {
+    /// The runner's description: the `name` of its `[[runners]]` entry.
+    #[serde(default)]
+    pub description: Option<String>,
 }
 
 /// The `pipeline` object of an [`ApiJob`].
@@ -57,8 +73,9 @@ pub struct ApiPipeline {
     pub id: u64,
 }
 
-/// Turn a project's job history into a trace: `at` = `created_at` and `duration` =
-/// `finished_at − started_at`, with trace time 0 at the Monday 00:00 UTC of the week of the
+/// Turn a project's job history into a trace: `at` = `created_at`, `duration` =
+/// `finished_at − started_at` and `runner` = the runner's description (for several-runner
+/// configs), with trace time 0 at the Monday 00:00 UTC of the week of the
 /// earliest job, so weekdays and times of day line up with the simulator's clock (and cron
 /// policies). Jobs that never started or finished are skipped; returns the trace (sorted)
 /// and how many were skipped.
@@ -80,7 +97,8 @@ pub fn trace_from_jobs(jobs: &[ApiJob]) -> (Vec<JobArrival>, usize) {
             skipped += 1;
             continue;
         }
-        out.push(JobArrival { at, duration, pipeline: job.pipeline.as_ref().map(|p| p.id) });
+        let runner = job.runner.as_ref().and_then(|r| r.description.clone()).filter(|d| !d.is_empty());
+        out.push(JobArrival { at, duration, pipeline: job.pipeline.as_ref().map(|p| p.id), runner });
     }
     out.sort_by(|a, b| a.at.total_cmp(&b.at));
     (out, skipped)
@@ -116,10 +134,14 @@ pub fn read_trace(path: &Path) -> anyhow::Result<Vec<JobArrival>> {
 /// Write a trace as JSONL with a stable number format (identical input, identical bytes).
 pub fn write_trace(out: &mut dyn Write, jobs: &[JobArrival]) -> std::io::Result<()> {
     for job in jobs {
-        match job.pipeline {
-            Some(p) => writeln!(out, "{{\"at\":{:.1},\"duration\":{:.0},\"pipeline\":{p}}}", job.at, job.duration)?,
-            None => writeln!(out, "{{\"at\":{:.1},\"duration\":{:.0}}}", job.at, job.duration)?,
+        write!(out, "{{\"at\":{:.1},\"duration\":{:.0}", job.at, job.duration)?;
+        if let Some(p) = job.pipeline {
+            write!(out, ",\"pipeline\":{p}")?;
         }
+        if let Some(runner) = &job.runner {
+            write!(out, ",\"runner\":{}", serde_json::Value::from(runner.as_str()))?;
+        }
+        writeln!(out, "}}")?;
     }
     Ok(())
 }
@@ -197,7 +219,7 @@ fn emit_pipeline(rng: &mut StdRng, start: f64, jobs: u32, extra_parallel: u32, o
         for _ in 0..count {
             let duration = job_duration(rng);
             longest = longest.max(duration);
-            out.push(JobArrival { at: (at * 10.0).round() / 10.0, duration, pipeline: None });
+            out.push(JobArrival { at: (at * 10.0).round() / 10.0, duration, pipeline: None, runner: None });
         }
         at += longest;
     }
@@ -232,7 +254,7 @@ pub fn generate(kind: TraceKind, days: u32, seed: u64) -> Vec<JobArrival> {
             for _ in 0..400 {
                 let at = day_start + 4.0 * 3600.0 + rng.random::<f64>() * 10.0;
                 let duration = job_duration(&mut rng);
-                jobs.push(JobArrival { at: (at * 10.0).round() / 10.0, duration, pipeline: None });
+                jobs.push(JobArrival { at: (at * 10.0).round() / 10.0, duration, pipeline: None, runner: None });
             }
             // (b) merge-train bursts: 200–300 jobs within 60 s, three times a weekday.
             if day % 7 < 5 {
@@ -242,7 +264,12 @@ pub fn generate(kind: TraceKind, days: u32, seed: u64) -> Vec<JobArrival> {
                     for _ in 0..count {
                         let at = start + rng.random::<f64>() * 60.0;
                         let duration = job_duration(&mut rng);
-                        jobs.push(JobArrival { at: (at * 10.0).round() / 10.0, duration, pipeline: None });
+                        jobs.push(JobArrival {
+                            at: (at * 10.0).round() / 10.0,
+                            duration,
+                            pipeline: None,
+                            runner: None,
+                        });
                     }
                 }
             }
@@ -308,6 +335,16 @@ mod tests {
         write_trace(&mut file, &jobs).expect("write");
         drop(file);
         assert_eq!(read_trace(&path).expect("read"), jobs);
+        // The runner that ran a job, when known, round-trips too (quotes escaped).
+        let named: Vec<JobArrival> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| JobArrival { runner: (i % 2 == 0).then(|| format!("linux \"{i}\"")), ..j.clone() })
+            .collect();
+        let mut file = std::fs::File::create(&path).expect("create");
+        write_trace(&mut file, &named).expect("write");
+        drop(file);
+        assert_eq!(read_trace(&path).expect("read"), named);
         std::fs::write(&path, "{\"at\":1,\"duration\":2}\n{\"at\":\"x\"}\n").expect("write");
         let err = format!("{:#}", read_trace(&path).expect_err("bad line"));
         assert!(err.contains("t.jsonl:2"), "{err}");

@@ -65,22 +65,26 @@ pub enum Command {
     /// Validate config.toml: errors and unknown keys fail; unsupported keys are listed.
     Lint,
     /// Replay a job trace against the autoscaler policy of config.toml on a virtual clock:
-    /// queue wait percentiles, instance-hours, idle share, creations per job.
+    /// queue wait percentiles, instance-hours, idle share, creations per job. Every
+    /// `[[runners]]` entry on the same fleeting plugin is simulated together on one cloud.
     #[command(args_conflicts_with_subcommands = true)]
     Simulate {
         /// `import`: turn a project's job history from GitLab's jobs API into a trace.
         #[command(subcommand)]
         action: Option<SimulateAction>,
-        /// Job trace: JSONL, one job per line (arrival offset and duration in seconds).
+        /// Job trace: JSONL, one job per line (arrival offset and duration in seconds, and
+        /// optionally the `runner` name that takes it).
         #[arg(long)]
         trace: Option<PathBuf>,
-        /// Simulated provider (provisioning delays, failure rates) as TOML.
+        /// Simulated provider (provisioning delays, failure rates, quota, spot interruptions,
+        /// launch rate limit) as TOML.
         #[arg(long)]
         provider: Option<PathBuf>,
         /// Write an SVG chart of busy and idle instances and queued jobs over time.
         #[arg(long)]
         svg: Option<PathBuf>,
-        /// Print the results as JSON (`summary`, `oracle`, `infinite`, `hours`, `report`).
+        /// Print the results as JSON (`summary`, `oracle`, `infinite`, `hours`, `report`, and
+        /// `runners` with several runners).
         #[arg(long)]
         json: bool,
         /// Add the per-hour-of-week table to the text report.

@@ -36,6 +36,9 @@ pub struct HistoricJob {
     pub started_at: Option<String>,
     /// When it finished; `None` while running or never started.
     pub finished_at: Option<String>,
+    /// The description of the runner that ran it (`runner.description`); `None`: no runner
+    /// took it (`"runner": null`).
+    pub runner: Option<String>,
 }
 
 /// A project whose job history the API serves.
@@ -58,6 +61,21 @@ fn job_json(project: &ProjectHistory, job: &HistoricJob, base_url: &str) -> Valu
         _ => Value::Null,
     };
     let queued = job.started_at.as_deref().and_then(|s| seconds_between(&job.created_at, s));
+    // GitLab's runner object of the jobs API (`/api/v4/projects/:id/jobs`).
+    let runner = job.runner.as_ref().map_or(Value::Null, |description| {
+        json!({
+            "id": 100 + description.bytes().map(i64::from).sum::<i64>(),
+            "description": description,
+            "ip_address": null,
+            "active": true,
+            "paused": false,
+            "is_shared": false,
+            "runner_type": "project_type",
+            "name": "gitlab-runner",
+            "online": true,
+            "status": "online",
+        })
+    });
     json!({
         "id": job.id,
         "status": job.status,
@@ -83,7 +101,7 @@ fn job_json(project: &ProjectHistory, job: &HistoricJob, base_url: &str) -> Valu
         },
         "web_url": format!("{base_url}/{}/-/jobs/{}", project.path, job.id),
         "artifacts": [],
-        "runner": null,
+        "runner": runner,
         "tag_list": [],
     })
 }

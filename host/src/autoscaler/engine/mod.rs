@@ -27,6 +27,7 @@ use super::clock::Moment;
 use super::predictive::Predictor;
 use super::provider::InstanceGroup;
 use super::settings::{AutoscalerSettings, CompiledSettings, SettingsError};
+use super::throttle::TokenBucket;
 
 mod keys;
 mod scaling;
@@ -132,8 +133,8 @@ pub struct Taskscaler {
     pending_order: VecDeque<String>,
     failed_keys: HashMap<String, AcquireError>,
     requested: VecDeque<Moment>,
-    tokens: f64,
-    tokens_at: Moment,
+    /// The scale throttle (instance requests per second), when one is set.
+    throttle: Option<TokenBucket>,
     failure_streak: u32,
     create_blocked_until: Moment,
     next_update: Moment,
@@ -155,7 +156,7 @@ impl Taskscaler {
     /// A fresh engine. It makes no scaling decision before its first successful `update()`.
     pub fn new(settings: &AutoscalerSettings, now: Moment) -> Result<Self, SettingsError> {
         let cfg = settings.compile()?;
-        let tokens = f64::from(cfg.throttle_burst);
+        let throttle = cfg.throttle_rate.map(|rate| TokenBucket::full(rate, cfg.throttle_burst, now));
         let predictor = cfg.raw.predictive.clone().map(|p| Predictor::new(p, None));
         Ok(Taskscaler {
             cfg,
@@ -164,8 +165,7 @@ impl Taskscaler {
             pending_order: VecDeque::new(),
             failed_keys: HashMap::new(),
             requested: VecDeque::new(),
-            tokens,
-            tokens_at: now,
+            throttle,
             failure_streak: 0,
             create_blocked_until: now,
             next_update: now,
@@ -500,10 +500,9 @@ impl Taskscaler {
         }
         if self.wants_more {
             let mut ready_at = self.create_blocked_until.max(self.last_tick);
-            if let Some(rate) = self.cfg.throttle_rate {
-                if self.tokens < 1.0 {
-                    let wait = Duration::from_secs_f64((1.0 - self.tokens) / rate);
-                    ready_at = ready_at.max(self.tokens_at.plus(wait));
+            if let Some(bucket) = &self.throttle {
+                if let Some(wait) = bucket.wait_for_token() {
+                    ready_at = ready_at.max(bucket.counted_at().plus(wait));
                 }
             }
             if ready_at > self.last_tick {
@@ -524,7 +523,9 @@ impl Taskscaler {
     /// scale up or down.
     pub fn tick(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
         self.last_tick = now;
-        self.refill_tokens(now);
+        if let Some(bucket) = &mut self.throttle {
+            bucket.refill(now);
+        }
         self.expire_pending(now);
         if now >= self.next_update {
             self.poll_provider(now, provider);

@@ -47,14 +47,6 @@ impl Taskscaler {
         c
     }
 
-    pub(super) fn refill_tokens(&mut self, now: Moment) {
-        if let Some(rate) = self.cfg.throttle_rate {
-            let elapsed = now.since(self.tokens_at).as_secs_f64();
-            self.tokens = (self.tokens + elapsed * rate).min(f64::from(self.cfg.throttle_burst));
-        }
-        self.tokens_at = now;
-    }
-
     pub(super) fn expire_pending(&mut self, now: Moment) {
         let expired: Vec<String> = self
             .pending_order
@@ -450,8 +442,8 @@ impl Taskscaler {
             if now < self.create_blocked_until {
                 n = 0;
             }
-            if self.cfg.throttle_rate.is_some() {
-                n = n.min(self.tokens.floor().max(0.0) as u32);
+            if let Some(bucket) = &self.throttle {
+                n = n.min(bucket.available());
             }
             if n > 0 {
                 match provider.increase(n) {
@@ -459,8 +451,8 @@ impl Taskscaler {
                         for _ in 0..granted {
                             self.requested.push_back(now);
                         }
-                        if self.cfg.throttle_rate.is_some() {
-                            self.tokens -= f64::from(granted);
+                        if let Some(bucket) = &mut self.throttle {
+                            bucket.take(granted);
                         }
                         self.metrics.instances_requested_total += u64::from(granted);
                         if granted > 0 {

@@ -11,7 +11,8 @@
 //! - **infinite** (P5): infinite instant capacity: zero wait, billed only the job-seconds.
 //!
 //! Slots are instances' slots: with `capacity_per_instance` > 1 both floors divide slot-hours
-//! by the capacity (a lower bound). Owns these two computations only.
+//! by the capacity (a lower bound). Owns these two computations only; the third floor, for
+//! policies that cannot see the future, is `online_floor`.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -47,9 +48,14 @@ fn median(d: &DelayDistribution) -> f64 {
     }
 }
 
+/// One cold start: median provisioning, plus the median ready command when there is one.
+pub(super) fn cold_start(provider: &SimProviderSettings, ready_command: bool) -> f64 {
+    median(&provider.provisioning) + if ready_command { median(&provider.ready) } else { 0.0 }
+}
+
 /// The oracle for `trace` on `provider`; `ready_command` says whether the ready delay applies.
 pub fn oracle(trace: &[JobArrival], provider: &SimProviderSettings, ready_command: bool, capacity: u32) -> Baseline {
-    let cold = median(&provider.provisioning) + if ready_command { median(&provider.ready) } else { 0.0 };
+    let cold = cold_start(provider, ready_command);
     let deletion = median(&provider.deletion);
     let reuse_limit = cold + deletion;
     let mut jobs: Vec<(f64, f64)> = trace.iter().map(|j| (j.at, j.duration)).collect();
@@ -128,11 +134,31 @@ pub fn infinite(trace: &[JobArrival], provider: &SimProviderSettings, capacity: 
     }
 }
 
+/// The floor of several runners' fleets side by side: each `(floor, jobs)` is one runner's
+/// floor on the jobs it ran. Instance-hours and cost add up; the idle share is weighted by
+/// instance-hours and creations per job by jobs.
+pub fn combine(parts: &[(Baseline, u64)]) -> Baseline {
+    let hours: f64 = parts.iter().map(|(b, _)| b.instance_hours).sum();
+    let jobs: u64 = parts.iter().map(|(_, j)| j).sum();
+    let idle: f64 = parts.iter().map(|(b, _)| b.idle_share * b.instance_hours).sum();
+    let creations: f64 = parts.iter().map(|(b, j)| b.creations_per_job * *j as f64).sum();
+    Baseline {
+        p50_wait_s: 0.0,
+        p95_wait_s: 0.0,
+        p99_wait_s: 0.0,
+        instance_hours: hours,
+        idle_share: if hours > 0.0 { idle / hours } else { 0.0 },
+        creations_per_job: if jobs > 0 { creations / jobs as f64 } else { 0.0 },
+        cost: parts.iter().map(|(b, _)| b.cost).sum(),
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn cloud() -> SimProviderSettings {
+    /// A cloud with fixed delays: 30 s provisioning, 10 s deletion, no billing minimum.
+    pub(in crate::autoscaler::simulate) fn cloud() -> SimProviderSettings {
         SimProviderSettings {
             provisioning: DelayDistribution::Fixed { seconds: 30.0, jitter_s: 0.0 },
             deletion: DelayDistribution::Fixed { seconds: 10.0, jitter_s: 0.0 },
@@ -141,8 +167,9 @@ mod tests {
         }
     }
 
-    fn job(at: f64, duration: f64) -> JobArrival {
-        JobArrival { at, duration, pipeline: None }
+    /// A job arriving at `at` running `duration` seconds.
+    pub(in crate::autoscaler::simulate) fn job(at: f64, duration: f64) -> JobArrival {
+        JobArrival { at, duration, pipeline: None, runner: None }
     }
 
     #[test]

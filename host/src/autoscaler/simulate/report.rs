@@ -76,6 +76,8 @@ pub struct SimReport {
     pub jobs_failed_acquire_timeout: u64,
     /// Jobs failed because their instance was lost.
     pub jobs_failed_instance_lost: u64,
+    /// Of those, jobs whose instance the cloud took away (a spot interruption).
+    pub jobs_interrupted: u64,
     /// Jobs still waiting when the simulation gave up (2 days after the last arrival).
     pub jobs_never_started: u64,
     /// Queue wait percentiles over started jobs, seconds.
@@ -116,6 +118,15 @@ pub struct SimReport {
     pub peak_instances: u32,
     /// Removals by reason.
     pub removals: BTreeMap<String, u64>,
+    /// Spot interruption notices the cloud gave (`interruption_rate_per_hour`).
+    pub interruptions: u64,
+    /// Creation requests the cloud's rate limit refused or cut (`create_rate_per_s`).
+    pub throttled_requests: u64,
+    /// Retry-after handed out with those refusals, seconds in total: time creation was held
+    /// back by the rate limit.
+    pub throttled_wait_s: f64,
+    /// Creation requests refused because the cloud's quota (`max_size`) was reached.
+    pub capacity_refusals: u64,
     /// Simulated time, seconds.
     pub simulated_seconds: f64,
     /// `instance_hours × price_per_hour`.
@@ -124,6 +135,11 @@ pub struct SimReport {
     pub oracle: Baseline,
     /// Infinite instant capacity on the same trace.
     pub infinite: Baseline,
+    /// Share of the jobs that waited at all (for an instance or a pickup).
+    pub share_waited: f64,
+    /// The online floor (`online_floor`) at this run's `share_waited`: what a policy that
+    /// cannot see a job before it arrives pays at least for the same share of waiting jobs.
+    pub online_floor: Baseline,
     /// Per hour of week.
     pub hours: Vec<HourRow>,
     /// Chart samples (one per change).
@@ -213,6 +229,17 @@ impl SimReport {
             "failures      {} acquire timeouts, {} lost with their instance, {} never started",
             self.jobs_failed_acquire_timeout, self.jobs_failed_instance_lost, self.jobs_never_started
         );
+        if self.interruptions + self.throttled_requests + self.capacity_refusals > 0 {
+            let _ = writeln!(
+                s,
+                "cloud         {} spot interruptions ({} jobs lost), {} throttled creation requests ({:.0} s retry-after), {} quota refusals",
+                self.interruptions,
+                self.jobs_interrupted,
+                self.throttled_requests,
+                self.throttled_wait_s,
+                self.capacity_refusals
+            );
+        }
         let removals: Vec<String> = self.removals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         let _ =
             writeln!(s, "removals      {}", if removals.is_empty() { "none".to_string() } else { removals.join(", ") });
@@ -233,6 +260,13 @@ impl SimReport {
             self.oracle.idle_share * 100.0,
             self.oracle.creations_per_job,
             distance(self.oracle.instance_hours)
+        );
+        let _ = writeln!(
+            s,
+            "online floor  {:.1} instance-hours with {:.1}% of jobs waiting, as this run (no policy that cannot see jobs before they arrive pays less); this run {}",
+            self.online_floor.instance_hours,
+            self.share_waited * 100.0,
+            distance(self.online_floor.instance_hours)
         );
         let _ = writeln!(
             s,
@@ -289,5 +323,14 @@ pub fn compare_text(runs: &[(String, &SimReport)]) -> String {
         }
         s.push('\n');
     }
+    // Each run's online floor is at its own share of waiting jobs; the floors have none.
+    let _ = write!(s, "{:<20}", "online floor (h)");
+    for (_, r) in runs {
+        let _ = write!(s, " {:>width$}", format!("{:.1}", r.online_floor.instance_hours));
+    }
+    for _ in 0..2 {
+        let _ = write!(s, " {:>width$}", "–");
+    }
+    s.push('\n');
     s
 }
