@@ -88,6 +88,21 @@ async fn files_round_trip_with_mode_and_size_limit() {
     assert_eq!(session.download(path, 1 << 20).await.expect("download"), data);
     assert!(matches!(session.download(path, 1000).await, Err(RemoteError::TooLarge(1000))));
     assert!(matches!(session.download("/nonexistent/file", 10).await, Err(RemoteError::Other(_))));
+
+    // Directories (`runway:host/files`): `mkdir -m`, `mkdir -p -m`, `rm -rf` over the session.
+    let private = dir.path().join("private").display().to_string();
+    session.make_dir(&private, 0o700, false).await.expect("a new directory");
+    assert_eq!(std::fs::metadata(&private).expect("made").permissions().mode() & 0o7777, 0o700);
+    assert!(matches!(session.make_dir(&private, 0o700, false).await, Err(RemoteError::Other(m)) if m.contains("private")));
+    let deep = dir.path().join("a/b c/d").display().to_string();
+    session.make_dir(&deep, 0o751, true).await.expect("mkdir -p");
+    assert_eq!(std::fs::metadata(&deep).expect("made").permissions().mode() & 0o7777, 0o751);
+    session.make_dir(&deep, 0o700, true).await.expect("exists: no error");
+    std::os::unix::fs::symlink(dir.path().join("sub dir"), dir.path().join("a/link")).expect("symlink");
+    session.remove_all(&dir.path().join("a").display().to_string()).await.expect("rm -rf");
+    assert!(!dir.path().join("a").exists());
+    assert!(std::path::Path::new(path).exists(), "the link's target is untouched");
+    session.remove_all(&dir.path().join("a").display().to_string()).await.expect("missing: no error");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

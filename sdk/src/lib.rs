@@ -28,7 +28,7 @@
 //! Build with `cargo build --release --target wasm32-wasip2` and copy the `.wasm` file into
 //! the runner's `plugins_dir`. The SDK hides the generated bindings; it re-exports the WIT
 //! types under friendlier modules and wraps the host capabilities (`log`, `trace`, `process`,
-//! `kv`, `remote`, `docker`, `job`, `supervisor`, `job_config`) in small idiomatic APIs.
+//! `kv`, `remote`, `files`, `docker`, `job`, `supervisor`, `job_config`) in small idiomatic APIs.
 
 #![deny(missing_docs)]
 
@@ -45,6 +45,7 @@ pub mod export;
 
 pub mod docker;
 pub mod executor;
+pub mod files;
 pub mod fleeting;
 pub mod job;
 pub mod job_config;
@@ -57,7 +58,7 @@ pub mod trace;
 
 /// Version of the WIT packages this SDK implements; the host refuses plugins whose major
 /// (or, before 1.0, minor) version differs from its own.
-pub const API_VERSION: &str = "0.3.0";
+pub const API_VERSION: &str = "0.4.0";
 
 #[doc(hidden)]
 pub mod meta {

@@ -14,6 +14,7 @@
 
 pub mod call;
 pub mod docker;
+pub mod files;
 pub mod http;
 pub mod job;
 pub mod job_config;

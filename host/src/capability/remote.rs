@@ -76,7 +76,7 @@ pub fn wit_error(error: connector::RemoteError) -> RemoteError {
 
 impl RemoteView<'_> {
     /// The job's fleet instance, else the runner's machine when the grant allows it.
-    fn remote(&self) -> Result<&dyn RemoteSession, RemoteError> {
+    pub(super) fn remote(&self) -> Result<&dyn RemoteSession, RemoteError> {
         self.call.remote.as_deref().or(self.ctx.local.as_deref()).ok_or(RemoteError::NoInstance)
     }
 

@@ -114,6 +114,43 @@ fn read_file(path: &str, max_bytes: usize) -> Result<Vec<u8>, RemoteError> {
     Ok(data)
 }
 
+/// `mkdir -m MODE [-p] -- PATH` without a process: what is created gets exactly `mode`
+/// (the umask narrowed it), an existing directory is kept as it is with `parents`.
+fn make_dir(path: &str, mode: u32, parents: bool) -> Result<(), RemoteError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let target = Path::new(path);
+    let failed = |e| io_error("creating the directory", path, e);
+    if parents {
+        if target.is_dir() {
+            return Ok(());
+        }
+        if let Some(parent) = target.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(failed)?;
+        }
+    }
+    match std::fs::DirBuilder::new().mode(mode & 0o7777).create(target) {
+        Ok(()) => {}
+        // Made by someone else in between: `mkdir -p` takes it as it is.
+        Err(e) if parents && e.kind() == std::io::ErrorKind::AlreadyExists && target.is_dir() => return Ok(()),
+        Err(e) => return Err(failed(e)),
+    }
+    std::fs::set_permissions(target, std::fs::Permissions::from_mode(mode & 0o7777)).map_err(failed)
+}
+
+/// `rm -rf -- PATH` without a process: symbolic links are removed, never followed.
+fn remove_all(path: &str) -> Result<(), RemoteError> {
+    let result = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => Err(e),
+        Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+    };
+    match result {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_error("removing", path, e)),
+        _ => Ok(()),
+    }
+}
+
 /// The files of a detached command before it starts: directories, no exit, pid or stdin file
 /// from an earlier run, an empty 0600 log, and the stdin file (0600) when `data` is given.
 fn prepare_detached(log: &str, exit: &str, input: &str, data: Option<&[u8]>) -> Result<(), RemoteError> {
@@ -316,6 +353,16 @@ impl RemoteSession for LocalSession {
         blocking(move || read_file(&path, max_bytes)).await
     }
 
+    async fn make_dir(&self, path: &str, mode: u32, parents: bool) -> Result<(), RemoteError> {
+        let path = path.to_string();
+        blocking(move || make_dir(&path, mode, parents)).await
+    }
+
+    async fn remove_all(&self, path: &str) -> Result<(), RemoteError> {
+        let path = path.to_string();
+        blocking(move || remove_all(&path)).await
+    }
+
     async fn connect_unix(&self, path: &str) -> Result<Box<dyn SocketStream>, RemoteError> {
         let stream = tokio::net::UnixStream::connect(path)
             .await
@@ -350,6 +397,39 @@ mod tests {
         assert!(matches!(session.download("/nonexistent/file", 10).await, Err(RemoteError::Other(_))));
         let leftovers = std::fs::read_dir(dir.path().join("sub dir")).expect("dir").count();
         assert_eq!(leftovers, 1, "no temporary file is left behind");
+    }
+
+    #[tokio::test]
+    async fn directories_are_made_and_removed_as_mkdir_and_rm_would() {
+        let session = LocalSession::new();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let private = dir.path().join("private").display().to_string();
+        session.make_dir(&private, 0o700, false).await.expect("a new directory");
+        assert_eq!(std::fs::metadata(&private).expect("made").permissions().mode() & 0o7777, 0o700);
+        // Without `parents` it must be new, and its parent must exist.
+        assert!(matches!(session.make_dir(&private, 0o700, false).await, Err(RemoteError::Other(m)) if m.contains("private")));
+        let deep = dir.path().join("a/b/c").display().to_string();
+        assert!(session.make_dir(&deep, 0o755, false).await.is_err());
+        // With `parents`: made with the mode asked, kept as it is when it exists.
+        session.make_dir(&deep, 0o2751, true).await.expect("mkdir -p");
+        assert_eq!(std::fs::metadata(&deep).expect("made").permissions().mode() & 0o7777, 0o2751);
+        session.make_dir(&private, 0o755, true).await.expect("exists: no error");
+        assert_eq!(std::fs::metadata(&private).expect("kept").permissions().mode() & 0o7777, 0o700);
+
+        // remove_all: a tree, a file, a missing path; a symbolic link is removed, not followed.
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).expect("outside");
+        std::fs::write(outside.join("kept"), "x").expect("kept");
+        std::fs::write(dir.path().join("a/b/file"), "x").expect("file");
+        std::os::unix::fs::symlink(&outside, dir.path().join("a/b/c/link")).expect("symlink");
+        session.remove_all(&dir.path().join("a").display().to_string()).await.expect("rm -rf");
+        assert!(!dir.path().join("a").exists());
+        assert!(outside.join("kept").exists(), "the link's target is untouched");
+        let file = dir.path().join("plain");
+        std::fs::write(&file, "x").expect("plain");
+        session.remove_all(&file.display().to_string()).await.expect("a file");
+        assert!(!file.exists());
+        session.remove_all(&file.display().to_string()).await.expect("missing: no error");
     }
 
     #[tokio::test]

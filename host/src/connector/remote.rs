@@ -86,6 +86,13 @@ pub trait RemoteSession: Send + Sync {
     async fn upload(&self, path: &str, data: &[u8], mode: u32) -> Result<(), RemoteError>;
     /// Read a file; [`RemoteError::TooLarge`] when it has more than `max_bytes`.
     async fn download(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, RemoteError>;
+    /// Create directory `path` with exactly the permission bits `mode`. Without `parents` it
+    /// must not exist yet (and its parent must); with `parents`, missing parents are created
+    /// and an existing directory is kept as it is (`mkdir -p`).
+    async fn make_dir(&self, path: &str, mode: u32, parents: bool) -> Result<(), RemoteError>;
+    /// Remove `path` and everything under it without following symbolic links; a missing
+    /// path is no error.
+    async fn remove_all(&self, path: &str) -> Result<(), RemoteError>;
     /// Connect to the unix socket at `path` on the machine (over SSH: stream-local forwarding,
     /// which OpenSSH allows by default).
     async fn connect_unix(&self, path: &str) -> Result<Box<dyn SocketStream>, RemoteError>;

@@ -399,6 +399,23 @@ impl RemoteSession for SshSession {
         Ok(())
     }
 
+    async fn make_dir(&self, path: &str, mode: u32, parents: bool) -> Result<(), RemoteError> {
+        let script = format!("mkdir {}-m {mode:o} -- {}", if parents { "-p " } else { "" }, quote(path));
+        let (code, output) = self.capture(&script, None, 4096).await?;
+        if code != 0 {
+            return Err(other(&format!("creating the directory {path}"), code, &output));
+        }
+        Ok(())
+    }
+
+    async fn remove_all(&self, path: &str) -> Result<(), RemoteError> {
+        let (code, output) = self.capture(&format!("rm -rf -- {}", quote(path)), None, 4096).await?;
+        if code != 0 {
+            return Err(other(&format!("removing {path}"), code, &output));
+        }
+        Ok(())
+    }
+
     async fn download(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, RemoteError> {
         let script = format!("cat -- {} | head -c {}", quote(path), max_bytes + 1);
         let script =

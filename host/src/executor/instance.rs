@@ -201,6 +201,12 @@ mod tests {
         async fn download(&self, _: &str, _: usize) -> Result<Vec<u8>, crate::connector::RemoteError> {
             Ok(Vec::new())
         }
+        async fn make_dir(&self, _: &str, _: u32, _: bool) -> Result<(), crate::connector::RemoteError> {
+            Ok(())
+        }
+        async fn remove_all(&self, _: &str) -> Result<(), crate::connector::RemoteError> {
+            Ok(())
+        }
         async fn connect_unix(
             &self,
             _: &str,

@@ -184,6 +184,7 @@ pub(crate) fn add_executor_imports(linker: &mut Linker<PluginState>) -> wasmtime
     executor::runway::host0_2_0::job::add_to_linker::<_, HasJob>(linker, PluginState::job)?;
     executor::runway::host0_3_0::supervisor::add_to_linker::<_, HasProcess>(linker, PluginState::process)?;
     executor::runway::host0_3_0::job_config::add_to_linker::<_, HasJob>(linker, PluginState::job)?;
+    executor::runway::host0_4_0::files::add_to_linker::<_, HasRemote>(linker, PluginState::remote)?;
     exec::types::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
     Ok(())
 }

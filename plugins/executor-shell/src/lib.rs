@@ -9,8 +9,9 @@
 //! the job log. A stage therefore keeps running while no runner is alive, and a runner that
 //! resumes the job (`resume` with the environment's `state`) reattaches to it instead of
 //! running it again. Cancel kills the stage's process group; `cleanup` stops whatever stage
-//! still runs and removes the stage files (when every stage was followed to its end, only
-//! `rm -rf`, without a shell: a process less per job).
+//! still runs and removes the stage files (when every stage was followed to its end, the
+//! host removes them: no process). The stage directory is made by the host too
+//! (`runway:host/files`, API 0.4): a job starts no process of the plugin's but its stages.
 //!
 //! Config (`[runners.shell]`, optional): `login = true|false` (default true) runs
 //! `bash --login`, as gitlab-runner's shell executor does; `user = "name"` (the host fills it
@@ -24,6 +25,7 @@ use std::hash::BuildHasher;
 
 use runway_sdk::executor::*;
 use runway_sdk::process::{Command, ProcessError};
+use runway_sdk::files;
 use runway_sdk::remote::{self, quote, RemoteError};
 
 struct Shell;
@@ -104,13 +106,13 @@ impl Executor for Shell {
         let nonce = std::collections::hash_map::RandomState::new().hash_one(job.id) as u32;
         let stages_dir = format!("{}/.runway-stages-{}-{nonce:08x}", job.builds_dir.trim_end_matches('/'), job.id);
         let user = config.user.filter(|u| !u.is_empty());
-        if mkdir(&["-m", "700", stages_dir.as_str()], &stages_dir).is_err() {
-            mkdir(&["-p", job.builds_dir.as_str()], &job.builds_dir)?;
+        if files::make_private_dir(&stages_dir, 0o700).is_err() {
+            files::make_dir_all(&job.builds_dir, 0o755).map_err(|e| dir_error(&job.builds_dir, e))?;
             if let Some(user) = &user {
                 // The job's user checks out into the builds directory the runner made.
                 chown(user, &job.builds_dir)?;
             }
-            mkdir(&["-m", "700", stages_dir.as_str()], &stages_dir)?;
+            files::make_private_dir(&stages_dir, 0o700).map_err(|e| dir_error(&stages_dir, e))?;
         }
         Ok(ShellEnvironment {
             shell: job.shell,
@@ -134,16 +136,12 @@ impl Executor for Shell {
     }
 }
 
-/// `mkdir` with `args`, creating `dir`.
-fn mkdir(args: &[&str], dir: &str) -> Result<(), ExecutorError> {
-    let output = Command::new("mkdir").args(args.iter().copied()).output(4096).map_err(process_error)?;
-    if output.status.code != 0 {
-        return Err(ExecutorError::Unavailable(format!(
-            "cannot create directory {dir}: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
+/// The error of a directory `dir` that could not be created.
+fn dir_error(dir: &str, e: RemoteError) -> ExecutorError {
+    match e {
+        RemoteError::Other(m) => ExecutorError::Unavailable(format!("cannot create directory {dir}: {m}")),
+        e => remote_error(e),
     }
-    Ok(())
 }
 
 /// Give `dir` to `user` (and its primary group).
@@ -234,8 +232,8 @@ impl Environment for ShellEnvironment {
         // Best effort: stop a stage still running (one a previous runner started, too), then
         // remove the stage files (logs, exit codes) — only needed while the job runs.
         if !self.resumed && self.unfinished.get() == 0 {
-            // Every stage ended: only the files are left, removed with one process, no shell.
-            let _ = Command::new("rm").args(["-rf", "--", self.stages_dir.as_str()]).output(4096);
+            // Every stage ended: only the files are left, removed by the host, no process.
+            let _ = files::remove_all(&self.stages_dir);
             return;
         }
         let stop = remote::stop_detached_script(&self.stages_dir, STOP_GRACE_SECONDS);
