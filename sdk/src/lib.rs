@@ -96,7 +96,9 @@ macro_rules! __embed_metadata {
             "version=",
             env!("CARGO_PKG_VERSION"),
             "\n",
-            "api=0.3.0\n",
+            // `concat!` takes literals only: keep equal to `API_VERSION` (the host refuses a
+            // plugin whose section and `metadata()` disagree).
+            "api=0.4.0\n",
             "description=",
             $description,
             "\n",
