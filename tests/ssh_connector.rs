@@ -93,7 +93,9 @@ async fn files_round_trip_with_mode_and_size_limit() {
     let private = dir.path().join("private").display().to_string();
     session.make_dir(&private, 0o700, false).await.expect("a new directory");
     assert_eq!(std::fs::metadata(&private).expect("made").permissions().mode() & 0o7777, 0o700);
-    assert!(matches!(session.make_dir(&private, 0o700, false).await, Err(RemoteError::Other(m)) if m.contains("private")));
+    assert!(
+        matches!(session.make_dir(&private, 0o700, false).await, Err(RemoteError::Other(m)) if m.contains("private"))
+    );
     let deep = dir.path().join("a/b c/d").display().to_string();
     session.make_dir(&deep, 0o751, true).await.expect("mkdir -p");
     assert_eq!(std::fs::metadata(&deep).expect("made").permissions().mode() & 0o7777, 0o751);

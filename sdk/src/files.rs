@@ -2,8 +2,8 @@
 //! (the job's fleet instance, or the runner's own machine with the `allow_process` grant) —
 //! without starting a process where the host can do the work itself (API 0.4).
 
-use crate::bindings::executor::runway::host0_4_0::files as wit;
 pub use crate::bindings::executor::runway::host0_1_0::remote::RemoteError;
+use crate::bindings::executor::runway::host0_4_0::files as wit;
 
 /// Create the directory `path` with exactly the permission bits `mode`. It must not exist
 /// yet and its parent must (`mkdir -m MODE`): a directory nobody else can have prepared.

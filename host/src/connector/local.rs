@@ -407,7 +407,9 @@ mod tests {
         session.make_dir(&private, 0o700, false).await.expect("a new directory");
         assert_eq!(std::fs::metadata(&private).expect("made").permissions().mode() & 0o7777, 0o700);
         // Without `parents` it must be new, and its parent must exist.
-        assert!(matches!(session.make_dir(&private, 0o700, false).await, Err(RemoteError::Other(m)) if m.contains("private")));
+        assert!(
+            matches!(session.make_dir(&private, 0o700, false).await, Err(RemoteError::Other(m)) if m.contains("private"))
+        );
         let deep = dir.path().join("a/b/c").display().to_string();
         assert!(session.make_dir(&deep, 0o755, false).await.is_err());
         // With `parents`: made with the mode asked, kept as it is when it exists.

@@ -24,8 +24,8 @@ use std::cell::{Cell, RefCell};
 use std::hash::BuildHasher;
 
 use runway_sdk::executor::*;
-use runway_sdk::process::{Command, ProcessError};
 use runway_sdk::files;
+use runway_sdk::process::{Command, ProcessError};
 use runway_sdk::remote::{self, quote, RemoteError};
 
 struct Shell;
