@@ -173,15 +173,24 @@ fn git_facts(project_dir: &Path) -> GitFacts {
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
     };
-    let log = run(&["log", "-1", "--format=%H%n%B"]).unwrap_or_default();
-    let (sha, message) =
-        log.split_once('\n').map(|(a, b)| (a.trim().to_string(), b.trim_end().to_string())).unwrap_or_default();
-    let branch = run(&["rev-parse", "--abbrev-ref", "HEAD"])
-        .map(|s| s.trim().to_string())
-        .filter(|b| !b.is_empty() && b != "HEAD")
-        .unwrap_or_else(|| "main".into());
+    // One `git` for all three: the commit, its ref names (`%D`) and its message.
+    let log = run(&["log", "-1", "--format=%H%n%D%n%B"]).unwrap_or_default();
+    let mut parts = log.splitn(3, '\n');
+    let sha = parts.next().unwrap_or_default().trim().to_string();
+    let branch = checked_out_branch(parts.next().unwrap_or_default()).unwrap_or_else(|| "main".into());
+    let message = parts.next().unwrap_or_default().trim_end().to_string();
     let sha = if sha.is_empty() { "0000000000000000000000000000000000000000".to_string() } else { sha };
     GitFacts { sha, branch, message }
+}
+
+/// The branch checked out, from `git log --format=%D`'s ref names (`HEAD -> main, origin/main,
+/// tag: v1`); `None` on a detached HEAD. Ref names never hold a space, so `, ` separates them.
+fn checked_out_branch(ref_names: &str) -> Option<String> {
+    ref_names
+        .split(", ")
+        .find_map(|name| name.trim().strip_prefix("HEAD -> "))
+        .filter(|branch| !branch.is_empty())
+        .map(str::to_string)
 }
 
 fn slug(name: &str) -> String {

@@ -305,3 +305,25 @@ fn with_needs_errors_name_the_pipeline_file() {
     let e = p.expect("loads").with_needs(&["nope".into()]).expect_err("unknown job");
     assert_eq!(e.path, dir.path().join(".gitlab-ci.yml"), "{e}");
 }
+
+#[test]
+fn git_facts_come_from_one_log_line_set() {
+    assert_eq!(checked_out_branch("HEAD -> feat,x/y, origin/main, tag: v1"), Some("feat,x/y".into()));
+    assert_eq!(checked_out_branch("HEAD, tag: v1"), None, "detached");
+    assert_eq!(checked_out_branch(""), None);
+
+    let dir = project("basic.yml");
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git").arg("-C").arg(dir.path()).args(args).output().expect("git");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    git(&["checkout", "-q", "-b", "release/2.0"]);
+    let facts = git_facts(dir.path());
+    assert_eq!(facts.branch, "release/2.0");
+    assert_eq!(facts.sha, git(&["rev-parse", "HEAD"]));
+    assert_eq!(facts.message, "first commit\n\nbody");
+    // Detached: the branch falls back to `main`, as before.
+    git(&["checkout", "-q", "--detach"]);
+    assert_eq!(git_facts(dir.path()).branch, "main");
+}
