@@ -644,14 +644,13 @@ impl SimProvider {
         let now = self.clock.now();
         let live = |i: &SimInstance| i.deleted_at.is_none_or(|d| d > now);
         let instances = &self.instances;
-        let notices: Vec<Interruption> = self
+        let mut notices: Vec<Interruption> = self
             .notices
             .iter()
             .filter(|n| instances.get(&n.id).is_some_and(|i| i.group == group && live(i)))
             .cloned()
             .collect();
         self.notices.retain(|n| instances.get(&n.id).is_some_and(live));
-        let mut notices = notices;
         if self.settings.interruption_rate_per_hour > 0.0 {
             for (id, i) in instances.iter().filter(|(_, i)| i.group == group && live(i)) {
                 if !i.noticed_by(now) {

@@ -160,11 +160,9 @@ fn command_of(cmd: &LocalCommand) -> tokio::process::Command {
 
 /// The whole environment of `cmd`: [`PASSTHROUGH`] of the runner's, under `cmd.env`.
 pub fn environment(cmd: &LocalCommand) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = PASSTHROUGH
-        .iter()
-        .filter(|key| !cmd.env.iter().any(|(k, _)| k == *key))
-        .filter_map(|key| std::env::var(key).ok().map(|value| (key.to_string(), value)))
-        .collect();
+    let mut env: Vec<(String, String)> =
+        PASSTHROUGH.iter().filter_map(|key| std::env::var(key).ok().map(|value| (key.to_string(), value))).collect();
+    // A key of the command's own replaces the runner's (and an earlier one of its own).
     for (key, value) in &cmd.env {
         env.retain(|(k, _)| k != key);
         env.push((key.clone(), value.clone()));
@@ -172,15 +170,15 @@ pub fn environment(cmd: &LocalCommand) -> Vec<(String, String)> {
     env
 }
 
-/// The program of `cmd` found in the `PATH` of `env` (its whole environment), or the runner's
-/// `PATH` when it has none; the program itself when it is a path (has a `/`); `None` when not
-/// found.
+/// The program of `cmd` found in the `PATH` of `env` (its whole environment, [`environment`]:
+/// the runner's `PATH` unless the command sets its own); the program itself when it is a path
+/// (has a `/`); `None` when not found or there is no `PATH`.
 pub fn resolve_program(cmd: &LocalCommand, env: &[(String, String)]) -> Option<std::path::PathBuf> {
     if cmd.program.contains('/') {
         return Some(std::path::PathBuf::from(&cmd.program));
     }
-    let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
-    path.and_then(|p| find_in_path(&cmd.program, &p))
+    let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str())?;
+    find_in_path(&cmd.program, path)
 }
 
 fn build(cmd: &LocalCommand) -> tokio::process::Command {

@@ -238,7 +238,6 @@ fn reap(pid: i32) -> Option<i32> {
 pub async fn wait_exit(pid: i32) {
     #[cfg(target_os = "linux")]
     {
-        use std::os::fd::{FromRawFd, OwnedFd};
         // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if let Ok(fd) = i32::try_from(fd) {

@@ -174,6 +174,21 @@ impl Billing {
 }
 
 impl Tally {
+    /// Add another runner's jobs (for the total; peak instances and the jobs' indices are the
+    /// fleet's, set by the caller).
+    fn add(&mut self, part: &Tally) {
+        self.waits.extend_from_slice(&part.waits);
+        self.pickup_waits.extend_from_slice(&part.pickup_waits);
+        self.instance_waits.extend_from_slice(&part.instance_waits);
+        self.busy_seconds += part.busy_seconds;
+        self.job_seconds += part.job_seconds;
+        self.failed_timeout += part.failed_timeout;
+        self.failed_lost += part.failed_lost;
+        self.interrupted += part.interrupted;
+        self.hours.merge(&part.hours);
+        self.jobs_total += part.jobs_total;
+    }
+
     /// Share of the started jobs that waited more than `limit` seconds.
     fn share_over(&self, limit: f64) -> f64 {
         if self.waits.is_empty() {
@@ -548,7 +563,7 @@ pub fn run_fleet(
         infinites.push((i.clone(), jobs_ran));
         online_floors.push((f.clone(), jobs_ran));
         if runners.len() > 1 {
-            merge_tally(&mut total, &lane.tally);
+            total.add(&lane.tally);
         }
         let lane_chart = if runners.len() == 1 { std::mem::take(&mut chart) } else { std::mem::take(&mut lane.chart) };
         reports.push((runner.name.clone(), lane.tally.report(bill, end, price, (o, i, f), lane_chart)));
@@ -562,19 +577,6 @@ pub fn run_fleet(
         total.report(total_bill, end, price, floors, chart)
     };
     Ok(FleetReport { runners: reports, total })
-}
-
-fn merge_tally(total: &mut Tally, part: &Tally) {
-    total.waits.extend_from_slice(&part.waits);
-    total.pickup_waits.extend_from_slice(&part.pickup_waits);
-    total.instance_waits.extend_from_slice(&part.instance_waits);
-    total.busy_seconds += part.busy_seconds;
-    total.job_seconds += part.job_seconds;
-    total.failed_timeout += part.failed_timeout;
-    total.failed_lost += part.failed_lost;
-    total.interrupted += part.interrupted;
-    total.hours.merge(&part.hours);
-    total.jobs_total += part.jobs_total;
 }
 
 /// Run the real engine against the simulated provider and queue for one runner's fleet.
