@@ -146,6 +146,51 @@ async fn cancel_kills_the_process_group_of_a_local_detached_command() {
     }
 }
 
+/// The command line of process `pid`, its arguments joined by spaces.
+fn cmdline(pid: i32) -> String {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&raw).trim_end_matches('\0').replace('\0', " ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stage_reaper_starts_the_command_itself_and_writes_its_exit_code_with_no_follower() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (log, exit) =
+        (dir.path().join("00.log").display().to_string(), dir.path().join("00.exit").display().to_string());
+    let (gate, background) = (dir.path().join("gate"), dir.path().join("background"));
+    let script = format!(
+        "echo out; echo err >&2; echo \"in $PWD\"; sleep 300 & echo $! > {bg}\n\
+         while [ ! -e {gate} ]; do sleep 0.05; done; exit 7\n",
+        bg = background.display(),
+        gate = gate.display()
+    );
+    let session = LocalSession::with_reaper(env!("CARGO_BIN_EXE_runway"));
+    let command = format!("cd {} && exec sh", runway::connector::detached::quote(&dir.path().display().to_string()));
+    session.start_detached(&command, Some(script.as_bytes()), &log, &exit).await.expect("start");
+    wait_until("the stage runs", || background.exists()).await;
+    let leader: i32 = std::fs::read_to_string(format!("{exit}.pid")).expect("pid").trim().parse().expect("pid");
+    let fields = stat(leader).expect("stat");
+    // The command itself leads its own session, no `sh` wrapper in between: `cd && exec` was
+    // done by the spawn. Its parent is the reaper.
+    assert_eq!(cmdline(leader), "sh");
+    assert_eq!((fields[2].as_str(), fields[3].as_str()), (leader.to_string().as_str(), leader.to_string().as_str()));
+    let reaper: i32 = fields[1].parse().expect("ppid");
+    assert!(cmdline(reaper).ends_with(" __stage-reaper"), "{}", cmdline(reaper));
+
+    // Nobody follows: the reaper writes the exit code and kills what the stage left behind.
+    std::fs::write(&gate, "").expect("open the gate");
+    wait_until("the exit code is written", || std::fs::read_to_string(&exit).is_ok_and(|c| c == "7\n")).await;
+    let left: i32 = std::fs::read_to_string(&background).expect("bg").trim().parse().expect("pid");
+    wait_until("the stage's background process is killed", || !running(left)).await;
+    wait_until("the leader is reaped", || !Path::new(&format!("/proc/{leader}")).exists()).await;
+
+    // A follower then gets every byte, stdout and stderr in order, and the code.
+    let followed = trace();
+    let status = session.attach(&log, &exit, 0, &*followed, &StopSignal::new()).await.expect("attach");
+    assert_eq!((status.code, status.signal), (7, None));
+    assert_eq!(text(&followed), format!("out\nerr\nin {}\n", dir.path().display()));
+}
+
 async fn shell_host(root: &Path) -> PluginHost {
     PluginHost::new(HostSettings {
         plugins_dir: Some(root.to_path_buf()),

@@ -4,7 +4,8 @@
 //!    `runway run` as a process against the fake GitLab on loopback (long polling, two-phase
 //!    commit), shell executor with `[runners.shell] login = false`: jobs/s and the CPU the
 //!    runner process and every process it started used per job (`/proc/<pid>/stat` utime +
-//!    stime + cutime + cstime: the stage leaders are the runner's children and wait for theirs).
+//!    stime + cutime + cstime of the runner and of every live process under it — the stage
+//!    reaper, which waits for the stages —, so that every stage is counted once).
 //!    The job store is off (`[runners.store] name = "none"`), as in the figures; this
 //!    build runs once more with the default file store for comparison. Beside it, the bash-only floor: four `bash -c true` per job, 16 jobs at a time, its CPU
 //!    from `getrusage(RUSAGE_CHILDREN)`.
@@ -60,13 +61,39 @@ fn clock_ticks() -> f64 {
     }
 }
 
-/// CPU seconds of process `pid` and its waited-for children (utime, stime, cutime, cstime).
+/// Parent pid and CPU ticks (utime, stime, cutime, cstime: its own and its waited-for
+/// children's) of every process.
+fn all_processes() -> Vec<(u32, u32, f64)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return vec![] };
+    dir.filter_map(|entry| {
+        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(") ")?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // After the command: state is field 3 of stat(5), ppid 4, utime 14 … cstime 17.
+        let ppid = fields.get(1)?.parse().ok()?;
+        let ticks: f64 = (11..=14).filter_map(|i| fields.get(i)?.parse::<f64>().ok()).sum();
+        Some((pid, ppid, ticks))
+    })
+    .collect()
+}
+
+/// CPU seconds of process `pid`, every live process under it (the stage reaper, stages still
+/// running) and every child they waited for: what the runner has cost so far.
 fn process_cpu(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let Some((_, rest)) = stat.rsplit_once(") ") else { return 0.0 };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the command: state is field 3 of stat(5), utime 14 … cstime 17 → indices 11..=14.
-    let ticks: f64 = (11..=14).filter_map(|i| fields.get(i)?.parse::<f64>().ok()).sum();
+    let processes = all_processes();
+    let mut tree = vec![pid];
+    let mut ticks = 0.0;
+    while let Some(parent) = tree.pop() {
+        for &(child, ppid, cpu) in &processes {
+            if child == parent {
+                ticks += cpu;
+            }
+            if ppid == parent {
+                tree.push(child);
+            }
+        }
+    }
     ticks / clock_ticks()
 }
 

@@ -169,6 +169,9 @@ fn config_path(cli: &Cli) -> PathBuf {
 
 /// Parse arguments and run the verb; the exit code is the verb's.
 pub fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == crate::connector::reaper::ARG) {
+        return crate::connector::reaper::serve();
+    }
     let cli = Cli::parse();
     let config_path = config_path(&cli);
     let (level, format) = configured_logging(&config_path);

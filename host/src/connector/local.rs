@@ -6,12 +6,14 @@
 //! streamed into the trace, the group killed on stop ([`super::process`]). Detached commands
 //! are [`super::detached`]'s: in their own session ([`super::spawn`]: `posix_spawn` with
 //! `POSIX_SPAWN_SETSID`), outside the runner's process group, with no parent-death signal, so
-//! they outlive the runner (started with one process, `sh`, which the runner reaps while it
-//! lives); they are followed by reading their log and
-//! exit files directly (in the runner: it ends with the runner), with no process per poll,
-//! waking at once when a leader this session started exits. Files are written atomically (a
-//! temporary file in the same directory, renamed over the target) and read with the caller's
-//! size cap.
+//! they outlive the runner. The stage reaper ([`super::reaper`]) starts them and writes their
+//! exit codes: no process of ours per command but the command itself (`sh -c`, or for a plain
+//! `cd DIR && exec PROGRAM ARGS` the program, in DIR); where there is no reaper, one `sh`
+//! leader each that writes the exit code ([`super::detached::DIRECT_EXIT_WRAPPER`]), reaped by
+//! the runner while it lives. They are followed by reading their log and exit files directly
+//! (in the runner: it ends with the runner), with no process per poll, waking at once when a
+//! command this session started ended. Files are written atomically (a temporary file in the
+//! same directory, renamed over the target) and read with the caller's size cap.
 //!
 //! Owns: [`LocalSession`]. Must not touch: WIT types, plugins, grants (the capability decides
 //! who gets a local session).
@@ -28,6 +30,7 @@ use tokio::sync::watch;
 
 use crate::connector::detached::{self, OutputFn, ShellHost};
 use crate::connector::process::{run_streaming, LocalCommand, ProcessFailure};
+use crate::connector::reaper;
 use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession, SocketStream};
 use crate::connector::spawn::{memory_file, spawn_session_leader, wait_exit, LeaderInput, LeaderStreams};
 use crate::stop::StopSignal;
@@ -36,16 +39,32 @@ use crate::trace::TraceSink;
 /// The runner's own machine. Holds only the ends of the detached commands it started itself
 /// (it is their parent while it lives), so that following one of them wakes at its end
 /// instead of at the next poll.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LocalSession {
     /// Exit path → set when that command's leader exited.
     ended: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    /// The `runway` executable whose stage reaper starts the detached commands.
+    reaper: String,
+}
+
+impl Default for LocalSession {
+    fn default() -> Self {
+        LocalSession::new()
+    }
 }
 
 impl LocalSession {
-    /// The runner's machine.
+    /// The runner's machine, its detached commands started by the runner's own stage reaper
+    /// ([`reaper`]).
     pub fn new() -> Self {
-        LocalSession::default()
+        LocalSession::with_reaper(reaper::OWN_EXECUTABLE)
+    }
+
+    /// The runner's machine, its detached commands started by the stage reaper of the `runway`
+    /// binary `executable` (for a program that embeds the library, such as a test); with
+    /// `sh` leaders when that is no reaper.
+    pub fn with_reaper(executable: &str) -> Self {
+        LocalSession { ended: Mutex::default(), reaper: executable.to_string() }
     }
 
     /// Note the end of `pid`, the leader of the detached command of `exit_path` (this
@@ -56,9 +75,36 @@ impl LocalSession {
             wait_exit(pid).await;
             let _ = ended.send(true);
         });
+        self.note_end(exit_path, receiver);
+    }
+
+    /// Keep `end` (set once the command of `exit_path` ended and its exit code is written)
+    /// for the follower.
+    fn note_end(&self, exit_path: &str, end: watch::Receiver<bool>) {
         if let Ok(mut map) = self.ended.lock() {
-            map.insert(exit_path.to_string(), receiver);
+            map.insert(exit_path.to_string(), end);
         }
+    }
+
+    /// [`ShellHost::start`] through the stage reaper: the command (`sh -c`, or the program
+    /// itself when it is a plain `cd DIR && exec PROGRAM ARGS`) leads its session and the
+    /// reaper writes its exit code. The pid file is written here, as [`ShellHost::start`]
+    /// writes it.
+    async fn start_reaped(
+        &self,
+        reaper: &reaper::Reaper,
+        command: &str,
+        stdin: &[u8],
+        log_path: &str,
+        exit_path: &str,
+    ) -> Result<(), RemoteError> {
+        let (log, exit, input) = (log_path.to_string(), exit_path.to_string(), detached::stdin_path(log_path));
+        blocking(move || prepare_detached(&log, &exit, &input, None)).await?;
+        let launch = direct_launch(command).unwrap_or_else(|| LocalCommand::shell(command, None));
+        let (pid, end) = reaper.start(&launch, stdin, log_path, exit_path).await.map_err(RemoteError::Other)?;
+        self.note_end(exit_path, end);
+        let pid_file = detached::pid_path(exit_path);
+        std::fs::write(&pid_file, format!("{pid}\n")).map_err(|e| io_error("writing", &pid_file, e))
     }
 
     /// The end of the detached command of `exit_path`, if this session started it.
@@ -67,13 +113,15 @@ impl LocalSession {
     }
 }
 
-/// Resolves when `end` says the command ended; never without one.
+/// Resolves when `end` says the command ended (and then leaves `None` in it); never without
+/// one, nor when its sender went away without saying so.
 async fn leader_exit(end: &mut Option<watch::Receiver<bool>>) {
     if let Some(receiver) = end {
-        if receiver.wait_for(|done| *done).await.is_ok() {
+        let ended = receiver.wait_for(|done| *done).await.is_ok();
+        *end = None;
+        if ended {
             return;
         }
-        *end = None;
     }
     std::future::pending::<()>().await
 }
@@ -193,6 +241,90 @@ fn gone(pid: i32) -> bool {
     stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'))
 }
 
+/// A word of a command line ([`plain_words`]).
+#[derive(Debug, PartialEq)]
+enum Word {
+    /// A word, its quotes removed.
+    Text(String),
+    /// `&&`.
+    And,
+}
+
+/// The words of `command` when it is made of nothing but plain words (letters, digits and
+/// `_@%+=:,./-`), single-quoted strings (as [`detached::quote`] writes them), backslash
+/// escapes and `&&`; `None` when a shell would expand, redirect or run anything else.
+fn plain_words(command: &str) -> Option<Vec<Word>> {
+    let mut words = Vec::new();
+    let mut current: Option<String> = None;
+    let mut chars = command.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            ' ' | '\t' => words.extend(current.take().map(Word::Text)),
+            '\'' => {
+                let word = current.get_or_insert_with(String::new);
+                loop {
+                    match chars.next()? {
+                        '\'' => break,
+                        quoted => word.push(quoted),
+                    }
+                }
+            }
+            '\\' => match chars.next()? {
+                '\n' => return None,
+                escaped => current.get_or_insert_with(String::new).push(escaped),
+            },
+            '&' if current.is_none() && chars.next_if_eq(&'&').is_some() => {
+                if !matches!(chars.peek(), Some(' ' | '\t')) {
+                    return None;
+                }
+                words.push(Word::And);
+            }
+            c if c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c) => {
+                current.get_or_insert_with(String::new).push(c)
+            }
+            _ => return None,
+        }
+    }
+    words.extend(current.map(Word::Text));
+    Some(words)
+}
+
+/// `cd DIR && exec PROGRAM ARGS…` (how executors start a stage's shell) as the command `sh`
+/// would end up running: PROGRAM found in `PATH`, in DIR, with the `PWD` and `OLDPWD` that
+/// `sh`'s `cd` exports — one `exec` instead of two. `None` for anything else, and whenever
+/// `sh` would fail instead (DIR not a directory, PROGRAM not found): those keep `sh`, its
+/// messages and exit codes.
+fn direct_launch(command: &str) -> Option<LocalCommand> {
+    let words = plain_words(command)?;
+    let [Word::Text(cd), Word::Text(dir), Word::And, Word::Text(exec), Word::Text(program), rest @ ..] =
+        words.as_slice()
+    else {
+        return None;
+    };
+    let args: Vec<String> =
+        rest.iter().map(|w| if let Word::Text(t) = w { Some(t.clone()) } else { None }).collect::<Option<_>>()?;
+    if cd != "cd" || exec != "exec" || program.starts_with('-') || program.contains('=') {
+        return None;
+    }
+    // The logical path `cd` sets as PWD is the path itself only when it has nothing to resolve.
+    let dir = if dir.len() > 1 { dir.trim_end_matches('/') } else { dir.as_str() };
+    let plain_path = dir.starts_with('/') && !dir.contains("//") && !dir.split('/').any(|c| c == "." || c == "..");
+    if !plain_path || !Path::new(dir).is_dir() {
+        return None;
+    }
+    let oldpwd = std::env::current_dir().ok()?.to_str()?.to_string();
+    let cmd = LocalCommand {
+        program: program.clone(),
+        args,
+        env: vec![("PWD".into(), dir.to_string()), ("OLDPWD".into(), oldpwd)],
+        cwd: Some(dir.to_string()),
+        stdin: None,
+    };
+    crate::connector::process::resolve_program(&cmd, &crate::connector::process::environment(&cmd))
+        .filter(|p| p.is_absolute() && p.is_file())?;
+    Some(cmd)
+}
+
 /// Whether the exit file of a detached command holds its code ([`detached::exit_code_written`]).
 fn exit_written(exit_path: &str) -> bool {
     std::fs::read(exit_path).is_ok_and(|text| detached::exit_code_written(&text))
@@ -216,6 +348,10 @@ fn forward_new(file: &mut std::fs::File, buf: &mut [u8], output: &OutputFn<'_>) 
     }
     Ok(false)
 }
+
+/// How long a follower waits for the exit code of a command whose leader it saw end without
+/// one: the stage reaper writes it right after the leader ended.
+const EXIT_CODE_GRACE: Duration = Duration::from_secs(2);
 
 /// First poll of a followed log after 1 ms, each next one half as long again, up to this: the
 /// end of a short stage is seen within half its run time, a long one costs a `stat` per poll.
@@ -241,6 +377,9 @@ impl ShellHost for LocalSession {
     /// memfd). The pid file is written here once the leader runs (its pid is its process group),
     /// before this returns, as the other wrapper writes it before its starter returns.
     async fn start(&self, command: &str, stdin: &[u8], log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
+        if let Some(reaper) = reaper::shared(&self.reaper).await {
+            return self.start_reaped(&reaper, command, stdin, log_path, exit_path).await;
+        }
         let memory = memory_file(stdin).ok();
         let input = detached::stdin_path(log_path);
         let (log, exit, file) = (log_path.to_string(), exit_path.to_string(), input.clone());
@@ -282,12 +421,16 @@ impl ShellHost for LocalSession {
         let mut buf = vec![0u8; 64 * 1024];
         let mut poll = Duration::from_millis(1);
         let mut end = self.take_end(exit_path);
+        // The end of a command this session started is what its watcher says (a reaped
+        // leader is gone before the reaper has written its exit code); of any other, its
+        // leader gone.
+        let mut leader_ended = false;
         loop {
             if stop.is_stopped() {
                 return Err(RemoteError::Canceled);
             }
             // Whether it ended is decided before the read, so the read gets every last byte.
-            let ended = exit_written(exit_path) || leader.is_some_and(gone);
+            let ended = exit_written(exit_path) || leader_ended || (end.is_none() && leader.is_some_and(gone));
             if !forward_new(&mut file, &mut buf, output).map_err(|e| io_error("following", log_path, e))? {
                 tokio::task::yield_now().await;
                 continue;
@@ -297,14 +440,22 @@ impl ShellHost for LocalSession {
             }
             tokio::select! {
                 _ = tokio::time::sleep(poll) => {}
-                _ = leader_exit(&mut end) => {}
+                _ = leader_exit(&mut end) => leader_ended = true,
                 _ = stop.stopped() => return Err(RemoteError::Canceled),
             }
             poll = (poll * 3 / 2).min(MAX_POLL);
         }
-        match std::fs::read(exit_path) {
-            Ok(text) if detached::exit_code_written(&text) => detached::parse_exit_code(exit_path, &text),
-            _ => Err(detached::no_exit_code(exit_path)),
+        // A leader seen gone may be a zombie whose reaper is writing its exit code right now.
+        let waited = std::time::Instant::now();
+        loop {
+            match std::fs::read(exit_path) {
+                Ok(text) if detached::exit_code_written(&text) => return detached::parse_exit_code(exit_path, &text),
+                _ if waited.elapsed() >= EXIT_CODE_GRACE => return Err(detached::no_exit_code(exit_path)),
+                _ => tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                    _ = stop.stopped() => return Err(RemoteError::Canceled),
+                },
+            }
         }
     }
 }
@@ -432,6 +583,63 @@ mod tests {
         session.remove_all(&file.display().to_string()).await.expect("a file");
         assert!(!file.exists());
         session.remove_all(&file.display().to_string()).await.expect("missing: no error");
+    }
+
+    #[test]
+    fn plain_words_are_split_as_sh_would_and_anything_else_is_left_to_sh() {
+        use Word::{And, Text};
+        let text = |w: &str| Text(w.to_string());
+        assert_eq!(
+            plain_words(r"cd '/b/it'\''s dir' && exec su -s '/bin/bash' 'u' -c 'bash --login'"),
+            Some(vec![
+                text("cd"),
+                text("/b/it's dir"),
+                And,
+                text("exec"),
+                text("su"),
+                text("-s"),
+                text("/bin/bash"),
+                text("u"),
+                text("-c"),
+                text("bash --login")
+            ])
+        );
+        assert_eq!(plain_words("a\\ b  c"), Some(vec![text("a b"), text("c")]));
+        for shell_work in [
+            "cd $HOME && exec bash",
+            "cd /b && exec bash > x",
+            "cd /b; exec bash",
+            "cd /b&&exec bash",
+            "cd '/b",
+            "a \"b\"",
+        ] {
+            assert_eq!(plain_words(shell_work), None, "{shell_work}");
+        }
+    }
+
+    #[test]
+    fn a_plain_cd_and_exec_runs_the_program_itself_as_sh_would_have() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().display().to_string();
+        let cmd = direct_launch(&format!("cd {}/ && exec bash --login", detached::quote(&path))).expect("direct");
+        assert_eq!((cmd.program.as_str(), cmd.args.as_slice()), ("bash", &["--login".to_string()][..]));
+        assert_eq!(cmd.cwd.as_deref(), Some(path.as_str()));
+        let pwd = cmd.env.iter().find(|(k, _)| k == "PWD").map(|(_, v)| v.as_str());
+        assert_eq!(pwd, Some(path.as_str()), "PWD without the trailing slash, as `cd` sets it");
+        assert!(cmd.env.iter().any(|(k, _)| k == "OLDPWD"));
+        // Whatever sh would report itself stays with sh: a missing directory or program,
+        // paths with something to resolve, other commands.
+        for left in [
+            format!("cd {path}/missing && exec bash"),
+            format!("cd {path} && exec runway-no-such-program"),
+            format!("cd {path}/. && exec bash"),
+            format!("cd {path} && exec ./bash"),
+            format!("cd {path} && exec bash && true"),
+            format!("cd {path} && bash"),
+            "cd relative && exec bash".to_string(),
+        ] {
+            assert!(direct_launch(&left).is_none(), "{left}");
+        }
     }
 
     #[tokio::test]

@@ -6,7 +6,8 @@
 //! the detached commands both share: started under `setsid` so they outlive the connection or
 //! the runner, followed again from any byte offset without a byte twice. Together they back
 //! the `runway:host/remote` capability; on the runner's machine their leaders are started in a
-//! session of their own by [`spawn`] (`posix_spawn`, no `setsid` program). [`spec`] turns what a provider says about an instance
+//! session of their own by [`spawn`] (`posix_spawn`, no `setsid` program), from the stage
+//! [`reaper`], a helper process that outlives the runner and writes their exit codes. [`spec`] turns what a provider says about an instance
 //! (plus the configured defaults) into a [`ConnectSpec`]; [`probe`] runs the autoscaler's
 //! `instance_ready_command`, health probes and the `$HOME` lookup. [`docker`] carries the Docker
 //! Engine API for the container executors, locally or through a session's unix socket forwarding;
@@ -25,6 +26,7 @@ pub mod docker;
 pub mod local;
 pub mod probe;
 pub mod process;
+pub mod reaper;
 pub mod remote;
 pub mod rootfs;
 pub mod spawn;

@@ -40,7 +40,9 @@ pub struct LeaderStreams<'a> {
     pub stdin: LeaderInput<'a>,
     /// Opened write-only (not truncated, not created) as standard output.
     pub stdout: &'a str,
-    /// Opened write-only as standard error.
+    /// Opened write-only as standard error; the same path as `stdout` makes it a copy of
+    /// standard output instead (`2>&1`: one file offset, the two streams never overwrite
+    /// each other).
     pub stderr: &'a str,
 }
 
@@ -115,10 +117,11 @@ pub fn spawn_session_leader(cmd: &LocalCommand, streams: LeaderStreams<'_>) -> R
         .collect::<Result<_, _>>()?;
     let envp: Vec<CString> =
         env.iter().map(|(k, v)| c_string(cmd, format!("{k}={v}").as_bytes())).collect::<Result<_, _>>()?;
-    let mut opens = vec![
-        (1, c_string(cmd, streams.stdout.as_bytes())?, libc::O_WRONLY),
-        (2, c_string(cmd, streams.stderr.as_bytes())?, libc::O_WRONLY),
-    ];
+    let mut opens = vec![(1, c_string(cmd, streams.stdout.as_bytes())?, libc::O_WRONLY)];
+    let stderr_is_stdout = streams.stderr == streams.stdout;
+    if !stderr_is_stdout {
+        opens.push((2, c_string(cmd, streams.stderr.as_bytes())?, libc::O_WRONLY));
+    }
     // A descriptor below 3 (the runner's own standard streams were closed) would be replaced
     // by the spawn's other actions: use a copy above them.
     let (input, _copy) = match streams.stdin {
@@ -175,6 +178,12 @@ pub fn spawn_session_leader(cmd: &LocalCommand, streams: LeaderStreams<'_>) -> R
                 return Err(spawn_error(cmd, "standard streams", code));
             }
         }
+        if stderr_is_stdout {
+            let code = libc::posix_spawn_file_actions_adddup2(&mut spawn.actions, 1, 2);
+            if code != 0 {
+                return Err(spawn_error(cmd, "standard error", code));
+            }
+        }
         if let Some(dir) = &cwd {
             let code = libc::posix_spawn_file_actions_addchdir_np(&mut spawn.actions, dir.as_ptr());
             if code != 0 {
@@ -182,12 +191,15 @@ pub fn spawn_session_leader(cmd: &LocalCommand, streams: LeaderStreams<'_>) -> R
             }
         }
         // As the standard library does for its children: no blocked signals, and SIGPIPE
-        // (which Rust programs ignore) back to its default.
+        // (which Rust programs ignore) back to its default; so are the signals the stage
+        // reaper ignores (`super::reaper`).
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         let mut defaults: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut defaults);
-        libc::sigaddset(&mut defaults, libc::SIGPIPE);
+        for signal in [libc::SIGPIPE, libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM] {
+            libc::sigaddset(&mut defaults, signal);
+        }
         // The flags are small bit values; libc types the two older ones as c_int.
         let flags =
             libc::POSIX_SPAWN_SETSID | (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short;
