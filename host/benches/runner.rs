@@ -167,14 +167,16 @@ builds_dir = "{builds}"
 /// One round of the throughput goal: (seconds, runner CPU seconds) for `jobs` jobs.
 fn run_jobs(rt: &tokio::runtime::Runtime, fake: &FakeGitLab, runner: &Runner, jobs: usize) -> (f64, f64) {
     let pid = runner.process.0.id();
-    let cpu_before = process_cpu(pid);
-    let started = Instant::now();
-    let ids: Vec<i64> = (0..jobs)
+    // The payloads are made first: making one asks git for the commit, the harness's work.
+    let payloads: Vec<serde_json::Value> = (0..jobs)
         .map(|i| {
             let spec = JobSpec::new("group/project", &format!("j{i}"), &["true"]).variable("GIT_STRATEGY", "none");
-            fake.enqueue_for(&runner.token, fake.job_payload(&spec))
+            fake.job_payload(&spec)
         })
         .collect();
+    let cpu_before = process_cpu(pid);
+    let started = Instant::now();
+    let ids: Vec<i64> = payloads.into_iter().map(|payload| fake.enqueue_for(&runner.token, payload)).collect();
     for id in ids {
         let record = rt.block_on(fake.wait_for_job_state(id, |j| j.final_state.is_some(), Duration::from_secs(300)));
         let record = record.unwrap_or_else(|| {

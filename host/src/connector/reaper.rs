@@ -306,7 +306,7 @@ impl Reaper {
     /// Start a reaper (`executable` with [`ARG`]) and wait until it is ready.
     async fn launch(executable: &str) -> std::io::Result<Arc<Reaper>> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
-        let cmd = LocalCommand { program: executable.into(), args: vec![ARG.into()], ..LocalCommand::default() };
+        let cmd = LocalCommand { program: launch_path(executable), args: vec![ARG.into()], ..LocalCommand::default() };
         let streams =
             LeaderStreams { stdin: LeaderInput::Fd(theirs.as_fd()), stdout: "/dev/null", stderr: "/dev/null" };
         let pid = spawn_session_leader(&cmd, streams).map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -401,8 +401,19 @@ async fn read_async_frame(input: &mut tokio::net::unix::OwnedReadHalf) -> std::i
     Ok(data)
 }
 
-/// This process's own executable: the reaper of a runner ([`super::LocalSession::new`]).
+/// This process's own executable: the reaper of a runner ([`super::LocalSession::new`]),
+/// started by its path so that `ps` names it `runway` (through `/proc/self/exe` when the
+/// file was replaced since the runner started).
 pub const OWN_EXECUTABLE: &str = "/proc/self/exe";
+
+/// The path to start `executable` by.
+fn launch_path(executable: &str) -> String {
+    let own = (executable == OWN_EXECUTABLE).then(std::env::current_exe).and_then(Result::ok);
+    match own.filter(|path| path.is_file()).and_then(|path| path.to_str().map(str::to_string)) {
+        Some(path) => path,
+        None => executable.to_string(),
+    }
+}
 
 /// The reaper of `executable` (a `runway` binary; [`OWN_EXECUTABLE`] for a runner) that this
 /// process shares among its local sessions: started at the first call, again after it went

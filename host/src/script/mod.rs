@@ -550,10 +550,30 @@ impl JobPlan {
             }
             BuildStage::CleanupFileVariables => {
                 body.push_str(&self.git_cleanup_stage());
-                body.push_str(&format!("rm -rf {}\n", quote(&self.tmp_dir.display().to_string())));
+                body.push_str(&self.cleanup_file_variables());
             }
         }
         Ok(wrap(&body))
+    }
+
+    /// The end of the cleanup stage. As gitlab-runner's: the file variables' files are removed
+    /// (those that exist: no `rm` for a job without any) and so is what the job wrote to
+    /// `GITLAB_ENV` (the file is emptied, by the shell itself), while the temporary directory
+    /// stays for the project directory's next job, which then needs no `mkdir` either. For
+    /// `runway exec`, whose project is the user's own checkout, the whole directory goes: it
+    /// sits beside that checkout.
+    fn cleanup_file_variables(&self) -> String {
+        let tmp = self.tmp_dir.display().to_string();
+        if self.settings.project_dir_override.is_some() {
+            return format!("rm -rf {}\n", quote(&tmp));
+        }
+        let mut out = String::new();
+        for v in self.variables.iter().filter(|v| v.file && is_env_name(&v.key)) {
+            out.push_str(&remove_if_present(&quote(&variables::file_path(&tmp, &v.key)), false));
+        }
+        let env_file = quote(&self.gitlab_env_file().display().to_string());
+        out.push_str(&format!("if [ -f {env_file} ]; then : > {env_file}; fi\n"));
+        out
     }
 
     /// Where `GITLAB_ENV` points.
@@ -583,11 +603,10 @@ impl JobPlan {
             }
         }
         let env_file = quote(&self.gitlab_env_file().display().to_string());
-        if *stage == BuildStage::PrepareScript {
-            out.push_str(&remove_if_present(&env_file, false));
-        }
-        // `: >>` rather than `touch`: user stages run in the job's image, which may have no coreutils.
-        out.push_str(&format!("export GITLAB_ENV={env_file}\n: >> {env_file}\n"));
+        // `: >` and `: >>` rather than `rm` and `touch`: no process, and user stages run in the
+        // job's image, which may have no coreutils. The prepare stage starts it empty.
+        let open = if *stage == BuildStage::PrepareScript { ">" } else { ">>" };
+        out.push_str(&format!("export GITLAB_ENV={env_file}\n: {open} {env_file}\n"));
         out.push_str(&format!("while read -r line; do export \"$line\"; done < {env_file}\n"));
         out.push_str("export GIT_TERMINAL_PROMPT=0 GCM_INTERACTIVE=Never\n");
         if self.value("CI_DEBUG_TRACE") == Some("true") && !self.settings.debug_trace_disabled {
@@ -654,5 +673,73 @@ mod backoff_tests {
         assert_eq!(waits(&plan(None, None)), [5, 10, 20, 40, 80, 160, 300, 300], "the flag is on by default");
         assert_eq!(waits(&plan(Some("false"), None)), [1, 2, 4, 5, 5, 5, 5, 5]);
         assert_eq!(waits(&plan(Some("false"), Some(true))), [5, 10, 20, 40, 80, 160, 300, 300], "the runner wins");
+    }
+}
+
+#[cfg(test)]
+mod cleanup_tests {
+    use super::*;
+
+    /// The fixture job with a file variable, planned under `builds`; as `runway exec` plans
+    /// it (the project is the checkout `builds/checkout`) when `exec`.
+    fn planned(builds: &Path, exec: bool) -> JobPlan {
+        let mut job: JobResponse =
+            serde_json::from_str(include_str!("../../../tests/fixtures/job-response-example.json")).expect("fixture");
+        job.variables.push(crate::payload::JobVariable {
+            key: "SECRET_FILE".into(),
+            value: "s3cr3t".into(),
+            file: true,
+            ..Default::default()
+        });
+        let settings = ScriptSettings {
+            builds_dir: builds.to_path_buf(),
+            cache_dir: builds.join("cache"),
+            project_dir_override: exec.then(|| builds.join("checkout")),
+            ..ScriptSettings::default()
+        };
+        JobPlan::new(&job, &settings).expect("plan")
+    }
+
+    fn run(plan: &JobPlan, stage: BuildStage) {
+        let script = plan.script(&stage, "success").expect("script");
+        let mut child = std::process::Command::new("bash")
+            .current_dir(plan.builds_dir())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("bash");
+        use std::io::Write;
+        child.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("write");
+        assert!(child.wait().expect("wait").success(), "{stage:?}:\n{script}");
+    }
+
+    #[test]
+    fn cleanup_removes_file_variables_and_empties_gitlab_env_as_gitlab_runner_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let plan = planned(dir.path(), false);
+        let script = plan.script(&BuildStage::CleanupFileVariables, "success").expect("script");
+        let removes_tmp = format!("rm -rf {}", quote(&plan.tmp_dir().display().to_string()));
+        assert!(!script.contains(&removes_tmp), "the temporary directory stays for the next job: {script}");
+        run(&plan, BuildStage::PrepareScript);
+        let (tmp, env) = (plan.tmp_dir().to_path_buf(), plan.gitlab_env_file());
+        let secret = PathBuf::from(variables::file_path(&tmp.display().to_string(), "SECRET_FILE"));
+        assert_eq!(std::fs::read_to_string(&secret).expect("file variable"), "s3cr3t");
+        std::fs::write(&env, "LEFT=over\n").expect("a stage writes GITLAB_ENV");
+        run(&plan, BuildStage::CleanupFileVariables);
+        assert!(!secret.exists(), "the file variable's file is removed");
+        assert_eq!(std::fs::read_to_string(&env).expect("env file"), "", "what the job wrote is gone");
+        assert!(tmp.is_dir());
+        // The next job of this directory starts with an empty GITLAB_ENV, with no mkdir.
+        std::fs::write(&env, "LEFT=over\n").expect("left behind");
+        run(&plan, BuildStage::PrepareScript);
+        assert_eq!(std::fs::read_to_string(&env).expect("env file"), "");
+
+        // `runway exec` removes the directory beside the user's checkout.
+        let exec = planned(dir.path(), true);
+        std::fs::create_dir_all(dir.path().join("checkout")).expect("checkout");
+        run(&exec, BuildStage::PrepareScript);
+        assert!(exec.tmp_dir().is_dir());
+        run(&exec, BuildStage::CleanupFileVariables);
+        assert!(!exec.tmp_dir().exists());
     }
 }
