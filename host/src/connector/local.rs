@@ -64,6 +64,11 @@ impl LocalSession {
     /// binary `executable` (for a program that embeds the library, such as a test); with
     /// `sh` leaders when that is no reaper.
     pub fn with_reaper(executable: &str) -> Self {
+        // Started now, while the job is prepared, so the first stage does not wait for it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let executable = executable.to_string();
+            runtime.spawn(async move { reaper::shared(&executable).await });
+        }
         LocalSession { ended: Mutex::default(), reaper: executable.to_string() }
     }
 
@@ -349,6 +354,76 @@ fn forward_new(file: &mut std::fs::File, buf: &mut [u8], output: &OutputFn<'_>) 
     Ok(false)
 }
 
+/// Free a followed log's blocks in steps of at least this many bytes.
+const FREE_STEP: u64 = 8 << 20;
+
+/// A trace that frees the followed log's blocks its sink released ([`TraceSink::released`]),
+/// while the command still writes on: a stage's output is not on disk twice (log and wherever
+/// the sink puts it) and deleting the log at the end is no longer a pause as long as the
+/// output. Holes are punched (`FALLOC_FL_PUNCH_HOLE`, the size kept), so the writer and the
+/// follower's offsets stay as they are; where the file system cannot, nothing is freed.
+struct FreeingSink<'a> {
+    inner: &'a dyn TraceSink,
+    source: &'a str,
+    /// The log opened for writing, when it could be; and how far it is freed.
+    log: Mutex<(Option<std::fs::File>, u64)>,
+}
+
+impl<'a> FreeingSink<'a> {
+    fn new(inner: &'a dyn TraceSink, source: &'a str) -> Self {
+        FreeingSink { inner, source, log: Mutex::new((None, 0)) }
+    }
+
+    fn free_released(&self) {
+        let released = self.inner.released(self.source) & !4095;
+        let Ok(mut log) = self.log.lock() else { return };
+        let (file, freed) = &mut *log;
+        if released < *freed + FREE_STEP {
+            return;
+        }
+        if file.is_none() {
+            *file = std::fs::OpenOptions::new().write(true).open(self.source).ok();
+        }
+        let Some(file) = file else { return };
+        let (Ok(offset), Ok(length)) = (i64::try_from(*freed), i64::try_from(released - *freed)) else { return };
+        // SAFETY: fallocate only changes the file behind the descriptor we own.
+        let punched = unsafe {
+            libc::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(file),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset,
+                length,
+            )
+        };
+        // Not supported here: stop trying (freed set past anything released).
+        *freed = if punched == 0 { released } else { u64::MAX / 2 };
+    }
+}
+
+impl TraceSink for FreeingSink<'_> {
+    fn write(&self, data: &[u8]) {
+        self.inner.write(data)
+    }
+    fn write_output(&self, data: &[u8]) {
+        self.inner.write_output(data)
+    }
+    fn write_footer(&self, data: &[u8]) {
+        self.inner.write_footer(data)
+    }
+    fn write_followed(&self, source: &str, end: u64, data: &[u8]) {
+        self.inner.write_followed(source, end, data);
+        if source == self.source {
+            self.free_released();
+        }
+    }
+    fn followed(&self, source: &str) -> Option<u64> {
+        self.inner.followed(source)
+    }
+    fn released(&self, source: &str) -> u64 {
+        self.inner.released(source)
+    }
+}
+
 /// How long a follower waits for the exit code of a command whose leader it saw end without
 /// one: the stage reaper writes it right after the leader ended.
 const EXIT_CODE_GRACE: Duration = Duration::from_secs(2);
@@ -491,7 +566,8 @@ impl RemoteSession for LocalSession {
         trace: &dyn TraceSink,
         stop: &StopSignal,
     ) -> Result<ExitStatus, RemoteError> {
-        detached::attach(self, log_path, exit_path, offset, trace, stop).await
+        let freeing = FreeingSink::new(trace, log_path);
+        detached::attach(self, log_path, exit_path, offset, &freeing, stop).await
     }
 
     async fn upload(&self, path: &str, data: &[u8], mode: u32) -> Result<(), RemoteError> {
@@ -583,6 +659,56 @@ mod tests {
         session.remove_all(&file.display().to_string()).await.expect("a file");
         assert!(!file.exists());
         session.remove_all(&file.display().to_string()).await.expect("missing: no error");
+    }
+
+    /// A sink that releases what it was given, as `runway exec`'s terminal does.
+    #[derive(Default)]
+    struct Releasing(Mutex<u64>);
+
+    impl TraceSink for Releasing {
+        fn write(&self, _data: &[u8]) {}
+        fn write_followed(&self, _source: &str, end: u64, _data: &[u8]) {
+            *self.0.lock().expect("lock") = end;
+        }
+        fn released(&self, _source: &str) -> u64 {
+            *self.0.lock().expect("lock")
+        }
+    }
+
+    #[test]
+    fn what_the_sink_released_of_a_followed_log_is_freed_on_disk() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("00.log");
+        let chunk = vec![b'x'; 1 << 20];
+        let mut file = std::fs::File::create(&log).expect("log");
+        for _ in 0..24 {
+            file.write_all(&chunk).expect("write");
+        }
+        file.sync_all().expect("sync");
+        let source = log.display().to_string();
+        let allocated = || std::fs::metadata(&log).expect("meta").blocks() * 512;
+        let before = allocated();
+        // A sink that keeps everything (a trace that can resume) frees nothing.
+        let keeping = MemorySink::default();
+        FreeingSink::new(&keeping, &source).write_followed(&source, 24 << 20, &chunk);
+        assert_eq!(allocated(), before);
+        let releasing = Releasing::default();
+        let freeing = FreeingSink::new(&releasing, &source);
+        freeing.write_followed(&source, 4 << 20, &chunk);
+        assert_eq!(allocated(), before, "less than a step released: nothing freed yet");
+        freeing.write_followed(&source, 20 << 20, &chunk);
+        if allocated() == before {
+            eprintln!("this file system cannot punch holes: nothing to check");
+            return;
+        }
+        assert!(allocated() <= before - (20 << 20), "{} of {before} bytes still allocated", allocated());
+        assert_eq!(std::fs::metadata(&log).expect("meta").len(), 24 << 20, "the size is kept");
+        let mut tail = Vec::new();
+        let mut reader = std::fs::File::open(&log).expect("open");
+        reader.seek(SeekFrom::Start(20 << 20)).expect("seek");
+        reader.read_to_end(&mut tail).expect("read");
+        assert!(tail.len() == 4 << 20 && tail.iter().all(|&b| b == b'x'), "what is not released is intact");
     }
 
     #[test]

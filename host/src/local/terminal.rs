@@ -35,6 +35,8 @@ pub struct TerminalSink {
     state: Arc<Mutex<State>>,
     options: TerminalOptions,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The detached log last followed and how far it was shown.
+    shown: Mutex<Option<(String, u64)>>,
 }
 
 fn strip_ansi(text: &str) -> String {
@@ -96,7 +98,7 @@ impl TerminalSink {
                 }
             });
         }
-        TerminalSink { state, options, stop }
+        TerminalSink { state, options, stop, shown: Mutex::new(None) }
     }
 
     /// Whether a collapsed section hides what is printed now.
@@ -190,6 +192,21 @@ static SECTION_END: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
     std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"section_end:"));
 
 impl TraceSink for TerminalSink {
+    /// Shown and never read again (`runway exec` does not resume): released.
+    fn write_followed(&self, source: &str, end: u64, data: &[u8]) {
+        self.write(data);
+        if let Ok(mut shown) = self.shown.lock() {
+            *shown = Some((source.to_string(), end));
+        }
+    }
+
+    fn released(&self, source: &str) -> u64 {
+        match self.shown.lock().as_deref() {
+            Ok(Some((shown, end))) if shown == source => *end,
+            _ => 0,
+        }
+    }
+
     fn write(&self, data: &[u8]) {
         let Ok(mut guard) = self.state.lock() else { return };
         let s = &mut *guard;

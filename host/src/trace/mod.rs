@@ -58,6 +58,15 @@ pub trait TraceSink: Send + Sync {
         let _ = source;
         None
     }
+
+    /// How many bytes of the detached command log `source` nothing will read again, not even
+    /// after a restart: the follower may free them on disk as it goes (a sink that cannot
+    /// resume, such as `runway exec`'s terminal, releases everything it was given). By
+    /// default none.
+    fn released(&self, source: &str) -> u64 {
+        let _ = source;
+        0
+    }
 }
 
 /// A sink that keeps everything in memory (tests, benchmarks).
