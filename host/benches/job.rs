@@ -28,6 +28,8 @@ struct Setup {
 }
 
 async fn setup(concurrent: usize) -> Setup {
+    // Stages start as a runner starts them: through the stage reaper of the runway binary.
+    runway::connector::reaper::use_executable(env!("CARGO_BIN_EXE_runway"));
     let fake =
         FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(5), trace_update_interval: 3 })
             .await;

@@ -55,9 +55,9 @@ impl Default for LocalSession {
 
 impl LocalSession {
     /// The runner's machine, its detached commands started by the runner's own stage reaper
-    /// ([`reaper`]).
+    /// ([`reaper`]; another `runway` binary's after [`reaper::use_executable`]).
     pub fn new() -> Self {
-        LocalSession::with_reaper(reaper::OWN_EXECUTABLE)
+        LocalSession::with_reaper(reaper::default_executable())
     }
 
     /// The runner's machine, its detached commands started by the stage reaper of the `runway`

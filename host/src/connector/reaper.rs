@@ -406,6 +406,21 @@ async fn read_async_frame(input: &mut tokio::net::unix::OwnedReadHalf) -> std::i
 /// file was replaced since the runner started).
 pub const OWN_EXECUTABLE: &str = "/proc/self/exe";
 
+/// The reaper [`super::LocalSession::new`] uses: [`OWN_EXECUTABLE`] unless a program that
+/// embeds the library named a `runway` binary ([`use_executable`]).
+pub fn default_executable() -> &'static str {
+    DEFAULT.get().map_or(OWN_EXECUTABLE, String::as_str)
+}
+
+/// Make the `runway` binary `executable` the reaper of every local session made from now on
+/// with [`super::LocalSession::new`] (for a program that embeds the library, such as a
+/// benchmark; a runner needs no call). Only the first call counts.
+pub fn use_executable(executable: &str) {
+    let _ = DEFAULT.set(executable.to_string());
+}
+
+static DEFAULT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// The path to start `executable` by.
 fn launch_path(executable: &str) -> String {
     let own = (executable == OWN_EXECUTABLE).then(std::env::current_exe).and_then(Result::ok);
