@@ -385,19 +385,31 @@ impl<'a> FreeingSink<'a> {
             *file = std::fs::OpenOptions::new().write(true).open(self.source).ok();
         }
         let Some(file) = file else { return };
-        let (Ok(offset), Ok(length)) = (i64::try_from(*freed), i64::try_from(released - *freed)) else { return };
-        // SAFETY: fallocate only changes the file behind the descriptor we own.
-        let punched = unsafe {
-            libc::fallocate(
-                std::os::fd::AsRawFd::as_raw_fd(file),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                offset,
-                length,
-            )
-        };
         // Not supported here: stop trying (freed set past anything released).
-        *freed = if punched == 0 { released } else { u64::MAX / 2 };
+        *freed = if punch_hole(file, *freed, released - *freed) { released } else { u64::MAX / 2 };
     }
+}
+
+/// Free `length` bytes of `file` from `offset` on, its size kept; whether that was done.
+#[cfg(target_os = "linux")]
+fn punch_hole(file: &std::fs::File, offset: u64, length: u64) -> bool {
+    let (Ok(offset), Ok(length)) = (i64::try_from(offset), i64::try_from(length)) else { return false };
+    // SAFETY: fallocate only changes the file behind the descriptor we own.
+    let punched = unsafe {
+        libc::fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            length,
+        )
+    };
+    punched == 0
+}
+
+/// Free `length` bytes of `file` from `offset` on, where the kernel can: not here.
+#[cfg(not(target_os = "linux"))]
+fn punch_hole(_file: &std::fs::File, _offset: u64, _length: u64) -> bool {
+    false
 }
 
 impl TraceSink for FreeingSink<'_> {

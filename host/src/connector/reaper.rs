@@ -135,6 +135,12 @@ pub fn serve() -> std::process::ExitCode {
         // SAFETY: setting a signal to SIG_IGN installs no handler and has no precondition.
         unsafe { libc::signal(signal, libc::SIG_IGN) };
     }
+    // Stage scripts (the job's secrets) pass through its memory: sealed as the runner is.
+    // SAFETY: prctl(PR_SET_DUMPABLE, 0) only changes this process's dumpable flag.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0)
+    };
     // SAFETY: descriptor 0 is the socket the runner passed as standard input; this process
     // owns it from here on and nothing else uses descriptor 0.
     let socket = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(0) };
@@ -232,9 +238,13 @@ fn reap_children(children: &(Mutex<Children>, Condvar), send: &dyn Fn(&Message))
             match std::io::Error::last_os_error().raw_os_error() {
                 Some(libc::EINTR) => continue,
                 _ => {
-                    // No child: done once the runner is gone, else wait for the next start.
+                    // No child: done once the runner is gone, else wait for the next start
+                    // (unless one was started since `waitid` looked: starts hold the lock).
                     let Ok(state) = lock.lock() else { return };
-                    if state.runner_gone && state.exits.is_empty() {
+                    if !state.exits.is_empty() {
+                        continue;
+                    }
+                    if state.runner_gone {
                         return;
                     }
                     let _ = wake.wait_timeout(state, Duration::from_secs(1));
