@@ -464,8 +464,11 @@ impl ShellHost for LocalSession {
     /// memfd). The pid file is written here once the leader runs (its pid is its process group),
     /// before this returns, as the other wrapper writes it before its starter returns.
     async fn start(&self, command: &str, stdin: &[u8], log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
-        if let Some(reaper) = reaper::shared(&self.reaper).await {
-            return self.start_reaped(&reaper, command, stdin, log_path, exit_path).await;
+        // A standard input too large for one request (tens of MiB) gets an `sh` leader.
+        if reaper::Reaper::takes(stdin) {
+            if let Some(reaper) = reaper::shared(&self.reaper).await {
+                return self.start_reaped(&reaper, command, stdin, log_path, exit_path).await;
+            }
         }
         let memory = memory_file(stdin).ok();
         let input = detached::stdin_path(log_path);

@@ -54,7 +54,8 @@ use crate::connector::spawn::{memory_file, spawn_session_leader, wait_exit, Lead
 /// The argument that makes the runner's executable a reaper ([`serve`]).
 pub const ARG: &str = "__stage-reaper";
 
-/// Largest frame either side accepts (a stage script with its variables is far smaller).
+/// Largest frame either side accepts (a stage script with its variables is far smaller; a
+/// larger standard input is not sent: [`Reaper::takes`]).
 const MAX_FRAME: usize = 64 << 20;
 
 /// How long a new reaper may take to say it is ready.
@@ -375,6 +376,11 @@ impl Reaper {
             }
             Message::Ready | Message::Start { .. } => {}
         }
+    }
+
+    /// Whether a command with `stdin` as its standard input fits in one request.
+    pub fn takes(stdin: &[u8]) -> bool {
+        stdin.len() <= MAX_FRAME
     }
 
     /// Start `cmd` through the reaper (see [`Message::Start`]; `cmd.stdin` is not used, `stdin`
