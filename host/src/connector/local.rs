@@ -20,7 +20,6 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -33,7 +32,7 @@ use crate::connector::direct;
 use crate::connector::process::{run_streaming, LocalCommand, ProcessFailure};
 use crate::connector::reaper;
 use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession, SocketStream};
-use crate::connector::spawn::{memory_file, spawn_session_leader, wait_exit, LeaderInput, LeaderStreams};
+use crate::connector::spawn::{spawn_session_leader_with_input, wait_exit};
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;
 
@@ -105,7 +104,7 @@ impl LocalSession {
         exit_path: &str,
     ) -> Result<(), RemoteError> {
         let (log, exit, input) = (log_path.to_string(), exit_path.to_string(), detached::stdin_path(log_path));
-        blocking(move || prepare_detached(&log, &exit, &input, None)).await?;
+        blocking(move || prepare_detached(&log, &exit, &input)).await?;
         let launch = direct::launch(command).unwrap_or_else(|| LocalCommand::shell(command, None));
         let (pid, end) = reaper.start(&launch, stdin, log_path, exit_path).await.map_err(RemoteError::Other)?;
         self.note_end(exit_path, end);
@@ -207,7 +206,7 @@ fn remove_all(path: &str) -> Result<(), RemoteError> {
 
 /// The files of a detached command before it starts: directories, no exit, pid or stdin file
 /// from an earlier run, an empty 0600 log, and the stdin file (0600) when `data` is given.
-fn prepare_detached(log: &str, exit: &str, input: &str, data: Option<&[u8]>) -> Result<(), RemoteError> {
+fn prepare_detached(log: &str, exit: &str, input: &str) -> Result<(), RemoteError> {
     use std::os::unix::fs::OpenOptionsExt;
     for path in [log, exit] {
         if let Some(dir) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -220,15 +219,9 @@ fn prepare_detached(log: &str, exit: &str, input: &str, data: Option<&[u8]>) -> 
             _ => {}
         }
     }
-    let private = || {
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).mode(0o600);
-        options
-    };
-    private().create(true).truncate(true).open(log).map_err(|e| io_error("creating", log, e))?;
-    let Some(data) = data else { return Ok(()) };
-    let mut file = private().create_new(true).open(input).map_err(|e| io_error("creating", input, e))?;
-    file.write_all(data).map_err(|e| io_error("writing", input, e))
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).mode(0o600).create(true).truncate(true);
+    options.open(log).map(drop).map_err(|e| io_error("creating", log, e))
 }
 
 async fn blocking<T: Send + 'static>(
@@ -375,10 +368,9 @@ impl ShellHost for LocalSession {
     }
 
     /// The files are written here and [`detached::DIRECT_EXIT_WRAPPER`] started in a session of
-    /// its own directly ([`spawn_session_leader`]): one process (`sh`), no launcher script, no
-    /// `setsid`. Its standard input is a memory file ([`memory_file`]: the script never touches
-    /// the disk; a 0600 stdin file, removed once the leader has it open, where there is no
-    /// memfd). The pid file is written here once the leader runs (its pid is its process group),
+    /// its own directly ([`spawn_session_leader_with_input`]): one process (`sh`), no launcher
+    /// script, no `setsid`. Its standard input is a memory file (the script never touches the
+    /// disk; a 0600 stdin file, removed once the leader has it open, where there is no memfd). The pid file is written here once the leader runs (its pid is its process group),
     /// before this returns, as the other wrapper writes it before its starter returns.
     async fn start(&self, command: &str, stdin: &[u8], log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
         // A standard input too large for one request (tens of MiB) gets an `sh` leader.
@@ -387,26 +379,16 @@ impl ShellHost for LocalSession {
                 return self.start_reaped(&reaper, command, stdin, log_path, exit_path).await;
             }
         }
-        let memory = memory_file(stdin).ok();
         let input = detached::stdin_path(log_path);
         let (log, exit, file) = (log_path.to_string(), exit_path.to_string(), input.clone());
-        let data = memory.is_none().then(|| stdin.to_vec());
-        blocking(move || prepare_detached(&log, &exit, &file, data.as_deref())).await?;
+        blocking(move || prepare_detached(&log, &exit, &file)).await?;
         let launch = LocalCommand {
             program: "sh".into(),
             args: vec!["-c".into(), detached::DIRECT_EXIT_WRAPPER.into(), command.into(), exit_path.into()],
             ..LocalCommand::default()
         };
-        let stdin = match &memory {
-            Some(fd) => LeaderInput::Fd(fd.as_fd()),
-            None => LeaderInput::Path(&input),
-        };
-        let streams = LeaderStreams { stdin, stdout: log_path, stderr: "/dev/null" };
-        let started = spawn_session_leader(&launch, streams).map_err(remote_error);
-        if memory.is_none() {
-            // The leader has its standard input open (the spawn opened it before `sh` ran).
-            let _ = std::fs::remove_file(&input);
-        }
+        let started =
+            spawn_session_leader_with_input(&launch, stdin, &input, log_path, "/dev/null").map_err(remote_error);
         let pid = started?;
         self.watch_end(exit_path, pid);
         let pid_file = detached::pid_path(exit_path);

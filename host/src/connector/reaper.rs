@@ -48,8 +48,11 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
 
+use crate::connector::detached;
 use crate::connector::process::LocalCommand;
-use crate::connector::spawn::{memory_file, spawn_session_leader, wait_exit, LeaderInput, LeaderStreams};
+use crate::connector::spawn::{
+    spawn_session_leader, spawn_session_leader_with_input, wait_exit, LeaderInput, LeaderStreams,
+};
 
 /// The argument that makes the runner's executable a reaper ([`serve`]).
 pub const ARG: &str = "__stage-reaper";
@@ -189,30 +192,10 @@ pub fn serve() -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
-/// Start `cmd` in a session of its own: `stdin` in a memory file (a 0600 file removed at once
-/// where there is none), standard output and error appended to `log`.
+/// Start `cmd` in a session of its own: `stdin` in a memory file (a 0600 file beside the log,
+/// removed at once, where there is none), standard output and error appended to `log`.
 fn start(cmd: &LocalCommand, stdin: &[u8], log: &str) -> Result<i32, String> {
-    let streams = |input| LeaderStreams { stdin: input, stdout: log, stderr: log };
-    let spawned = match memory_file(stdin) {
-        Ok(memory) => spawn_session_leader(cmd, streams(LeaderInput::Fd(memory.as_fd()))),
-        Err(_) => {
-            let path = format!("{log}.stdin");
-            let written = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-                .and_then(|mut f| f.write_all(stdin));
-            if let Err(e) = written {
-                let _ = std::fs::remove_file(&path);
-                return Err(format!("writing {path}: {e}"));
-            }
-            let spawned = spawn_session_leader(cmd, streams(LeaderInput::Path(&path)));
-            let _ = std::fs::remove_file(&path);
-            spawned
-        }
-    };
-    spawned.map_err(|e| e.to_string())
+    spawn_session_leader_with_input(cmd, stdin, &detached::stdin_path(log), log, log).map_err(|e| e.to_string())
 }
 
 /// The exit code `sh` would report for a child that ended as `info` says.

@@ -13,7 +13,7 @@
 //! hangup of the runner's terminal and job control reach it, and a program of the stage that
 //! opens `/dev/tty` gets the runner's terminal.
 //!
-//! Owns: [`spawn_session_leader`], [`memory_file`], [`wait_exit`]. Must not touch: what the leader runs (the
+//! Owns: [`spawn_session_leader`], [`spawn_session_leader_with_input`], [`memory_file`], [`wait_exit`]. Must not touch: what the leader runs (the
 //! detached protocol is [`super::detached`]'s), WIT types.
 
 use std::ffi::CString;
@@ -69,6 +69,37 @@ pub fn memory_file(data: &[u8]) -> std::io::Result<OwnedFd> {
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 pub fn memory_file(_data: &[u8]) -> std::io::Result<OwnedFd> {
     Err(std::io::ErrorKind::Unsupported.into())
+}
+
+/// [`spawn_session_leader`] with `stdin` as the leader's standard input: in a [`memory_file`],
+/// or where the kernel has none in a new 0600 file at `stdin_file` (it must not exist), removed
+/// again once the leader has it open (the spawn opens it before the program runs), so a stage
+/// script with its secrets stays on disk only for the moment of the spawn.
+pub fn spawn_session_leader_with_input(
+    cmd: &LocalCommand,
+    stdin: &[u8],
+    stdin_file: &str,
+    stdout: &str,
+    stderr: &str,
+) -> Result<i32, ProcessFailure> {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Ok(memory) = memory_file(stdin) {
+        return spawn_session_leader(cmd, LeaderStreams { stdin: LeaderInput::Fd(memory.as_fd()), stdout, stderr });
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(stdin_file)
+        .map_err(|e| io_failure(cmd, &format!("creating {stdin_file}"), e))?;
+    let spawned = match file.write_all(stdin) {
+        Ok(()) => spawn_session_leader(cmd, LeaderStreams { stdin: LeaderInput::Path(stdin_file), stdout, stderr }),
+        Err(e) => Err(io_failure(cmd, &format!("writing {stdin_file}"), e)),
+    };
+    let _ = std::fs::remove_file(stdin_file);
+    spawned
 }
 
 /// Frees a `posix_spawn` object when dropped.
