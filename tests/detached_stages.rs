@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use runway::capability::CallContext;
-use runway::connector::{ConnectSpec, LocalSession, RemoteError, RemoteSession, SshAuth, SshSession};
+use runway::connector::{ConnectSpec, LocalSession, RemoteError, RemoteSession, SshAuth, SshSession, StageOutput};
 use runway::executor::{ExecutorFailure, ExecutorSession, Stage};
 use runway::plugin::{HostSettings, PluginHost};
 use runway::stop::{StopReason, StopSignal};
@@ -191,6 +191,58 @@ async fn the_stage_reaper_starts_the_command_itself_and_writes_its_exit_code_wit
     assert_eq!(text(&followed), format!("out\nerr\nin {}\n", dir.path().display()));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_pipes_a_stage_streams_past_the_pipe_size_to_its_one_follower_and_cancel_ends_it() {
+    use std::os::unix::fs::FileTypeExt;
+    // Through the reaper, and through an `sh` leader (a library user without a reaper).
+    let sessions = [
+        ("reaper", LocalSession::with_reaper(env!("CARGO_BIN_EXE_runway")).with_output(StageOutput::Pipes)),
+        ("sh leader", LocalSession::with_reaper("/nonexistent/runway").with_output(StageOutput::Pipes)),
+    ];
+    for (how, session) in sessions {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let (log, exit, gate) = (path("00.log"), path("00.exit"), path("gate"));
+        // 3 MiB, three times the pipe, then stderr; it waits for the gate so the test sees it run.
+        let script = format!(
+            "while [ ! -e {gate} ]; do sleep 0.02; done\n\
+             head -c 3145728 /dev/zero | tr '\\0' x; echo; echo err >&2; exit 3\n"
+        );
+        let session = Arc::new(session);
+        session.start_detached("sh", Some(script.as_bytes()), &log, &exit).await.expect("start");
+        let kind = std::fs::symlink_metadata(&log).expect("log").file_type();
+        assert!(kind.is_fifo(), "{how}: the log is a pipe");
+        std::fs::write(&gate, "").expect("open the gate");
+        let followed = trace();
+        let status = session.attach(&log, &exit, 0, &*followed, &StopSignal::new()).await.expect("attach");
+        assert_eq!(status.code, 3, "{how}");
+        assert_eq!(text(&followed), format!("{}\nerr\n", "x".repeat(3 << 20)), "{how}: every byte, in order");
+        // Nothing can read it again: a second follower is told so at once, not left waiting.
+        let again = session.attach(&log, &exit, 0, &*trace(), &StopSignal::new()).await;
+        match again {
+            Err(RemoteError::Other(message)) => assert!(message.contains("followed once"), "{how}: {message}"),
+            other => panic!("{how}: a second follower got {other:?}"),
+        }
+
+        // Cancel while the stage writes and nobody reads for a while: it ends, nothing stays.
+        let (log, exit) = (path("01.log"), path("01.exit"));
+        let script = "yes output; sleep 300\n";
+        session.start_detached("sh", Some(script.as_bytes()), &log, &exit).await.expect("start");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let leader: i32 = std::fs::read_to_string(format!("{exit}.pid")).expect("pid").trim().parse().expect("pid");
+        let stop = StopSignal::new();
+        let attached = {
+            let (session, stop, log, exit) = (session.clone(), stop.clone(), log.clone(), exit.clone());
+            tokio::spawn(async move { session.attach(&log, &exit, 0, &*trace(), &stop).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stop.stop(StopReason::Canceled);
+        let result = attached.await.expect("task");
+        assert!(matches!(result, Err(RemoteError::Canceled)), "{how}: {result:?}");
+        wait_until("the cancelled stage is gone", || !running(leader)).await;
+    }
+}
+
 async fn shell_host(root: &Path) -> PluginHost {
     PluginHost::new(HostSettings {
         plugins_dir: Some(root.to_path_buf()),
@@ -201,6 +253,7 @@ async fn shell_host(root: &Path) -> PluginHost {
         grants: BTreeMap::new(),
         builtins: runway::plugin::builtin_plugins(),
         helper_image: None,
+        stage_output: StageOutput::LogFiles,
     })
     .await
     .expect("plugin host starts")

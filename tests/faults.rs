@@ -62,6 +62,7 @@ impl World {
             grants,
             builtins: builtin_plugins(),
             helper_image: None,
+            stage_output: Default::default(),
         })
         .await
         .expect("plugin host")

@@ -39,6 +39,7 @@ async fn host_with(dir: &Path, grants: BTreeMap<String, PluginGrant>) -> PluginH
         grants,
         builtins: runway::plugin::builtin_plugins(),
         helper_image: None,
+        stage_output: Default::default(),
     })
     .await
     .expect("plugin host starts")

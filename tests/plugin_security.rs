@@ -43,6 +43,7 @@ fn settings(dir: &Path, grants: BTreeMap<String, PluginGrant>) -> HostSettings {
         grants,
         builtins: runway::plugin::builtin_plugins(),
         helper_image: None,
+        stage_output: Default::default(),
     }
 }
 

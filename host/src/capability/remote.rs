@@ -17,6 +17,7 @@ use wasmtime::component::HasData;
 use crate::bindings::executor::runway::host0_1_0::process::ExitStatus;
 use crate::bindings::executor::runway::host0_1_0::remote::{Host, RemoteCommand, RemoteError};
 use crate::capability::call::{CallBudget, CallContext};
+pub use crate::connector::StageOutput;
 use crate::connector::{self, LocalSession, RemoteSession};
 use crate::trace::TraceSink;
 
@@ -33,9 +34,10 @@ pub struct RemoteCtx {
 impl RemoteCtx {
     /// The capability for a plugin that may buffer `max_buffer` bytes per call; with
     /// `allow_process` (its `allow_process` grant) a job without a fleet instance runs on the
-    /// runner's own machine.
-    pub fn new(max_buffer: usize, allow_process: bool) -> Self {
-        let local = allow_process.then(|| Arc::new(LocalSession::new()) as Arc<dyn RemoteSession>);
+    /// runner's own machine, its stages' output going where `stage_output` says.
+    pub fn new(max_buffer: usize, allow_process: bool, stage_output: StageOutput) -> Self {
+        let local =
+            allow_process.then(|| Arc::new(LocalSession::new().with_output(stage_output)) as Arc<dyn RemoteSession>);
         RemoteCtx { max_transfer: MAX_TRANSFER.min(max_buffer), local }
     }
 }

@@ -21,7 +21,7 @@ use crate::local::terminal::{TerminalOptions, TerminalSink};
 use crate::local::{self, Pipeline, PlannedJob};
 use crate::manager::identity;
 use crate::payload::{ArtifactsFile, Dependency};
-use crate::plugin::{builtin_plugins, HostSettings, PluginHost};
+use crate::plugin::{builtin_plugins, HostSettings, PluginHost, StageOutput};
 use crate::script::ScriptSettings;
 
 /// `runway exec` flags.
@@ -67,17 +67,20 @@ fn cache_dir() -> Option<PathBuf> {
         .map(|d| d.join("runway").join("plugins"))
 }
 
+/// The plugin host of an exec: the loaded config's plugins and grants, else the built-ins. A
+/// stage on this machine writes into a pipe that exec follows (exec never resumes a job, so
+/// there is no log to read again).
 async fn plugins(loaded: Option<&Loaded>) -> anyhow::Result<PluginHost> {
-    if let Some(loaded) = loaded {
-        return super::run::plugin_host(loaded).await;
-    }
-    PluginHost::new(HostSettings {
-        cache_dir: cache_dir(),
-        builtins: builtin_plugins(),
-        helper_image: Some(super::run::helper_image()),
-        ..HostSettings::default()
-    })
-    .await
+    let settings = match loaded {
+        Some(loaded) => super::run::host_settings(loaded),
+        None => HostSettings {
+            cache_dir: cache_dir(),
+            builtins: builtin_plugins(),
+            helper_image: Some(super::run::helper_image()),
+            ..HostSettings::default()
+        },
+    };
+    PluginHost::new(HostSettings { stage_output: StageOutput::Pipes, ..settings }).await
 }
 
 /// Where a local job's files are, as the executor sees them.

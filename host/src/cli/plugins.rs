@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use crate::plugin::{builtin_plugins, HostSettings, PluginHost, PluginListing};
+use crate::plugin::{builtin_plugins, HostSettings, PluginHost, PluginListing, StageOutput};
 
 #[derive(Subcommand, Debug)]
 pub enum PluginsCommand {
@@ -39,6 +39,7 @@ async fn host(plugins_dir: Option<PathBuf>, config: Option<&Path>) -> anyhow::Re
         grants: Default::default(),
         builtins: builtin_plugins(),
         helper_image: Some(super::run::helper_image()),
+        stage_output: StageOutput::LogFiles,
     })
     .await
 }

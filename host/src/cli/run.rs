@@ -21,7 +21,7 @@ use crate::manager::fleet::Fleet;
 use crate::manager::health::{PendingRunner, RunnerEntry, Unusable};
 use crate::manager::{identity, signals, ActiveJobs, Manager, ManagerSettings, RunnerSettings, RunnerStore, Shutdown};
 use crate::metrics::Metrics;
-use crate::plugin::{builtin_plugins, HelperImageSource, HostSettings, PluginHost};
+use crate::plugin::{builtin_plugins, HelperImageSource, HostSettings, PluginHost, StageOutput};
 use crate::script::ScriptSettings;
 use crate::store::fleet_state;
 use crate::store::jobs::seal::StoreKey;
@@ -59,15 +59,20 @@ pub fn helper_image() -> HelperImageSource {
 
 /// The plugin host for a config.
 pub async fn plugin_host(loaded: &Loaded) -> anyhow::Result<PluginHost> {
-    PluginHost::new(HostSettings {
+    PluginHost::new(host_settings(loaded)).await
+}
+
+/// The plugin host's settings from the loaded config.
+pub fn host_settings(loaded: &Loaded) -> HostSettings {
+    HostSettings {
         plugins_dir: Some(loaded.plugins_dir()),
         cache_dir: Some(loaded.plugin_cache_dir()),
         state_dir: Some(loaded.state_dir()),
         grants: loaded.config.plugins.clone(),
         builtins: builtin_plugins(),
         helper_image: Some(helper_image()),
-    })
-    .await
+        stage_output: StageOutput::LogFiles,
+    }
 }
 
 /// The autoscaled fleets, by runner (URL and id, else short token). A fleet outlives config reloads: its

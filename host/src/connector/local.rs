@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -33,6 +34,7 @@ use crate::connector::process::{run_streaming, LocalCommand, ProcessFailure};
 use crate::connector::reaper;
 use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession, SocketStream};
 use crate::connector::spawn::{spawn_session_leader_with_input, wait_exit};
+use crate::connector::streamed::{self, Stream, Streams};
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;
 
@@ -45,6 +47,20 @@ pub struct LocalSession {
     ended: Mutex<HashMap<String, watch::Receiver<bool>>>,
     /// The `runway` executable whose stage reaper starts the detached commands.
     reaper: String,
+    /// With [`StageOutput::Pipes`]: the read ends of the logs of commands started here.
+    streams: Option<Streams>,
+}
+
+/// Where the output of the detached commands of a [`LocalSession`] goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StageOutput {
+    /// Into their log files, which any later follower reads again from any byte (a runner
+    /// that resumes a job after a crash): `runway run`.
+    #[default]
+    LogFiles,
+    /// Into a pipe at the log's path that this session follows once, to the end
+    /// ([`super::streamed`]): for a process that never resumes a stage, `runway exec`.
+    Pipes,
 }
 
 impl Default for LocalSession {
@@ -69,7 +85,31 @@ impl LocalSession {
             let executable = executable.to_string();
             runtime.spawn(async move { reaper::shared(&executable).await });
         }
-        LocalSession { ended: Mutex::default(), reaper: executable.to_string() }
+        LocalSession { ended: Mutex::default(), reaper: executable.to_string(), streams: None }
+    }
+
+    /// This session with its detached commands' output going where `output` says.
+    pub fn with_output(mut self, output: StageOutput) -> Self {
+        self.streams = (output == StageOutput::Pipes).then(Streams::default);
+        self
+    }
+
+    /// Make the files of a detached command about to start: the log (a pipe with
+    /// [`StageOutput::Pipes`]) and the directories; remove an old exit, pid and stdin file.
+    async fn prepare(&self, log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
+        let (log, exit, input) = (log_path.to_string(), exit_path.to_string(), detached::stdin_path(log_path));
+        blocking(move || prepare_detached(&log, &exit, &input)).await?;
+        match &self.streams {
+            Some(streams) => streams.create(log_path).map_err(|e| io_error("making a pipe at", log_path, e)),
+            None => Ok(()),
+        }
+    }
+
+    /// A detached command of `log_path` could not start: forget its stream.
+    fn not_started(&self, log_path: &str) {
+        if let Some(streams) = &self.streams {
+            streams.take(log_path);
+        }
     }
 
     /// Note the end of `pid`, the leader of the detached command of `exit_path` (this
@@ -103,10 +143,10 @@ impl LocalSession {
         log_path: &str,
         exit_path: &str,
     ) -> Result<(), RemoteError> {
-        let (log, exit, input) = (log_path.to_string(), exit_path.to_string(), detached::stdin_path(log_path));
-        blocking(move || prepare_detached(&log, &exit, &input)).await?;
+        self.prepare(log_path, exit_path).await?;
         let launch = direct::launch(command).unwrap_or_else(|| LocalCommand::shell(command, None));
-        let (pid, end) = reaper.start(&launch, stdin, log_path, exit_path).await.map_err(RemoteError::Other)?;
+        let started = reaper.start(&launch, stdin, log_path, exit_path).await;
+        let (pid, end) = started.inspect_err(|_| self.not_started(log_path)).map_err(RemoteError::Other)?;
         self.note_end(exit_path, end);
         let pid_file = detached::pid_path(exit_path);
         std::fs::write(&pid_file, format!("{pid}\n")).map_err(|e| io_error("writing", &pid_file, e))
@@ -207,7 +247,6 @@ fn remove_all(path: &str) -> Result<(), RemoteError> {
 /// The files of a detached command before it starts: directories, no exit, pid or stdin file
 /// from an earlier run, an empty 0600 log, and the stdin file (0600) when `data` is given.
 fn prepare_detached(log: &str, exit: &str, input: &str) -> Result<(), RemoteError> {
-    use std::os::unix::fs::OpenOptionsExt;
     for path in [log, exit] {
         if let Some(dir) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| io_error("creating the directory of", path, e))?;
@@ -288,7 +327,7 @@ impl<'a> FreeingSink<'a> {
         let released = self.inner.released(self.source) & !4095;
         let Ok(mut log) = self.log.lock() else { return };
         let (file, freed) = &mut *log;
-        if released < *freed + FREE_STEP {
+        if released < *freed + std::env::var("RW_STEP").ok().and_then(|s| s.parse().ok()).unwrap_or(FREE_STEP) {
             return;
         }
         if file.is_none() {
@@ -370,7 +409,8 @@ impl ShellHost for LocalSession {
     /// The files are written here and [`detached::DIRECT_EXIT_WRAPPER`] started in a session of
     /// its own directly ([`spawn_session_leader_with_input`]): one process (`sh`), no launcher
     /// script, no `setsid`. Its standard input is a memory file (the script never touches the
-    /// disk; a 0600 stdin file, removed once the leader has it open, where there is no memfd). The pid file is written here once the leader runs (its pid is its process group),
+    /// disk; a 0600 stdin file, removed once the leader has it open, where there is no memfd).
+    /// The pid file is written here once the leader runs (its pid is its process group),
     /// before this returns, as the other wrapper writes it before its starter returns.
     async fn start(&self, command: &str, stdin: &[u8], log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
         // A standard input too large for one request (tens of MiB) gets an `sh` leader.
@@ -379,17 +419,15 @@ impl ShellHost for LocalSession {
                 return self.start_reaped(&reaper, command, stdin, log_path, exit_path).await;
             }
         }
-        let input = detached::stdin_path(log_path);
-        let (log, exit, file) = (log_path.to_string(), exit_path.to_string(), input.clone());
-        blocking(move || prepare_detached(&log, &exit, &file)).await?;
+        self.prepare(log_path, exit_path).await?;
         let launch = LocalCommand {
             program: "sh".into(),
             args: vec!["-c".into(), detached::DIRECT_EXIT_WRAPPER.into(), command.into(), exit_path.into()],
             ..LocalCommand::default()
         };
-        let started =
-            spawn_session_leader_with_input(&launch, stdin, &input, log_path, "/dev/null").map_err(remote_error);
-        let pid = started?;
+        let input = detached::stdin_path(log_path);
+        let started = spawn_session_leader_with_input(&launch, stdin, &input, log_path, "/dev/null");
+        let pid = started.inspect_err(|_| self.not_started(log_path)).map_err(remote_error)?;
         self.watch_end(exit_path, pid);
         let pid_file = detached::pid_path(exit_path);
         std::fs::write(&pid_file, format!("{pid}\n")).map_err(|e| io_error("writing", &pid_file, e))
@@ -404,7 +442,20 @@ impl ShellHost for LocalSession {
         output: &OutputFn<'_>,
         stop: &StopSignal,
     ) -> Result<i32, RemoteError> {
-        let mut file = std::fs::File::open(log_path).map_err(|e| io_error("following", log_path, e))?;
+        if let Some(stream) = self.streams.as_ref().and_then(|streams| streams.take(log_path)) {
+            return self.follow_stream(stream, log_path, exit_path, from, output, stop).await;
+        }
+        // Non-blocking: a pipe left at a log's path must not hold up the open.
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(log_path)
+            .map_err(|e| io_error("following", log_path, e))?;
+        if streamed::is_stream(&file) {
+            return Err(RemoteError::Other(format!(
+                "{log_path}: the output of a `runway exec` stage, followed once by the process that started it"
+            )));
+        }
         file.seek(SeekFrom::Start(from)).map_err(|e| io_error("following", log_path, e))?;
         let leader = std::fs::read_to_string(detached::pid_path(exit_path)).ok().and_then(|p| p.trim().parse().ok());
         let mut buf = vec![0u8; 64 * 1024];
@@ -434,17 +485,63 @@ impl ShellHost for LocalSession {
             }
             poll = (poll * 3 / 2).min(MAX_POLL);
         }
-        // A leader seen gone may be a zombie whose reaper is writing its exit code right now.
-        let waited = std::time::Instant::now();
+        exit_code(exit_path, stop).await
+    }
+}
+
+impl LocalSession {
+    /// [`ShellHost::follow`] of a command this session started with [`StageOutput::Pipes`]:
+    /// forward what its pipe holds whenever it has some, until the command ended; then what is
+    /// left in the pipe, and its exit code.
+    async fn follow_stream(
+        &self,
+        stream: std::os::fd::OwnedFd,
+        log_path: &str,
+        exit_path: &str,
+        from: u64,
+        output: &OutputFn<'_>,
+        stop: &StopSignal,
+    ) -> Result<i32, RemoteError> {
+        let failed = |e| io_error("following", log_path, e);
+        let mut stream = Stream::new(stream, from).map_err(failed)?;
+        let leader = std::fs::read_to_string(detached::pid_path(exit_path)).ok().and_then(|p| p.trim().parse().ok());
+        let mut end = self.take_end(exit_path);
+        let mut leader_ended = false;
+        let mut poll = Duration::from_millis(1);
         loop {
-            match std::fs::read(exit_path) {
-                Ok(text) if detached::exit_code_written(&text) => return detached::parse_exit_code(exit_path, &text),
-                _ if waited.elapsed() >= EXIT_CODE_GRACE => return Err(detached::no_exit_code(exit_path)),
-                _ => tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
-                    _ = stop.stopped() => return Err(RemoteError::Canceled),
-                },
+            if stop.is_stopped() {
+                return Err(RemoteError::Canceled);
             }
+            // Decided before the drain, so the drain gets every byte the command wrote.
+            let ended = leader_ended || (end.is_none() && (exit_written(exit_path) || leader.is_some_and(gone)));
+            stream.drain(output).map_err(failed)?;
+            if ended {
+                break;
+            }
+            tokio::select! {
+                read = stream.next(output) => read.map_err(failed)?,
+                _ = leader_exit(&mut end) => leader_ended = true,
+                // Without a watch on its end (none here after a failed start), poll for it.
+                _ = tokio::time::sleep(poll), if end.is_none() => poll = (poll * 3 / 2).min(MAX_POLL),
+                _ = stop.stopped() => return Err(RemoteError::Canceled),
+            }
+        }
+        exit_code(exit_path, stop).await
+    }
+}
+
+/// The exit code of a command seen ended. A leader seen gone may be a zombie whose reaper is
+/// writing its exit code right now: waited for up to [`EXIT_CODE_GRACE`].
+async fn exit_code(exit_path: &str, stop: &StopSignal) -> Result<i32, RemoteError> {
+    let waited = std::time::Instant::now();
+    loop {
+        match std::fs::read(exit_path) {
+            Ok(text) if detached::exit_code_written(&text) => return detached::parse_exit_code(exit_path, &text),
+            _ if waited.elapsed() >= EXIT_CODE_GRACE => return Err(detached::no_exit_code(exit_path)),
+            _ => tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                _ = stop.stopped() => return Err(RemoteError::Canceled),
+            },
         }
     }
 }
@@ -480,6 +577,10 @@ impl RemoteSession for LocalSession {
         trace: &dyn TraceSink,
         stop: &StopSignal,
     ) -> Result<ExitStatus, RemoteError> {
+        if self.streams.is_some() {
+            // A pipe holds nothing once read: there is nothing to free.
+            return detached::attach(self, log_path, exit_path, offset, trace, stop).await;
+        }
         let freeing = FreeingSink::new(trace, log_path);
         detached::attach(self, log_path, exit_path, offset, &freeing, stop).await
     }

@@ -34,9 +34,10 @@ pub mod rootfs;
 pub mod spawn;
 pub mod spec;
 pub mod ssh;
+pub mod streamed;
 
 pub use detached::ShellHost;
-pub use local::LocalSession;
+pub use local::{LocalSession, StageOutput};
 pub use probe::ProbeError;
 pub use remote::{ExitStatus, RemoteError, RemoteSession, SocketStream};
 pub use spec::{ConnectorDefaults, InstanceConnectInfo, SpecError};

@@ -16,6 +16,7 @@ use crate::bindings::fleeting::FleetingPluginPre;
 use crate::capability::docker::HelperImageSource;
 use crate::capability::kv::{KvQuota, KvStore};
 use crate::capability::log::LogLimiter;
+use crate::capability::remote::StageOutput;
 use crate::capability::CallContext;
 use crate::config::grant::PluginGrant;
 use crate::plugin::cache::{content_hash, CompileCache};
@@ -133,6 +134,7 @@ pub struct LoadedPlugin {
     pub(crate) kv: Arc<KvStore>,
     pub(crate) log: Arc<LogLimiter>,
     pub(crate) helper_image: Option<HelperImageSource>,
+    pub(crate) stage_output: StageOutput,
 }
 
 impl LoadedPlugin {
@@ -150,6 +152,7 @@ impl LoadedPlugin {
             self.log.clone(),
             call,
             self.helper_image.clone(),
+            self.stage_output,
         )
         .map_err(|e| PluginError {
             plugin: self.meta.name.clone(),
@@ -202,6 +205,9 @@ pub struct HostSettings {
     /// Where the `docker` capability gets Runway's helper image from (`None`: plugins must be
     /// configured with a `helper_image`).
     pub helper_image: Option<HelperImageSource>,
+    /// Where the output of stages on the runner's own machine goes (`runway exec`: pipes it
+    /// follows once; a runner: log files it can resume from).
+    pub stage_output: StageOutput,
 }
 
 /// Whether a file's plugin name must be the one bound to the file.
@@ -369,6 +375,7 @@ impl Registry {
             kv,
             log,
             helper_image: self.settings.load().helper_image.clone(),
+            stage_output: self.settings.load().stage_output,
         });
         self.smoke_test(&plugin).await?;
         Ok(plugin)

@@ -20,7 +20,7 @@ use crate::capability::job::{HasJob, JobView};
 use crate::capability::kv::{KvCtx, KvStore};
 use crate::capability::log::{LogCtx, LogLimiter};
 use crate::capability::process::{HasProcess, ProcessCtx, ProcessView};
-use crate::capability::remote::{HasRemote, RemoteCtx, RemoteView};
+use crate::capability::remote::{HasRemote, RemoteCtx, RemoteView, StageOutput};
 use crate::capability::trace::{HasTrace, TraceView};
 use crate::capability::{CallBudget, CallContext, TypesOnly};
 use crate::config::grant::PluginGrant;
@@ -54,6 +54,7 @@ impl PluginState {
         log: Arc<LogLimiter>,
         call: CallContext,
         helper_image: Option<HelperImageSource>,
+        stage_output: StageOutput,
     ) -> anyhow::Result<Self> {
         let docker = DockerPolicy::parse(&grant.allow_docker)
             .map_err(|e| anyhow::anyhow!("plugin {plugin}: allow_docker: {e}"))?;
@@ -92,7 +93,7 @@ impl PluginState {
             log: LogCtx::new(plugin.clone(), log),
             kv: KvCtx::new(kv),
             process: ProcessCtx::new(plugin, grant.allow_process, max_buffer),
-            remote: RemoteCtx::new(max_buffer, grant.allow_process),
+            remote: RemoteCtx::new(max_buffer, grant.allow_process, stage_output),
             docker: DockerCtx::new(docker, max_buffer, helper_image),
             grant,
             wasi: wasi.build(),
