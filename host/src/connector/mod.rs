@@ -8,7 +8,8 @@
 //! the `runway:host/remote` capability; on the runner's machine their leaders are started in a
 //! session of their own by [`spawn`] (`posix_spawn`, no `setsid` program), from the stage
 //! [`reaper`], a helper process that outlives the runner and writes their exit codes (a plain
-//! `cd DIR && exec PROGRAM` without a shell: [`direct`]). [`spec`] turns what a provider says about an instance
+//! `cd DIR && exec PROGRAM` without a shell: [`direct`]); for `runway exec`, whose stages never
+//! resume, their output goes through a pipe at the log's path instead of a file ([`streamed`]). [`spec`] turns what a provider says about an instance
 //! (plus the configured defaults) into a [`ConnectSpec`]; [`probe`] runs the autoscaler's
 //! `instance_ready_command`, health probes and the `$HOME` lookup. [`docker`] carries the Docker
 //! Engine API for the container executors, locally or through a session's unix socket forwarding;

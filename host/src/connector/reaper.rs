@@ -18,15 +18,16 @@
 //! runner holds: nobody else can ask it to start anything. It survives the runner (it ignores
 //! SIGHUP, SIGINT, SIGQUIT and SIGTERM; SIGKILL stops it, and its commands then lose their
 //! exit codes, as under a killed `sh`): when the runner is gone (end of file on the socket)
-//! it goes on until its last command has ended and its exit code is written, then exits. A runner started again starts a reaper of its own;
-//! the old one's commands are followed through their files as before.
+//! it goes on until its last command has ended and its exit code is written, then exits. A
+//! runner started again starts a reaper of its own; the old one's commands are followed
+//! through their files as before.
 //!
 //! Protocol (both ways, in order): frames of a little-endian `u32` length and a JSON
-//! [`Message`], a request followed by a second length-prefixed frame with the command's
+//! `Message`, a request followed by a second length-prefixed frame with the command's
 //! standard input (the reaper puts it in a memory file: the stage script never touches the
-//! disk). The reaper answers [`Message::Ready`] once, then [`Message::Started`] or
-//! [`Message::Failed`] per request in order, and [`Message::Ended`] when a command ended and
-//! its exit code is written ([`Message::Started`] is always sent before its [`Message::Ended`]).
+//! disk). The reaper answers `Message::Ready` once, then `Message::Started` or
+//! `Message::Failed` per request in order, and `Message::Ended` when a command ended and
+//! its exit code is written (`Message::Started` is always sent before its `Message::Ended`).
 //!
 //! Where the reaper cannot run (the executable is not `runway`, as in the library's unit
 //! tests, or it did not answer), [`shared`] says so once and the local session uses its `sh`
@@ -366,7 +367,7 @@ impl Reaper {
         stdin.len() <= MAX_FRAME
     }
 
-    /// Start `cmd` through the reaper (see [`Message::Start`]; `cmd.stdin` is not used, `stdin`
+    /// Start `cmd` through the reaper (see `Message::Start`; `cmd.stdin` is not used, `stdin`
     /// is).
     pub async fn start(&self, cmd: &LocalCommand, stdin: &[u8], log: &str, exit: &str) -> Result<Started, String> {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
