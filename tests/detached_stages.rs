@@ -243,6 +243,73 @@ async fn with_pipes_a_stage_streams_past_the_pipe_size_to_its_one_follower_and_c
     }
 }
 
+/// One frame of the stage reaper's protocol (`connector::reaper`): a little-endian `u32`
+/// length, then the bytes.
+fn frame(bytes: &[u8]) -> Vec<u8> {
+    let mut out = u32::try_from(bytes.len()).expect("small").to_le_bytes().to_vec();
+    out.extend_from_slice(bytes);
+    out
+}
+
+#[test]
+fn the_stage_reaper_writes_exit_codes_while_its_runner_reads_none_of_its_messages() {
+    use std::io::Write;
+    use std::os::fd::{AsRawFd, OwnedFd};
+    // A runner that stopped reading (SIGSTOP): the reaper's end of the socket gets the
+    // smallest send buffer, so its unread `Started`/`Ended` messages fill it after a few
+    // dozen commands.
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    let size: libc::c_int = 4096;
+    // SAFETY: setsockopt reads `size` for its length; `theirs` is an open socket.
+    let set = unsafe {
+        libc::setsockopt(
+            theirs.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            std::ptr::addr_of!(size).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0, "SO_SNDBUF");
+    let mut reaper = std::process::Command::new(env!("CARGO_BIN_EXE_runway"))
+        .arg("__stage-reaper")
+        .stdin(std::process::Stdio::from(OwnedFd::from(theirs)))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the reaper");
+    let dir = tempfile::tempdir().expect("tempdir");
+    const COMMANDS: usize = 300;
+    let exits: Vec<std::path::PathBuf> = (0..COMMANDS).map(|i| dir.path().join(format!("{i}.exit"))).collect();
+    for (i, exit) in exits.iter().enumerate() {
+        let log = dir.path().join(format!("{i}.log"));
+        std::fs::write(&log, "").expect("log");
+        let start = serde_json::json!({"Start": {
+            "id": i, "program": "sh", "args": ["-c", format!("exit {}", i % 7)], "env": [], "cwd": null,
+            "log": log.display().to_string(), "exit": exit.display().to_string(),
+        }});
+        let request = [frame(start.to_string().as_bytes()), frame(b"")].concat();
+        ours.write_all(&request).expect("send a request");
+    }
+    let deadline = Instant::now() + WAIT;
+    let written = |exit: &std::path::PathBuf| std::fs::read_to_string(exit).is_ok_and(|t| t.ends_with('\n'));
+    while !exits.iter().all(written) {
+        let done = exits.iter().filter(|e| written(e)).count();
+        assert!(Instant::now() < deadline, "{done} of {COMMANDS} exit codes written while the runner read nothing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (i, exit) in exits.iter().enumerate() {
+        assert_eq!(std::fs::read_to_string(exit).expect("exit"), format!("{}\n", i % 7));
+    }
+    // The runner goes away: the reaper, with nothing left running, ends too.
+    drop(ours);
+    let deadline = Instant::now() + WAIT;
+    while reaper.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "the reaper outlived its runner with no command left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 async fn shell_host(root: &Path) -> PluginHost {
     PluginHost::new(HostSettings {
         plugins_dir: Some(root.to_path_buf()),

@@ -28,6 +28,9 @@
 //! disk). The reaper answers `Message::Ready` once, then `Message::Started` or
 //! `Message::Failed` per request in order, and `Message::Ended` when a command ended and
 //! its exit code is written (`Message::Started` is always sent before its `Message::Ended`).
+//! The reaper queues what it sends and writes it from a thread of its own: a runner that
+//! stops reading (stopped with SIGSTOP, its socket buffer full) holds up neither a start nor
+//! an exit code.
 //!
 //! Where the reaper cannot run (the executable is not `runway`, as in the library's unit
 //! tests, or it did not answer), [`shared`] says so once and the local session uses its `sh`
@@ -150,19 +153,24 @@ pub fn serve() -> std::process::ExitCode {
     // owns it from here on and nothing else uses descriptor 0.
     let socket = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(0) };
     let socket = std::os::unix::net::UnixStream::from(socket);
-    let Ok(writer) = socket.try_clone() else { return std::process::ExitCode::FAILURE };
-    let writer = Arc::new(Mutex::new(writer));
-    let children = Arc::new((Mutex::new(Children::default()), Condvar::new()));
-    let send = |writer: &Mutex<std::os::unix::net::UnixStream>, message: &Message| {
-        if let Ok(mut w) = writer.lock() {
+    let Ok(mut writer) = socket.try_clone() else { return std::process::ExitCode::FAILURE };
+    // Messages go out from a thread of their own, in order: a runner that does not read (one
+    // stopped with SIGSTOP, its socket buffer full) never holds up starts or exit codes.
+    let (outbox, queued) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        for frame in queued {
             // The runner may be gone: its commands still get their exit codes.
-            let _ = w.write_all(&encode(message, None));
+            let _ = writer.write_all(&frame);
         }
+    });
+    let send = |outbox: &std::sync::mpsc::Sender<Vec<u8>>, message: &Message| {
+        let _ = outbox.send(encode(message, None));
     };
-    send(&writer, &Message::Ready);
+    let children = Arc::new((Mutex::new(Children::default()), Condvar::new()));
+    send(&outbox, &Message::Ready);
     let waiter = {
-        let (children, writer) = (Arc::clone(&children), Arc::clone(&writer));
-        std::thread::spawn(move || reap_children(&children, &|m| send(&writer, m)))
+        let (children, outbox) = (Arc::clone(&children), outbox.clone());
+        std::thread::spawn(move || reap_children(&children, &|m| send(&outbox, m)))
     };
     let mut reader = std::io::BufReader::new(socket);
     loop {
@@ -177,9 +185,9 @@ pub fn serve() -> std::process::ExitCode {
         match start(&cmd, &stdin, &log) {
             Ok(pid) => {
                 state.exits.insert(pid, exit);
-                send(&writer, &Message::Started { id, pid });
+                send(&outbox, &Message::Started { id, pid });
             }
-            Err(message) => send(&writer, &Message::Failed { id, message }),
+            Err(message) => send(&outbox, &Message::Failed { id, message }),
         }
         drop(state);
         wake.notify_all();
