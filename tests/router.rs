@@ -172,18 +172,24 @@ impl World {
         self.router_in("router", long_poll, extra, "name = \"file\"")
     }
 
-    /// A router in directory `name` with `store` lines in `[router.store]`.
+    /// A router in directory `name` with `store` lines in `[router.store]`; `extra` may set
+    /// its own `accept_timeout` (else [`ACCEPT_TIMEOUT_S`]).
     fn router_in(&self, name: &str, long_poll: &str, extra: &str, store: &str) -> RouterProcess {
         let dir = self.root.path().join(name);
         std::fs::create_dir_all(&dir).expect("router dir");
         let (api_port, metrics_port) = (free_port(), free_port());
+        let accept_timeout = if extra.contains("accept_timeout") {
+            String::new()
+        } else {
+            format!("accept_timeout = \"{ACCEPT_TIMEOUT_S}s\"")
+        };
         let config = format!(
             r#"listen_address = "127.0.0.1:{metrics_port}"
 log_level = "info"
 [router]
   listen = "127.0.0.1:{api_port}"
   long_poll_timeout = "{long_poll}"
-  accept_timeout = "{ACCEPT_TIMEOUT_S}s"
+  {accept_timeout}
   lease_timeout = "{LEASE_TIMEOUT_S}s"
   keepalive_interval = "2s"
 {extra}
@@ -460,7 +466,12 @@ async fn jobs_reach_both_runners_with_tags_artifacts_and_403_for_strangers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_runner_that_cannot_prepare_declines_and_the_job_runs_elsewhere() {
     let w = world().await;
-    let mut router = w.router("");
+    // Failing to prepare takes the runner its attempts' retry intervals (≈ 6 s, with no pending
+    // keep-alive in between: those come every 10 s); the router must wait longer than that, or
+    // its accept timeout, not the decline, gives the job back.
+    let preparing = runway::executor::PREPARATION_RETRY_INTERVAL * (runway::executor::PREPARATION_ATTEMPTS - 1);
+    let accept_timeout = preparing.as_secs() + 15;
+    let mut router = w.router(&format!("  accept_timeout = \"{accept_timeout}s\""));
     router.start();
     router.ready().await;
     // Runway's runner is an SSH executor whose host refuses connections: preparation fails.

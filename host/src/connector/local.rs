@@ -247,7 +247,7 @@ fn remove_all(path: &str) -> Result<(), RemoteError> {
 }
 
 /// The files of a detached command before it starts: directories, no exit, pid or stdin file
-/// from an earlier run, an empty 0600 log, and the stdin file (0600) when `data` is given.
+/// from an earlier run, and an empty 0600 log.
 fn prepare_detached(log: &str, exit: &str, input: &str) -> Result<(), RemoteError> {
     for path in [log, exit] {
         if let Some(dir) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -329,7 +329,7 @@ impl<'a> FreeingSink<'a> {
         let released = self.inner.released(self.source) & !4095;
         let Ok(mut log) = self.log.lock() else { return };
         let (file, freed) = &mut *log;
-        if released < *freed + std::env::var("RW_STEP").ok().and_then(|s| s.parse().ok()).unwrap_or(FREE_STEP) {
+        if released < *freed + FREE_STEP {
             return;
         }
         if file.is_none() {
@@ -523,7 +523,7 @@ impl LocalSession {
             tokio::select! {
                 read = stream.next(output) => read.map_err(failed)?,
                 _ = leader_exit(&mut end) => leader_ended = true,
-                // Without a watch on its end (none here after a failed start), poll for it.
+                // Without a watch on its end (this session started it, so there is one), poll.
                 _ = tokio::time::sleep(poll), if end.is_none() => poll = (poll * 3 / 2).min(MAX_POLL),
                 _ = stop.stopped() => return Err(RemoteError::Canceled),
             }
