@@ -444,23 +444,12 @@ impl ShellHost for LocalSession {
         output: &OutputFn<'_>,
         stop: &StopSignal,
     ) -> Result<i32, RemoteError> {
-        if let Some(stream) = self.streams.as_ref().and_then(|streams| streams.take(log_path)) {
-            return self.follow_stream(stream, log_path, exit_path, from, output, stop).await;
-        }
-        // Non-blocking: a pipe left at a log's path must not hold up the open.
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(log_path)
-            .map_err(|e| io_error("following", log_path, e))?;
-        if streamed::is_stream(&file) {
-            return Err(RemoteError::Other(format!(
-                "{log_path}: the output of a `runway exec` stage, followed once by the process that started it"
-            )));
-        }
-        file.seek(SeekFrom::Start(from)).map_err(|e| io_error("following", log_path, e))?;
+        let failed = |e| io_error("following", log_path, e);
+        let mut log = match self.streams.as_ref().and_then(|streams| streams.take(log_path)) {
+            Some(pipe) => Followed::Pipe(Stream::new(pipe, from).map_err(failed)?),
+            None => Followed::File(open_log(log_path, from)?, vec![0u8; 64 * 1024]),
+        };
         let leader = std::fs::read_to_string(detached::pid_path(exit_path)).ok().and_then(|p| p.trim().parse().ok());
-        let mut buf = vec![0u8; 64 * 1024];
         let mut poll = Duration::from_millis(1);
         let mut end = self.take_end(exit_path);
         // The end of a command this session started is what its watcher says (a reaped
@@ -473,7 +462,7 @@ impl ShellHost for LocalSession {
             }
             // Whether it ended is decided before the read, so the read gets every last byte.
             let ended = exit_written(exit_path) || leader_ended || (end.is_none() && leader.is_some_and(gone));
-            if !forward_new(&mut file, &mut buf, output).map_err(|e| io_error("following", log_path, e))? {
+            if !log.forward(output).map_err(failed)? {
                 tokio::task::yield_now().await;
                 continue;
             }
@@ -481,7 +470,7 @@ impl ShellHost for LocalSession {
                 break;
             }
             tokio::select! {
-                _ = tokio::time::sleep(poll) => {}
+                more = log.more(poll, output) => more.map_err(failed)?,
                 _ = leader_exit(&mut end) => leader_ended = true,
                 _ = stop.stopped() => return Err(RemoteError::Canceled),
             }
@@ -491,45 +480,55 @@ impl ShellHost for LocalSession {
     }
 }
 
-impl LocalSession {
-    /// [`ShellHost::follow`] of a command this session started with [`StageOutput::Pipes`]:
-    /// forward what its pipe holds whenever it has some, until the command ended; then what is
-    /// left in the pipe, and its exit code.
-    async fn follow_stream(
-        &self,
-        stream: std::os::fd::OwnedFd,
-        log_path: &str,
-        exit_path: &str,
-        from: u64,
-        output: &OutputFn<'_>,
-        stop: &StopSignal,
-    ) -> Result<i32, RemoteError> {
-        let failed = |e| io_error("following", log_path, e);
-        let mut stream = Stream::new(stream, from).map_err(failed)?;
-        let leader = std::fs::read_to_string(detached::pid_path(exit_path)).ok().and_then(|p| p.trim().parse().ok());
-        let mut end = self.take_end(exit_path);
-        let mut leader_ended = false;
-        let mut poll = Duration::from_millis(1);
+/// The log of a detached command as its follower reads it.
+enum Followed {
+    /// A log file, read from its position (with the read buffer).
+    File(std::fs::File, Vec<u8>),
+    /// The pipe of a command this session started with [`StageOutput::Pipes`].
+    Pipe(Stream),
+}
+
+impl Followed {
+    /// Forward what the log holds now; `false` when a long file was cut short to let other
+    /// tasks run ([`FOLLOW_SLICE`]) and there is more right away.
+    fn forward(&mut self, output: &OutputFn<'_>) -> std::io::Result<bool> {
+        match self {
+            Followed::File(file, buf) => forward_new(file, buf, output),
+            Followed::Pipe(stream) => stream.drain(output).map(|()| true),
+        }
+    }
+
+    /// Let `poll` pass before the follower looks again; a pipe's data is forwarded meanwhile,
+    /// as it comes (a writer must not wait for a poll while the pipe is full).
+    async fn more(&mut self, poll: Duration, output: &OutputFn<'_>) -> std::io::Result<()> {
+        let looked = tokio::time::sleep(poll);
+        let Followed::Pipe(stream) = self else {
+            looked.await;
+            return Ok(());
+        };
+        tokio::pin!(looked);
         loop {
-            if stop.is_stopped() {
-                return Err(RemoteError::Canceled);
-            }
-            // Decided before the drain, so the drain gets every byte the command wrote.
-            let ended = leader_ended || (end.is_none() && (exit_written(exit_path) || leader.is_some_and(gone)));
-            stream.drain(output).map_err(failed)?;
-            if ended {
-                break;
-            }
             tokio::select! {
-                read = stream.next(output) => read.map_err(failed)?,
-                _ = leader_exit(&mut end) => leader_ended = true,
-                // Without a watch on its end (this session started it, so there is one), poll.
-                _ = tokio::time::sleep(poll), if end.is_none() => poll = (poll * 3 / 2).min(MAX_POLL),
-                _ = stop.stopped() => return Err(RemoteError::Canceled),
+                read = stream.next(output) => read?,
+                _ = &mut looked => return Ok(()),
             }
         }
-        exit_code(exit_path, stop).await
     }
+}
+
+/// The log file at `log_path`, positioned at byte `from`; an error for a pipe a `runway exec`
+/// left there (it cannot be followed again), without waiting on it.
+fn open_log(log_path: &str, from: u64) -> Result<std::fs::File, RemoteError> {
+    let failed = |e| io_error("following", log_path, e);
+    let mut file =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(log_path).map_err(failed)?;
+    if streamed::is_stream(&file) {
+        return Err(RemoteError::Other(format!(
+            "{log_path}: the output of a `runway exec` stage, followed once by the process that started it"
+        )));
+    }
+    file.seek(SeekFrom::Start(from)).map_err(failed)?;
+    Ok(file)
 }
 
 /// The exit code of a command seen ended. A leader seen gone may be a zombie whose reaper is

@@ -13,8 +13,9 @@
 //! hangup of the runner's terminal and job control reach it, and a program of the stage that
 //! opens `/dev/tty` gets the runner's terminal.
 //!
-//! Owns: [`spawn_session_leader`], [`spawn_session_leader_with_input`], [`memory_file`], [`wait_exit`]. Must not touch: what the leader runs (the
-//! detached protocol is [`super::detached`]'s), WIT types.
+//! Owns: [`spawn_session_leader`], [`spawn_session_leader_with_input`], [`memory_file`],
+//! [`wait_exit`]. Must not touch: what the leader runs (the detached protocol is
+//! [`super::detached`]'s), WIT types.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};

@@ -364,6 +364,7 @@ impl Registry {
         };
         let kv = self.kv_store(&meta.name, &grant);
         let log = Arc::new(LogLimiter::new(grant.log_lines_per_second));
+        let settings = self.settings.load();
         let plugin = Arc::new(LoadedPlugin {
             meta,
             source,
@@ -374,8 +375,8 @@ impl Registry {
             pre,
             kv,
             log,
-            helper_image: self.settings.load().helper_image.clone(),
-            stage_output: self.settings.load().stage_output,
+            helper_image: settings.helper_image.clone(),
+            stage_output: settings.stage_output,
         });
         self.smoke_test(&plugin).await?;
         Ok(plugin)
