@@ -28,7 +28,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-pub use pattern::Pattern;
+pub use pattern::{BadPattern, Pattern};
 pub use select::{select, Selected, Selection};
 pub use zip_extract::extract_zip;
 
@@ -122,19 +122,22 @@ impl Level {
     }
 }
 
-impl FromStr for Level {
-    type Err = String;
+/// A compression level name that is none of gitlab-runner's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("compression level {0:?} is invalid (expected fastest, fast, default, slow or slowest)")]
+pub struct UnknownLevel(pub String);
 
-    fn from_str(s: &str) -> Result<Level, String> {
+impl FromStr for Level {
+    type Err = UnknownLevel;
+
+    fn from_str(s: &str) -> Result<Level, UnknownLevel> {
         match s {
             "fastest" => Ok(Level::Fastest),
             "fast" => Ok(Level::Fast),
             "default" | "" => Ok(Level::Default),
             "slow" => Ok(Level::Slow),
             "slowest" => Ok(Level::Slowest),
-            other => Err(format!(
-                "compression level {other:?} is invalid (expected fastest, fast, default, slow or slowest)"
-            )),
+            other => Err(UnknownLevel(other.to_string())),
         }
     }
 }

@@ -21,13 +21,18 @@ pub struct Pattern {
 /// The characters that make a path a pattern (doublestar's `SplitPattern` looks for these).
 pub(crate) const META: &[char] = &['*', '?', '[', '{', '\\'];
 
+/// A pattern that does not compile (doublestar's `ErrBadPattern`): what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadPattern(pub String);
+
 impl Pattern {
     /// Compiles `pattern`; the error says what is wrong with it (doublestar's `ErrBadPattern`).
-    pub fn new(pattern: &str) -> Result<Pattern, String> {
+    pub fn new(pattern: &str) -> Result<Pattern, BadPattern> {
         let mut out = String::from("(?s)^");
         translate(pattern, &mut out)?;
         out.push('$');
-        let regex = Regex::new(&out).map_err(|e| format!("syntax error in pattern {pattern:?}: {e}"))?;
+        let regex = Regex::new(&out).map_err(|e| BadPattern(format!("syntax error in pattern {pattern:?}: {e}")))?;
         let max_depth = if pattern.split('/').any(|c| c == "**") { None } else { Some(pattern.split('/').count()) };
         Ok(Pattern { regex, max_depth })
     }
@@ -54,12 +59,12 @@ pub fn split_pattern(pattern: &str) -> (&str, &str) {
     }
 }
 
-fn translate(pattern: &str, out: &mut String) -> Result<(), String> {
+fn translate(pattern: &str, out: &mut String) -> Result<(), BadPattern> {
     let chars: Vec<char> = pattern.chars().collect();
     translate_chars(&chars, pattern, out)
 }
 
-fn translate_chars(chars: &[char], whole: &str, out: &mut String) -> Result<(), String> {
+fn translate_chars(chars: &[char], whole: &str, out: &mut String) -> Result<(), BadPattern> {
     let mut i = 0;
     let n = chars.len();
     while i < n {
@@ -110,7 +115,9 @@ fn translate_chars(chars: &[char], whole: &str, out: &mut String) -> Result<(), 
                     j += 1;
                 }
                 if j >= n || chars[j] == ']' {
-                    return Err(format!("syntax error in pattern {whole:?}: empty or unterminated character class"));
+                    return Err(BadPattern(format!(
+                        "syntax error in pattern {whole:?}: empty or unterminated character class"
+                    )));
                 }
                 let mut closed = false;
                 while j < n {
@@ -135,7 +142,7 @@ fn translate_chars(chars: &[char], whole: &str, out: &mut String) -> Result<(), 
                     }
                 }
                 if !closed {
-                    return Err(format!("syntax error in pattern {whole:?}: unterminated character class"));
+                    return Err(BadPattern(format!("syntax error in pattern {whole:?}: unterminated character class")));
                 }
                 class.push(']');
                 out.push_str(&class);
@@ -143,7 +150,7 @@ fn translate_chars(chars: &[char], whole: &str, out: &mut String) -> Result<(), 
             }
             '{' => {
                 let close = matching_brace(chars, i + 1)
-                    .ok_or_else(|| format!("syntax error in pattern {whole:?}: unterminated '{{'"))?;
+                    .ok_or_else(|| BadPattern(format!("syntax error in pattern {whole:?}: unterminated '{{'")))?;
                 out.push_str("(?:");
                 for (k, alt) in split_alternatives(&chars[i + 1..close]).into_iter().enumerate() {
                     if k > 0 {
@@ -156,7 +163,7 @@ fn translate_chars(chars: &[char], whole: &str, out: &mut String) -> Result<(), 
             }
             '\\' => {
                 if i + 1 >= n {
-                    return Err(format!("syntax error in pattern {whole:?}: trailing '\\'"));
+                    return Err(BadPattern(format!("syntax error in pattern {whole:?}: trailing '\\'")));
                 }
                 push_literal(out, chars[i + 1]);
                 i += 2;

@@ -18,7 +18,7 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::pattern::{split_pattern, Pattern, META};
+use super::pattern::{split_pattern, BadPattern, Pattern, META};
 
 /// What to put into an archive, as the helper's `--path`, `--exclude` and `--untracked` flags.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,16 +82,30 @@ struct Selector {
     /// Per exclude rule (as written), how many walked paths it excluded.
     excluded: BTreeMap<String, u64>,
     /// The compiled exclude rules; `Err` holds the warning for a rule outside the project.
-    exclude: Vec<(String, Result<Pattern, String>)>,
+    exclude: Vec<(String, Result<Pattern, ExcludeError>)>,
     out: Selected,
+}
+
+/// A path or pattern that names something outside the project directory.
+#[derive(Debug, thiserror::Error)]
+#[error("artifact path is not a subpath of project directory: {0}")]
+struct OutsideProject(String);
+
+/// An exclude rule that excludes nothing, with gitlab-runner's warning (`isExcluded: …`).
+#[derive(Debug, thiserror::Error)]
+enum ExcludeError {
+    #[error("isExcluded: {0}")]
+    Pattern(BadPattern),
+    #[error("isExcluded: {0}")]
+    Outside(OutsideProject),
 }
 
 impl Selector {
     fn compile_excludes(&mut self, rules: &[String]) {
         for rule in rules {
             let compiled = match self.relative_in_project(rule) {
-                Ok(rel) => Pattern::new(&rel).map_err(|e| format!("isExcluded: {e}")),
-                Err(e) => Err(format!("isExcluded: {e}")),
+                Ok(rel) => Pattern::new(&rel).map_err(ExcludeError::Pattern),
+                Err(e) => Err(ExcludeError::Outside(e)),
             };
             self.exclude.push((rule.clone(), compiled));
         }
@@ -99,7 +113,7 @@ impl Selector {
 
     /// gitlab-runner's `findRelativePathInProject`: the path (or the pattern's literal prefix)
     /// made relative to the project directory, the pattern part appended.
-    fn relative_in_project(&self, path: &str) -> Result<String, String> {
+    fn relative_in_project(&self, path: &str) -> Result<String, OutsideProject> {
         if normalize(Path::new(path)) == self.wd && Path::new(path).is_absolute() {
             return Ok(".".into());
         }
@@ -107,7 +121,7 @@ impl Selector {
         let abs = normalize(&self.wd.join(base));
         let rel = match abs.strip_prefix(&self.wd) {
             Ok(rel) => rel.to_path_buf(),
-            Err(_) => return Err(format!("artifact path is not a subpath of project directory: {path}")),
+            Err(_) => return Err(OutsideProject(path.to_string())),
         };
         let rel = rel.to_string_lossy().into_owned();
         let joined = match (rel.is_empty(), patt.is_empty()) {
@@ -154,7 +168,7 @@ impl Selector {
 
     /// The existing paths (relative, slash-separated) that `rel` names: itself when literal,
     /// the matches of the pattern otherwise (doublestar's `FilepathGlob` with `WithNoFollow`).
-    fn glob(&self, rel: &str) -> Result<Vec<String>, String> {
+    fn glob(&self, rel: &str) -> Result<Vec<String>, BadPattern> {
         if !rel.contains(META) {
             return Ok(match std::fs::symlink_metadata(self.wd.join(rel)) {
                 Ok(_) => vec![rel.to_string()],
@@ -251,10 +265,11 @@ impl Selector {
                         return false;
                     }
                 }
-                Err(warning) => {
+                Err(e) => {
                     // gitlab-runner stops checking the remaining rules at a bad one.
-                    if !self.out.warnings.contains(warning) {
-                        self.out.warnings.push(warning.clone());
+                    let warning = e.to_string();
+                    if !self.out.warnings.contains(&warning) {
+                        self.out.warnings.push(warning);
                     }
                     break;
                 }

@@ -74,7 +74,7 @@ pub fn extract_zip(archive: &Path, dest: &Path) -> Result<Extracted, ArchiveErro
         let name = String::from_utf8_lossy(entry.name_raw()).into_owned();
         let unsafe_entry =
             |reason: String| ArchiveError::UnsafeEntry { archive: archive.to_path_buf(), entry: name.clone(), reason };
-        let rel = safe_relative(&name).map_err(unsafe_entry)?;
+        let rel = safe_relative(&name).map_err(|e| unsafe_entry(e.to_string()))?;
         if rel.as_os_str().is_empty() {
             continue;
         }
@@ -192,20 +192,31 @@ pub fn extract_zip(archive: &Path, dest: &Path) -> Result<Extracted, ArchiveErro
     Ok(out)
 }
 
+/// Why an entry's name is not extracted.
+#[derive(Debug, thiserror::Error)]
+enum UnsafeName {
+    #[error("the name contains a NUL byte")]
+    Nul,
+    #[error("absolute names are not extracted (the entry would land outside the destination)")]
+    Absolute,
+    #[error("'..' in the name (the entry would land outside the destination)")]
+    Parent,
+}
+
 /// The entry's name as a relative path of normal components; refuses absolute names, `..`,
 /// NUL. An empty result (`./`) is no entry.
-fn safe_relative(name: &str) -> Result<PathBuf, String> {
+fn safe_relative(name: &str) -> Result<PathBuf, UnsafeName> {
     if name.contains('\0') {
-        return Err("the name contains a NUL byte".into());
+        return Err(UnsafeName::Nul);
     }
     if name.starts_with('/') {
-        return Err("absolute names are not extracted (the entry would land outside the destination)".into());
+        return Err(UnsafeName::Absolute);
     }
     let mut rel = PathBuf::new();
     for c in name.split('/') {
         match c {
             "" | "." => {}
-            ".." => return Err("'..' in the name (the entry would land outside the destination)".into()),
+            ".." => return Err(UnsafeName::Parent),
             normal => rel.push(normal),
         }
     }

@@ -46,27 +46,37 @@ pub struct CronPeriod {
 const MONTHS: [&str; 12] = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
 const WEEKDAYS: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
 
-fn parse_value(text: &str, names: &[&str], name_base: u32) -> Result<u32, String> {
+/// One field of a cron period that does not parse (the period's error names the expression).
+#[derive(Debug)]
+struct FieldError(String);
+
+fn parse_value(text: &str, names: &[&str], name_base: u32) -> Result<u32, FieldError> {
     if let Ok(n) = text.parse::<u32>() {
         return Ok(n);
     }
     let lower = text.to_ascii_lowercase();
-    names
-        .iter()
-        .position(|n| *n == lower)
-        .map(|i| i as u32 + name_base)
-        .ok_or_else(|| format!("{text:?} is not a number{}", if names.is_empty() { "" } else { " or a name" }))
+    names.iter().position(|n| *n == lower).map(|i| i as u32 + name_base).ok_or_else(|| {
+        FieldError(format!("{text:?} is not a number{}", if names.is_empty() { "" } else { " or a name" }))
+    })
 }
 
-fn parse_field(text: &str, min: u32, max: u32, names: &[&str], name_base: u32, what: &str) -> Result<FieldSet, String> {
+fn parse_field(
+    text: &str,
+    min: u32,
+    max: u32,
+    names: &[&str],
+    name_base: u32,
+    what: &str,
+) -> Result<FieldSet, FieldError> {
     let mut allowed = vec![false; (max - min + 1) as usize];
     let mut restricted = true;
     for part in text.split(',') {
         let (range, step) = match part.split_once('/') {
             Some((range, step)) => {
-                let step: u32 = step.parse().map_err(|_| format!("{what}: step {step:?} is not a number"))?;
+                let step: u32 =
+                    step.parse().map_err(|_| FieldError(format!("{what}: step {step:?} is not a number")))?;
                 if step == 0 {
-                    return Err(format!("{what}: step must be at least 1"));
+                    return Err(FieldError(format!("{what}: step must be at least 1")));
                 }
                 (range, step)
             }
@@ -85,7 +95,7 @@ fn parse_field(text: &str, min: u32, max: u32, names: &[&str], name_base: u32, w
             (start, if part.contains('/') { max } else { start })
         };
         if lo < min || hi > max || lo > hi {
-            return Err(format!("{what}: {range:?} is outside {min}-{max}"));
+            return Err(FieldError(format!("{what}: {range:?} is outside {min}-{max}")));
         }
         let mut v = lo;
         while v <= hi {
@@ -111,36 +121,36 @@ pub enum CronError {
 impl CronPeriod {
     /// Parse an expression of the given dialect. Errors say which field is wrong.
     pub fn parse(expr: &str, dialect: CronDialect) -> Result<CronPeriod, CronError> {
-        Self::parse_text(expr, dialect).map_err(CronError::Period)
-    }
-
-    fn parse_text(expr: &str, dialect: CronDialect) -> Result<CronPeriod, String> {
         let fields: Vec<&str> = expr.split_whitespace().collect();
         let (second, rest, year) = match dialect {
             CronDialect::Unix => {
                 if fields.len() != 5 {
-                    return Err(format!(
+                    return Err(CronError::Period(format!(
                         "cron period {expr:?} must have 5 fields (min hour dom mon dow), found {}",
                         fields.len()
-                    ));
+                    )));
                 }
                 (None, &fields[..], None)
             }
             CronDialect::WithSeconds => {
                 if fields.len() != 6 && fields.len() != 7 {
-                    return Err(format!(
+                    return Err(CronError::Period(format!(
                         "cron period {expr:?} must have 6 or 7 fields (sec min hour dom mon dow [year]), found {}",
                         fields.len()
-                    ));
+                    )));
                 }
                 let year = match fields.get(6) {
-                    Some(y) => Some(parse_field(y, 1970, 2199, &[], 0, "year")?),
+                    Some(y) => Some(parse_field(y, 1970, 2199, &[], 0, "year").map_err(|e| CronError::Period(e.0))?),
                     None => None,
                 };
-                (Some(parse_field(fields[0], 0, 59, &[], 0, "second")?), &fields[1..6], year)
+                (
+                    Some(parse_field(fields[0], 0, 59, &[], 0, "second").map_err(|e| CronError::Period(e.0))?),
+                    &fields[1..6],
+                    year,
+                )
             }
         };
-        let wrap = |e: String| format!("cron period {expr:?}: {e}");
+        let wrap = |e: FieldError| CronError::Period(format!("cron period {expr:?}: {}", e.0));
         let mut day_of_week = parse_field(rest[4], 0, 7, &WEEKDAYS, 0, "day of week").map_err(wrap)?;
         if day_of_week.allowed[7] {
             day_of_week.allowed[0] = true;

@@ -77,30 +77,35 @@ impl Default for PredictiveSettings {
     }
 }
 
+/// A `[runners.autoscaler.predictive]` value out of range; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PredictiveError(pub String);
+
 impl PredictiveSettings {
     /// Check ranges; the message names the key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PredictiveError> {
         if self.history_days == 0 {
-            return Err("predictive.history_days must be at least 1".into());
+            return Err(PredictiveError("predictive.history_days must be at least 1".into()));
         }
         for (key, q) in
             [("headroom_quantile", self.headroom_quantile), ("keep_alive_quantile", self.keep_alive_quantile)]
         {
             if !(q > 0.0 && q <= 1.0) {
-                return Err(format!("predictive.{key} must be in (0, 1]"));
+                return Err(PredictiveError(format!("predictive.{key} must be in (0, 1]")));
             }
         }
         if self.recent_window.is_zero() {
-            return Err("predictive.recent_window must be positive".into());
+            return Err(PredictiveError("predictive.recent_window must be positive".into()));
         }
         if self.min_idle_time > self.max_idle_time {
-            return Err("predictive.min_idle_time must not exceed predictive.max_idle_time".into());
+            return Err(PredictiveError("predictive.min_idle_time must not exceed predictive.max_idle_time".into()));
         }
         let slot = self.slot_length;
         if slot.subsec_nanos() != 0 || !(10..=3600).contains(&slot.as_secs()) || 86_400 % slot.as_secs() != 0 {
-            return Err(format!(
+            return Err(PredictiveError(format!(
                 "predictive.slot_length must be whole seconds from 10s to 1h that divide a day, got {slot:?}"
-            ));
+            )));
         }
         Ok(())
     }

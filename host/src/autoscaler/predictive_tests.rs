@@ -108,9 +108,9 @@ fn learned_state_survives_a_round_trip() {
 #[test]
 fn invalid_settings_name_the_key() {
     let s = PredictiveSettings { headroom_quantile: 1.5, ..Default::default() };
-    assert!(s.validate().expect_err("range").contains("headroom_quantile"));
+    assert!(s.validate().expect_err("range").0.contains("headroom_quantile"));
     let s = PredictiveSettings { min_idle_time: Duration::from_secs(3600), ..Default::default() };
-    assert!(s.validate().expect_err("order").contains("min_idle_time"));
+    assert!(s.validate().expect_err("order").0.contains("min_idle_time"));
 }
 
 #[test]
@@ -131,7 +131,7 @@ fn slot_length_must_divide_a_day() {
         [Duration::from_secs(7), Duration::from_millis(20_500), Duration::from_secs(7 * 60), Duration::from_secs(7200)]
     {
         let s = PredictiveSettings { slot_length: bad, ..Default::default() };
-        assert!(s.validate().expect_err("slot").contains("slot_length"), "{bad:?}");
+        assert!(s.validate().expect_err("slot").0.contains("slot_length"), "{bad:?}");
     }
     let s = PredictiveSettings { slot_length: Duration::from_secs(20), ..Default::default() };
     assert_eq!(s.validate(), Ok(()));

@@ -180,18 +180,14 @@ impl AutoscalerSettings {
 
     /// Validate and pre-parse. Errors name the offending key.
     pub fn compile(&self) -> Result<CompiledSettings, SettingsError> {
-        self.compile_checked().map_err(SettingsError)
-    }
-
-    fn compile_checked(&self) -> Result<CompiledSettings, String> {
         if self.legacy.is_none() && self.capacity_per_instance == 0 {
-            return Err("capacity_per_instance must be at least 1".into());
+            return Err(SettingsError("capacity_per_instance must be at least 1".into()));
         }
         if self.update_interval.is_zero() || self.update_interval_when_expecting.is_zero() {
-            return Err("update_interval and update_interval_when_expecting must be positive".into());
+            return Err(SettingsError("update_interval and update_interval_when_expecting must be positive".into()));
         }
         if let Some(p) = &self.predictive {
-            p.validate()?;
+            p.validate().map_err(|e| SettingsError(e.0))?;
         }
         let mut policies = Vec::new();
         let (capacity, max_use, max_instances, max_growth, mode) = match &self.legacy {
@@ -200,11 +196,11 @@ impl AutoscalerSettings {
                 let list: &[IdlePolicy] = if self.policies.is_empty() { &defaults } else { &self.policies };
                 for (i, p) in list.iter().enumerate() {
                     let periods = compile_periods(&p.periods, CronDialect::Unix)
-                        .map_err(|e| format!("policy[{i}].periods: {e}"))?;
-                    let zone =
-                        PolicyZone::parse(p.timezone.as_deref()).map_err(|e| format!("policy[{i}].timezone: {e}"))?;
+                        .map_err(|e| SettingsError(format!("policy[{i}].periods: {e}")))?;
+                    let zone = PolicyZone::parse(p.timezone.as_deref())
+                        .map_err(|e| SettingsError(format!("policy[{i}].timezone: {e}")))?;
                     if !(p.scale_factor >= 0.0 && p.scale_factor.is_finite()) {
-                        return Err(format!("policy[{i}].scale_factor must be a non-negative number"));
+                        return Err(SettingsError(format!("policy[{i}].scale_factor must be a non-negative number")));
                     }
                     policies.push(CompiledPolicy {
                         periods,
@@ -232,11 +228,11 @@ impl AutoscalerSettings {
                     let label =
                         if i == 0 { "[runners.machine]".to_string() } else { format!("autoscaling[{}]", i - 1) };
                     let periods = compile_periods(&p.periods, CronDialect::WithSeconds)
-                        .map_err(|e| format!("{label}.Periods: {e}"))?;
-                    let zone =
-                        PolicyZone::parse(p.timezone.as_deref()).map_err(|e| format!("{label}.Timezone: {e}"))?;
+                        .map_err(|e| SettingsError(format!("{label}.Periods: {e}")))?;
+                    let zone = PolicyZone::parse(p.timezone.as_deref())
+                        .map_err(|e| SettingsError(format!("{label}.Timezone: {e}")))?;
                     if !(p.idle_scale_factor >= 0.0 && p.idle_scale_factor.is_finite()) {
-                        return Err(format!("{label}.IdleScaleFactor must be a non-negative number"));
+                        return Err(SettingsError(format!("{label}.IdleScaleFactor must be a non-negative number")));
                     }
                     policies.push(CompiledPolicy {
                         periods,

@@ -49,14 +49,19 @@ struct RoleCredentials {
     expiration: Option<DateTime<Utc>>,
 }
 
+/// Why the instance profile's credentials could not be had from the metadata service.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct MetadataError(String);
+
 /// The instance profile's credentials from the metadata service at `endpoint` (IMDSv2).
-pub(crate) async fn from_instance_metadata(endpoint: &str) -> Result<AwsCredentials, String> {
+pub(crate) async fn from_instance_metadata(endpoint: &str) -> Result<AwsCredentials, MetadataError> {
     let client = reqwest::Client::builder()
         .timeout(METADATA_TIMEOUT)
         .no_proxy()
         .build()
-        .map_err(|e| format!("HTTP client: {e}"))?;
-    let fail = |what: &str, e: String| format!("instance metadata at {endpoint}: {what}: {e}");
+        .map_err(|e| MetadataError(format!("HTTP client: {e}")))?;
+    let fail = |what: &str, e: String| MetadataError(format!("instance metadata at {endpoint}: {what}: {e}"));
     let token = client
         .put(format!("{endpoint}/latest/api/token"))
         .header("X-aws-ec2-metadata-token-ttl-seconds", "21600")

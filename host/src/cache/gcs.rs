@@ -12,6 +12,11 @@ use sha2::{Digest, Sha256};
 use crate::cache::canonical::Canonical;
 use base64::Engine as _;
 
+/// Why a service-account key could not be read, or a URL not signed with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KeyError(String);
+
 /// A service account that signs: its e-mail and RSA key.
 pub struct GcsSigner {
     /// `client_email` / `AccessID`.
@@ -28,26 +33,26 @@ impl std::fmt::Debug for GcsSigner {
 impl GcsSigner {
     /// A signer from the account e-mail and its PEM key (`PRIVATE KEY`, PKCS #8, as in
     /// service-account files, or `RSA PRIVATE KEY`, PKCS #1).
-    pub fn new(email: &str, pem: &str) -> Result<GcsSigner, String> {
+    pub fn new(email: &str, pem: &str) -> Result<GcsSigner, KeyError> {
         let (label, der) = pem_decode(pem)?;
         let key = match label.as_str() {
             "PRIVATE KEY" => RsaKeyPair::from_pkcs8(&der),
             "RSA PRIVATE KEY" => RsaKeyPair::from_der(&der),
-            other => return Err(format!("a {other:?} PEM block is not an RSA private key")),
+            other => return Err(KeyError(format!("a {other:?} PEM block is not an RSA private key"))),
         }
-        .map_err(|e| format!("not a usable RSA private key: {e}"))?;
+        .map_err(|e| KeyError(format!("not a usable RSA private key: {e}")))?;
         Ok(GcsSigner { email: email.to_string(), key })
     }
 
     /// A signer from a service-account JSON key (`client_email`, `private_key`).
-    pub fn from_json(json: &str) -> Result<GcsSigner, String> {
+    pub fn from_json(json: &str) -> Result<GcsSigner, KeyError> {
         #[derive(serde::Deserialize)]
         struct ServiceAccount {
             client_email: String,
             private_key: String,
         }
         let sa: ServiceAccount = serde_json::from_str(json)
-            .map_err(|e| format!("not a service-account key (client_email, private_key): {e}"))?;
+            .map_err(|e| KeyError(format!("not a service-account key (client_email, private_key): {e}")))?;
         GcsSigner::new(&sa.client_email, &sa.private_key)
     }
 
@@ -57,29 +62,30 @@ impl GcsSigner {
         self.key.public_key().as_ref().to_vec()
     }
 
-    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, String> {
+    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, KeyError> {
         let mut signature = vec![0; self.key.public().modulus_len()];
         self.key
             .sign(&RSA_PKCS1_SHA256, &SystemRandom::new(), message, &mut signature)
-            .map_err(|_| "RSA signing failed".to_string())?;
+            .map_err(|_| KeyError("RSA signing failed".into()))?;
         Ok(signature)
     }
 }
 
 /// The first PEM block of `pem`: its label and bytes.
-fn pem_decode(pem: &str) -> Result<(String, Vec<u8>), String> {
+fn pem_decode(pem: &str) -> Result<(String, Vec<u8>), KeyError> {
     let pem = pem.replace("\\n", "\n");
-    let begin = pem.find("-----BEGIN ").ok_or("no -----BEGIN line: not a PEM key")?;
+    let begin = pem.find("-----BEGIN ").ok_or_else(|| KeyError("no -----BEGIN line: not a PEM key".into()))?;
     let rest = &pem[begin + 11..];
-    let label_end = rest.find("-----").ok_or("a -----BEGIN line without its closing dashes")?;
+    let label_end =
+        rest.find("-----").ok_or_else(|| KeyError("a -----BEGIN line without its closing dashes".into()))?;
     let label = rest[..label_end].to_string();
     let body_start = label_end + 5;
     let end_marker = format!("-----END {label}-----");
-    let body_end = rest.find(&end_marker).ok_or_else(|| format!("no {end_marker} line"))?;
+    let body_end = rest.find(&end_marker).ok_or_else(|| KeyError(format!("no {end_marker} line")))?;
     let body: String = rest[body_start..body_end].chars().filter(|c| !c.is_whitespace()).collect();
     let der = base64::engine::general_purpose::STANDARD
         .decode(body)
-        .map_err(|e| format!("the {label} block is not base64: {e}"))?;
+        .map_err(|e| KeyError(format!("the {label} block is not base64: {e}")))?;
     Ok((label, der))
 }
 
@@ -95,7 +101,7 @@ pub(crate) fn presign(
     headers: &[(String, String)],
     expires_secs: u64,
     now: DateTime<Utc>,
-) -> Result<String, String> {
+) -> Result<String, KeyError> {
     let date = now.format("%Y%m%d").to_string();
     let timestamp = now.format("%Y%m%dT%H%M%SZ").to_string();
     let scope = format!("{date}/auto/storage/goog4_request");

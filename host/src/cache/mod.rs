@@ -195,7 +195,7 @@ impl CacheStore {
         cfg: &CacheConfig,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Option<CacheStore>, CacheError> {
-        let Some(kind) = cfg.provider().map_err(|m| config_error("Type", m))? else { return Ok(None) };
+        let Some(kind) = cfg.provider().map_err(|m| config_error("Type", m.0))? else { return Ok(None) };
         let max_uploaded_archive_size = u64::try_from(cfg.max_uploaded_archive_size)
             .map_err(|_| config_error("MaxUploadedArchiveSize", "must be 0 (no limit) or a number of bytes"))?;
         let provider = match kind {
@@ -227,7 +227,7 @@ impl CacheStore {
                     Some(c) => c,
                     None => aws_iam::from_instance_metadata(&aws_iam::metadata_endpoint(env))
                         .await
-                        .map_err(CacheError::Credentials)?,
+                        .map_err(|e| CacheError::Credentials(e.to_string()))?,
                 };
                 s3.creds.store(Some(Arc::new(creds)));
                 s3.detect_region().await;
@@ -373,7 +373,7 @@ impl CacheStore {
                 let path =
                     format!("/{}/{}", canonical::uri_encode(&g.bucket, false), canonical::uri_encode(object, true));
                 gcs::presign(&signer, method, g.scheme, &g.host, &path, &headers, capped, now)
-                    .map_err(CacheError::Credentials)?
+                    .map_err(|e| CacheError::Credentials(e.to_string()))?
             }
             Provider::Azure(a) => {
                 let expiry = chrono::Duration::from_std(expires)
@@ -416,8 +416,8 @@ fn s3_store(cfg: &CacheConfig) -> Result<S3Store, CacheError> {
     if s3.server_address.contains('/') {
         return Err(config_error("s3.ServerAddress", "must be host[:port], without a scheme or path"));
     }
-    let auth = s3.auth_type().map_err(|m| config_error("s3.AuthenticationType", m))?;
-    let encryption = s3.encryption().map_err(|m| config_error("s3.ServerSideEncryption", m))?;
+    let auth = s3.auth_type().map_err(|m| config_error("s3.AuthenticationType", m.0))?;
+    let encryption = s3.encryption().map_err(|m| config_error("s3.ServerSideEncryption", m.0))?;
     let creds = ArcSwapOption::empty();
     if auth == S3AuthType::AccessKey {
         if s3.access_key.is_empty() || s3.secret_key.is_empty() {
@@ -468,7 +468,8 @@ fn gcs_store(cfg: &CacheConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<
                 "PrivateKey needs the AccessID (service account e-mail) it belongs to",
             ));
         }
-        let loaded = GcsSigner::new(&g.access_id, &g.private_key).map_err(|m| config_error("gcs.PrivateKey", m))?;
+        let loaded =
+            GcsSigner::new(&g.access_id, &g.private_key).map_err(|m| config_error("gcs.PrivateKey", m.to_string()))?;
         signer.store(Some(Arc::new(loaded)));
     } else if !g.credentials_file.is_empty() {
         credentials_file = Some(g.credentials_file.clone());

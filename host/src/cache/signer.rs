@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{CacheError, CacheStore, Presigned};
-use crate::script::{CacheSigner, CacheUrls};
+use crate::script::{CacheSigner, CacheUrls, SignError};
 
 /// A runner's distributed cache, as its jobs' scripts use it.
 pub struct RunnerCache {
@@ -60,17 +60,17 @@ fn header_lines(p: &Presigned) -> Vec<String> {
 }
 
 impl CacheSigner for RunnerCache {
-    fn urls(&self, project_id: i64, key: &str, push: bool, valid_for: Duration) -> Result<CacheUrls, String> {
+    fn urls(&self, project_id: i64, key: &str, push: bool, valid_for: Duration) -> Result<CacheUrls, SignError> {
         let object = self
             .store
             .object_name(&self.short_token, project_id, key)
-            .ok_or_else(|| CacheError::EmptyObject.to_string())?;
-        let err = |e: CacheError| e.to_string();
-        let get = self.store.download(&object, valid_for).map_err(err)?;
-        let head = self.store.head(&object, valid_for).map_err(err)?;
+            .ok_or(CacheError::EmptyObject)
+            .map_err(SignError::new)?;
+        let get = self.store.download(&object, valid_for).map_err(SignError::new)?;
+        let head = self.store.head(&object, valid_for).map_err(SignError::new)?;
         let put = if push {
             let metadata = BTreeMap::from([("cachekey".to_string(), key.to_string())]);
-            let up = self.store.upload(&object, valid_for, &metadata).map_err(err)?;
+            let up = self.store.upload(&object, valid_for, &metadata).map_err(SignError::new)?;
             Some((up.url.clone(), header_lines(&up)))
         } else {
             None

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::duration::{duration_secs, duration_str};
+use crate::config::Invalid;
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -340,11 +341,11 @@ pub struct MachineAutoscaling {
 
 /// Check cron periods have the right number of fields (`expected` = 5 for taskscaler
 /// policies, 7 for docker+machine). Only the shape: the autoscaler parses the fields.
-pub(super) fn check_periods(periods: &[String], expected: usize) -> Result<(), String> {
+pub(super) fn check_periods(periods: &[String], expected: usize) -> Result<(), Invalid> {
     for period in periods {
         let fields = period.split_whitespace().count();
         if fields != expected {
-            return Err(format!("period {period:?} has {fields} fields, expected {expected}"));
+            return Err(Invalid(format!("period {period:?} has {fields} fields, expected {expected}")));
         }
     }
     Ok(())

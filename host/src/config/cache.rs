@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{line_of_key, ConfigError};
+use crate::config::{line_of_key, ConfigError, Invalid};
 
 /// `Type` values that mean S3 (gitlab-runner's `s3v2` is its current S3 adapter).
 pub const S3_TYPES: &[&str] = &["s3", "s3v2"];
@@ -62,7 +62,7 @@ pub enum CacheType {
 
 impl CacheConfig {
     /// The provider of `Type`: `Ok(None)` when empty, `Err` with the accepted values when unknown.
-    pub fn provider(&self) -> Result<Option<CacheType>, String> {
+    pub fn provider(&self) -> Result<Option<CacheType>, Invalid> {
         let t = self.cache_type.as_str();
         if t.is_empty() {
             Ok(None)
@@ -73,7 +73,7 @@ impl CacheConfig {
         } else if AZURE_TYPES.contains(&t) {
             Ok(Some(CacheType::Azure))
         } else {
-            Err(format!("{t:?} is not a cache type: use \"s3\", \"gcs\" or \"azure\" (or leave it out for no distributed cache)"))
+            Err(Invalid(format!("{t:?} is not a cache type: use \"s3\", \"gcs\" or \"azure\" (or leave it out for no distributed cache)")))
         }
     }
 }
@@ -173,7 +173,7 @@ impl S3Encryption {
 
 impl CacheS3Config {
     /// `AuthenticationType` as gitlab-runner reads it (case-insensitive; empty is inferred).
-    pub fn auth_type(&self) -> Result<S3AuthType, String> {
+    pub fn auth_type(&self) -> Result<S3AuthType, Invalid> {
         match self.authentication_type.to_ascii_lowercase().as_str() {
             "access-key" => Ok(S3AuthType::AccessKey),
             "iam" => Ok(S3AuthType::Iam),
@@ -181,21 +181,21 @@ impl CacheS3Config {
                 Ok(S3AuthType::Iam)
             }
             "" => Ok(S3AuthType::AccessKey),
-            other => Err(format!("{other:?} is not an authentication type: use \"iam\" or \"access-key\"")),
+            other => Err(Invalid(format!("{other:?} is not an authentication type: use \"iam\" or \"access-key\""))),
         }
     }
 
     /// `ServerSideEncryption` as gitlab-runner reads it (case-insensitive).
-    pub fn encryption(&self) -> Result<S3Encryption, String> {
+    pub fn encryption(&self) -> Result<S3Encryption, Invalid> {
         match self.server_side_encryption.to_ascii_uppercase().as_str() {
             "" => Ok(S3Encryption::None),
             "S3" | "AES256" => Ok(S3Encryption::Aes256),
             "KMS" | "AWS:KMS" => Ok(S3Encryption::Kms),
             "DSSE-KMS" | "AWS:KMS:DSSE" => Ok(S3Encryption::DsseKms),
-            _ => Err(format!(
+            _ => Err(Invalid(format!(
                 "{:?} is not a server-side encryption: use \"S3\", \"KMS\" or \"DSSE-KMS\"",
                 self.server_side_encryption
-            )),
+            ))),
         }
     }
 }
@@ -257,7 +257,7 @@ pub(super) fn check(index: usize, cache: &CacheConfig, text: &str, path: &Path) 
     if cache.max_uploaded_archive_size < 0 {
         return Err(err("MaxUploadedArchiveSize", "must be 0 (no limit) or a number of bytes".into()));
     }
-    let provider = cache.provider().map_err(|m| err("Type", m))?;
+    let provider = cache.provider().map_err(|m| err("Type", m.0))?;
     match provider {
         None => Ok(()),
         Some(CacheType::S3) => {
@@ -267,12 +267,12 @@ pub(super) fn check(index: usize, cache: &CacheConfig, text: &str, path: &Path) 
             if s3.bucket_name.is_empty() {
                 return Err(err("s3.BucketName", "must name the bucket".into()));
             }
-            let auth = s3.auth_type().map_err(|m| err("s3.AuthenticationType", m))?;
+            let auth = s3.auth_type().map_err(|m| err("s3.AuthenticationType", m.0))?;
             if auth == S3AuthType::AccessKey && (s3.access_key.is_empty() || s3.secret_key.is_empty()) {
                 let key = if s3.access_key.is_empty() { "s3.AccessKey" } else { "s3.SecretKey" };
                 return Err(err(key, "AuthenticationType = \"access-key\" needs AccessKey and SecretKey".into()));
             }
-            s3.encryption().map_err(|m| err("s3.ServerSideEncryption", m))?;
+            s3.encryption().map_err(|m| err("s3.ServerSideEncryption", m.0))?;
             if s3.server_address.contains("://") || s3.server_address.contains('/') {
                 return Err(err(
                     "s3.ServerAddress",
@@ -295,7 +295,7 @@ pub(super) fn check(index: usize, cache: &CacheConfig, text: &str, path: &Path) 
                 let key = if gcs.access_id.is_empty() { "gcs.AccessID" } else { "gcs.PrivateKey" };
                 return Err(err(key, "AccessID and PrivateKey go together (or use CredentialsFile)".into()));
             }
-            check_endpoint(&gcs.endpoint).map_err(|m| err("gcs.Endpoint", m))
+            check_endpoint(&gcs.endpoint).map_err(|m| err("gcs.Endpoint", m.0))
         }
         Some(CacheType::Azure) => {
             let Some(azure) = &cache.azure else {
@@ -314,16 +314,16 @@ pub(super) fn check(index: usize, cache: &CacheConfig, text: &str, path: &Path) 
                     return Err(err(key, "must be set (Runway signs SAS tokens with the account key)".into()));
                 }
             }
-            check_endpoint(&azure.endpoint).map_err(|m| err("azure.Endpoint", m))
+            check_endpoint(&azure.endpoint).map_err(|m| err("azure.Endpoint", m.0))
         }
     }
 }
 
-fn check_endpoint(endpoint: &str) -> Result<(), String> {
+fn check_endpoint(endpoint: &str) -> Result<(), Invalid> {
     if endpoint.is_empty() || endpoint.starts_with("http://") || endpoint.starts_with("https://") {
         Ok(())
     } else {
-        Err(format!("{endpoint:?} must be an http:// or https:// URL"))
+        Err(Invalid(format!("{endpoint:?} must be an http:// or https:// URL")))
     }
 }
 

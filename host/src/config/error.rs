@@ -40,6 +40,12 @@ impl ConfigError {
     }
 }
 
+/// What is wrong with one value of a configuration file, said before the reader knows the
+/// file, line and key: the reader wraps it into a [`ConfigError`] (or a plugin's grant error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
 struct Located<'a>(&'a ConfigError);
 
 impl fmt::Display for Located<'_> {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::autoscaler::{AutoscalerConfig, MachineConfig};
 use super::duration::parse_duration;
 use super::grant::PluginGrant;
+use super::Invalid;
 use super::{line_of_key, Config, ConfigError, Purpose, RunnerConfig};
 
 /// Most jobs at once (`concurrent`) and most jobs of one runner (`limit`).
@@ -102,13 +103,13 @@ impl Checker<'_> {
         self.int("shutdown_timeout", c.shutdown_timeout, 0, MAX_SHUTDOWN_TIMEOUT_SECS)?;
         self.duration_text("connection_max_age", c.connection_max_age.as_deref(), Duration::ZERO)?;
         if let Some(address) = &c.listen_address {
-            check_listen_address(address).map_err(|m| self.error("listen_address", m))?;
+            check_listen_address(address).map_err(|m| self.error("listen_address", m.0))?;
         }
         for (key, dir) in
             [("plugins_dir", &c.plugins_dir), ("plugin_cache_dir", &c.plugin_cache_dir), ("state_dir", &c.state_dir)]
         {
             if let Some(dir) = dir {
-                check_local_dir(dir).map_err(|m| self.error(key, m))?;
+                check_local_dir(dir).map_err(|m| self.error(key, m.0))?;
             }
         }
         for (name, grant) in &c.plugins {
@@ -142,7 +143,7 @@ impl Checker<'_> {
             }
             // On a fleet the directory is the instance's; here only a local one can be looked at.
             if purpose == Purpose::Run && r.autoscaler.is_none() && Path::new(dir).is_absolute() {
-                check_local_dir(Path::new(dir)).map_err(|m| self.error(&key(name), m))?;
+                check_local_dir(Path::new(dir)).map_err(|m| self.error(&key(name), m.0))?;
             }
         }
         if let Some(a) = &r.autoscaler {
@@ -209,29 +210,29 @@ impl Checker<'_> {
 }
 
 /// `host:port` (or `[v6]:port`) with a numeric port; the host may be a name.
-fn check_listen_address(address: &str) -> Result<(), String> {
+fn check_listen_address(address: &str) -> Result<(), Invalid> {
     let hint = "must be host:port, e.g. \"127.0.0.1:9252\" or \"0.0.0.0:9252\" for every interface";
     let Some((host, port)) = address.rsplit_once(':') else {
-        return Err(format!("{address:?} {hint}"));
+        return Err(Invalid(format!("{address:?} {hint}")));
     };
     if host.is_empty() || port.parse::<u16>().is_err() {
-        return Err(format!("{address:?} {hint}"));
+        return Err(Invalid(format!("{address:?} {hint}")));
     }
     let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
     let plain_name = host.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
     if !plain_name && host.parse::<std::net::IpAddr>().is_err() {
-        return Err(format!("{address:?} {hint}"));
+        return Err(Invalid(format!("{address:?} {hint}")));
     }
     Ok(())
 }
 
 /// A directory the runner will use: absent (created when needed) or a directory.
-fn check_local_dir(dir: &Path) -> Result<(), String> {
+fn check_local_dir(dir: &Path) -> Result<(), Invalid> {
     if dir.as_os_str().is_empty() {
-        return Err("must be a directory path (not empty)".into());
+        return Err(Invalid("must be a directory path (not empty)".into()));
     }
     match std::fs::metadata(dir) {
-        Ok(meta) if !meta.is_dir() => Err(format!("{} exists and is not a directory", dir.display())),
+        Ok(meta) if !meta.is_dir() => Err(Invalid(format!("{} exists and is not a directory", dir.display()))),
         _ => Ok(()),
     }
 }

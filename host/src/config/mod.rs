@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::duration::duration_str;
 use crate::config::grant::PluginGrant;
-pub use error::ConfigError;
+pub use error::{ConfigError, Invalid};
 use lines::{key_at_line, line_of_key, line_of_offset, runner_header_line, sub_table_line, text_has_shell_section};
 pub use system_id::{router_id, short_token, system_id};
 
@@ -525,13 +525,13 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
             }
             for (p, policy) in a.policies.iter().enumerate() {
                 autoscaler::check_periods(&policy.periods, 5)
-                    .map_err(|m| err(format!("runners[{i}].autoscaler.policy[{p}].periods"), m))?;
+                    .map_err(|m| err(format!("runners[{i}].autoscaler.policy[{p}].periods"), m.0))?;
             }
         }
         if let Some(m) = &runner.machine {
             for (p, entry) in m.autoscaling.iter().enumerate() {
                 autoscaler::check_periods(&entry.periods, 7)
-                    .map_err(|msg| err(format!("runners[{i}].machine.autoscaling[{p}].Periods"), msg))?;
+                    .map_err(|msg| err(format!("runners[{i}].machine.autoscaling[{p}].Periods"), msg.0))?;
             }
         }
         if let Some(c) = &runner.cache {

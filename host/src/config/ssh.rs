@@ -9,6 +9,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::config::Invalid;
+
 /// A port written as gitlab-runner writes it (a string) or as a number.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(untagged)]
@@ -46,9 +48,10 @@ pub struct SshConfig {
 impl SshConfig {
     /// The section of a runner (`[runners.ssh]`, as the config loader kept it); `Err` names
     /// the key that is wrong.
-    pub fn from_section(section: Option<&toml::Value>) -> Result<Self, String> {
+    pub fn from_section(section: Option<&toml::Value>) -> Result<Self, Invalid> {
         let Some(value) = section else { return Ok(SshConfig::default()) };
-        let config: SshConfig = value.clone().try_into().map_err(|e: toml::de::Error| format!("[runners.ssh]: {e}"))?;
+        let config: SshConfig =
+            value.clone().try_into().map_err(|e: toml::de::Error| Invalid(format!("[runners.ssh]: {e}")))?;
         config.port()?;
         Ok(config)
     }
@@ -59,13 +62,13 @@ impl SshConfig {
     }
 
     /// The port (22 when unset).
-    pub fn port(&self) -> Result<u16, String> {
+    pub fn port(&self) -> Result<u16, Invalid> {
         match &self.port {
             None => Ok(22),
             Some(Port::Number(n)) => Ok(*n),
             Some(Port::Text(t)) if t.trim().is_empty() => Ok(22),
             Some(Port::Text(t)) => {
-                t.trim().parse().map_err(|_| format!("[runners.ssh] port: {t:?} is not a port number"))
+                t.trim().parse().map_err(|_| Invalid(format!("[runners.ssh] port: {t:?} is not a port number")))
             }
         }
     }
@@ -121,6 +124,6 @@ mod tests {
         let insecure: toml::Value = toml::from_str("disable_strict_host_key_checking = true\nport = 22").expect("toml");
         assert_eq!(SshConfig::from_section(Some(&insecure)).expect("config").known_hosts(), None);
         let bad: toml::Value = toml::from_str("port = \"ssh\"").expect("toml");
-        assert!(SshConfig::from_section(Some(&bad)).expect_err("bad port").contains("port"));
+        assert!(SshConfig::from_section(Some(&bad)).expect_err("bad port").0.contains("port"));
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::duration::duration_secs;
+use crate::config::Invalid;
 use crate::store::jobs::{Backend, StoreSettings};
 
 /// Longest `health_interval`, `health_timeout` and `cleanup_interval`.
@@ -185,7 +186,7 @@ impl StoreConfig {
             let Some(redis) = &self.redis else {
                 return Err(("name".into(), "\"redis\" needs a [runners.store.redis] section with a url".into()));
             };
-            check_redis_url(&expand_env(&redis.url)).map_err(|m| ("redis.url".to_string(), m))?;
+            check_redis_url(&expand_env(&redis.url)).map_err(|m| ("redis.url".to_string(), m.0))?;
         }
         Ok(())
     }
@@ -212,7 +213,7 @@ impl StoreConfig {
             }
             StoreName::Redis => {
                 let url = expand_env(self.redis.as_ref().map(|r| r.url.as_str()).unwrap_or_default());
-                check_redis_url(&url).map_err(|m| ("redis.url".to_string(), m))?;
+                check_redis_url(&url).map_err(|m| ("redis.url".to_string(), m.0))?;
                 if runner.short_token.is_empty() {
                     return Err(("name".into(), "the Redis store needs the runner's token (its namespace)".into()));
                 }
@@ -253,17 +254,17 @@ fn expand_path(path: &str, runner: &RunnerIdentity<'_>, vars: &StorePathVariable
     crate::payload::variables::expand(path, &lookup)
 }
 
-fn check_redis_url(url: &str) -> Result<(), String> {
+fn check_redis_url(url: &str) -> Result<(), Invalid> {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return Err("must be a redis:// or rediss:// URL".into());
+        return Err(Invalid("must be a redis:// or rediss:// URL".into()));
     };
     if !matches!(scheme, "redis" | "rediss") {
-        return Err(format!("must be a redis:// or rediss:// URL, not {scheme}://"));
+        return Err(Invalid(format!("must be a redis:// or rediss:// URL, not {scheme}://")));
     }
     let authority = rest.split('/').next().unwrap_or_default();
     let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
     if host.is_empty() {
-        return Err("names no host (redis://HOST:PORT/DB)".into());
+        return Err(Invalid("names no host (redis://HOST:PORT/DB)".into()));
     }
     Ok(())
 }

@@ -148,7 +148,8 @@ impl LocalSession {
         self.prepare(log_path, exit_path).await?;
         let launch = direct::launch(command).unwrap_or_else(|| LocalCommand::shell(command, None));
         let started = reaper.start(&launch, stdin, log_path, exit_path).await;
-        let (pid, end) = started.inspect_err(|_| self.not_started(log_path)).map_err(RemoteError::Other)?;
+        let (pid, end) =
+            started.inspect_err(|_| self.not_started(log_path)).map_err(|e| RemoteError::Other(e.to_string()))?;
         self.note_end(exit_path, end);
         let pid_file = detached::pid_path(exit_path);
         std::fs::write(&pid_file, format!("{pid}\n")).map_err(|e| io_error("writing", &pid_file, e))

@@ -53,7 +53,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
 
 use crate::connector::detached;
-use crate::connector::process::LocalCommand;
+use crate::connector::process::{LocalCommand, ProcessFailure};
 use crate::connector::spawn::{
     spawn_session_leader, spawn_session_leader_with_input, wait_exit, LeaderInput, LeaderStreams,
 };
@@ -187,7 +187,7 @@ pub fn serve() -> std::process::ExitCode {
                 state.exits.insert(pid, exit);
                 send(&outbox, &Message::Started { id, pid });
             }
-            Err(message) => send(&outbox, &Message::Failed { id, message }),
+            Err(e) => send(&outbox, &Message::Failed { id, message: e.to_string() }),
         }
         drop(state);
         wake.notify_all();
@@ -203,8 +203,8 @@ pub fn serve() -> std::process::ExitCode {
 
 /// Start `cmd` in a session of its own: `stdin` in a memory file (a 0600 file beside the log,
 /// removed at once, where there is none), standard output and error appended to `log`.
-fn start(cmd: &LocalCommand, stdin: &[u8], log: &str) -> Result<i32, String> {
-    spawn_session_leader_with_input(cmd, stdin, &detached::stdin_path(log), log, log).map_err(|e| e.to_string())
+fn start(cmd: &LocalCommand, stdin: &[u8], log: &str) -> Result<i32, ProcessFailure> {
+    spawn_session_leader_with_input(cmd, stdin, &detached::stdin_path(log), log, log)
 }
 
 /// The exit code `sh` would report for a child that ended as `info` says.
@@ -278,11 +278,25 @@ fn reap_children(children: &(Mutex<Children>, Condvar), send: &dyn Fn(&Message))
 /// code is written (closed, never set, when the reaper went away first).
 pub type Started = (i32, watch::Receiver<bool>);
 
+/// Why the reaper started no command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReaperError {
+    /// The reaper could not start it (its spawn error, as the reaper said it).
+    #[error("{0}")]
+    Refused(String),
+    /// The request could not be sent: the reaper is gone.
+    #[error("the stage reaper is gone: {0}")]
+    Gone(String),
+    /// The reaper ended before it answered the request.
+    #[error("the stage reaper ended before it answered")]
+    NoAnswer,
+}
+
 /// The runner's end of a reaper process.
 pub struct Reaper {
     writer: tokio::sync::Mutex<tokio::net::unix::OwnedWriteHalf>,
     /// Requests sent, waiting for `Started`/`Failed`.
-    pending: Mutex<HashMap<u64, oneshot::Sender<Result<Started, String>>>>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Result<Started, ReaperError>>>>,
     /// Leaders started, by pid: set when `Ended` arrives.
     ended: Mutex<HashMap<i32, watch::Sender<bool>>>,
     next_id: AtomicU64,
@@ -358,7 +372,7 @@ impl Reaper {
             }
             Message::Failed { id, message } => {
                 if let Some(waiter) = self.pending.lock().ok().and_then(|mut p| p.remove(&id)) {
-                    let _ = waiter.send(Err(message));
+                    let _ = waiter.send(Err(ReaperError::Refused(message)));
                 }
             }
             Message::Ended { pid } => {
@@ -377,7 +391,7 @@ impl Reaper {
 
     /// Start `cmd` through the reaper (see `Message::Start`; `cmd.stdin` is not used, `stdin`
     /// is).
-    pub async fn start(&self, cmd: &LocalCommand, stdin: &[u8], log: &str, exit: &str) -> Result<Started, String> {
+    pub async fn start(&self, cmd: &LocalCommand, stdin: &[u8], log: &str, exit: &str) -> Result<Started, ReaperError> {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (answer, answered) = oneshot::channel();
         if let Ok(mut pending) = self.pending.lock() {
@@ -395,9 +409,9 @@ impl Reaper {
         let sent = self.writer.lock().await.write_all(&encode(&request, Some(stdin))).await;
         if let Err(e) = sent {
             self.pending.lock().ok().map(|mut p| p.remove(&id));
-            return Err(format!("the stage reaper is gone: {e}"));
+            return Err(ReaperError::Gone(e.to_string()));
         }
-        answered.await.map_err(|_| "the stage reaper ended before it answered".to_string())?
+        answered.await.map_err(|_| ReaperError::NoAnswer)?
     }
 }
 

@@ -411,7 +411,7 @@ impl RootfsBuilder {
         };
         let data = std::fs::read(path).map_err(io_err(path))?;
         let deps = elf_dependencies(&data, ident.is_64)
-            .map_err(|message| RootfsError::BadElf { path: path.to_path_buf(), message })?;
+            .map_err(|e| RootfsError::BadElf { path: path.to_path_buf(), message: e.to_string() })?;
         if let Some(interpreter) = &deps.interpreter {
             self.add_host_path(interpreter, true)?;
         }
@@ -521,13 +521,12 @@ struct ElfDeps {
     runpath: Vec<String>,
 }
 
-fn elf_dependencies(data: &[u8], is_64: bool) -> Result<ElfDeps, String> {
-    let result = if is_64 {
+fn elf_dependencies(data: &[u8], is_64: bool) -> object::read::Result<ElfDeps> {
+    if is_64 {
         read_deps::<elf::FileHeader64<Endianness>>(data)
     } else {
         read_deps::<elf::FileHeader32<Endianness>>(data)
-    };
-    result.map_err(|e| e.to_string())
+    }
 }
 
 fn read_deps<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> object::read::Result<ElfDeps> {

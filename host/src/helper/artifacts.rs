@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::transfer::{with_retries, Attempt};
-use super::{error, info, warning};
+use super::{error, info, warning, HelperError};
 use crate::archive::{self, Format, Level, Selection};
 use crate::config::duration::parse_duration;
 use crate::gitlab::client::{ArtifactUpload, ClientOptions, DownloadOutcome, GitLabClient, UploadOutcome};
@@ -44,20 +44,20 @@ pub struct JobCredentials {
 
 impl JobCredentials {
     /// URL, token and ID, all given, or what is missing.
-    fn required(&self) -> Result<(String, String, i64), String> {
+    fn required(&self) -> Result<(String, String, i64), HelperError> {
         match (&self.url, &self.token, self.id) {
             (Some(url), Some(token), Some(id)) if !url.is_empty() && !token.is_empty() && id > 0 => {
                 Ok((url.clone(), token.clone(), id))
             }
-            (Some(_), Some(_), _) => Err("Missing build ID (--id)".into()),
-            _ => Err("Missing runner credentials (--url and --token)".into()),
+            (Some(_), Some(_), _) => Err(HelperError("Missing build ID (--id)".into())),
+            _ => Err(HelperError("Missing runner credentials (--url and --token)".into())),
         }
     }
 
     /// A GitLab client trusting `--tls-ca-file` too.
-    fn client(&self) -> Result<GitLabClient, String> {
+    fn client(&self) -> Result<GitLabClient, HelperError> {
         let options = ClientOptions { tls_ca_file: self.tls_ca_file.clone(), ..ClientOptions::default() };
-        GitLabClient::new(options).map_err(|e| e.to_string())
+        GitLabClient::new(options).map_err(|e| HelperError(e.to_string()))
     }
 }
 
@@ -145,11 +145,11 @@ pub(super) async fn archive_selection(
     format: Format,
     level: Level,
     what: &str,
-) -> Result<Option<(tempfile::NamedTempFile, u64)>, String> {
-    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+) -> Result<Option<(tempfile::NamedTempFile, u64)>, HelperError> {
+    let cwd = std::env::current_dir().map_err(|e| HelperError(format!("the working directory: {e}")))?;
     let what = what.to_string();
     tokio::task::spawn_blocking(move || {
-        let selected = archive::select(&cwd, &selection).map_err(|e| e.to_string())?;
+        let selected = archive::select(&cwd, &selection).map_err(|e| HelperError(e.to_string()))?;
         for line in &selected.warnings {
             warning(line);
         }
@@ -159,17 +159,19 @@ pub(super) async fn archive_selection(
         if selected.entries.is_empty() {
             return Ok(None);
         }
-        let mut file =
-            tempfile::Builder::new().prefix(&format!("runway-{what}")).tempfile().map_err(|e| e.to_string())?;
+        let mut file = tempfile::Builder::new()
+            .prefix(&format!("runway-{what}"))
+            .tempfile()
+            .map_err(|e| HelperError(e.to_string()))?;
         let written = archive::write(format, level, &cwd, &selected.entries, file.as_file_mut())
-            .map_err(|e| format!("creating the archive: {e}"))?;
+            .map_err(|e| HelperError(format!("creating the archive: {e}")))?;
         for line in &written.warnings {
             warning(line);
         }
         Ok(Some((file, written.bytes_out)))
     })
     .await
-    .map_err(|e| format!("archiving: {e}"))?
+    .map_err(|e| HelperError(format!("archiving: {e}")))?
 }
 
 /// Run `runway artifacts-uploader`.
@@ -177,19 +179,19 @@ pub async fn upload(args: UploaderArgs) -> ExitCode {
     match upload_inner(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error(&e);
+            error(&e.0);
             ExitCode::FAILURE
         }
     }
 }
 
-async fn upload_inner(args: UploaderArgs) -> Result<(), String> {
+async fn upload_inner(args: UploaderArgs) -> Result<(), HelperError> {
     let format = match args.format.as_deref().filter(|f| !f.is_empty()) {
         None => Format::Zip,
-        Some(f) => f.parse::<Format>().map_err(|e| e.to_string())?,
+        Some(f) => f.parse::<Format>().map_err(|e| HelperError(e.to_string()))?,
     };
     let level = compression_level(args.compression_level.as_deref());
-    let timeout = parse_duration(&args.timeout).map_err(|e| format!("--timeout: {e}"))?;
+    let timeout = parse_duration(&args.timeout).map_err(|e| HelperError(format!("--timeout: {e}")))?;
     let (url, token, id) = match &args.local_dir {
         Some(_) => (String::new(), String::new(), 0),
         None => args.job.required()?,
@@ -208,9 +210,9 @@ async fn upload_inner(args: UploaderArgs) -> Result<(), String> {
     let artifact_type = args.artifact_type.clone().unwrap_or_default();
     let kind = if artifact_type.is_empty() { "archive" } else { artifact_type.as_str() };
     if let Some(dir) = &args.local_dir {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| HelperError(format!("{}: {e}", dir.display())))?;
         let target = dir.join(&filename);
-        std::fs::copy(file.path(), &target).map_err(|e| format!("{}: {e}", target.display()))?;
+        std::fs::copy(file.path(), &target).map_err(|e| HelperError(format!("{}: {e}", target.display())))?;
         info(&format!("Saved artifacts as {kind:?} to {} ({size} bytes)", target.display()));
         return Ok(());
     }
@@ -234,18 +236,18 @@ async fn upload_inner(args: UploaderArgs) -> Result<(), String> {
                 artifact_type: &artifact_type,
                 expire_in: &expire_in,
             };
-            let outcome = client.upload_artifact(&upload).await.map_err(|e| e.to_string())?;
+            let outcome = client.upload_artifact(&upload).await.map_err(|e| HelperError(e.to_string()))?;
             let prefix = format!("Uploading artifacts as {kind:?} to coordinator...");
             let retry_reason = match outcome {
                 UploadOutcome::Succeeded => {
                     info(&format!("{prefix} 201 Created  id={id} responseStatus=201 Created ({size} bytes)"));
                     return Ok(());
                 }
-                UploadOutcome::Forbidden(m) => return Err(format!("{prefix} forbidden: {m}")),
-                UploadOutcome::TooLarge(m) => return Err(format!("{prefix} too large archive: {m}")),
+                UploadOutcome::Forbidden(m) => return Err(HelperError(format!("{prefix} forbidden: {m}"))),
+                UploadOutcome::TooLarge(m) => return Err(HelperError(format!("{prefix} too large archive: {m}"))),
                 UploadOutcome::Redirected(location) => {
                     let mut moved = reqwest::Url::parse(&location)
-                        .map_err(|e| format!("{prefix} redirected to an invalid URL {location:?}: {e}"))?;
+                        .map_err(|e| HelperError(format!("{prefix} redirected to an invalid URL {location:?}: {e}")))?;
                     moved.set_path("");
                     moved.set_query(None);
                     let moved = moved.as_str().trim_end_matches('/').to_string();
@@ -265,7 +267,7 @@ async fn upload_inner(args: UploaderArgs) -> Result<(), String> {
             };
             let max = if unavailable > 0 { 6 } else { 3 };
             if tries >= max {
-                return Err(format!("uploading artifacts failed after {tries} tries: {retry_reason}"));
+                return Err(HelperError(format!("uploading artifacts failed after {tries} tries: {retry_reason}")));
             }
             warning(&format!("Retrying... error={retry_reason}"));
             tokio::time::sleep(backoff).await;
@@ -274,7 +276,7 @@ async fn upload_inner(args: UploaderArgs) -> Result<(), String> {
     };
     match tokio::time::timeout(timeout, work).await {
         Ok(result) => result,
-        Err(_) => Err(format!("uploading artifacts timed out after {}", args.timeout)),
+        Err(_) => Err(HelperError(format!("uploading artifacts timed out after {}", args.timeout))),
     }
 }
 
@@ -283,20 +285,21 @@ pub async fn download(args: DownloaderArgs) -> ExitCode {
     match download_inner(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error(&e);
+            error(&e.0);
             ExitCode::FAILURE
         }
     }
 }
 
-async fn download_inner(args: DownloaderArgs) -> Result<(), String> {
-    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+async fn download_inner(args: DownloaderArgs) -> Result<(), HelperError> {
+    let cwd = std::env::current_dir().map_err(|e| HelperError(format!("the working directory: {e}")))?;
     if let Some(local) = &args.local_file {
         return extract(local.clone(), cwd).await;
     }
     let (url, token, id) = args.job.required()?;
     let client = args.job.client()?;
-    let file = tempfile::Builder::new().prefix("runway-artifacts").tempfile().map_err(|e| e.to_string())?;
+    let file =
+        tempfile::Builder::new().prefix("runway-artifacts").tempfile().map_err(|e| HelperError(e.to_string()))?;
     let path = file.path().to_path_buf();
     let direct = args.direct_download;
     with_retries("downloading artifacts", args.retry + 1, |attempt| {
@@ -306,14 +309,18 @@ async fn download_inner(args: DownloaderArgs) -> Result<(), String> {
             let direct = direct && attempt == 0;
             let prefix = "Downloading artifacts from coordinator...";
             match client.download_artifact(url, id, token, direct, path).await {
-                Err(e) => Attempt::Done(Err(format!("{prefix} {e}"))),
+                Err(e) => Attempt::Done(Err(HelperError(format!("{prefix} {e}")))),
                 Ok(DownloadOutcome::Succeeded(size)) => {
                     info(&format!("{prefix} ok  id={id} responseStatus=200 OK ({size} bytes)"));
                     Attempt::Done(Ok(()))
                 }
-                Ok(DownloadOutcome::Forbidden(m)) => Attempt::Done(Err(format!("{prefix} forbidden  id={id}: {m}"))),
-                Ok(DownloadOutcome::NotFound(m)) => Attempt::Done(Err(format!("{prefix} not found  id={id}: {m}"))),
-                Ok(DownloadOutcome::Failed(m)) => Attempt::Retry(format!("{prefix} failed  id={id}: {m}")),
+                Ok(DownloadOutcome::Forbidden(m)) => {
+                    Attempt::Done(Err(HelperError(format!("{prefix} forbidden  id={id}: {m}"))))
+                }
+                Ok(DownloadOutcome::NotFound(m)) => {
+                    Attempt::Done(Err(HelperError(format!("{prefix} not found  id={id}: {m}"))))
+                }
+                Ok(DownloadOutcome::Failed(m)) => Attempt::Retry(HelperError(format!("{prefix} failed  id={id}: {m}"))),
             }
         }
     })
@@ -323,7 +330,7 @@ async fn download_inner(args: DownloaderArgs) -> Result<(), String> {
     result
 }
 
-async fn extract(archive_file: PathBuf, into: PathBuf) -> Result<(), String> {
+async fn extract(archive_file: PathBuf, into: PathBuf) -> Result<(), HelperError> {
     tokio::task::spawn_blocking(move || {
         archive::extract_zip(&archive_file, &into)
             .map(|done| {
@@ -331,8 +338,8 @@ async fn extract(archive_file: PathBuf, into: PathBuf) -> Result<(), String> {
                     warning(line);
                 }
             })
-            .map_err(|e| format!("extracting {}: {e}", archive_file.display()))
+            .map_err(|e| HelperError(format!("extracting {}: {e}", archive_file.display())))
     })
     .await
-    .map_err(|e| format!("extracting: {e}"))?
+    .map_err(|e| HelperError(format!("extracting: {e}")))?
 }

@@ -16,7 +16,7 @@ use super::artifacts::{archive_selection, compression_level};
 use super::transfer::{
     clean_url, get_to_file, head_modified, put_file, retry_storage, storage_client, with_retries, Fetched, StorageError,
 };
-use super::{error, info, warning};
+use super::{error, info, warning, HelperError};
 use crate::archive::{self, Format, Selection};
 
 /// `runway cache-archiver`.
@@ -71,11 +71,11 @@ pub struct ExtractorArgs {
     pub retry: u32,
 }
 
-fn exit(result: Result<(), String>) -> ExitCode {
+fn exit(result: Result<(), HelperError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error(&e);
+            error(&e.0);
             ExitCode::FAILURE
         }
     }
@@ -96,8 +96,8 @@ fn changed(cwd: &Path, entries: &[PathBuf], archive_file: &Path) -> bool {
     entries.iter().any(|e| std::fs::symlink_metadata(cwd.join(e)).and_then(|m| m.modified()).map_or(true, |t| t > made))
 }
 
-async fn archive_inner(args: ArchiverArgs) -> Result<(), String> {
-    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+async fn archive_inner(args: ArchiverArgs) -> Result<(), HelperError> {
+    let cwd = std::env::current_dir().map_err(|e| HelperError(format!("the working directory: {e}")))?;
     let selection = Selection { paths: args.paths.clone(), exclude: Vec::new(), untracked: args.untracked };
     let (probe_cwd, probe_sel, file) = (cwd.clone(), selection.clone(), args.file.clone());
     let up_to_date = tokio::task::spawn_blocking(move || {
@@ -105,8 +105,8 @@ async fn archive_inner(args: ArchiverArgs) -> Result<(), String> {
             .map(|s| !s.entries.is_empty() && !changed(&probe_cwd, &s.entries, &file))
     })
     .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| HelperError(e.to_string()))?
+    .map_err(|e| HelperError(e.to_string()))?;
     if up_to_date {
         info("Archive is up to date!");
         // Up to date here, but maybe never uploaded (another instance's cache, a failed PUT).
@@ -125,12 +125,14 @@ async fn archive_inner(args: ArchiverArgs) -> Result<(), String> {
         return Ok(());
     };
     let dir = args.file.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| HelperError(format!("{}: {e}", dir.display())))?;
     // The temporary file may be on another file system: copy beside the target, then rename.
-    let staged =
-        tempfile::Builder::new().prefix("archive_").tempfile_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    std::fs::copy(tmp.path(), staged.path()).map_err(|e| format!("{}: {e}", staged.path().display()))?;
-    staged.persist(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))?;
+    let staged = tempfile::Builder::new()
+        .prefix("archive_")
+        .tempfile_in(dir)
+        .map_err(|e| HelperError(format!("{}: {e}", dir.display())))?;
+    std::fs::copy(tmp.path(), staged.path()).map_err(|e| HelperError(format!("{}: {e}", staged.path().display())))?;
+    staged.persist(&args.file).map_err(|e| HelperError(format!("{}: {e}", args.file.display())))?;
     drop(tmp);
     info(&format!("Created {} ({size} bytes)", args.file.display()));
     let Some(url) = args.url.as_deref().filter(|u| !u.is_empty()) else {
@@ -141,8 +143,8 @@ async fn archive_inner(args: ArchiverArgs) -> Result<(), String> {
     upload(&args, url, &client).await
 }
 
-async fn upload(args: &ArchiverArgs, url: &str, client: &reqwest::Client) -> Result<(), String> {
-    let size = std::fs::metadata(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))?.len();
+async fn upload(args: &ArchiverArgs, url: &str, client: &reqwest::Client) -> Result<(), HelperError> {
+    let size = std::fs::metadata(&args.file).map_err(|e| HelperError(format!("{}: {e}", args.file.display())))?.len();
     if args.max_uploaded_archive_size > 0 && size > args.max_uploaded_archive_size {
         warning(&format!(
             "Cache archive size ({size} bytes) exceeds MaxUploadedArchiveSize ({} bytes); not uploaded",
@@ -156,7 +158,7 @@ async fn upload(args: &ArchiverArgs, url: &str, client: &reqwest::Client) -> Res
         async move { retry_storage(put_file(client, url, headers, file).await) }
     })
     .await
-    .map_err(|e| format!("uploading {}: {e}", file_name(&args.file)))?;
+    .map_err(|e| HelperError(format!("uploading {}: {e}", file_name(&args.file))))?;
     Ok(())
 }
 
@@ -165,8 +167,8 @@ pub async fn extract_cache(args: ExtractorArgs) -> ExitCode {
     exit(extract_inner(args).await)
 }
 
-async fn extract_inner(args: ExtractorArgs) -> Result<(), String> {
-    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+async fn extract_inner(args: ExtractorArgs) -> Result<(), HelperError> {
+    let cwd = std::env::current_dir().map_err(|e| HelperError(format!("the working directory: {e}")))?;
     match args.url.as_deref().filter(|u| !u.is_empty()) {
         Some(url) => {
             let client = storage_client(Duration::from_secs(args.timeout.max(1) * 60))?;
@@ -188,7 +190,7 @@ async fn extract_inner(args: ExtractorArgs) -> Result<(), String> {
         ),
     }
     if !args.file.exists() {
-        return Err(format!("cache file {} does not exist", args.file.display()));
+        return Err(HelperError(format!("cache file {} does not exist", args.file.display())));
     }
     let (file, into) = (args.file.clone(), cwd);
     tokio::task::spawn_blocking(move || {
@@ -199,8 +201,8 @@ async fn extract_inner(args: ExtractorArgs) -> Result<(), String> {
         })
     })
     .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("extracting {}: {e}", args.file.display()))?;
+    .map_err(|e| HelperError(e.to_string()))?
+    .map_err(|e| HelperError(format!("extracting {}: {e}", args.file.display())))?;
     info(&format!("Successfully extracted {}", file_name(&args.file)));
     Ok(())
 }

@@ -19,3 +19,10 @@ mod output;
 mod transfer;
 
 pub use output::{error, info, warning};
+
+/// Why a helper command failed: printed as its `ERROR:` line before it exits 1.
+/// Only a person reads it; the commands branch on `transfer::StorageError` and the GitLab
+/// client's outcomes, never on this text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct HelperError(pub String);

@@ -12,6 +12,8 @@ use reqwest::{Body, Client, StatusCode};
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
+use super::HelperError;
+
 /// Whether a failed attempt may be tried again.
 pub enum Attempt<T, E> {
     /// Done (successfully or not): stop.
@@ -52,12 +54,12 @@ pub fn clean_url(url: &str) -> String {
 }
 
 /// An HTTP client for object storage with an overall `timeout` per request.
-pub fn storage_client(timeout: Duration) -> Result<Client, String> {
+pub fn storage_client(timeout: Duration) -> Result<Client, HelperError> {
     Client::builder()
         .connect_timeout(Duration::from_secs(30))
         .timeout(timeout)
         .build()
-        .map_err(|e| format!("cannot set up the HTTP client: {e}"))
+        .map_err(|e| HelperError(format!("cannot set up the HTTP client: {e}")))
 }
 
 /// What a storage request came to.

@@ -498,9 +498,9 @@ impl Pipeline {
                     });
                 }
                 let artifacts = transfer::artifacts(expanded.config.get("artifacts"))
-                    .map_err(|e| sources.error(&name, Some("artifacts"), e))?;
+                    .map_err(|e| sources.error(&name, Some("artifacts"), e.0))?;
                 let cache = transfer::caches(expanded.config.get("cache"), project_dir)
-                    .map_err(|e| sources.error(&name, Some("cache"), e))?;
+                    .map_err(|e| sources.error(&name, Some("cache"), e.0))?;
                 let payload = JobResponse {
                     id: next_id,
                     token: "local".into(),

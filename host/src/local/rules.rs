@@ -22,7 +22,7 @@ enum Token {
     Close,
 }
 
-fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
+fn tokenize(expr: &str) -> Result<Vec<Token>, RuleError> {
     let chars: Vec<char> = expr.chars().collect();
     let mut tokens = Vec::new();
     let mut i = 0;
@@ -38,7 +38,7 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
                     end += 1;
                 }
                 if end == start {
-                    return Err(format!("expected a variable name after `$` at position {i}"));
+                    return Err(RuleError(format!("expected a variable name after `$` at position {i}")));
                 }
                 tokens.push(Token::Var(chars[start..end].iter().collect()));
                 i = if braced { end + 1 } else { end };
@@ -47,7 +47,7 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
                 let end = chars[i + 1..]
                     .iter()
                     .position(|&x| x == c)
-                    .ok_or_else(|| format!("unterminated string at position {i}"))?;
+                    .ok_or_else(|| RuleError(format!("unterminated string at position {i}")))?;
                 tokens.push(Token::Str(chars[i + 1..i + 1 + end].iter().collect()));
                 i += end + 2;
             }
@@ -64,7 +64,7 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
                     j += 1;
                 }
                 if j >= chars.len() {
-                    return Err(format!("unterminated regex at position {i}"));
+                    return Err(RuleError(format!("unterminated regex at position {i}")));
                 }
                 let mut k = j + 1;
                 while k < chars.len() && chars[k].is_ascii_alphabetic() {
@@ -80,7 +80,7 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
                     ('!', Some('=')) => Token::Ne,
                     ('=', Some('~')) => Token::Match,
                     ('!', Some('~')) => Token::NoMatch,
-                    _ => return Err(format!("unknown operator at position {i}")),
+                    _ => return Err(RuleError(format!("unknown operator at position {i}"))),
                 });
                 i += 2;
             }
@@ -104,7 +104,7 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
                 tokens.push(Token::Null);
                 i += 4;
             }
-            _ => return Err(format!("unexpected `{c}` at position {i}")),
+            _ => return Err(RuleError(format!("unexpected `{c}` at position {i}"))),
         }
     }
     Ok(tokens)
@@ -135,7 +135,7 @@ impl Parser<'_> {
         self.pos += 1;
         t
     }
-    fn or(&mut self) -> Result<bool, String> {
+    fn or(&mut self) -> Result<bool, RuleError> {
         let mut value = self.and()?;
         while self.peek() == Some(&Token::Or) {
             self.pos += 1;
@@ -144,7 +144,7 @@ impl Parser<'_> {
         }
         Ok(value)
     }
-    fn and(&mut self) -> Result<bool, String> {
+    fn and(&mut self) -> Result<bool, RuleError> {
         let mut value = self.comparison()?;
         while self.peek() == Some(&Token::And) {
             self.pos += 1;
@@ -153,21 +153,21 @@ impl Parser<'_> {
         }
         Ok(value)
     }
-    fn operand(&mut self) -> Result<Value, String> {
+    fn operand(&mut self) -> Result<Value, RuleError> {
         match self.next() {
             Some(Token::Var(name)) => Ok(Value::Str(self.vars.get(&name).cloned())),
             Some(Token::Str(s)) => Ok(Value::Str(Some(s))),
             Some(Token::Null) => Ok(Value::Str(None)),
             Some(Token::Regex(p, f)) => Ok(Value::Regex(p, f)),
-            other => Err(format!("expected a value, found {other:?}")),
+            other => Err(RuleError(format!("expected a value, found {other:?}"))),
         }
     }
-    fn comparison(&mut self) -> Result<bool, String> {
+    fn comparison(&mut self) -> Result<bool, RuleError> {
         if self.peek() == Some(&Token::Open) {
             self.pos += 1;
             let value = self.or()?;
             if self.next() != Some(Token::Close) {
-                return Err("missing `)`".into());
+                return Err(RuleError("missing `)`".into()));
             }
             return Ok(value);
         }
@@ -191,7 +191,7 @@ impl Parser<'_> {
             _ => {
                 let text = match left {
                     Value::Str(s) => s,
-                    Value::Regex(..) => return Err("the left side of =~ must be a string".into()),
+                    Value::Regex(..) => return Err(RuleError("the left side of =~ must be a string".into())),
                 };
                 let (pattern, flags) = match right {
                     Value::Regex(p, f) => (p, f),
@@ -200,10 +200,10 @@ impl Parser<'_> {
                         let end = s.rfind('/').unwrap_or(0);
                         (s[1..end.max(1)].to_string(), s[end + 1..].to_string())
                     }
-                    Value::Str(_) => return Err("the right side of =~ must be a /regex/".into()),
+                    Value::Str(_) => return Err(RuleError("the right side of =~ must be a /regex/".into())),
                 };
                 let pattern = if flags.contains('i') { format!("(?i){pattern}") } else { pattern };
-                let re = regex::Regex::new(&pattern).map_err(|e| format!("invalid regex: {e}"))?;
+                let re = regex::Regex::new(&pattern).map_err(|e| RuleError(format!("invalid regex: {e}")))?;
                 let matched = text.as_deref().is_some_and(|t| re.is_match(t));
                 Ok(if op == Token::Match { matched } else { !matched })
             }
@@ -218,9 +218,9 @@ pub struct RuleError(pub String);
 
 /// Evaluate `expr` against `vars`.
 pub fn evaluate(expr: &str, vars: &BTreeMap<String, String>) -> Result<bool, RuleError> {
-    let tokens = tokenize(expr).map_err(RuleError)?;
+    let tokens = tokenize(expr)?;
     let mut parser = Parser { tokens, pos: 0, vars };
-    let value = parser.or().map_err(RuleError)?;
+    let value = parser.or()?;
     if parser.pos != parser.tokens.len() {
         return Err(RuleError(format!("unexpected {:?}", parser.tokens[parser.pos])));
     }

@@ -12,6 +12,7 @@ use serde_yaml::Value;
 use sha2::{Digest, Sha256};
 
 use super::images::{scalar, strings};
+use crate::config::Invalid;
 use crate::payload::{Artifact, Cache};
 
 /// GitLab's file name and format of each report type (Rails' `Ci::JobArtifact`
@@ -50,20 +51,22 @@ fn text(map: &Value, key: &str) -> String {
     map.get(key).and_then(scalar).unwrap_or_default()
 }
 
-fn one_of(map: &Value, key: &str, allowed: &[&str]) -> Result<String, String> {
+fn one_of(map: &Value, key: &str, allowed: &[&str]) -> Result<String, Invalid> {
     let value = text(map, key);
     if value.is_empty() || allowed.contains(&value.as_str()) {
         Ok(value)
     } else {
-        Err(format!("{key} {value:?} is not one of {}", allowed.join(", ")))
+        Err(Invalid(format!("{key} {value:?} is not one of {}", allowed.join(", "))))
     }
 }
 
 /// The payload's `artifacts` of a job's `artifacts:` value.
-pub fn artifacts(value: Option<&Value>) -> Result<Vec<Artifact>, String> {
+pub fn artifacts(value: Option<&Value>) -> Result<Vec<Artifact>, Invalid> {
     let Some(map) = value else { return Ok(Vec::new()) };
     if !map.is_mapping() {
-        return Err("artifacts must be a mapping (paths, exclude, untracked, name, when, expire_in, reports)".into());
+        return Err(Invalid(
+            "artifacts must be a mapping (paths, exclude, untracked, name, when, expire_in, reports)".into(),
+        ));
     }
     let when = one_of(map, "when", &["on_success", "on_failure", "always"])?;
     let expire_in = text(map, "expire_in");
@@ -83,11 +86,13 @@ pub fn artifacts(value: Option<&Value>) -> Result<Vec<Artifact>, String> {
         });
     }
     if let Some(reports) = map.get("reports") {
-        let Some(reports) = reports.as_mapping() else { return Err("artifacts:reports must be a mapping".into()) };
+        let Some(reports) = reports.as_mapping() else {
+            return Err(Invalid("artifacts:reports must be a mapping".into()));
+        };
         for (kind, paths) in reports {
             let kind = scalar(kind).unwrap_or_default();
             let Some((_, name, format)) = REPORTS.iter().find(|(k, _, _)| *k == kind) else {
-                return Err(format!("artifacts:reports:{kind} is not a report type GitLab knows"));
+                return Err(Invalid(format!("artifacts:reports:{kind} is not a report type GitLab knows")));
             };
             let paths = match paths {
                 // coverage_report: {coverage_format, path}
@@ -115,17 +120,17 @@ pub fn artifacts(value: Option<&Value>) -> Result<Vec<Artifact>, String> {
 /// The payload's `cache` of a job's `cache:` value; `key:files` hashes those files of
 /// `project_dir` (GitLab hashes the commits that last changed them; a local run has no
 /// pipeline history, so the contents stand in for it).
-pub fn caches(value: Option<&Value>, project_dir: &Path) -> Result<Vec<Cache>, String> {
+pub fn caches(value: Option<&Value>, project_dir: &Path) -> Result<Vec<Cache>, Invalid> {
     let entries: Vec<&Value> = match value {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Sequence(items)) => items.iter().collect(),
         Some(map @ Value::Mapping(_)) => vec![map],
-        Some(_) => return Err("cache must be a mapping or a list of mappings".into()),
+        Some(_) => return Err(Invalid("cache must be a mapping or a list of mappings".into())),
     };
     let mut out = Vec::new();
     for (i, entry) in entries.into_iter().enumerate() {
         if !entry.is_mapping() {
-            return Err(format!("cache entry {} must be a mapping", i + 1));
+            return Err(Invalid(format!("cache entry {} must be a mapping", i + 1)));
         }
         let key = match entry.get("key") {
             None => String::new(),
@@ -133,7 +138,7 @@ pub fn caches(value: Option<&Value>, project_dir: &Path) -> Result<Vec<Cache>, S
                 let key = entry.get("key").cloned().unwrap_or_default();
                 let files = strings(key.get("files"));
                 if files.is_empty() {
-                    return Err("cache:key:files must list one or two files".into());
+                    return Err(Invalid("cache:key:files must list one or two files".into()));
                 }
                 let mut hash = Sha256::new();
                 for file in &files {

@@ -404,7 +404,7 @@ async fn decline(runner: &Runner, job: &JobResponse, reason: &str) -> Result<(),
     let client =
         JobClient::new(runner.client.clone(), &settings.credentials.url, job.id, &job.token, runner.info.clone())
             .map_err(|e| e.to_string())?;
-    client.decline(reason).await
+    client.decline(reason).await.map_err(|e| e.to_string())
 }
 
 /// The tail every job shares: accept a job that failed before acceptance (so its trace and

@@ -40,7 +40,7 @@ impl SshHost {
         };
         let spec = ConnectSpec {
             host: config.host().to_string(),
-            port: config.port()?,
+            port: config.port().map_err(|e| e.0)?,
             username: config.user().to_string(),
             auth,
             keepalive: Some(Duration::from_secs(30)),

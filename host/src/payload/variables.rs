@@ -149,13 +149,25 @@ struct GitLabPass<'a> {
     stack: Vec<usize>,
 }
 
+/// Variables that refer to each other in a circle, named as GitLab names them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("circular variable reference detected: [{}]", quoted(keys))]
+pub struct CircularReference {
+    /// The keys of the circle, in reference order.
+    pub keys: Vec<String>,
+}
+
+fn quoted(keys: &[String]) -> String {
+    keys.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
+}
+
 impl<'a> GitLabPass<'a> {
     fn new(vars: &'a [JobVariable]) -> Self {
         let index = vars.iter().enumerate().map(|(i, v)| (v.key.as_str(), i)).collect();
         GitLabPass { vars, index, resolved: vec![None; vars.len()], stack: Vec::new() }
     }
 
-    fn resolve(&mut self, i: usize) -> Result<String, String> {
+    fn resolve(&mut self, i: usize) -> Result<String, CircularReference> {
         if let Some(done) = &self.resolved[i] {
             return Ok(done.clone());
         }
@@ -165,8 +177,8 @@ impl<'a> GitLabPass<'a> {
             return Ok(var.value.clone());
         }
         if let Some(at) = self.stack.iter().position(|s| *s == i) {
-            let keys: Vec<String> = self.stack[at..].iter().map(|s| format!("{:?}", self.vars[*s].key)).collect();
-            return Err(format!("circular variable reference detected: [{}]", keys.join(", ")));
+            let keys = self.stack[at..].iter().map(|s| self.vars[*s].key.clone()).collect();
+            return Err(CircularReference { keys });
         }
         self.stack.push(i);
         let value = &var.value;
@@ -192,7 +204,7 @@ impl<'a> GitLabPass<'a> {
 /// Expand every non-raw variable against the list itself, in GitLab's two passes (see the
 /// module doc). The list must be deduplicated ([`dedup`]). A cycle between variables is an
 /// error naming them, as GitLab reports it.
-pub fn expand_all(vars: &[JobVariable]) -> Result<Vec<JobVariable>, String> {
+pub fn expand_all(vars: &[JobVariable]) -> Result<Vec<JobVariable>, CircularReference> {
     let mut pass = GitLabPass::new(vars);
     let mut first = Vec::with_capacity(vars.len());
     for (i, var) in vars.iter().enumerate() {

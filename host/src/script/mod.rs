@@ -20,7 +20,7 @@ use crate::config::duration::parse_duration;
 use crate::payload::variables;
 use crate::payload::{JobResponse, JobVariable, Step};
 use shell::{echo_command, echo_raw, echo_warning, make_dir_unless_present, quote, remove_if_present, wrap};
-pub use transfer::{CacheSigner, CacheUrls};
+pub use transfer::{CacheSigner, CacheUrls, SignError};
 
 /// GitLab's `DefaultTimeout`: used when the payload's timeout is ≤ 0.
 pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(7200);
@@ -352,7 +352,8 @@ impl JobPlan {
         if let Some(chain) = settings.server_tls_ca_chain.as_ref().filter(|c| !c.is_empty()) {
             list.push(JobVariable { file: true, ..var("CI_SERVER_TLS_CA_FILE", chain) });
         }
-        let variables = variables::expand_all(&variables::dedup(list)).map_err(PlanError::payload)?;
+        let variables =
+            variables::expand_all(&variables::dedup(list)).map_err(|e| PlanError::payload(e.to_string()))?;
 
         if job.variable("CI_DEBUG_TRACE") == Some("true") && settings.debug_trace_disabled {
             warnings.push("WARNING: CI_DEBUG_TRACE is disabled on this runner (debug_trace_disabled = true)".into());

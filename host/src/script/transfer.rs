@@ -31,13 +31,26 @@ pub struct CacheUrls {
     pub put: Option<(String, Vec<String>)>,
 }
 
+/// Why a [`CacheSigner`] made no URLs: its own error, kept whole (printed as the job's
+/// warning; the cache is then local only).
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct SignError(Box<dyn std::error::Error + Send + Sync>);
+
+impl SignError {
+    /// The signer's own error.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        SignError(Box::new(error))
+    }
+}
+
 /// Makes pre-signed URLs of the distributed cache (`[runners.cache]`); the manager owns the
 /// credentials, the job only ever sees the URLs.
 pub trait CacheSigner: Send + Sync {
     /// URLs for `key` of the project `project_id`, valid for at least `valid_for`; `push`
     /// asks for the PUT (and HEAD) too. An error is printed as a warning and the cache is
     /// then local only.
-    fn urls(&self, project_id: i64, key: &str, push: bool, valid_for: Duration) -> Result<CacheUrls, String>;
+    fn urls(&self, project_id: i64, key: &str, push: bool, valid_for: Duration) -> Result<CacheUrls, SignError>;
     /// `MaxUploadedArchiveSize` (0: no limit).
     fn max_uploaded_archive_size(&self) -> u64 {
         0
@@ -90,13 +103,18 @@ struct Key {
     stored: String,
 }
 
+/// A `cache:policy` that is none of GitLab's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown cache policy {0:?} (pull, push, pull-push)")]
+struct UnknownPolicy(String);
+
 /// Whether a policy allows pulling/pushing; an unknown policy is an error of the job.
-fn policy_allows(policy: &str, pull: bool) -> Result<bool, String> {
+fn policy_allows(policy: &str, pull: bool) -> Result<bool, UnknownPolicy> {
     match policy {
         "" | "pull-push" => Ok(true),
         "pull" => Ok(pull),
         "push" => Ok(!pull),
-        other => Err(format!("unknown cache policy {other:?} (pull, push, pull-push)")),
+        other => Err(UnknownPolicy(other.to_string())),
     }
 }
 

@@ -58,9 +58,8 @@ impl JobClient {
     /// Hand the job back to the Runway router it came from (`POST /jobs/:id/runner_provisioning`
     /// with `status=declined`, seed 002): this runner could not prepare it, another may. Only
     /// for jobs whose [`super::ReceivedJob::declinable`] is set; GitLab itself has no such call.
-    pub async fn decline(&self, reason: &str) -> Result<(), String> {
-        let url = GitLabClient::endpoint_url(&self.base, &format!("jobs/{}/runner_provisioning", self.job_id))
-            .map_err(|e| e.to_string())?;
+    pub async fn decline(&self, reason: &str) -> Result<(), ApiError> {
+        let url = GitLabClient::endpoint_url(&self.base, &format!("jobs/{}/runner_provisioning", self.job_id))?;
         let body = json!({ "token": self.token, "status": "declined", "reason": reason, "info": self.info });
         let decorate =
             |rb: RequestBuilder| rb.header("JOB-TOKEN", &self.token).header(ACCEPT, "application/json").json(&body);
@@ -68,10 +67,14 @@ impl JobClient {
             .client
             .execute(Endpoint::RunnerProvisioning, Method::POST, &url, decorate)
             .await
-            .map_err(|e| format!("runner_provisioning: {e}"))?;
+            .map_err(|e| e.at(Endpoint::RunnerProvisioning))?;
         match response.status().as_u16() {
             200..=299 => Ok(()),
-            status => Err(format!("runner_provisioning: HTTP {status}: {}", error_message(response).await)),
+            status => Err(ApiError::Status {
+                endpoint: Endpoint::RunnerProvisioning,
+                status,
+                message: error_message(response).await,
+            }),
         }
     }
 

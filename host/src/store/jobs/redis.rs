@@ -154,6 +154,20 @@ fn without_credentials(url: &str) -> String {
     }
 }
 
+/// Why a job hash holds no usable meta (the entry is then listed as corrupt).
+#[derive(Debug, thiserror::Error)]
+enum BadMeta {
+    /// A field the save script always writes is absent.
+    #[error("the entry has no {0}")]
+    Missing(&'static str),
+    /// The `meta` field does not decode.
+    #[error("meta is not an entry's JSON: {0}")]
+    Json(serde_json::Error),
+    /// The `meta` field is another job's.
+    #[error("meta holds job {0}")]
+    OtherJob(u64),
+}
+
 /// The meta of a job hash: the `meta` JSON with the script-kept fields put over it.
 fn assemble_meta(
     job_id: u64,
@@ -161,15 +175,15 @@ fn assemble_meta(
     owner: Option<String>,
     heartbeat: Option<u64>,
     resumes: Option<u32>,
-) -> Result<EntryMeta, String> {
-    let meta = meta.ok_or("the entry has no meta")?;
-    let mut meta: EntryMeta = serde_json::from_slice(meta).map_err(|e| format!("meta is not an entry's JSON: {e}"))?;
+) -> Result<EntryMeta, BadMeta> {
+    let meta = meta.ok_or(BadMeta::Missing("meta"))?;
+    let mut meta: EntryMeta = serde_json::from_slice(meta).map_err(BadMeta::Json)?;
     if meta.job_id != job_id {
-        return Err(format!("meta holds job {}", meta.job_id));
+        return Err(BadMeta::OtherJob(meta.job_id));
     }
-    meta.owner = owner.ok_or("the entry has no owner")?;
-    meta.heartbeat = heartbeat.ok_or("the entry has no heartbeat")?;
-    meta.resumes = resumes.ok_or("the entry has no resume count")?;
+    meta.owner = owner.ok_or(BadMeta::Missing("owner"))?;
+    meta.heartbeat = heartbeat.ok_or(BadMeta::Missing("heartbeat"))?;
+    meta.resumes = resumes.ok_or(BadMeta::Missing("resume count"))?;
     Ok(meta)
 }
 
@@ -279,7 +293,7 @@ impl JobStore for RedisStore {
             let resumes = resumes.and_then(|r| r.parse().ok());
             match assemble_meta(id, meta.as_deref(), owner, heartbeat, resumes) {
                 Ok(meta) => out.push(Listed::Entry(meta)),
-                Err(error) => out.push(Listed::Corrupt { job_id: Some(id), location, error }),
+                Err(e) => out.push(Listed::Corrupt { job_id: Some(id), location, error: e.to_string() }),
             }
         }
         Ok(out)
@@ -354,8 +368,15 @@ mod tests {
         assert_eq!((got.owner.as_str(), got.heartbeat, got.resumes, got.stage.as_str()), ("new", 9, 3, "build_script"));
         assert!(assemble_meta(5, Some(&json), Some("o".into()), Some(1), Some(0))
             .expect_err("other job")
+            .to_string()
             .contains("job 4"));
-        assert!(assemble_meta(4, Some(b"{"), Some("o".into()), Some(1), Some(0)).expect_err("json").contains("JSON"));
-        assert!(assemble_meta(4, Some(&json), None, Some(1), Some(0)).expect_err("owner").contains("owner"));
+        assert!(assemble_meta(4, Some(b"{"), Some("o".into()), Some(1), Some(0))
+            .expect_err("json")
+            .to_string()
+            .contains("JSON"));
+        assert!(assemble_meta(4, Some(&json), None, Some(1), Some(0))
+            .expect_err("owner")
+            .to_string()
+            .contains("owner"));
     }
 }

@@ -112,12 +112,17 @@ fn key_error(message: String) -> JobStoreError {
     JobStoreError::Backend(format!("job store key: {message}"))
 }
 
+/// Text that is not a key: how many characters it had.
+#[derive(Debug, thiserror::Error)]
+#[error("must be 64 hexadecimal characters (32 bytes), got {0} characters")]
+struct NotAKey(usize);
+
 /// 64 hex characters (surrounding white space ignored) as a key.
-fn parse_hex(text: &str) -> Result<StoreKey, String> {
+fn parse_hex(text: &str) -> Result<StoreKey, NotAKey> {
     let text = text.trim();
     let mut bytes = [0u8; 32];
     if text.len() != 64 || hex::decode_to_slice(text, &mut bytes).is_err() {
-        return Err(format!("must be 64 hexadecimal characters (32 bytes), got {} characters", text.len()));
+        return Err(NotAKey(text.len()));
     }
     Ok(StoreKey::from_bytes(bytes))
 }
