@@ -12,6 +12,7 @@ pub mod edit;
 mod error;
 pub mod fidelity;
 pub mod grant;
+pub mod hosts;
 pub mod limits;
 mod lines;
 pub mod router;

@@ -23,6 +23,7 @@ pub mod engine;
 pub mod executor;
 pub mod file;
 pub mod fleeting;
+pub mod limits;
 pub mod metadata;
 pub mod registry;
 pub mod state;

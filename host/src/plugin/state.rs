@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime::StoreLimitsBuilder;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
@@ -24,6 +24,8 @@ use crate::capability::remote::{HasRemote, RemoteCtx, RemoteView, StageOutput};
 use crate::capability::trace::{HasTrace, TraceView};
 use crate::capability::{CallBudget, CallContext, TypesOnly};
 use crate::config::grant::PluginGrant;
+use crate::config::hosts::AllowedHosts;
+use crate::plugin::limits::PluginLimits;
 use crate::plugin::stderr::StderrTail;
 
 /// Store data of every plugin instance.
@@ -33,7 +35,7 @@ pub struct PluginState {
     http: WasiHttpCtx,
     http_policy: HttpPolicy,
     table: ResourceTable,
-    pub(crate) limits: StoreLimits,
+    pub(crate) limits: PluginLimits,
     pub(crate) budget: Arc<CallBudget>,
     pub(crate) call: CallContext,
     log: LogCtx,
@@ -45,13 +47,15 @@ pub struct PluginState {
 }
 
 impl PluginState {
-    /// Store data for one instance of `plugin` under `grant`, with the plugin's kv store and
-    /// log budget (both shared by all its instances).
+    /// Store data for one instance of `plugin` under `grant` (its `allow_hosts` parsed once
+    /// at load: `hosts`), with the plugin's kv store and log budget (both shared by all its
+    /// instances).
     pub fn new(
         plugin: Arc<str>,
         grant: Arc<PluginGrant>,
         kv: Arc<KvStore>,
         log: Arc<LogLimiter>,
+        hosts: Arc<AllowedHosts>,
         call: CallContext,
         helper_image: Option<HelperImageSource>,
         stage_output: StageOutput,
@@ -83,12 +87,13 @@ impl PluginState {
             .memories(16)
             .trap_on_grow_failure(true)
             .build();
+        let limits = PluginLimits::new(limits);
         let mut http = WasiHttpCtx::new();
         http.set_field_size_limit(64 * 1024);
         // Most bytes one host call may buffer for this plugin.
         let max_buffer = usize::try_from(grant.max_buffer_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         Ok(PluginState {
-            http_policy: HttpPolicy::new(plugin.clone(), &grant.allow_hosts),
+            http_policy: HttpPolicy::new(plugin.clone(), hosts),
             budget: CallBudget::new(grant.call_timeout),
             log: LogCtx::new(plugin.clone(), log),
             kv: KvCtx::new(kv),
@@ -140,23 +145,9 @@ impl PluginState {
         JobView { call: &self.call }
     }
 
-    /// The last lines the plugin wrote to stderr (a panic message, usually), at most
-    /// [`crate::plugin::call::MAX_PLUGIN_MESSAGE`] bytes of them.
-    pub fn stderr_tail(&self) -> String {
-        let bytes = self.stderr.contents();
-        let text = String::from_utf8_lossy(&bytes);
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
-        // Keep the end (where a panic message is), not the start.
-        let max = crate::plugin::call::MAX_PLUGIN_MESSAGE / 2;
-        if tail.len() <= max {
-            return tail;
-        }
-        let mut start = tail.len() - max;
-        while !tail.is_char_boundary(start) {
-            start += 1;
-        }
-        format!("… {}", &tail[start..])
+    /// What the plugin wrote to stderr (its tail).
+    pub(crate) fn stderr(&self) -> &StderrTail {
+        &self.stderr
     }
 }
 
