@@ -404,7 +404,8 @@ fn released_wit_packages_never_change() {
 
 /// Circles between files of `plugins/*/src` that are known and being removed: the test lists
 /// them and fails on any other (and on one of these once it is gone, so the list only shrinks).
-const KNOWN_PLUGIN_CIRCLES: &[&[&str]] = &[&["plugins/docker-logic/src/config.rs", "plugins/docker-logic/src/volumes.rs"]];
+const KNOWN_PLUGIN_CIRCLES: &[&[&str]] =
+    &[&["plugins/docker-logic/src/config.rs", "plugins/docker-logic/src/volumes.rs"]];
 
 /// One production source file of a crate: where it is, its module path (`a::b` for `a/b.rs`
 /// and `a/b/mod.rs`), and its code with tests and comments blanked.
@@ -425,8 +426,7 @@ struct Named {
 
 /// The module path of `relative` (a path under a crate's `src`).
 fn module_path(relative: &Path) -> Vec<String> {
-    let mut parts: Vec<String> =
-        relative.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    let mut parts: Vec<String> = relative.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
     if let Some(last) = parts.pop() {
         let stem = last.trim_end_matches(".rs").to_string();
         if !matches!(stem.as_str(), "mod" | "lib" | "main") {
@@ -647,14 +647,17 @@ fn inline_paths(code: &str) -> Vec<Vec<String>> {
     out
 }
 
+/// Names a file's `use` items bring in, each to (the module it was named in, its path).
+type NameMap = BTreeMap<String, (Vec<String>, Vec<String>)>;
+
 /// The crate's files as a module tree, and what each file imports from which file.
 struct CrateGraph {
     files: Vec<CrateFile>,
     by_module: BTreeMap<Vec<String>, usize>,
-    /// Per file: `pub use` names (last segment or alias) to the path they re-export.
-    reexports: Vec<BTreeMap<String, (Vec<String>, Vec<String>)>>,
+    /// Per file: `pub use` names (last segment) to the path they re-export.
+    reexports: Vec<NameMap>,
     /// Per file: names its `use` items bring in, to their paths (to read `name::x` later).
-    aliases: Vec<BTreeMap<String, (Vec<String>, Vec<String>)>>,
+    aliases: Vec<NameMap>,
     named: Vec<Vec<Named>>,
 }
 
@@ -862,7 +865,8 @@ fn no_file_imports_run_in_a_circle() {
     assert!(!crates.is_empty(), "no plugin crate found under {}", plugins.display());
     let mut known_seen = Vec::new();
     for src in &crates {
-        let name = src.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name =
+            src.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         for (names, ties) in file_circles(src) {
             let names: Vec<String> = names.iter().map(|f| format!("plugins/{name}/src/{f}")).collect();
             let ties: Vec<String> = ties.iter().map(|t| format!("plugins/{name}/src/{t}")).collect();
@@ -988,7 +992,8 @@ fn the_doc_table_and_graph_are_the_allowed_graph() {
     let rows = doc_table_modules(&doc);
     for (module, _) in ALLOWED {
         match rows.iter().filter(|r| r == module).count() {
-            0 => problems.push(format!("the module table has no row for `{module}`: add | `{module}` | owns | must not |")),
+            0 => problems
+                .push(format!("the module table has no row for `{module}`: add | `{module}` | owns | must not |")),
             1 => {}
             n => problems.push(format!("the module table lists `{module}` {n} times: keep one row")),
         }

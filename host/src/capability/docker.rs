@@ -6,7 +6,8 @@
 //! instance (`docker-autoscaler`) the endpoint is a unix socket on the instance, reached through
 //! the instance's SSH session, and the grant must allow `"instance"`.
 //!
-//! Owns: [`DockerPolicy`], [`DockerCtx`] (policy, buffer limit, the helper image importer),
+//! Owns: [`DockerPolicy`] (and [`DockerGrantError`]), [`DockerCtx`] (policy, buffer limit, the
+//! helper image importer, [`HelperImageError`] when it cannot build the image),
 //! [`DockerView`] and the `docker` host traits on it, the engine handles in the resource table.
 //! Must not touch: plugins or stores (the plugin host projects its store data onto a
 //! [`DockerView`]), connections (the connector owns them).

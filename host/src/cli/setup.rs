@@ -10,12 +10,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::capability::docker::HelperImageError;
 use crate::config::edit::TokenUpdate;
 use crate::config::{self, Config, Loaded, RunnerConfig};
 use crate::executor::ResolvedExecutor;
 use crate::gitlab::client::{ClientOptions, GitLabClient, RequestHook, RunnerCredentials};
-use crate::plugin::{builtin_plugins, HelperImageSource, HostSettings, PluginHost, StageOutput};
+use crate::plugin::{builtin_plugins, HelperImageError, HelperImageSource, HostSettings, PluginHost, StageOutput};
 
 /// Make the runner non-dumpable (Linux `PR_SET_DUMPABLE = 0`), first thing at startup: a
 /// process the runner starts (a job script, a plugin's granted process) runs as the same
@@ -179,11 +178,7 @@ pub(crate) async fn reset_runner_token(
         system_id: system_id.to_string(),
     };
     let reset = client.reset_token(&creds).await?;
-    let update = TokenUpdate {
-        token: reset.token,
-        obtained_at: now_in_seconds(),
-        expires_at: reset.token_expires_at,
-    };
+    let update = TokenUpdate { token: reset.token, obtained_at: now_in_seconds(), expires_at: reset.token_expires_at };
     config::edit::set_runner_token(path, index, &runner.token, &update)?;
     Ok(update)
 }

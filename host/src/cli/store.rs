@@ -102,7 +102,11 @@ enum NoStore {
 }
 
 /// The runner's store, or why there is none (it is off or has never been written).
-async fn open(runner: &RunnerConfig, path: &Path, access: Access) -> anyhow::Result<Result<Arc<dyn JobStore>, NoStore>> {
+async fn open(
+    runner: &RunnerConfig,
+    path: &Path,
+    access: Access,
+) -> anyhow::Result<Result<Arc<dyn JobStore>, NoStore>> {
     let vars =
         StorePathVariables { version: crate::buildinfo::VERSION, revision: crate::buildinfo::REVISION, tags: "" };
     let settings = runner.store_settings(path, &vars)?;

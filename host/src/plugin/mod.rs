@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use crate::capability::docker::HelperImageSource;
+pub use crate::capability::docker::{HelperImageError, HelperImageSource};
 pub use crate::capability::remote::StageOutput;
 pub use call::{bound_message, PluginError, PluginErrorKind, MAX_PLUGIN_MESSAGE};
 pub use executor::{ExecutorCall, ExecutorInstance};

@@ -24,7 +24,7 @@ use crate::plugin::cache::{content_hash, CompileCache};
 use crate::plugin::call::{arm, classify, guarded, PluginError, PluginErrorKind};
 use crate::plugin::engine::PluginEngine;
 use crate::plugin::metadata::{self, MetadataError, PluginKind, PluginMeta};
-use crate::plugin::state::{add_executor_imports, add_fleeting_imports, PluginState};
+use crate::plugin::state::{add_executor_imports, add_fleeting_imports, PluginState, SharedByInstances};
 
 pub use crate::plugin::file::MAX_PLUGIN_FILE;
 use crate::plugin::file::{read_plugin_file, FileError};
@@ -155,9 +155,7 @@ impl LoadedPlugin {
         let state = PluginState::new(
             name,
             self.grant.clone(),
-            self.kv.clone(),
-            self.log.clone(),
-            self.hosts.clone(),
+            SharedByInstances { kv: self.kv.clone(), log: self.log.clone(), hosts: self.hosts.clone() },
             call,
             self.helper_image.clone(),
             self.stage_output,

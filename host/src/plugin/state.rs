@@ -46,16 +46,24 @@ pub struct PluginState {
     stderr: StderrTail,
 }
 
+/// What every instance of one loaded plugin shares: its kv store, its log budget and its
+/// grant's `allow_hosts` (parsed once, when the plugin was loaded).
+pub struct SharedByInstances {
+    /// The plugin's kv store.
+    pub kv: Arc<KvStore>,
+    /// The plugin's log budget.
+    pub log: Arc<LogLimiter>,
+    /// The hosts it may reach over `wasi:http`.
+    pub hosts: Arc<AllowedHosts>,
+}
+
 impl PluginState {
-    /// Store data for one instance of `plugin` under `grant` (its `allow_hosts` parsed once
-    /// at load: `hosts`), with the plugin's kv store and log budget (both shared by all its
-    /// instances).
+    /// Store data for one instance of `plugin` under `grant`, with what all its instances
+    /// share.
     pub fn new(
         plugin: Arc<str>,
         grant: Arc<PluginGrant>,
-        kv: Arc<KvStore>,
-        log: Arc<LogLimiter>,
-        hosts: Arc<AllowedHosts>,
+        shared: SharedByInstances,
         call: CallContext,
         helper_image: Option<HelperImageSource>,
         stage_output: StageOutput,
@@ -93,10 +101,10 @@ impl PluginState {
         // Most bytes one host call may buffer for this plugin.
         let max_buffer = usize::try_from(grant.max_buffer_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         Ok(PluginState {
-            http_policy: HttpPolicy::new(plugin.clone(), hosts),
+            http_policy: HttpPolicy::new(plugin.clone(), shared.hosts),
             budget: CallBudget::new(grant.call_timeout),
-            log: LogCtx::new(plugin.clone(), log),
-            kv: KvCtx::new(kv),
+            log: LogCtx::new(plugin.clone(), shared.log),
+            kv: KvCtx::new(shared.kv),
             process: ProcessCtx::new(plugin, grant.allow_process, max_buffer),
             remote: RemoteCtx::new(max_buffer, grant.allow_process, stage_output),
             docker: DockerCtx::new(docker, max_buffer, helper_image),
