@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::setup;
+use crate::config::fidelity::{ConfigWarning, WarningKind};
 use crate::config::{self, Config, Loaded, RunnerConfig};
 use crate::gitlab::client::{ApiError, RegisterParams, RunnerCredentials, VersionInfo};
 
@@ -355,8 +356,8 @@ pub fn lint(path: &Path) -> anyhow::Result<ExitCode> {
         anyhow::bail!("config file not found: {}", path.display());
     }
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (unknown, other): (Vec<&String>, Vec<&String>) =
-        loaded.warnings.iter().partition(|w| w.ends_with("unknown key (ignored)"));
+    let (unknown, other): (Vec<&ConfigWarning>, Vec<&ConfigWarning>) =
+        loaded.warnings.iter().partition(|w| w.kind == WarningKind::UnknownKey);
     for warning in &other {
         eprintln!("{warning}");
     }
