@@ -6,6 +6,11 @@
 //! - Every module file starts with a `//!` doc (what it owns, what it must not touch).
 //! - No source file is over 800 lines, test files (`tests.rs`, `*_tests.rs`) excepted.
 //! - The released WIT packages are byte-identical to `wit/RELEASED.sha256`.
+//! - No production files of `host/src` or of a plugin crate (`plugins/*/src`) import each other
+//!   round (a file-level import circle), whatever the path's form (`crate::`, `super::`,
+//!   `self::`, a child module, a `use` group, a name re-exported by a `mod.rs`).
+//! - docs/architecture.md's module table has one row per module of [`ALLOWED`], and its import
+//!   graph block is [`ALLOWED`] line by line (the test prints the block it should be).
 //!
 //! Test code (`#[cfg(test)]` items, `tests.rs`, `*_tests.rs`) may import anything.
 
@@ -395,4 +400,627 @@ fn released_wit_packages_never_change() {
         checked += 1;
     }
     assert!(checked > 0, "wit/RELEASED.sha256 lists no file");
+}
+
+/// Circles between files of `plugins/*/src` that are known and being removed: the test lists
+/// them and fails on any other (and on one of these once it is gone, so the list only shrinks).
+const KNOWN_PLUGIN_CIRCLES: &[&[&str]] =
+    &[&["plugins/docker-logic/src/config.rs", "plugins/docker-logic/src/volumes.rs"]];
+
+/// One production source file of a crate: where it is, its module path (`a::b` for `a/b.rs`
+/// and `a/b/mod.rs`), and its code with tests and comments blanked.
+struct CrateFile {
+    relative: String,
+    module: Vec<String>,
+    code: Vec<(usize, String)>,
+}
+
+/// A path named in a file: the module it was named in (the file's, or an inline `mod`
+/// inside it), its segments, and whether it is a `pub use` (a re-export).
+struct Named {
+    context: Vec<String>,
+    segments: Vec<String>,
+    line: usize,
+    reexport: bool,
+}
+
+/// The module path of `relative` (a path under a crate's `src`).
+fn module_path(relative: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = relative.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    if let Some(last) = parts.pop() {
+        let stem = last.trim_end_matches(".rs").to_string();
+        if !matches!(stem.as_str(), "mod" | "lib" | "main") {
+            parts.push(stem);
+        }
+    }
+    parts
+}
+
+/// The production files of the crate whose sources are in `src`.
+fn crate_files(src: &Path) -> Vec<CrateFile> {
+    let mut paths = Vec::new();
+    rust_files(src, &mut paths);
+    // A binary beside the library is another crate (it names the library by its name).
+    let has_lib = src.join("lib.rs").exists();
+    paths
+        .iter()
+        .filter(|p| !is_test_file(p))
+        .filter(|p| !(has_lib && p.strip_prefix(src).is_ok_and(|r| r == Path::new("main.rs"))))
+        .map(|p| {
+            let relative = p.strip_prefix(src).expect("under src");
+            let source = std::fs::read_to_string(p).expect("read source");
+            CrateFile {
+                relative: relative.display().to_string(),
+                module: module_path(relative),
+                code: production_code(&source),
+            }
+        })
+        .collect()
+}
+
+/// `line` with the contents of its string literals removed (braces and `::` in strings are
+/// no code).
+fn without_strings(line: &str) -> String {
+    let mut out = String::new();
+    let mut in_string = false;
+    let mut escaped = false;
+    for c in line.chars() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => {
+                    in_string = false;
+                    out.push('"');
+                }
+                _ => {}
+            }
+        } else {
+            if c == '"' {
+                in_string = true;
+            }
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The leading `pub`/`pub(crate)`/... of an item, and the rest.
+fn strip_visibility(text: &str) -> (bool, &str) {
+    let Some(rest) = text.strip_prefix("pub") else { return (false, text) };
+    let rest = match rest.trim_start().strip_prefix('(') {
+        Some(inner) => inner.split_once(')').map_or(rest, |(_, after)| after),
+        None => rest,
+    };
+    (true, rest.trim_start())
+}
+
+/// Expand a `use` tree (`a::{b,c::{d,e#f}}`: no blanks, `as` written `#`) into its paths; a
+/// path ending in `self` is its prefix, one ending in `*` is the module, an alias is dropped.
+fn expand_use(tree: &str, prefix: &[String], out: &mut Vec<Vec<String>>) {
+    let Some(open) = tree.find('{') else {
+        let mut path = prefix.to_vec();
+        let tree = tree.split('#').next().unwrap_or(tree);
+        path.extend(tree.split("::").filter(|s| !s.is_empty() && *s != "*" && *s != "self").map(str::to_string));
+        if !path.is_empty() {
+            out.push(path);
+        }
+        return;
+    };
+    let mut head = prefix.to_vec();
+    head.extend(tree[..open].split("::").filter(|s| !s.is_empty()).map(str::to_string));
+    let (mut depth, mut start) = (0, open + 1);
+    for (i, c) in tree.char_indices().skip(open) {
+        match c {
+            '{' => depth += 1,
+            '}' | ',' if depth == 1 => {
+                let part = tree[start..i].trim();
+                if part == "self" {
+                    out.push(head.clone());
+                } else if !part.is_empty() {
+                    expand_use(part, &head, out);
+                }
+                start = i + 1;
+                if c == '}' {
+                    return;
+                }
+            }
+            '}' => depth -= 1,
+            _ => {}
+        }
+    }
+}
+
+/// Every path `file` names in its code: `use` trees (expanded, also across lines) and inline
+/// paths (`crate::a::b`, `super::x`, `self::x`, `child::x`), each with the module it is named
+/// in (inline `mod name { … }` blocks nest it).
+fn named_paths(file: &CrateFile) -> Vec<Named> {
+    let mut found = Vec::new();
+    let mut inline: Vec<(String, i32)> = Vec::new();
+    let mut depth = 0i32;
+    // A `use` not ended yet: its line, whether it re-exports, its module, its text so far.
+    let mut pending: Option<(usize, bool, Vec<String>, String)> = None;
+    for (line, raw) in &file.code {
+        let code = without_strings(raw);
+        let mut context = file.module.clone();
+        context.extend(inline.iter().map(|(name, _)| name.clone()));
+        let (public, item) = strip_visibility(code.trim_start());
+        let rest: Option<&str> = match pending.take() {
+            Some((at, reexport, used_in, mut text)) => match code.find(';') {
+                Some(end) => {
+                    text.push_str(&code[..end]);
+                    found.extend(use_paths(&text, &used_in, at, reexport));
+                    Some(&code[end + 1..])
+                }
+                None => {
+                    text.push_str(&code);
+                    pending = Some((at, reexport, used_in, text));
+                    None
+                }
+            },
+            None => match item.strip_prefix("use ") {
+                Some(tree) => match tree.find(';') {
+                    Some(end) => {
+                        found.extend(use_paths(&tree[..end], &context, *line, public));
+                        Some(&tree[end + 1..])
+                    }
+                    None => {
+                        pending = Some((*line, public, context.clone(), tree.to_string()));
+                        None
+                    }
+                },
+                None => Some(code.as_str()),
+            },
+        };
+        if let Some(rest) = rest {
+            found.extend(inline_paths(rest).into_iter().map(|segments| Named {
+                context: context.clone(),
+                segments,
+                line: *line,
+                reexport: false,
+            }));
+        }
+        let opens_mod = item
+            .strip_prefix("mod ")
+            .and_then(|m| m.split_once('{'))
+            .map(|(name, _)| name.trim().to_string())
+            .filter(|name| !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_'));
+        if let Some(name) = opens_mod {
+            inline.push((name, depth));
+        }
+        for c in code.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if inline.last().is_some_and(|(_, at)| *at == depth) {
+                        inline.pop();
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+/// The paths of one `use` tree (the text between `use` and `;`) named in `context`.
+fn use_paths(tree: &str, context: &[String], line: usize, reexport: bool) -> Vec<Named> {
+    let compact = tree.split_whitespace().collect::<Vec<_>>().join(" ").replace(" as ", "#").replace(' ', "");
+    let mut paths = Vec::new();
+    expand_use(&compact, &[], &mut paths);
+    paths.into_iter().map(|segments| Named { context: context.to_vec(), segments, line, reexport }).collect()
+}
+
+/// The `a::b::c` paths in one line of code (not `use` lines): each run of identifiers joined
+/// by `::` that does not follow another `::` or identifier character.
+fn inline_paths(code: &str) -> Vec<Vec<String>> {
+    let bytes: Vec<char> = code.chars().collect();
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts = ident(bytes[i]) && (i == 0 || !(ident(bytes[i - 1]) || bytes[i - 1] == ':'));
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let mut segments = Vec::new();
+        let mut j = i;
+        loop {
+            let begin = j;
+            while j < bytes.len() && ident(bytes[j]) {
+                j += 1;
+            }
+            segments.push(bytes[begin..j].iter().collect::<String>());
+            if j + 2 < bytes.len() && bytes[j] == ':' && bytes[j + 1] == ':' && ident(bytes[j + 2]) {
+                j += 2;
+            } else {
+                break;
+            }
+        }
+        if segments.len() > 1 {
+            out.push(segments);
+        }
+        i = j.max(i + 1);
+    }
+    out
+}
+
+/// Names a file's `use` items bring in, each to (the module it was named in, its path).
+type NameMap = BTreeMap<String, (Vec<String>, Vec<String>)>;
+
+/// The crate's files as a module tree, and what each file imports from which file.
+struct CrateGraph {
+    files: Vec<CrateFile>,
+    by_module: BTreeMap<Vec<String>, usize>,
+    /// Per file: `pub use` names (last segment) to the path they re-export.
+    reexports: Vec<NameMap>,
+    /// Per file: names its `use` items bring in, to their paths (to read `name::x` later).
+    aliases: Vec<NameMap>,
+    named: Vec<Vec<Named>>,
+}
+
+impl CrateGraph {
+    fn new(files: Vec<CrateFile>) -> Self {
+        let by_module = files.iter().enumerate().map(|(i, f)| (f.module.clone(), i)).collect();
+        let named: Vec<Vec<Named>> = files.iter().map(named_paths).collect();
+        let mut reexports = Vec::new();
+        let mut aliases = Vec::new();
+        for (file, paths) in files.iter().zip(&named) {
+            let mut exported = BTreeMap::new();
+            let mut imported = BTreeMap::new();
+            for n in paths.iter().filter(|n| n.context == file.module) {
+                let Some(last) = n.segments.last() else { continue };
+                let entry = (n.context.clone(), n.segments.clone());
+                if n.reexport {
+                    exported.insert(last.clone(), entry.clone());
+                }
+                imported.insert(last.clone(), entry);
+            }
+            reexports.push(exported);
+            aliases.push(imported);
+        }
+        CrateGraph { files, by_module, reexports, aliases, named }
+    }
+
+    /// The file a path named in `context` (by file `from`) lands in: the deepest module file
+    /// on the path, followed through that file's `pub use` of the next name.
+    fn resolve(&self, from: usize, context: &[String], segments: &[String], hops: usize) -> Option<usize> {
+        let (base, rest): (Vec<String>, &[String]) = match segments.first().map(String::as_str) {
+            Some("crate") => (Vec::new(), &segments[1..]),
+            Some("self") => (context.to_vec(), &segments[1..]),
+            Some("super") => {
+                let supers = segments.iter().take_while(|s| *s == "super").count();
+                (context[..context.len().saturating_sub(supers)].to_vec(), &segments[supers..])
+            }
+            Some(first) => {
+                let mut child = context.to_vec();
+                child.push(first.to_string());
+                if self.by_module.contains_key(&child) {
+                    (context.to_vec(), segments)
+                } else if let Some((alias_context, path)) = self.aliases[from].get(first) {
+                    if hops == 0 || path.len() < 2 {
+                        return None;
+                    }
+                    let mut whole = path.clone();
+                    whole.extend_from_slice(&segments[1..]);
+                    return self.resolve(from, alias_context, &whole, hops - 1);
+                } else {
+                    return None;
+                }
+            }
+            None => return None,
+        };
+        // The module the path starts from, or (inside an inline `mod`) the file holding it.
+        let mut file = (0..=base.len()).rev().find_map(|n| self.by_module.get(&base[..n]).copied());
+        let mut module = base;
+        let mut used = 0;
+        for segment in rest {
+            module.push(segment.clone());
+            match self.by_module.get(&module) {
+                Some(deeper) => {
+                    file = Some(*deeper);
+                    used += 1;
+                }
+                None => break,
+            }
+        }
+        let file = file?;
+        if let (Some(next), true) = (rest.get(used), hops > 0) {
+            if let Some((export_context, path)) = self.reexports[file].get(next) {
+                let mut whole = path.clone();
+                whole.extend_from_slice(&rest[used + 1..]);
+                if let Some(target) = self.resolve(file, export_context, &whole, hops - 1) {
+                    return Some(target);
+                }
+            }
+        }
+        Some(file)
+    }
+
+    /// Every file-level import: (from, to) with the first line and name that makes it. A
+    /// file's own descendants (the `mod` children it declares) are its tree, not imports; a
+    /// child naming its parent's items is an import.
+    fn edges(&self) -> BTreeMap<(usize, usize), (usize, String)> {
+        let mut edges = BTreeMap::new();
+        for (from, paths) in self.named.iter().enumerate() {
+            let own = &self.files[from].module;
+            for n in paths {
+                let Some(to) = self.resolve(from, &n.context, &n.segments, 4) else { continue };
+                let target = &self.files[to].module;
+                if to == from || (target.len() > own.len() && target.starts_with(own)) {
+                    continue;
+                }
+                edges.entry((from, to)).or_insert_with(|| (n.line, n.segments.join("::")));
+            }
+        }
+        edges
+    }
+
+    /// The circles: every set of two or more files that import each other round (Tarjan's
+    /// strongly connected components), each as its files' paths, sorted, with the imports
+    /// that tie it (`a.rs:12 -> b.rs (crate::x::Y)`).
+    fn circles(&self) -> Vec<(Vec<String>, Vec<String>)> {
+        let edges = self.edges();
+        let n = self.files.len();
+        let mut next: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (from, to) in edges.keys() {
+            next[*from].push(*to);
+        }
+        struct Tarjan<'a> {
+            next: &'a [Vec<usize>],
+            index: Vec<Option<usize>>,
+            low: Vec<usize>,
+            stack: Vec<usize>,
+            on_stack: Vec<bool>,
+            counter: usize,
+            found: Vec<Vec<usize>>,
+        }
+        impl Tarjan<'_> {
+            fn visit(&mut self, v: usize) {
+                self.index[v] = Some(self.counter);
+                self.low[v] = self.counter;
+                self.counter += 1;
+                self.stack.push(v);
+                self.on_stack[v] = true;
+                for &w in &self.next[v] {
+                    match self.index[w] {
+                        None => {
+                            self.visit(w);
+                            self.low[v] = self.low[v].min(self.low[w]);
+                        }
+                        Some(iw) if self.on_stack[w] => self.low[v] = self.low[v].min(iw),
+                        Some(_) => {}
+                    }
+                }
+                if Some(self.low[v]) == self.index[v] {
+                    let mut component = Vec::new();
+                    while let Some(w) = self.stack.pop() {
+                        self.on_stack[w] = false;
+                        component.push(w);
+                        if w == v {
+                            break;
+                        }
+                    }
+                    if component.len() > 1 {
+                        self.found.push(component);
+                    }
+                }
+            }
+        }
+        let mut tarjan = Tarjan {
+            next: &next,
+            index: vec![None; n],
+            low: vec![0; n],
+            stack: Vec::new(),
+            on_stack: vec![false; n],
+            counter: 0,
+            found: Vec::new(),
+        };
+        for v in 0..n {
+            if tarjan.index[v].is_none() {
+                tarjan.visit(v);
+            }
+        }
+        let mut circles: Vec<(Vec<String>, Vec<String>)> = tarjan
+            .found
+            .iter()
+            .map(|component| {
+                let mut names: Vec<String> = component.iter().map(|&i| self.files[i].relative.clone()).collect();
+                names.sort();
+                let ties = edges
+                    .iter()
+                    .filter(|((from, to), _)| component.contains(from) && component.contains(to))
+                    .map(|((from, to), (line, name))| {
+                        format!("{}:{line} -> {} ({name})", self.files[*from].relative, self.files[*to].relative)
+                    })
+                    .collect();
+                (names, ties)
+            })
+            .collect();
+        circles.sort();
+        circles
+    }
+}
+
+/// The file circles of the crate whose sources are in `src`, as readable lines.
+fn file_circles(src: &Path) -> Vec<(Vec<String>, Vec<String>)> {
+    CrateGraph::new(crate_files(src)).circles()
+}
+
+#[test]
+fn no_file_imports_run_in_a_circle() {
+    let mut problems = Vec::new();
+    for (names, ties) in file_circles(&src_dir()) {
+        problems.push(format!("host/src: {}\n      {}", names.join(", "), ties.join("\n      ")));
+    }
+    let plugins = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins");
+    let mut crates: Vec<PathBuf> = std::fs::read_dir(&plugins)
+        .expect("read plugins/")
+        .map(|e| e.expect("dir entry").path().join("src"))
+        .filter(|src| src.is_dir())
+        .collect();
+    crates.sort();
+    assert!(!crates.is_empty(), "no plugin crate found under {}", plugins.display());
+    let mut known_seen = Vec::new();
+    for src in &crates {
+        let name =
+            src.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        for (names, ties) in file_circles(src) {
+            let names: Vec<String> = names.iter().map(|f| format!("plugins/{name}/src/{f}")).collect();
+            let ties: Vec<String> = ties.iter().map(|t| format!("plugins/{name}/src/{t}")).collect();
+            if KNOWN_PLUGIN_CIRCLES.iter().any(|known| known.iter().copied().eq(names.iter().map(String::as_str))) {
+                known_seen.push(names);
+                continue;
+            }
+            problems.push(format!("{}\n      {}", names.join(", "), ties.join("\n      ")));
+        }
+    }
+    for known in KNOWN_PLUGIN_CIRCLES {
+        if !known_seen.iter().any(|seen| known.iter().copied().eq(seen.iter().map(String::as_str))) {
+            problems.push(format!("{known:?} is gone: remove it from KNOWN_PLUGIN_CIRCLES"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "files that import each other round (move what ties them to the lower file or a small shared one):\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn the_circle_checker_resolves_every_kind_of_path() {
+    let file = |relative: &str, source: &str| CrateFile {
+        relative: relative.to_string(),
+        module: module_path(Path::new(relative)),
+        code: production_code(source),
+    };
+    let circles = |files: Vec<CrateFile>| {
+        CrateGraph::new(files).circles().into_iter().map(|(names, _)| names.join(" ")).collect::<Vec<_>>()
+    };
+    // `crate::` paths and `use` groups, across lines.
+    let a = file("a.rs", "//! a\nuse crate::{\n    b::B,\n    c,\n};\n");
+    let b = file("b.rs", "//! b\npub fn f() { crate::a::g(); }\n");
+    assert_eq!(circles(vec![a, b, file("c.rs", "")]), ["a.rs b.rs"]);
+    // `super::` from a child to its sibling, `self::` and children named plainly.
+    let m = file("m/mod.rs", "//! m\nmod x;\nmod y;\npub use x::X;\nfn f() { y::g(); }\n");
+    let x = file("m/x.rs", "//! x\nuse super::y::Y;\n");
+    let y = file("m/y.rs", "//! y\nfn g() { self::h(); super::x::X::new(); }\n");
+    assert_eq!(circles(vec![m, x, y]), ["m/x.rs m/y.rs"]);
+    // A child naming its parent's items is an import; the parent naming its children is its
+    // tree. A name the parent re-exports is followed to the file that defines it.
+    let m = file("m/mod.rs", "//! m\nmod x;\nmod y;\npub use y::Y;\npub struct Inner;\nfn f() { x::g(); }\n");
+    let x = file("m/x.rs", "//! x\nuse super::Inner;\nuse super::Y;\n");
+    let y = file("m/y.rs", "//! y\nuse crate::m::x::g;\n");
+    assert_eq!(circles(vec![m, x, y]), ["m/x.rs m/y.rs"]);
+    // A parent's own items named by its child and the parent importing from a third file that
+    // names the child close a circle.
+    let m = file("m/mod.rs", "//! m\nmod x;\npub struct Inner;\nuse crate::z::Z;\n");
+    let x = file("m/x.rs", "//! x\nfn f(_: super::Inner) {}\n");
+    let z = file("z.rs", "//! z\npub struct Z;\nfn g() { crate::m::x::f; }\n");
+    assert_eq!(circles(vec![m, x, z]), ["m/mod.rs m/x.rs z.rs"]);
+    // Tests, comments, strings and inline modules' `super` do not mislead it.
+    let a = file(
+        "a.rs",
+        "//! a\n// crate::b::B\nconst S: &str = \"crate::b::B\";\n#[cfg(test)]\nmod tests {\n    use crate::b::B;\n}\npub mod inner {\n    use super::super_thing;\n}\n",
+    );
+    let b = file("b.rs", "//! b\nuse crate::a::inner;\n");
+    assert!(circles(vec![a, b]).is_empty());
+    // A name brought in by `use` and used as a path prefix later resolves through it.
+    let a = file("a.rs", "//! a\nuse crate::m;\nfn f() { m::x::g(); }\n");
+    let m = file("m/mod.rs", "//! m\nmod x;\n");
+    let x = file("m/x.rs", "//! x\nuse crate::a;\n");
+    assert_eq!(circles(vec![a, m, x]), ["a.rs m/x.rs"]);
+}
+
+/// docs/architecture.md.
+fn architecture_doc() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/architecture.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The modules of the doc's module table (the first cell of each row under `## Modules`).
+fn doc_table_modules(doc: &str) -> Vec<String> {
+    let section = doc.split("\n## Modules").nth(1).unwrap_or_default();
+    let section = section.split("\n## ").next().unwrap_or_default();
+    section
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split_once('`').map(|(module, _)| module.to_string()))
+        .collect()
+}
+
+/// The doc's import graph block (the first fenced block under `## The import graph`), as
+/// (module, imports) lines; `leaves:` lists modules that import nothing, and a note in
+/// parentheses after an import (`gitlab (JobApi only)`) is not part of its name.
+fn doc_graph(doc: &str) -> Vec<(String, Vec<String>)> {
+    let section = doc.split("\n## The import graph").nth(1).unwrap_or_default();
+    let block = section.split("```").nth(1).unwrap_or_default();
+    let mut lines = Vec::new();
+    for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(leaves) = line.strip_prefix("leaves:") {
+            lines.extend(leaves.split_whitespace().map(|m| (m.to_string(), Vec::new())));
+        } else if let Some((module, imports)) = line.split_once('→') {
+            let imports = imports
+                .split(',')
+                .map(|i| i.split('(').next().unwrap_or_default().trim().to_string())
+                .filter(|i| !i.is_empty())
+                .collect();
+            lines.push((module.trim().to_string(), imports));
+        } else {
+            lines.push((line.to_string(), vec!["?".to_string()]));
+        }
+    }
+    lines
+}
+
+/// The graph block the doc must show: [`ALLOWED`], line by line.
+fn expected_graph_block() -> String {
+    let leaves: Vec<&str> = ALLOWED.iter().filter(|(_, may)| may.is_empty()).map(|(m, _)| *m).collect();
+    let mut block = format!("leaves:      {}\n", leaves.join("   "));
+    for (module, may) in ALLOWED.iter().filter(|(_, may)| !may.is_empty()) {
+        block.push_str(&format!("{module:<10} → {}\n", may.join(", ")));
+    }
+    block
+}
+
+#[test]
+fn the_doc_table_and_graph_are_the_allowed_graph() {
+    let doc = architecture_doc();
+    let mut problems = Vec::new();
+    let rows = doc_table_modules(&doc);
+    for (module, _) in ALLOWED {
+        match rows.iter().filter(|r| r == module).count() {
+            0 => problems
+                .push(format!("the module table has no row for `{module}`: add | `{module}` | owns | must not |")),
+            1 => {}
+            n => problems.push(format!("the module table lists `{module}` {n} times: keep one row")),
+        }
+    }
+    for row in rows.iter().filter(|r| !graph().contains_key(r.as_str())) {
+        problems.push(format!("the module table has a row for `{row}`, which is not in ALLOWED"));
+    }
+    let sorted = |list: &[String]| {
+        let mut list = list.to_vec();
+        list.sort();
+        list
+    };
+    let shown: Vec<(String, Vec<String>)> = doc_graph(&doc).into_iter().map(|(m, i)| (m, sorted(&i))).collect();
+    let wanted: Vec<(String, Vec<String>)> = ALLOWED
+        .iter()
+        .map(|(m, may)| (m.to_string(), sorted(&may.iter().map(|s| s.to_string()).collect::<Vec<_>>())))
+        .collect();
+    let leaves_first = |list: &[(String, Vec<String>)]| {
+        let (mut leaves, rest): (Vec<_>, Vec<_>) = list.iter().cloned().partition(|(_, i)| i.is_empty());
+        leaves.extend(rest);
+        leaves
+    };
+    if leaves_first(&shown) != leaves_first(&wanted) {
+        problems.push(format!(
+            "the import graph in docs/architecture.md is not ALLOWED; the block should read:\n```\n{}```",
+            expected_graph_block()
+        ));
+    }
+    assert!(problems.is_empty(), "docs/architecture.md and ALLOWED differ:\n  {}", problems.join("\n  "));
 }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::bindings::executor::runway::host0_2_0::job::JobDetails;
+use crate::capability::replan::Reconfigure;
 use crate::connector::RemoteSession;
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;
@@ -25,7 +26,7 @@ pub struct CallContext {
     /// What the job asked for beyond the executor's job record (`runway:host/job`).
     pub job: Option<Arc<JobDetails>>,
     /// Plans the job again for `runway:host/job-config` (only while it is prepared).
-    pub reconfigure: Option<Arc<dyn crate::capability::job_config::Reconfigure>>,
+    pub reconfigure: Option<Arc<dyn Reconfigure>>,
 }
 
 /// Wasm execution time allowed per call. Time spent inside host capabilities that wait on

@@ -6,7 +6,8 @@
 //! instance (`docker-autoscaler`) the endpoint is a unix socket on the instance, reached through
 //! the instance's SSH session, and the grant must allow `"instance"`.
 //!
-//! Owns: [`DockerPolicy`], [`DockerCtx`] (policy, buffer limit, the helper image importer),
+//! Owns: [`DockerPolicy`] (and [`DockerGrantError`]), [`DockerCtx`] (policy, buffer limit, the
+//! helper image importer, [`HelperImageError`] when it cannot build the image),
 //! [`DockerView`] and the `docker` host traits on it, the engine handles in the resource table.
 //! Must not touch: plugins or stores (the plugin host projects its store data onto a
 //! [`DockerView`]), connections (the connector owns them).
@@ -35,14 +36,14 @@ pub struct DockerPolicy {
 impl DockerPolicy {
     /// Parse a grant's `allow_docker` list; an entry that is not an address, `instance` or `*`
     /// is an error naming it.
-    pub fn parse(entries: &[String]) -> Result<DockerPolicy, String> {
+    pub fn parse(entries: &[String]) -> Result<DockerPolicy, DockerGrantError> {
         let mut policy = DockerPolicy::default();
         for entry in entries {
             match entry.trim() {
                 "*" => policy.any = true,
                 "instance" => policy.instance = true,
                 other => {
-                    let address = engine::endpoint::parse_address(other).map_err(|e| e.to_string())?;
+                    let address = engine::endpoint::parse_address(other).map_err(DockerGrantError)?;
                     let canonical = EngineAddress { address, tls_dir: None }.canonical();
                     policy.endpoints.push(canonical);
                 }
@@ -67,8 +68,26 @@ impl DockerPolicy {
     }
 }
 
+/// An `allow_docker` entry that is no engine address (the text names it).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DockerGrantError(engine::DockerError);
+
+/// Why Runway's helper image could not be built (read by a person, in the job log). Clones
+/// share the cause, so a failed build can be kept and reported to every job that needs it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct HelperImageError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl HelperImageError {
+    /// The build failed with `cause`.
+    pub fn new(cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        HelperImageError(Arc::new(cause))
+    }
+}
+
 /// What builds Runway's helper image: its reference and root filesystem tar.
-type BuildHelper = dyn Fn() -> Result<(String, bytes::Bytes), String> + Send + Sync;
+type BuildHelper = dyn Fn() -> Result<(String, bytes::Bytes), HelperImageError> + Send + Sync;
 
 /// Builds Runway's helper image for an engine that lacks it (the runner wires the connector's
 /// root filesystem builder in; tests may give their own).
@@ -77,11 +96,11 @@ pub struct HelperImageSource(Arc<BuildHelper>);
 
 impl HelperImageSource {
     /// A source that runs `build`.
-    pub fn new(build: impl Fn() -> Result<(String, bytes::Bytes), String> + Send + Sync + 'static) -> Self {
+    pub fn new(build: impl Fn() -> Result<(String, bytes::Bytes), HelperImageError> + Send + Sync + 'static) -> Self {
         HelperImageSource(Arc::new(build))
     }
 
-    fn build(&self) -> Result<(String, bytes::Bytes), String> {
+    fn build(&self) -> Result<(String, bytes::Bytes), HelperImageError> {
         (self.0)()
     }
 }
@@ -321,7 +340,7 @@ mod tests {
         let any = DockerPolicy::parse(&["*".into()]).expect("any");
         assert!(any.allows_local(&addr("tcp://h:1")) && any.allows_instance());
         let err = DockerPolicy::parse(&["ssh://x".into()]).expect_err("bad entry");
-        assert!(err.contains("ssh://x"), "{err}");
+        assert!(err.to_string().contains("ssh://x"), "{err}");
     }
 
     #[test]

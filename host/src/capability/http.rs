@@ -1,42 +1,34 @@
 //! Outgoing HTTP (`wasi:http/outgoing-handler`) filtered by the plugin's `allow_hosts`.
 //!
-//! Deny by default: a plugin with no `allow_hosts` can reach nothing. Patterns are `host`,
-//! `host:port` or `*.domain` (any subdomain, any port unless given).
+//! Deny by default: a plugin with no `allow_hosts` can reach nothing. The entries were parsed
+//! when the config was loaded ([`AllowedHosts`]: `host`, `host:port`, `*.domain`, `[ipv6]`);
+//! each request's host and port are matched against them structurally.
 //!
 //! Owns: [`HttpPolicy`] (the `wasi:http` hooks of one plugin instance). Must not touch:
-//! plugins or stores (the plugin host hands it to wasmtime-wasi-http as its hooks).
+//! plugins or stores (the plugin host hands it to wasmtime-wasi-http as its hooks), the
+//! grant's syntax (`crate::config::hosts`).
 
 use std::sync::Arc;
 
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
+use crate::config::hosts::AllowedHosts;
+
 /// The allow-list of one plugin instance.
 pub struct HttpPolicy {
     plugin: Arc<str>,
-    allow: Vec<String>,
+    allow: Arc<AllowedHosts>,
 }
 
 impl HttpPolicy {
-    /// A policy for `plugin` allowing `allow_hosts`.
-    pub fn new(plugin: Arc<str>, allow_hosts: &[String]) -> Self {
-        HttpPolicy { plugin, allow: allow_hosts.iter().map(|h| h.to_ascii_lowercase()).collect() }
+    /// A policy for `plugin` allowing the hosts of its grant.
+    pub fn new(plugin: Arc<str>, allow: Arc<AllowedHosts>) -> Self {
+        HttpPolicy { plugin, allow }
     }
 
-    /// Is `host` (with `port`) on the list?
+    /// Is `host` (as the request's URI names it, with its explicit `port`) allowed?
     pub fn allows(&self, host: &str, port: Option<u16>) -> bool {
-        let host = host.to_ascii_lowercase();
-        self.allow.iter().any(|pattern| {
-            let (pat_host, pat_port) = match pattern.rsplit_once(':') {
-                Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => (h, p.parse::<u16>().ok()),
-                _ => (pattern.as_str(), None),
-            };
-            let port_ok = pat_port.is_none() || pat_port == port;
-            let host_ok = match pat_host.strip_prefix("*.") {
-                Some(domain) => host.ends_with(&format!(".{domain}")),
-                None => pat_host == host,
-            };
-            port_ok && host_ok
-        })
+        self.allow.allows(host, port)
     }
 }
 
@@ -78,14 +70,14 @@ mod tests {
 
     #[test]
     fn matches_hosts_ports_and_wildcards() {
-        let policy =
-            HttpPolicy::new("p".into(), &["api.example.com".into(), "*.amazonaws.com".into(), "127.0.0.1:8080".into()]);
+        let hosts = ["api.example.com".into(), "*.amazonaws.com".into(), "127.0.0.1:8080".into()];
+        let policy = HttpPolicy::new("p".into(), Arc::new(AllowedHosts::parse(&hosts).expect("valid")));
         assert!(policy.allows("api.example.com", None));
         assert!(policy.allows("API.example.com", Some(443)));
         assert!(policy.allows("ec2.us-east-1.amazonaws.com", Some(443)));
         assert!(!policy.allows("amazonaws.com.evil.net", None));
         assert!(policy.allows("127.0.0.1", Some(8080)));
         assert!(!policy.allows("127.0.0.1", Some(8081)));
-        assert!(!HttpPolicy::new("p".into(), &[]).allows("example.com", None));
+        assert!(!HttpPolicy::new("p".into(), Arc::default()).allows("example.com", None));
     }
 }

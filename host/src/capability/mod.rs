@@ -22,6 +22,7 @@ pub mod kv;
 pub mod log;
 pub mod process;
 pub mod remote;
+pub mod replan;
 pub mod supervisor;
 pub mod trace;
 

@@ -72,11 +72,11 @@ fn cache_dir() -> Option<PathBuf> {
 /// there is no log to read again).
 async fn plugins(loaded: Option<&Loaded>) -> anyhow::Result<PluginHost> {
     let settings = match loaded {
-        Some(loaded) => super::run::host_settings(loaded),
+        Some(loaded) => super::setup::host_settings(loaded),
         None => HostSettings {
             cache_dir: cache_dir(),
             builtins: builtin_plugins(),
-            helper_image: Some(super::run::helper_image()),
+            helper_image: Some(super::setup::helper_image()),
             ..HostSettings::default()
         },
     };
@@ -206,7 +206,7 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
 
     // `--config`: the plugins and grants of that file, and the settings of its first runner
     // (executor, its section, `[runners.cache]`), so a local run shares the fleet's cache.
-    let loaded = config.map(super::run::load_config).transpose()?;
+    let loaded = config.map(super::setup::load_config).transpose()?;
     let runner = loaded.as_ref().and_then(|l| l.config.runners.first());
     let executor_name = match (&args.executor, runner) {
         (Some(name), _) => name.clone(),
@@ -240,12 +240,12 @@ pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCo
     }
     // Artifacts of local runs stay in the project, one directory per job, for dependants.
     let artifacts_root = project_dir.join(".runway").join("artifacts");
-    let runner_command = super::run::helper_command(&executor);
+    let runner_command = super::setup::helper_command(&executor);
     // The fleet's distributed cache, under the runner's own object names.
     let (short_token, cache_signer) = match runner {
         Some(r) => {
             let short = crate::config::short_token(&r.resolved_token());
-            let signer = super::run::runner_cache(r, &short).await?;
+            let signer = super::setup::runner_cache(r, &short).await?;
             (short, signer)
         }
         None => ("local".to_string(), None),

@@ -1,5 +1,6 @@
 //! The `runway` command line: verbs and flags as gitlab-runner has them, plus `exec`,
-//! `plugins`, `simulate` and `store`. Each verb lives in its own file and calls into the library.
+//! `plugins`, `simulate` and `store`. Each verb lives in its own file, parses its flags and calls
+//! into the library; what every verb builds from config.toml is `setup`'s.
 
 mod exec;
 mod plugins;
@@ -7,6 +8,7 @@ mod rotation;
 mod router;
 mod run;
 pub(crate) mod runners;
+mod setup;
 pub mod simulate_import;
 mod store;
 
@@ -178,7 +180,7 @@ pub fn main() -> ExitCode {
     let level = cli.log_level.clone().or(level).unwrap_or_else(|| "info".into());
     let format = cli.log_format.clone().or(format).unwrap_or_else(|| "runner".into());
     init_logging(&level, &format);
-    run::seal_process();
+    setup::seal_process();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use crate::plugin::{builtin_plugins, HostSettings, PluginHost, PluginListing, StageOutput};
+use crate::plugin::PluginListing;
 
 #[derive(Subcommand, Debug)]
 pub enum PluginsCommand {
@@ -20,28 +20,6 @@ pub enum PluginsCommand {
         /// The .wasm file.
         file: PathBuf,
     },
-}
-
-async fn host(plugins_dir: Option<PathBuf>, config: Option<&Path>) -> anyhow::Result<PluginHost> {
-    // With a config file, show exactly what `runway run` would load (its dir and grants).
-    let path = config.map(Path::to_path_buf).unwrap_or_else(crate::config::default_path);
-    if path.exists() {
-        let mut loaded = super::run::load_config(&path)?;
-        if let Some(dir) = plugins_dir {
-            loaded.config.plugins_dir = Some(dir);
-        }
-        return super::run::plugin_host(&loaded).await;
-    }
-    PluginHost::new(HostSettings {
-        plugins_dir,
-        cache_dir: None,
-        state_dir: None,
-        grants: Default::default(),
-        builtins: builtin_plugins(),
-        helper_image: Some(super::run::helper_image()),
-        stage_output: StageOutput::LogFiles,
-    })
-    .await
 }
 
 fn print_table(rows: &[PluginListing]) {
@@ -84,12 +62,12 @@ fn print_table(rows: &[PluginListing]) {
 pub async fn run(command: PluginsCommand, config: Option<&Path>) -> anyhow::Result<ExitCode> {
     match command {
         PluginsCommand::List { plugins_dir } => {
-            let host = host(plugins_dir, config).await?;
+            let host = super::setup::plugin_host_of_file(config, plugins_dir).await?;
             print_table(&host.listing());
             Ok(ExitCode::SUCCESS)
         }
         PluginsCommand::Check { file } => {
-            let host = host(None, config).await?;
+            let host = super::setup::plugin_host_of_file(config, None).await?;
             match host.check_file(&file).await {
                 Ok(row) => {
                     print_table(&[row]);

@@ -5,7 +5,7 @@
 //! told to reload, so its pollers go on with the new token while running jobs finish.
 //! `FF_DISABLE_AUTOMATIC_TOKEN_ROTATION` in a runner's `feature_flags` only warns.
 //!
-//! Owns the schedule; the reset itself and the edit are `runners::reset_runner_token`'s.
+//! Owns the schedule; the reset itself and the edit are `setup::reset_runner_token`'s.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -97,7 +97,7 @@ pub async fn rotate_tokens(path: PathBuf, system_id: String, reload: UnboundedSe
             skip.insert(runner.token.clone());
             continue;
         }
-        match super::runners::reset_runner_token(&path, index, runner, &system_id).await {
+        match super::setup::reset_runner_token(&path, index, runner, &system_id).await {
             Ok(update) => {
                 failures.remove(&runner.token);
                 tracing::info!(

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::sync::Semaphore;
 
+use super::setup;
 use crate::config::autoscaler::AutoscalerConfig;
 use crate::config::store::StorePathVariables;
 use crate::config::{self, Loaded};
@@ -21,59 +22,11 @@ use crate::manager::fleet::Fleet;
 use crate::manager::health::{PendingRunner, RunnerEntry, Unusable};
 use crate::manager::{identity, signals, ActiveJobs, Manager, ManagerSettings, RunnerSettings, RunnerStore, Shutdown};
 use crate::metrics::Metrics;
-use crate::plugin::{builtin_plugins, HelperImageSource, HostSettings, PluginHost, StageOutput};
+use crate::plugin::PluginHost;
 use crate::script::ScriptSettings;
 use crate::store::fleet_state;
 use crate::store::jobs::seal::StoreKey;
 use crate::store::jobs::{JobStore, JobStoreError, StoreSettings};
-
-/// Load and report a config file.
-pub fn load_config(path: &Path) -> anyhow::Result<Loaded> {
-    let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    for warning in &loaded.warnings {
-        tracing::warn!("{warning}");
-    }
-    for runner in &loaded.config.runners {
-        let set = runner.feature_flags.iter().map(|(name, value)| (name.as_str(), *value));
-        for message in crate::payload::flags::notice_unsupported(set) {
-            tracing::warn!("{}: runner {:?}: feature_flags: {message}", path.display(), runner.name);
-        }
-    }
-    Ok(loaded)
-}
-
-/// Runway's helper image for the `docker` capability, built from this machine's files once per
-/// process (on the first job that needs it).
-pub fn helper_image() -> HelperImageSource {
-    static BUILT: std::sync::OnceLock<Result<(String, bytes::Bytes), String>> = std::sync::OnceLock::new();
-    HelperImageSource::new(|| {
-        BUILT
-            .get_or_init(|| {
-                crate::connector::rootfs::helper_rootfs()
-                    .map(|h| (h.reference, bytes::Bytes::from(h.rootfs.tar)))
-                    .map_err(|e| e.to_string())
-            })
-            .clone()
-    })
-}
-
-/// The plugin host for a config.
-pub async fn plugin_host(loaded: &Loaded) -> anyhow::Result<PluginHost> {
-    PluginHost::new(host_settings(loaded)).await
-}
-
-/// The plugin host's settings from the loaded config.
-pub fn host_settings(loaded: &Loaded) -> HostSettings {
-    HostSettings {
-        plugins_dir: Some(loaded.plugins_dir()),
-        cache_dir: Some(loaded.plugin_cache_dir()),
-        state_dir: Some(loaded.state_dir()),
-        grants: loaded.config.plugins.clone(),
-        builtins: builtin_plugins(),
-        helper_image: Some(helper_image()),
-        stage_output: StageOutput::LogFiles,
-    }
-}
 
 /// The autoscaled fleets, by runner (URL and id, else short token). A fleet outlives config reloads: its
 /// instances and jobs carry over to the new manager.
@@ -203,7 +156,7 @@ pub async fn runner_settings(
         let hook = Some(api_hook(metrics, &short));
         let client = match tls.is_empty() {
             true => Some(Arc::new(client.with_hook(hook))),
-            false => Some(Arc::new(super::runners::client_for(runner, &certs_dir, hook)?)),
+            false => Some(Arc::new(setup::client_for(runner, &certs_dir, hook)?)),
         };
         // gitlab-runner's CI_SERVER_TLS_CA_FILE: the CA chain the runner trusts for GitLab.
         let server_tls_ca = match &tls.ca_file {
@@ -217,7 +170,7 @@ pub async fn runner_settings(
             })?),
             None => None,
         };
-        let labels = super::runners::labels(&loaded.config, runner);
+        let labels = setup::labels(&loaded.config, runner);
         let vars =
             StorePathVariables { version: crate::buildinfo::VERSION, revision: crate::buildinfo::REVISION, tags: "" };
         let store = runner.store_settings(&loaded.path, &vars)?;
@@ -344,10 +297,10 @@ impl RunnerContext {
             runner_revision: crate::buildinfo::REVISION.into(),
             project_dir_override: None,
             shared_environment: executor.shared(),
-            runner_command: helper_command(&executor),
+            runner_command: setup::helper_command(&executor),
             gitlab_url: runner.resolved_url(),
             server_tls_ca_chain: self.server_tls_ca.clone(),
-            cache_signer: runner_cache(runner, &short)
+            cache_signer: setup::runner_cache(runner, &short)
                 .await
                 .map_err(|e| Unusable::new(&format!("{}: {e}", self.where_)))?,
             ..ScriptSettings::default()
@@ -382,34 +335,6 @@ impl RunnerContext {
     }
 }
 
-/// The distributed cache of `runner` (`[runners.cache]` with a `Type`), its credentials
-/// loaded and kept fresh; `None` without one.
-pub(crate) async fn runner_cache(
-    runner: &config::RunnerConfig,
-    short_token: &str,
-) -> anyhow::Result<Option<Arc<dyn crate::script::CacheSigner>>> {
-    let Some(cfg) = &runner.cache else { return Ok(None) };
-    let Some(store) =
-        crate::cache::CacheStore::from_config(cfg).map_err(|e| anyhow::anyhow!("[runners.cache]: {e}"))?
-    else {
-        return Ok(None);
-    };
-    let store = Arc::new(store);
-    // The refresher ends when the runner (after a reload) lets go of the store.
-    let _refresher = crate::cache::signer::RunnerCache::start_refreshing(store.clone()).await;
-    Ok(Some(Arc::new(crate::cache::signer::RunnerCache::new(store, short_token))))
-}
-
-/// The helper command of jobs of `executor`: this very binary for executors that run the
-/// stages on this machine or on fleet instances (copied there when a job needs it); none for
-/// executors that run them in containers, whose images do not carry it yet.
-pub(crate) fn helper_command(executor: &ResolvedExecutor) -> Option<String> {
-    if executor.features().image {
-        return None;
-    }
-    std::env::current_exe().ok().map(|p| p.display().to_string())
-}
-
 fn manager_settings(loaded: &Loaded, metrics: &Metrics) -> ManagerSettings {
     ManagerSettings {
         observer: Arc::new(metrics.clone()),
@@ -427,27 +352,9 @@ fn api_hook(metrics: &Metrics, short: &str) -> RequestHook {
     Arc::new(move |request| metrics.record_api_request(&short, request))
 }
 
-/// Make the runner non-dumpable (Linux `PR_SET_DUMPABLE = 0`), first thing at startup: a
-/// process the runner starts (a job script, a plugin's granted process) runs as the same
-/// user, and could otherwise read `/proc/<runner pid>/environ` (the runner's whole
-/// environment), `mem`, `fd/` or attach with ptrace. Children get their own dumpable flag
-/// back at exec, so they are unaffected. The price: no core dumps of the runner, no debugger
-/// or `strace -p` attaching as the same user (root with CAP_SYS_PTRACE still can), and the
-/// runner itself cannot read its own `/proc/self/environ` or `io` (it never does).
-pub fn seal_process() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: prctl(PR_SET_DUMPABLE, 0) only changes this process's dumpable flag.
-        let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-        if rc != 0 {
-            tracing::warn!("cannot make the runner non-dumpable: {}", std::io::Error::last_os_error());
-        }
-    }
-}
-
 /// Load `path`, with `--user` (when given) over its `user`.
 fn load_with_user(path: &Path, user: Option<&str>) -> anyhow::Result<Loaded> {
-    let mut loaded = load_config(path)?;
+    let mut loaded = setup::load_config(path)?;
     if let Some(user) = user {
         loaded.config.user = Some(user.to_string());
     }
@@ -458,7 +365,7 @@ fn load_with_user(path: &Path, user: Option<&str>) -> anyhow::Result<Loaded> {
 pub async fn run(config_path: PathBuf, user: Option<String>) -> anyhow::Result<ExitCode> {
     let mut loaded = load_with_user(&config_path, user.as_deref())?;
     let system_id = config::system_id(&loaded.dir())?;
-    let mut plugins = plugin_host(&loaded).await?;
+    let mut plugins = setup::plugin_host(&loaded).await?;
     plugins.watch()?;
     let metrics = Metrics::new(loaded.config.concurrent, &system_id)?;
     metrics.config_loaded(true);

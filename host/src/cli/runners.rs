@@ -9,9 +9,10 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::config::edit::TokenUpdate;
+use super::setup;
+use crate::config::fidelity::{ConfigWarning, WarningKind};
 use crate::config::{self, Config, Loaded, RunnerConfig};
-use crate::gitlab::client::{ApiError, ClientOptions, GitLabClient, RegisterParams, RunnerCredentials, VersionInfo};
+use crate::gitlab::client::{ApiError, RegisterParams, RunnerCredentials, VersionInfo};
 
 /// `runway register` flags (gitlab-runner's names).
 #[derive(Args, Debug)]
@@ -102,7 +103,7 @@ pub struct UnregisterArgs {
 /// features come from the executor plugin; when it cannot be resolved, only the runner's own.
 pub(crate) async fn runner_info(loaded: &Loaded, runner: &RunnerConfig) -> VersionInfo {
     let executor = async {
-        let plugins = super::run::plugin_host(loaded).await?;
+        let plugins = setup::plugin_host(loaded).await?;
         crate::executor::ResolvedExecutor::resolve(&plugins, runner.executor_plugin(), &runner.executor_config_json())
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))
@@ -121,43 +122,8 @@ pub(crate) async fn runner_info(loaded: &Loaded, runner: &RunnerConfig) -> Versi
         }
     };
     let mut info = VersionInfo::this_runner(&runner.executor, &shell, features);
-    info.labels = labels(&loaded.config, runner);
+    info.labels = setup::labels(&loaded.config, runner);
     info
-}
-
-/// The labels GitLab gets for `runner`: the global `labels`, overlaid by the runner's.
-pub(crate) fn labels(config: &Config, runner: &RunnerConfig) -> std::collections::BTreeMap<String, String> {
-    let mut labels = config.labels.clone();
-    labels.extend(runner.labels.clone());
-    labels
-}
-
-fn client_with(
-    tls: &config::tls::TlsFiles,
-    hook: Option<crate::gitlab::client::RequestHook>,
-) -> anyhow::Result<GitLabClient> {
-    let tls_client_cert = match (&tls.cert_file, &tls.key_file) {
-        (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
-        (None, None) => None,
-        _ => anyhow::bail!("tls-cert-file and tls-key-file go together"),
-    };
-    Ok(GitLabClient::new(ClientOptions {
-        hook,
-        tls_ca_file: tls.ca_file.clone(),
-        tls_client_cert,
-        ..ClientOptions::default()
-    })?)
-}
-
-/// A client honouring a runner's TLS files: `tls-ca-file`, `tls-cert-file`/`tls-key-file`,
-/// or `<host>.crt`, `<host>.auth.crt`/`<host>.auth.key` in `certs_dir` (gitlab-runner's
-/// discovery). The system's trusted certificates are always trusted too.
-pub fn client_for(
-    runner: &RunnerConfig,
-    certs_dir: &Path,
-    hook: Option<crate::gitlab::client::RequestHook>,
-) -> anyhow::Result<GitLabClient> {
-    client_with(&runner.tls_files(certs_dir), hook).map_err(|e| anyhow::anyhow!("runner {:?}: {e:#}", runner.name))
 }
 
 fn new_config() -> Config {
@@ -201,7 +167,7 @@ pub async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCod
     runner.tls_ca_file = args.tls_ca_file.clone();
     runner.tls_cert_file = args.tls_cert_file.clone();
     runner.tls_key_file = args.tls_key_file.clone();
-    let client = client_for(&runner, &config::tls::certs_dir(path), None)?;
+    let client = setup::client_for(&runner, &config::tls::certs_dir(path), None)?;
     let info = runner_info(&loaded, &runner).await;
     let details = if args.token.starts_with("glrt-") {
         if args.tag_list.is_some()
@@ -245,36 +211,11 @@ pub async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCod
         runner.token = details.token.clone();
     }
     runner.id = details.id;
-    runner.token_obtained_at = Some(chrono::Utc::now().with_nanosecond_truncated());
+    runner.token_obtained_at = Some(setup::now_in_seconds());
     runner.token_expires_at = details.token_expires_at;
     config::edit::add_runner(path, &runner)?;
     println!("Runner registered successfully (id {}). Config written to {}", details.id, path.display());
     Ok(ExitCode::SUCCESS)
-}
-
-/// Reset the token of `runners[index]` of the config file at `path` at GitLab and write the
-/// new one (with `token_obtained_at` and `token_expires_at`) into the file in place. The
-/// runner's `token` in the file must be the literal `runner.token` still.
-pub(crate) async fn reset_runner_token(
-    path: &Path,
-    index: usize,
-    runner: &RunnerConfig,
-    system_id: &str,
-) -> anyhow::Result<TokenUpdate> {
-    let client = client_for(runner, &config::tls::certs_dir(path), None)?;
-    let creds = RunnerCredentials {
-        url: runner.resolved_url(),
-        token: runner.resolved_token(),
-        system_id: system_id.to_string(),
-    };
-    let reset = client.reset_token(&creds).await?;
-    let update = TokenUpdate {
-        token: reset.token,
-        obtained_at: chrono::Utc::now().with_nanosecond_truncated(),
-        expires_at: reset.token_expires_at,
-    };
-    config::edit::set_runner_token(path, index, &runner.token, &update)?;
-    Ok(update)
 }
 
 /// `runway reset-token`: new tokens for the selected runners, written into config.toml.
@@ -302,7 +243,7 @@ pub async fn reset_token(args: ResetTokenArgs, path: &Path) -> anyhow::Result<Ex
     for i in selected {
         let runner = &loaded.config.runners[i];
         let short = config::short_token(&runner.resolved_token());
-        match reset_runner_token(path, i, runner, &system_id).await {
+        match setup::reset_runner_token(path, i, runner, &system_id).await {
             Ok(update) => println!(
                 "Resetting runner authentication token... succeeded  runner={short} name={:?} new={}{}",
                 runner.name,
@@ -321,17 +262,6 @@ pub async fn reset_token(args: ResetTokenArgs, path: &Path) -> anyhow::Result<Ex
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
-trait TruncateNanos {
-    fn with_nanosecond_truncated(self) -> Self;
-}
-
-impl TruncateNanos for chrono::DateTime<chrono::Utc> {
-    fn with_nanosecond_truncated(self) -> Self {
-        use chrono::Timelike;
-        self.with_nanosecond(0).unwrap_or(self)
-    }
-}
-
 /// `runway verify [--delete]`.
 pub async fn verify(path: &Path, delete: bool) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -344,7 +274,7 @@ pub async fn verify(path: &Path, delete: bool) -> anyhow::Result<ExitCode> {
             token: runner.resolved_token(),
             system_id: system_id.clone(),
         };
-        let client = client_for(runner, &config::tls::certs_dir(path), None)?;
+        let client = setup::client_for(runner, &config::tls::certs_dir(path), None)?;
         match client.verify(&creds, &runner_info(&loaded, runner).await).await {
             Ok(_) => {
                 println!("Verifying runner... is valid  runner={}", config::short_token(&runner.resolved_token()));
@@ -396,7 +326,7 @@ pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<Exi
             token: runner.resolved_token(),
             system_id: system_id.clone(),
         };
-        let client = client_for(runner, &config::tls::certs_dir(path), None)?;
+        let client = setup::client_for(runner, &config::tls::certs_dir(path), None)?;
         let result = if runner.resolved_token().starts_with("glrt-") {
             client.unregister_manager(&creds).await
         } else {
@@ -426,8 +356,8 @@ pub fn lint(path: &Path) -> anyhow::Result<ExitCode> {
         anyhow::bail!("config file not found: {}", path.display());
     }
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (unknown, other): (Vec<&String>, Vec<&String>) =
-        loaded.warnings.iter().partition(|w| w.ends_with("unknown key (ignored)"));
+    let (unknown, other): (Vec<&ConfigWarning>, Vec<&ConfigWarning>) =
+        loaded.warnings.iter().partition(|w| w.kind == WarningKind::UnknownKey);
     for warning in &other {
         eprintln!("{warning}");
     }

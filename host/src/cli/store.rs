@@ -90,18 +90,33 @@ enum Access {
     Write,
 }
 
-/// The runner's store, `None` (with the reason) when it is off or has never been written.
-async fn open(runner: &RunnerConfig, path: &Path, access: Access) -> anyhow::Result<Result<Arc<dyn JobStore>, String>> {
+/// Why a runner has no store to read.
+#[derive(Debug, thiserror::Error)]
+enum NoStore {
+    /// `[runners.store]` turns it off.
+    #[error("the job store is off (name = \"none\")")]
+    Off,
+    /// A file store that was never written.
+    #[error("no entries: {} does not exist yet", .0.display())]
+    NotWritten(std::path::PathBuf),
+}
+
+/// The runner's store, or why there is none (it is off or has never been written).
+async fn open(
+    runner: &RunnerConfig,
+    path: &Path,
+    access: Access,
+) -> anyhow::Result<Result<Arc<dyn JobStore>, NoStore>> {
     let vars =
         StorePathVariables { version: crate::buildinfo::VERSION, revision: crate::buildinfo::REVISION, tags: "" };
     let settings = runner.store_settings(path, &vars)?;
     // Nothing here unseals a body: the store key is not read (nor created).
     let key = StoreKey::from_bytes(rand::random());
     match settings.backend {
-        None => Ok(Err("the job store is off (name = \"none\")".into())),
+        None => Ok(Err(NoStore::Off)),
         Some(Backend::File { path: dir }) => {
             if !dir.exists() {
-                return Ok(Err(format!("no entries: {} does not exist yet", dir.display())));
+                return Ok(Err(NoStore::NotWritten(dir)));
             }
             let store = match access {
                 Access::Read => FileStore::open_read_only(&dir, key)?,

@@ -4,10 +4,64 @@
 //! so no table of a gitlab-runner config.toml is silently absorbed. Keys neither knows get
 //! `unknown key (ignored)`.
 //!
-//! Owns: the classification of a key path and the text of the warning. Must not touch: the
-//! model or what a key means (the loader in `config` decides what it reads).
+//! Owns: the classification of a key path and the warning ([`ConfigWarning`]: its kind, for
+//! callers that sort warnings, and its text, for people). Must not touch: the model or what a
+//! key means (the loader in `config` decides what it reads).
 
+use std::fmt;
 use std::path::Path;
+
+/// What a config warning is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarningKind {
+    /// A key neither gitlab-runner nor Runway knows.
+    UnknownKey,
+    /// A gitlab-runner key Runway does not act on.
+    Unsupported,
+    /// Anything else (a setting that works badly, such as too low a `concurrent`).
+    Other,
+}
+
+/// One warning about a loaded config: its kind, and its line for a person (naming file, line
+/// and key). It reads as that line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// What it is about.
+    pub kind: WarningKind,
+    text: String,
+}
+
+impl ConfigWarning {
+    /// A warning of `kind` reading `text`.
+    pub fn new(kind: WarningKind, text: String) -> Self {
+        ConfigWarning { kind, text }
+    }
+}
+
+impl fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::ops::Deref for ConfigWarning {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.text
+    }
+}
+
+impl std::borrow::Borrow<str> for ConfigWarning {
+    fn borrow(&self) -> &str {
+        &self.text
+    }
+}
+
+impl PartialEq<str> for ConfigWarning {
+    fn eq(&self, other: &str) -> bool {
+        self.text == other
+    }
+}
 
 /// gitlab-runner's keys, one dotted path a line (`runners.cache.s3.BucketName`).
 const GITLAB_RUNNER_KEYS: &str = include_str!("gitlab_runner_keys.txt");
@@ -60,15 +114,20 @@ pub fn is_honoured_elsewhere(path: &str) -> bool {
 
 /// The warning for a key the model did not read: `not supported by Runway` for gitlab-runner's
 /// keys, `unknown key (ignored)` for others; `None` for keys honoured elsewhere.
-pub fn warning(path: &Path, line: Option<usize>, key: &str) -> Option<String> {
+pub fn warning(path: &Path, line: Option<usize>, key: &str) -> Option<ConfigWarning> {
     if is_honoured_elsewhere(key) {
         return None;
     }
-    let what = if is_gitlab_runner_key(key) { "not supported by Runway (ignored)" } else { "unknown key (ignored)" };
-    Some(match line {
+    let (kind, what) = if is_gitlab_runner_key(key) {
+        (WarningKind::Unsupported, "not supported by Runway (ignored)")
+    } else {
+        (WarningKind::UnknownKey, "unknown key (ignored)")
+    };
+    let text = match line {
         Some(line) => format!("{}:{line}: {key}: {what}", path.display()),
         None => format!("{}: {key}: {what}", path.display()),
-    })
+    };
+    Some(ConfigWarning::new(kind, text))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::duration::duration_str;
+use super::hosts::{AllowedHosts, HostGrantError};
 
 /// `[plugins.NAME]`.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
@@ -17,8 +18,9 @@ pub struct PluginGrant {
     /// Plugin file, relative to `plugins_dir`; default `<name>.wasm`.
     #[serde(default)]
     pub file: Option<PathBuf>,
-    /// Hosts the plugin may reach over wasi:http (`host` or `host:port`, `*.example.com`).
-    #[serde(default)]
+    /// Hosts the plugin may reach over wasi:http (`host` or `host:port`, `*.example.com`,
+    /// `[::1]:8080`), each checked when the config is loaded ([`AllowedHosts`]).
+    #[serde(default, deserialize_with = "host_entries")]
     pub allow_hosts: Vec<String>,
     /// Environment variables copied from the runner's environment into the plugin's.
     #[serde(default)]
@@ -70,6 +72,21 @@ fn in_range<'de, D: serde::Deserializer<'de>, const MIN: u64, const MAX: u64>(d:
         Ok(value)
     } else {
         Err(serde::de::Error::custom(format!("{value} is out of range: must be from {MIN} to {MAX}")))
+    }
+}
+
+/// Deserialize `allow_hosts`, refusing entries that are not of the documented form (the
+/// error names the entry; the config loader adds file, line and key).
+fn host_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let entries = Vec::<String>::deserialize(d)?;
+    AllowedHosts::parse(&entries).map_err(serde::de::Error::custom)?;
+    Ok(entries)
+}
+
+impl PluginGrant {
+    /// `allow_hosts` parsed: what the `wasi:http` hooks match requests against.
+    pub fn allowed_hosts(&self) -> Result<AllowedHosts, HostGrantError> {
+        AllowedHosts::parse(&self.allow_hosts)
     }
 }
 
@@ -182,6 +199,18 @@ mod tests {
         assert_eq!(grant.allow_docker.len(), 4);
         let err = toml::from_str::<PluginGrant>(r#"allow_docker = ["docker.sock"]"#).expect_err("bad").to_string();
         assert!(err.contains("docker.sock") && err.contains("not a Docker endpoint"), "{err}");
+    }
+
+    #[test]
+    fn host_entries_are_checked_at_load() {
+        let grant: PluginGrant =
+            toml::from_str(r#"allow_hosts = ["api.example.com", "*.amazonaws.com", "127.0.0.1:8080", "[::1]:9000"]"#)
+                .expect("ok");
+        assert_eq!(grant.allowed_hosts().expect("parsed").patterns().len(), 4);
+        let err = toml::from_str::<PluginGrant>(r#"allow_hosts = ["https://api.example.com"]"#)
+            .expect_err("scheme")
+            .to_string();
+        assert!(err.contains("https://api.example.com") && err.contains("scheme"), "{err}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod edit;
 mod error;
 pub mod fidelity;
 pub mod grant;
+pub mod hosts;
 pub mod limits;
 mod lines;
 pub mod router;
@@ -28,6 +29,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::duration::duration_str;
+use crate::config::fidelity::{ConfigWarning, WarningKind};
 use crate::config::grant::PluginGrant;
 pub use error::{ConfigError, Invalid};
 use lines::{key_at_line, line_of_key, line_of_offset, runner_header_line, sub_table_line, text_has_shell_section};
@@ -363,7 +365,7 @@ pub struct Loaded {
     /// The parsed file.
     pub config: Config,
     /// Warnings (unknown keys, long polling issues), each naming file, line and key.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<ConfigWarning>,
     /// The file it was loaded from.
     pub path: PathBuf,
 }
@@ -462,7 +464,7 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
             return Err(e);
         }
     }
-    let mut warnings: Vec<String> =
+    let mut warnings: Vec<ConfigWarning> =
         unknown.iter().filter_map(|k| fidelity::warning(path, line_of_key(text, k), k)).collect();
     if config.connection_max_age.is_some() {
         warnings.extend(fidelity::warning(path, line_of_key(text, "connection_max_age"), "connection_max_age"));
@@ -585,11 +587,14 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
     }
     limits::check(&config, text, path, purpose)?;
     if config.concurrent < config.runners.len() {
-        warnings.push(format!(
-            "{}: CONFIGURATION: Long polling issues detected: concurrent ({}) is lower than the number of runners ({}); some runners' long polls will wait for capacity",
-            path.display(),
-            config.concurrent,
-            config.runners.len()
+        warnings.push(ConfigWarning::new(
+            WarningKind::Other,
+            format!(
+                "{}: CONFIGURATION: Long polling issues detected: concurrent ({}) is lower than the number of runners ({}); some runners' long polls will wait for capacity",
+                path.display(),
+                config.concurrent,
+                config.runners.len()
+            ),
         ));
     }
     Ok(Loaded { config, warnings, path: path.to_path_buf() })
@@ -598,7 +603,7 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
 /// Warnings for keys of the runners' typed sub-tables (`[runners.cache]`,
 /// `[runners.autoscaler]`, `[runners.machine]`, `[runners.store]`) their models do not read,
 /// leaving out what `already` reported.
-fn nested_warnings(text: &str, path: &Path, already: &[String]) -> Vec<String> {
+fn nested_warnings(text: &str, path: &Path, already: &[String]) -> Vec<ConfigWarning> {
     let Ok(table) = text.parse::<toml::Table>() else { return Vec::new() };
     let Some(runners) = table.get("runners").and_then(toml::Value::as_array) else { return Vec::new() };
     let seen: std::collections::BTreeSet<String> = already.iter().map(|k| fidelity::normalize(k)).collect();

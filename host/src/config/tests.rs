@@ -325,3 +325,13 @@ fn a_gitlab_runner_config_loads_and_names_every_key_runway_does_not_support() {
     assert_eq!(runner.executor_config_json(), "{}");
     assert!(runner.sections.contains_key("docker") && !runner.sections.contains_key("kubernetes"));
 }
+
+#[test]
+fn a_bad_allow_hosts_entry_fails_the_load_at_its_line() {
+    let text = "concurrent = 1\n[plugins.fleeting-aws]\nmemory_mb = 64\nallow_hosts = [\"ec2.eu-west-1.amazonaws.com\", \"https://autoscaling.example\"]\n";
+    let e = parse_str(text).expect_err("a URL is not a host");
+    let shown = e.to_string();
+    assert!(shown.starts_with("/etc/runway/config.toml:4: plugins.fleeting-aws.allow_hosts: "), "{shown}");
+    assert!(shown.contains("\"https://autoscaling.example\" is not a host"), "{shown}");
+    parse_str(&text.replace("https://", "")).expect("a host loads");
+}

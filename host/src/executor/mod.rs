@@ -29,12 +29,12 @@ use crate::bindings::executor::runway::executor0_1_0::types::Features;
 use crate::capability::CallContext;
 use crate::plugin::{LoadedPlugin, PluginHost};
 
-pub use crate::capability::job_config::{JobOverrides, Reconfigure, Replanned};
+pub use crate::capability::replan::{JobOverrides, Reconfigure, ReplanError, Replanned};
 pub use failure::ExecutorFailure;
 pub use instance::{depends_on_home, resolve_in_home, ConnectedInstance, InstanceError, InstanceLease, InstanceSource};
 pub use prepare::{prepare, resume, PrepareError, PrepareRequest, PREPARATION_ATTEMPTS, PREPARATION_RETRY_INTERVAL};
-pub use session::ExecutorSession;
-pub use stage::{run_stage, Stage, StageOutcome};
+pub use session::{run_stage, ExecutorSession};
+pub use stage::{Stage, StageOutcome};
 
 /// An executor plugin resolved for a runner, with what it said about itself.
 #[derive(Clone)]

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::bindings::executor::exports::runway::executor0_1_0::executor::Job;
 use crate::bindings::executor::runway::executor0_1_0::types::Image;
 use crate::bindings::executor::runway::host0_2_0::job::{Credential, ImageDetails, JobDetails, Variable};
-use crate::capability::job_config::Reconfigure;
+use crate::capability::replan::Reconfigure;
 use crate::capability::CallContext;
 use crate::executor::failure::ExecutorFailure;
 use crate::executor::instance::ConnectedInstance;

@@ -2,20 +2,22 @@
 //! environment `prepare` or `resume` created, and the rule that an instance which trapped is
 //! never entered again. Speaks the executor's domain types ([`Stage`], [`ExecutorFailure`]).
 //!
-//! Owns: [`ExecutorSession`]. Must not touch: retries and trace lines of preparation
+//! Owns: [`ExecutorSession`] and running one stage in it under its deadline ([`run_stage`]).
+//! Must not touch: retries and trace lines of preparation
 //! ([`super::prepare`]), instances ([`super::instance`]), jobs.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use wasmtime::component::ResourceAny;
 
 use crate::bindings::executor::exports::runway::executor0_1_0::executor::{Job, StageScript};
 use crate::capability::CallContext;
 use crate::executor::failure::ExecutorFailure;
-use crate::executor::stage::Stage;
+use crate::executor::stage::{Stage, StageOutcome};
 use crate::plugin::executor::{ExecutorCall, ExecutorInstance};
 use crate::plugin::{LoadedPlugin, PluginError, PluginHost};
-use crate::stop::StopSignal;
+use crate::stop::{StopReason, StopSignal};
 
 /// One job's instance of an executor plugin.
 pub struct ExecutorSession {
@@ -102,5 +104,30 @@ impl ExecutorSession {
         if let Err(error) = self.instance.cleanup(env).await {
             tracing::warn!("executor cleanup failed: {error}");
         }
+    }
+}
+
+/// Run `stage` in `session`; `stop` is fired by the caller's controls, and additionally
+/// with `TimedOut` once `timeout` elapses.
+pub async fn run_stage(
+    session: &mut ExecutorSession,
+    stage: &Stage,
+    stop: StopSignal,
+    timeout: Duration,
+) -> StageOutcome {
+    let timer = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            stop.stop(StopReason::TimedOut);
+        })
+    };
+    let result = session.run(stage, stop.clone()).await;
+    timer.abort();
+    match (result, stop.reason()) {
+        (_, Some(reason)) => StageOutcome::Stopped(reason),
+        (Ok(code), None) => StageOutcome::Exited(code),
+        (Err(ExecutorFailure::Canceled), None) => StageOutcome::Stopped(StopReason::Canceled),
+        (Err(e), None) => StageOutcome::Failed(e),
     }
 }

@@ -140,12 +140,12 @@ pub fn classify(plugin: &str, failure: RawFailure, state: &PluginState) -> Plugi
             let text = format!("{err:#}");
             if let Some(over) = err.downcast_ref::<OverBudget>() {
                 (PluginErrorKind::Timeout, over.to_string())
-            } else if text.contains("growing memory") {
+            } else if state.limits.memory_refused() {
                 (PluginErrorKind::MemoryLimit, format!("memory_mb = {} exceeded ({text})", state.grant.memory_mb))
             } else if matches!(err.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
                 (PluginErrorKind::Timeout, "interrupted".to_string())
             } else {
-                let tail = state.stderr_tail();
+                let tail = state.stderr().last_lines(MAX_PLUGIN_MESSAGE / 2);
                 if tail.is_empty() {
                     (PluginErrorKind::Trap, text)
                 } else {

@@ -23,6 +23,7 @@ pub mod engine;
 pub mod executor;
 pub mod file;
 pub mod fleeting;
+pub mod limits;
 pub mod metadata;
 pub mod registry;
 pub mod state;
@@ -33,7 +34,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use crate::capability::docker::HelperImageSource;
+pub use crate::capability::docker::{HelperImageError, HelperImageSource};
 pub use crate::capability::remote::StageOutput;
 pub use call::{bound_message, PluginError, PluginErrorKind, MAX_PLUGIN_MESSAGE};
 pub use executor::{ExecutorCall, ExecutorInstance};

@@ -19,11 +19,12 @@ use crate::capability::log::LogLimiter;
 use crate::capability::remote::StageOutput;
 use crate::capability::CallContext;
 use crate::config::grant::PluginGrant;
+use crate::config::hosts::{AllowedHosts, HostGrantError};
 use crate::plugin::cache::{content_hash, CompileCache};
 use crate::plugin::call::{arm, classify, guarded, PluginError, PluginErrorKind};
 use crate::plugin::engine::PluginEngine;
 use crate::plugin::metadata::{self, MetadataError, PluginKind, PluginMeta};
-use crate::plugin::state::{add_executor_imports, add_fleeting_imports, PluginState};
+use crate::plugin::state::{add_executor_imports, add_fleeting_imports, PluginState, SharedByInstances};
 
 pub use crate::plugin::file::MAX_PLUGIN_FILE;
 use crate::plugin::file::{read_plugin_file, FileError};
@@ -57,6 +58,10 @@ pub enum LoadError {
         /// The built-in's name.
         plugin: String,
     },
+    /// Its grant's `allow_hosts` has an entry that is no host (a grant made in code: one from
+    /// config.toml was checked when the file was loaded).
+    #[error("allow_hosts: {0}")]
+    Hosts(#[from] HostGrantError),
     /// Compilation failed (or its task died).
     #[error("{0}")]
     Compile(String),
@@ -126,6 +131,8 @@ pub struct LoadedPlugin {
     pub content_hash: String,
     /// What it may do.
     pub grant: Arc<PluginGrant>,
+    /// The grant's `allow_hosts`, parsed when the plugin was loaded.
+    pub(crate) hosts: Arc<AllowedHosts>,
     /// Whether the compiled code came from the on-disk cache.
     pub from_cache: bool,
     /// When it was loaded.
@@ -148,8 +155,7 @@ impl LoadedPlugin {
         let state = PluginState::new(
             name,
             self.grant.clone(),
-            self.kv.clone(),
-            self.log.clone(),
+            SharedByInstances { kv: self.kv.clone(), log: self.log.clone(), hosts: self.hosts.clone() },
             call,
             self.helper_image.clone(),
             self.stage_output,
@@ -337,6 +343,7 @@ impl Registry {
     ) -> Result<Arc<LoadedPlugin>, LoadError> {
         let meta = metadata::read(&bytes)?;
         let grant = Arc::new(self.grant_for(&meta, &source, binding)?);
+        let hosts = Arc::new(grant.allowed_hosts()?);
         let hash = content_hash(&bytes);
         let engine = self.engine.engine.clone();
         let cache_hash = hash.clone();
@@ -370,6 +377,7 @@ impl Registry {
             source,
             content_hash: hash,
             grant,
+            hosts,
             from_cache,
             loaded_at: SystemTime::now(),
             pre,

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime::StoreLimitsBuilder;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
@@ -24,6 +24,8 @@ use crate::capability::remote::{HasRemote, RemoteCtx, RemoteView, StageOutput};
 use crate::capability::trace::{HasTrace, TraceView};
 use crate::capability::{CallBudget, CallContext, TypesOnly};
 use crate::config::grant::PluginGrant;
+use crate::config::hosts::AllowedHosts;
+use crate::plugin::limits::PluginLimits;
 use crate::plugin::stderr::StderrTail;
 
 /// Store data of every plugin instance.
@@ -33,7 +35,7 @@ pub struct PluginState {
     http: WasiHttpCtx,
     http_policy: HttpPolicy,
     table: ResourceTable,
-    pub(crate) limits: StoreLimits,
+    pub(crate) limits: PluginLimits,
     pub(crate) budget: Arc<CallBudget>,
     pub(crate) call: CallContext,
     log: LogCtx,
@@ -44,14 +46,24 @@ pub struct PluginState {
     stderr: StderrTail,
 }
 
+/// What every instance of one loaded plugin shares: its kv store, its log budget and its
+/// grant's `allow_hosts` (parsed once, when the plugin was loaded).
+pub struct SharedByInstances {
+    /// The plugin's kv store.
+    pub kv: Arc<KvStore>,
+    /// The plugin's log budget.
+    pub log: Arc<LogLimiter>,
+    /// The hosts it may reach over `wasi:http`.
+    pub hosts: Arc<AllowedHosts>,
+}
+
 impl PluginState {
-    /// Store data for one instance of `plugin` under `grant`, with the plugin's kv store and
-    /// log budget (both shared by all its instances).
+    /// Store data for one instance of `plugin` under `grant`, with what all its instances
+    /// share.
     pub fn new(
         plugin: Arc<str>,
         grant: Arc<PluginGrant>,
-        kv: Arc<KvStore>,
-        log: Arc<LogLimiter>,
+        shared: SharedByInstances,
         call: CallContext,
         helper_image: Option<HelperImageSource>,
         stage_output: StageOutput,
@@ -83,15 +95,16 @@ impl PluginState {
             .memories(16)
             .trap_on_grow_failure(true)
             .build();
+        let limits = PluginLimits::new(limits);
         let mut http = WasiHttpCtx::new();
         http.set_field_size_limit(64 * 1024);
         // Most bytes one host call may buffer for this plugin.
         let max_buffer = usize::try_from(grant.max_buffer_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         Ok(PluginState {
-            http_policy: HttpPolicy::new(plugin.clone(), &grant.allow_hosts),
+            http_policy: HttpPolicy::new(plugin.clone(), shared.hosts),
             budget: CallBudget::new(grant.call_timeout),
-            log: LogCtx::new(plugin.clone(), log),
-            kv: KvCtx::new(kv),
+            log: LogCtx::new(plugin.clone(), shared.log),
+            kv: KvCtx::new(shared.kv),
             process: ProcessCtx::new(plugin, grant.allow_process, max_buffer),
             remote: RemoteCtx::new(max_buffer, grant.allow_process, stage_output),
             docker: DockerCtx::new(docker, max_buffer, helper_image),
@@ -140,23 +153,9 @@ impl PluginState {
         JobView { call: &self.call }
     }
 
-    /// The last lines the plugin wrote to stderr (a panic message, usually), at most
-    /// [`crate::plugin::call::MAX_PLUGIN_MESSAGE`] bytes of them.
-    pub fn stderr_tail(&self) -> String {
-        let bytes = self.stderr.contents();
-        let text = String::from_utf8_lossy(&bytes);
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
-        // Keep the end (where a panic message is), not the start.
-        let max = crate::plugin::call::MAX_PLUGIN_MESSAGE / 2;
-        if tail.len() <= max {
-            return tail;
-        }
-        let mut start = tail.len() - max;
-        while !tail.is_char_boundary(start) {
-            start += 1;
-        }
-        format!("… {}", &tail[start..])
+    /// What the plugin wrote to stderr (its tail).
+    pub(crate) fn stderr(&self) -> &StderrTail {
+        &self.stderr
     }
 }
 

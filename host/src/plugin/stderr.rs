@@ -5,7 +5,8 @@
 //! wasmtime-wasi's `MemoryOutputPipe` fails writes past its capacity, so a plugin that wrote
 //! more than 64 KiB of stderr trapped on its next `eprintln!`. This pipe never refuses.
 //!
-//! Owns: [`StderrTail`]. Must not touch: how the tail is reported (`crate::plugin::call`).
+//! Owns: [`StderrTail`] and cutting its last lines to a length. Must not touch: how the tail
+//! is reported (`crate::plugin::call`).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -58,6 +59,24 @@ impl StderrTail {
     /// The bytes kept (the last [`STDERR_TAIL`] written).
     pub fn contents(&self) -> Vec<u8> {
         self.lock().bytes.clone()
+    }
+
+    /// The last three non-empty lines kept (a panic message, usually), joined with ` | `, at
+    /// most `max` bytes of their end.
+    pub fn last_lines(&self, max: usize) -> String {
+        let bytes = self.contents();
+        let text = String::from_utf8_lossy(&bytes);
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
+        // Keep the end (where a panic message is), not the start.
+        if tail.len() <= max {
+            return tail;
+        }
+        let mut start = tail.len() - max;
+        while !tail.is_char_boundary(start) {
+            start += 1;
+        }
+        format!("… {}", &tail[start..])
     }
 
     /// How many earlier bytes were discarded.

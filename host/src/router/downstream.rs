@@ -163,7 +163,7 @@ async fn request_job(State(inner): Shared, headers: HeaderMap, body: Bytes) -> R
         };
         let id = match (taken, rx) {
             (Some(h), _) => {
-                upstream::after_hand_out(&inner, vec![h.clone()]).await;
+                persist::after_hand_out(&inner, vec![h.clone()]).await;
                 h.id
             }
             (None, Some(mut rx)) => {

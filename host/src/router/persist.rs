@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::state::{Phase, Routed};
-use super::{upstream, Inner};
+use super::state::{Handed, Phase, Routed};
+use super::Inner;
 use crate::store::jobs::{Entry, EntryMeta, JobStoreError, Listed};
 
 /// The sealed body of an entry.
@@ -100,6 +100,14 @@ async fn save_inner(inner: &Arc<Inner>, id: i64, heartbeat: bool) {
     }
 }
 
+/// Book and save jobs handed to waiting requests.
+pub(super) async fn after_hand_out(inner: &Arc<Inner>, handed: Vec<Handed>) {
+    for h in handed {
+        inner.stats.dispatched(h.downstream, &h.project_path, h.waited);
+        save(inner, h.id).await;
+    }
+}
+
 /// The job was let go of (`removed` is what the state held): delete its entry.
 pub(super) async fn forget(inner: &Arc<Inner>, removed: &Routed) {
     let mut saved = removed.saved.lock().await;
@@ -152,7 +160,7 @@ pub(super) async fn take_over(inner: &Arc<Inner>) {
                         let mut st = inner.lock();
                         st.hand_out(&inner.settings.downstreams, inner.settings.accept_timeout)
                     };
-                    upstream::after_hand_out(inner, handed).await;
+                    after_hand_out(inner, handed).await;
                     save(inner, id).await;
                 }
                 Err(e) => tracing::error!(job = id, "stored routed job cannot be read: {e}"),
@@ -164,9 +172,23 @@ pub(super) async fn take_over(inner: &Arc<Inner>) {
     inner.wake.notify_waiters();
 }
 
+/// Why a stored job cannot be held again (only logged).
+#[derive(Debug, thiserror::Error)]
+enum RestoreError {
+    /// The entry's body is not a record of this format.
+    #[error("{0}")]
+    Record(#[from] serde_json::Error),
+    /// The job's GitLab is no longer configured.
+    #[error("its GitLab {0} is no longer an upstream")]
+    UpstreamGone(String),
+    /// The stored payload does not decode.
+    #[error("{0}")]
+    Payload(#[from] crate::payload::PayloadError),
+}
+
 /// Put the stored job back into the state.
-fn restore(inner: &Arc<Inner>, id: i64, body: &[u8]) -> Result<&'static str, String> {
-    let record: Record = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+fn restore(inner: &Arc<Inner>, id: i64, body: &[u8]) -> Result<&'static str, RestoreError> {
+    let record: Record = serde_json::from_slice(body)?;
     let settings = &inner.settings;
     let index = |name: &str| settings.downstreams.iter().position(|d| d.name == name);
     let upstream = match settings.upstreams.get(record.upstream) {
@@ -175,9 +197,9 @@ fn restore(inner: &Arc<Inner>, id: i64, body: &[u8]) -> Result<&'static str, Str
             .upstreams
             .iter()
             .position(|u| u.url == record.upstream_url)
-            .ok_or_else(|| format!("its GitLab {} is no longer an upstream", record.upstream_url))?,
+            .ok_or_else(|| RestoreError::UpstreamGone(record.upstream_url.clone()))?,
     };
-    let mut job = upstream::routed(id, record.token, upstream, bytes::Bytes::from(record.payload), record.seq)?;
+    let mut job = Routed::from_payload(id, record.token, upstream, bytes::Bytes::from(record.payload), record.seq)?;
     job.declined = record.declined.iter().filter_map(|n| index(n)).collect();
     job.upstream_trace_size = record.upstream_trace_size;
     job.two_phase = record.two_phase;

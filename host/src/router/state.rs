@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use super::queue::{Queue, Queued};
 use super::Downstream;
 use crate::config::router::Policy;
+use crate::payload::{JobResponse, PayloadError};
 
 /// Where a held job is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,9 +124,41 @@ impl Routed {
         }
     }
 
+    /// A job just taken from GitLab, its payload `raw` read for what routing needs (project,
+    /// pipeline, tags): queued, arrival number `seq`.
+    pub fn from_payload(
+        id: i64,
+        token: String,
+        upstream: usize,
+        raw: bytes::Bytes,
+        seq: u64,
+    ) -> Result<Self, PayloadError> {
+        let job = JobResponse::from_json(&raw)?;
+        let tags = job.variable("CI_JOB_TAGS").map(parse_tags).unwrap_or_default();
+        let origin = Origin {
+            id,
+            token,
+            upstream,
+            raw,
+            project: job.job_info.project_id,
+            pipeline: job.job_info.pipeline_id,
+            project_path: job.job_info.project_full_path.clone(),
+            tags,
+        };
+        Ok(Routed::new(origin, seq))
+    }
+
     fn queued(&self) -> Queued {
         Queued { id: self.origin.id, project: self.origin.project, pipeline: self.origin.pipeline }
     }
+}
+
+/// `CI_JOB_TAGS` as a JSON array (`["a","b"]`) or a comma-separated list.
+fn parse_tags(value: &str) -> Vec<String> {
+    if let Ok(list) = serde_json::from_str::<Vec<String>>(value) {
+        return list;
+    }
+    value.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_string).collect()
 }
 
 /// A downstream job request waiting for a job.
@@ -355,6 +388,13 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tags_come_as_json_or_a_list() {
+        assert_eq!(parse_tags(r#"["linux","docker"]"#), vec!["linux", "docker"]);
+        assert_eq!(parse_tags("linux, docker,"), vec!["linux", "docker"]);
+        assert!(parse_tags("").is_empty());
+    }
 
     fn downstreams() -> Vec<Downstream> {
         vec![

@@ -14,12 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::persist;
-use super::state::{Handed, Origin, Phase, Routed, State};
+use super::state::{Phase, Routed, State};
 use super::stats::DeclineReason;
 use super::{Inner, CHECK_INTERVAL};
 use crate::gitlab::api::{JobApi, JobState, JobUpdate, PatchOutcome, UpdateOutcome};
 use crate::gitlab::client::{JobClient, ReceivedJob, RequestJobResult, RunnerCredentials};
-use crate::payload::JobResponse;
 
 /// How often offers and leases are checked against their deadlines.
 const SWEEP: Duration = Duration::from_millis(250);
@@ -146,35 +145,10 @@ fn with_two_phase(mut info: serde_json::Value) -> serde_json::Value {
     info
 }
 
-/// A held job from GitLab's payload (`raw`), queued.
-pub(super) fn routed(id: i64, token: String, upstream: usize, raw: bytes::Bytes, seq: u64) -> Result<Routed, String> {
-    let job = JobResponse::from_json(&raw).map_err(|e| e.to_string())?;
-    let tags = job.variable("CI_JOB_TAGS").map(parse_tags).unwrap_or_default();
-    let origin = Origin {
-        id,
-        token,
-        upstream,
-        raw,
-        project: job.job_info.project_id,
-        pipeline: job.job_info.pipeline_id,
-        project_path: job.job_info.project_full_path.clone(),
-        tags,
-    };
-    Ok(Routed::new(origin, seq))
-}
-
-/// `CI_JOB_TAGS` as a JSON array (`["a","b"]`) or a comma-separated list.
-fn parse_tags(value: &str) -> Vec<String> {
-    if let Ok(list) = serde_json::from_str::<Vec<String>>(value) {
-        return list;
-    }
-    value.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_string).collect()
-}
-
 /// A job GitLab handed out: hold it (store first), then give it to a waiting runner.
 async fn enqueue(inner: &Arc<Inner>, u: usize, received: ReceivedJob) {
     let seq = inner.lock().take_seq();
-    let job = match routed(received.job.id, received.job.token.clone(), u, received.raw.clone(), seq) {
+    let job = match Routed::from_payload(received.job.id, received.job.token.clone(), u, received.raw.clone(), seq) {
         Ok(j) => j,
         Err(e) => {
             tracing::error!(job = received.job.id, "cannot hold job: {e}");
@@ -205,15 +179,7 @@ async fn enqueue(inner: &Arc<Inner>, u: usize, received: ReceivedJob) {
     if !handed.iter().any(|h| h.id == id) {
         persist::save(inner, id).await;
     }
-    after_hand_out(inner, handed).await;
-}
-
-/// Book and save jobs handed to waiting requests.
-pub(super) async fn after_hand_out(inner: &Arc<Inner>, handed: Vec<Handed>) {
-    for h in handed {
-        inner.stats.dispatched(h.downstream, &h.project_path, h.waited);
-        persist::save(inner, h.id).await;
-    }
+    persist::after_hand_out(inner, handed).await;
 }
 
 /// The job calls of held job `id` at its GitLab, as the router.
@@ -278,7 +244,7 @@ pub(super) async fn give_back(inner: &Arc<Inner>, id: i64, by: Option<usize>, re
         );
     }
     persist::save(inner, id).await;
-    after_hand_out(inner, handed).await;
+    persist::after_hand_out(inner, handed).await;
     if stranded {
         inner.stats.failed("declined_by_all");
         fail(
@@ -438,13 +404,6 @@ use futures::StreamExt as _;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tags_come_as_json_or_a_list() {
-        assert_eq!(parse_tags(r#"["linux","docker"]"#), vec!["linux", "docker"]);
-        assert_eq!(parse_tags("linux, docker,"), vec!["linux", "docker"]);
-        assert!(parse_tags("").is_empty());
-    }
 
     #[test]
     fn the_router_asks_gitlab_with_two_phase_commit_on() {
