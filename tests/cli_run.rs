@@ -1,6 +1,9 @@
 //! `runway` as an administrator runs it: register/list/verify/unregister against the fake
 //! GitLab, then `runway run` as a real process with its signals, metrics and health.
 
+#[path = "support/wait.rs"]
+mod wait;
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -275,9 +278,19 @@ async fn a_broken_executor_plugin_leaves_only_its_runner_unhealthy_until_fixed()
     assert!(record.trace_text().contains("ok step_script"), "{}", record.trace_text());
 
     // The plugin that traps or fails in info() keeps its runners unhealthy, with a bounded error.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    let unhealthy = ["trapping", "huge-error", "truncated"];
+    let retried = |metrics: &str| {
+        unhealthy.iter().all(|name| {
+            runner_metric(metrics, "gitlab_runner_worker_health_check_failures_total", name).is_some_and(|n| n >= 2.0)
+        })
+    };
+    wait::until_async("the failing runners' health checks are retried", wait::WAIT, || {
+        let retried = &retried;
+        async move { retried(&scrape(port, "/metrics").await) }
+    })
+    .await;
     let metrics = scrape(port, "/metrics").await;
-    for name in ["trapping", "huge-error", "truncated"] {
+    for name in unhealthy {
         assert_eq!(runner_metric(&metrics, "runway_runner_healthy", name), Some(0.0), "{name}: {metrics}");
         let failures = runner_metric(&metrics, "gitlab_runner_worker_health_check_failures_total", name);
         assert!(failures.is_some_and(|n| n >= 2.0), "{name} is retried: {metrics}");

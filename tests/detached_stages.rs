@@ -228,14 +228,16 @@ async fn with_pipes_a_stage_streams_past_the_pipe_size_to_its_one_follower_and_c
         let (log, exit) = (path("01.log"), path("01.exit"));
         let script = "yes output; sleep 300\n";
         session.start_detached("sh", Some(script.as_bytes()), &log, &exit).await.expect("start");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let leader: i32 = std::fs::read_to_string(format!("{exit}.pid")).expect("pid").trim().parse().expect("pid");
-        let stop = StopSignal::new();
+        let pid = || std::fs::read_to_string(format!("{exit}.pid")).ok().and_then(|p| p.trim().parse::<i32>().ok());
+        wait_until("the stage's leader is known", || pid().is_some()).await;
+        let leader = pid().expect("pid");
+        let (stop, followed) = (StopSignal::new(), trace());
         let attached = {
-            let (session, stop, log, exit) = (session.clone(), stop.clone(), log.clone(), exit.clone());
-            tokio::spawn(async move { session.attach(&log, &exit, 0, &*trace(), &stop).await })
+            let (session, stop, log, exit, followed) =
+                (session.clone(), stop.clone(), log.clone(), exit.clone(), followed.clone());
+            tokio::spawn(async move { session.attach(&log, &exit, 0, &*followed, &stop).await })
         };
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        wait_until("the follower reads the stage's output", || !followed.contents().is_empty()).await;
         stop.stop(StopReason::Canceled);
         let result = attached.await.expect("task");
         assert!(matches!(result, Err(RemoteError::Canceled)), "{how}: {result:?}");

@@ -295,11 +295,15 @@ impl Drop for ThrowawayUser {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shell_jobs_run_as_the_configured_user() {
+    // Running jobs as another user needs a root runner (`su` asks root no password): without
+    // root this test cannot check anything, so it fails instead of passing untested.
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: running jobs as another user needs root (CI runs tests as root)");
-        return;
-    }
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "shell_jobs_run_as_the_configured_user must run as root (as CI runs the tests): the runner it starts switches \
+         to a throwaway user with su"
+    );
     let user = ThrowawayUser::create("runway-job-user");
     let fake = fake_with_repo().await;
     let runner = fake.create_runner("as user");

@@ -14,6 +14,8 @@ use runway::plugin::{HostSettings, PluginErrorKind, PluginHost};
 use runway::stop::{StopReason, StopSignal};
 use runway::trace::MemorySink;
 
+#[path = "support/wait.rs"]
+mod wait;
 #[path = "support/wit_job.rs"]
 mod wit_job;
 use wit_job::job;
@@ -177,15 +179,16 @@ async fn hot_reload_swaps_versions_without_disturbing_calls_in_flight() {
     std::fs::create_dir_all(&work).expect("mkdir");
     assert_eq!(host.plugins()["versioned"].meta.version, "1.0.0");
 
-    // A v1 call in flight: it waits for a file the test creates after the swap.
-    let gate = work.join("gate");
-    let script = format!("while [ ! -e {} ]; do sleep 0.05; done", gate.display());
+    // A v1 call in flight: it says it runs, then waits for a file the test creates after the
+    // swap.
+    let (started, gate) = (work.join("started"), work.join("gate"));
+    let script = format!("touch {}; while [ ! -e {} ]; do sleep 0.05; done", started.display(), gate.display());
     let in_flight = {
         let host = host.clone();
         let work = work.clone();
         tokio::spawn(async move { run_stage(&host, "versioned", &work, "step_script", &script).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait::until("the v1 call runs its stage", wait::WAIT, || started.exists()).await;
 
     install(&dir, "test_versioned_v2.wasm", "versioned.wasm");
     wait_for_version(&host, "versioned", "2.0.0").await;

@@ -4,6 +4,8 @@
 
 #[path = "support/sshd.rs"]
 mod sshd;
+#[path = "support/wait.rs"]
+mod wait;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -182,13 +184,12 @@ async fn dead_servers_fail_fast_with_connection_errors() {
     let key = ClientKey::generate();
     let mut server = SshServer::start(ADDR, &key);
     let session = Arc::new(connect(&server, &key).await);
+    let output = Arc::new(MemorySink::default());
     let running = {
-        let session = session.clone();
-        tokio::spawn(
-            async move { session.run("echo up; sleep 60", None, &MemorySink::default(), &StopSignal::new()).await },
-        )
+        let (session, output) = (session.clone(), output.clone());
+        tokio::spawn(async move { session.run("echo up; sleep 60", None, &*output, &StopSignal::new()).await })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait::until("the command runs", wait::WAIT, || output.text().contains("up")).await;
     let started = Instant::now();
     server.kill();
     let result = tokio::time::timeout(Duration::from_secs(20), running).await.expect("exec returned").expect("task");

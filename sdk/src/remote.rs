@@ -33,10 +33,8 @@ pub fn download(path: &str, max_bytes: u32) -> Result<Vec<u8>, RemoteError> {
     wit::download(path, max_bytes)
 }
 
-/// POSIX shell single-quoting, for paths in commands.
-pub fn quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
+/// POSIX shell single-quoting, for paths in commands (the host quotes with the same crate).
+pub use runway_shell_quote::quote;
 
 /// Does `path` exist? One cheap command (`test -e`).
 pub fn exists(path: &str) -> Result<bool, RemoteError> {

@@ -106,7 +106,10 @@ fn terminate(pid: i32, grace: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     signal(pid, libc::SIGKILL);
-    std::thread::sleep(Duration::from_millis(200));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     !alive(pid)
 }
 

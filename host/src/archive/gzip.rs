@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use flate2::{Compression, GzBuilder};
 
+use super::counting::Counting;
 use super::{ArchiveError, Written};
 
 /// Writes one gzip member per entry (all must be regular files; vanished ones are skipped
@@ -23,7 +24,7 @@ pub(crate) fn write_gzip<W: Write>(
     out: &mut W,
 ) -> Result<Written, ArchiveError> {
     let mut written = Written::default();
-    let mut counting = CountingWriter { inner: out, count: 0 };
+    let mut counting = Counting::new(out);
     for rel in entries {
         let full = project_dir.join(rel);
         let meta = match std::fs::symlink_metadata(&full) {
@@ -52,7 +53,7 @@ pub(crate) fn write_gzip<W: Write>(
         written.bytes_in += n;
     }
     counting.flush().map_err(ArchiveError::Output)?;
-    written.bytes_out = counting.count;
+    written.bytes_out = counting.count();
     Ok(written)
 }
 
@@ -98,21 +99,4 @@ pub(crate) fn sanitize_path(s: &str) -> String {
         }
     }
     out
-}
-
-struct CountingWriter<'a, W: Write> {
-    inner: &'a mut W,
-    count: u64,
-}
-
-impl<W: Write> Write for CountingWriter<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.count += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
 }

@@ -13,6 +13,7 @@
 //! downloads are the caller's), GitLab's API, job variables (the caller passes plain values), any
 //! other module of the crate (a leaf).
 
+mod counting;
 mod gzip;
 pub mod metadata;
 mod pattern;

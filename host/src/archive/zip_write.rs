@@ -24,6 +24,7 @@ use chrono::{Datelike, Local, TimeZone, Timelike};
 use flate2::write::DeflateEncoder;
 use flate2::Compression;
 
+use super::counting::Counting;
 use super::{git_warning, is_git_path, ArchiveError, Level, Written};
 
 /// Files up to this size are compressed in memory; larger ones into a temp file.
@@ -105,7 +106,7 @@ pub(crate) fn write_zip<W: Write>(
     let window = (threads * WINDOW_PER_THREAD).clamp(MIN_WINDOW, MAX_WINDOW);
     let progress = Mutex::new(Progress { next: 0, written: 0, stop: false });
     let cv = Condvar::new();
-    let mut sink = Counting { inner: BufWriter::with_capacity(256 << 10, out), count: 0 };
+    let mut sink = Counting::new(BufWriter::with_capacity(256 << 10, out));
 
     let result = std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<(usize, Result<Outcome, ArchiveError>)>();
@@ -154,8 +155,8 @@ pub(crate) fn write_zip<W: Write>(
         result
     });
     result?;
-    sink.inner.flush().map_err(ArchiveError::Output)?;
-    written.bytes_out = sink.count;
+    sink.flush().map_err(ArchiveError::Output)?;
+    written.bytes_out = sink.count();
     Ok(written)
 }
 
@@ -164,7 +165,7 @@ fn write_in_order<W: Write>(
     rx: &mpsc::Receiver<(usize, Result<Outcome, ArchiveError>)>,
     progress: &Mutex<Progress>,
     cv: &Condvar,
-    sink: &mut Counting<W>,
+    sink: &mut Counting<BufWriter<W>>,
     written: &mut Written,
 ) -> Result<(), ArchiveError> {
     let mut pending = std::collections::BTreeMap::new();
@@ -283,35 +284,18 @@ fn compress_staged(p: &mut Prepared, path: &Path, level: Level) -> io::Result<()
     let staged = tempfile::tempfile()?;
     let mut hasher = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 256 << 10];
-    let mut size = 0u64;
-    let staged = match level.deflate() {
+    let (staged, size) = match level.deflate() {
         Some(l) => {
             let mut enc = DeflateEncoder::new(BufWriter::with_capacity(256 << 10, staged), Compression::new(l));
-            loop {
-                let n = read_some(&mut input, &mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buf[..n]);
-                size += n as u64;
-                enc.write_all(&buf[..n])?;
-            }
+            let size = copy_hashed(&mut input, &mut enc, &mut buf, &mut hasher)?;
             p.method = METHOD_DEFLATE;
-            enc.finish()?.into_inner().map_err(|e| e.into_error())?
+            (enc.finish()?.into_inner().map_err(|e| e.into_error())?, size)
         }
         None => {
             let mut w = BufWriter::with_capacity(256 << 10, staged);
-            loop {
-                let n = read_some(&mut input, &mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buf[..n]);
-                size += n as u64;
-                w.write_all(&buf[..n])?;
-            }
+            let size = copy_hashed(&mut input, &mut w, &mut buf, &mut hasher)?;
             p.method = METHOD_STORE;
-            w.into_inner().map_err(|e| e.into_error())?
+            (w.into_inner().map_err(|e| e.into_error())?, size)
         }
     };
     let mut staged = staged;
@@ -321,6 +305,25 @@ fn compress_staged(p: &mut Prepared, path: &Path, level: Level) -> io::Result<()
     p.size = size;
     p.body = Body::Staged(staged);
     Ok(())
+}
+
+/// Copy all of `input` to `out` through `buf`, hashing what passes; the bytes copied.
+fn copy_hashed(
+    input: &mut File,
+    out: &mut impl Write,
+    buf: &mut [u8],
+    hasher: &mut crc32fast::Hasher,
+) -> io::Result<u64> {
+    let mut size = 0u64;
+    loop {
+        let n = read_some(input, buf)?;
+        if n == 0 {
+            return Ok(size);
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+        out.write_all(&buf[..n])?;
+    }
 }
 
 fn read_some(r: &mut File, buf: &mut [u8]) -> io::Result<usize> {
@@ -364,8 +367,8 @@ fn dos_datetime(mtime: i64) -> (u16, u16) {
     (time, date)
 }
 
-fn write_entry<W: Write>(sink: &mut Counting<W>, p: Prepared) -> io::Result<Central> {
-    let offset = sink.count;
+fn write_entry<W: Write>(sink: &mut Counting<BufWriter<W>>, p: Prepared) -> io::Result<Central> {
+    let offset = sink.count();
     let zip64 = p.size >= U32_MAX || p.csize >= U32_MAX;
     let mut extra = p.extra.clone();
     if zip64 {
@@ -415,8 +418,8 @@ fn write_entry<W: Write>(sink: &mut Counting<W>, p: Prepared) -> io::Result<Cent
     })
 }
 
-fn write_central<W: Write>(sink: &mut Counting<W>, entries: &[Central]) -> io::Result<()> {
-    let start = sink.count;
+fn write_central<W: Write>(sink: &mut Counting<BufWriter<W>>, entries: &[Central]) -> io::Result<()> {
+    let start = sink.count();
     for c in entries {
         let mut z64 = Vec::new();
         if c.size >= U32_MAX {
@@ -457,10 +460,10 @@ fn write_central<W: Write>(sink: &mut Counting<W>, entries: &[Central]) -> io::R
         h.extend_from_slice(&extra);
         sink.write_all(&h)?;
     }
-    let cd_size = sink.count - start;
+    let cd_size = sink.count() - start;
     let count = entries.len() as u64;
     if count >= 0xFFFF || cd_size >= U32_MAX || start >= U32_MAX {
-        let z64_offset = sink.count;
+        let z64_offset = sink.count();
         let mut r = Vec::with_capacity(76);
         r.extend_from_slice(&0x0606_4b50u32.to_le_bytes());
         r.extend_from_slice(&44u64.to_le_bytes());
@@ -488,22 +491,4 @@ fn write_central<W: Write>(sink: &mut Counting<W>, entries: &[Central]) -> io::R
     e.extend_from_slice(&(start.min(U32_MAX) as u32).to_le_bytes());
     e.extend_from_slice(&0u16.to_le_bytes());
     sink.write_all(&e)
-}
-
-/// Counts what goes through it: the offsets of local headers and the central directory.
-struct Counting<W: Write> {
-    inner: BufWriter<W>,
-    count: u64,
-}
-
-impl<W: Write> Write for Counting<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.count += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
 }

@@ -33,6 +33,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+/// POSIX shell single-quoting, as every snippet here writes paths (the crate is shared with the
+/// script builder and the plugin SDK).
+pub use runway_shell_quote::quote;
 
 use crate::connector::remote::{ExitStatus, RemoteError};
 use crate::stop::StopSignal;
@@ -100,11 +103,6 @@ pub trait ShellHost: Send + Sync {
     ) -> Result<i32, RemoteError> {
         follow_with_shell(self, log_path, exit_path, from, output, stop).await
     }
-}
-
-/// POSIX shell single-quoting.
-pub fn quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 /// The pid file of the detached command whose exit file is `exit_path`.

@@ -22,7 +22,7 @@ enum Word {
 }
 
 /// The words of `command` when it is made of nothing but plain words (letters, digits and
-/// `_@%+=:,./-`), single-quoted strings (as [`super::detached::quote`] writes them), backslash
+/// `_@%+=:,./-`), single-quoted strings (as [`runway_shell_quote::quote`] writes them), backslash
 /// escapes and `&&`; `None` when a shell would expand, redirect or run anything else.
 fn plain_words(command: &str) -> Option<Vec<Word>> {
     let mut words = Vec::new();
@@ -135,8 +135,7 @@ mod tests {
     fn a_plain_cd_and_exec_runs_the_program_itself_as_sh_would_have() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().display().to_string();
-        let cmd =
-            launch(&format!("cd {}/ && exec bash --login", crate::connector::detached::quote(&path))).expect("direct");
+        let cmd = launch(&format!("cd {}/ && exec bash --login", runway_shell_quote::quote(&path))).expect("direct");
         assert_eq!((cmd.program.as_str(), cmd.args.as_slice()), ("bash", &["--login".to_string()][..]));
         assert_eq!(cmd.cwd.as_deref(), Some(path.as_str()));
         let pwd = cmd.env.iter().find(|(k, _)| k == "PWD").map(|(_, v)| v.as_str());

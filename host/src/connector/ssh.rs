@@ -16,11 +16,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use runway_shell_quote::quote;
 use russh::client;
 use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use russh::ChannelMsg;
 
-use crate::connector::detached::{self, quote, OutputFn, ShellHost};
+use crate::connector::detached::{self, OutputFn, ShellHost};
 use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession, SocketStream};
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;

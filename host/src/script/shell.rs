@@ -8,29 +8,8 @@
 //! last status is still the stage's exit code (errexit stops at a failing command either way,
 //! and `exit $?` covers a body that turned errexit off).
 
-/// `'…'` single-quoted word (safe for any bytes but NUL).
-pub fn quote(value: &str) -> String {
-    format!("'{}'", value.replace('\'', r"'\''"))
-}
-
-/// `$'…'` ANSI-C quoted word, with control characters escaped.
-pub fn ansi_c_quote(value: &str) -> String {
-    let mut out = String::with_capacity(value.len() + 3);
-    out.push_str("$'");
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\'' => out.push_str("\\'"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('\'');
-    out
-}
+/// The quoting rules are shared with the plugin SDK (one crate, no copies).
+pub use runway_shell_quote::{ansi_c_quote, quote};
 
 /// The complete stage script: strict mode, then the body parsed as a whole.
 pub fn wrap(body: &str) -> String {

@@ -1,12 +1,14 @@
 //! What the cloud fleeting plugins (`fleeting-aws`, `fleeting-gcp`, `fleeting-azure`) share:
 //! blocking HTTP through `wasi:http` (the host lets through only the hosts the plugin's grant
 //! names in `allow_hosts`), retries with exponential back-off for throttling and transient
-//! failures, the wall clock and sleeping, and what a plugin remembers about its group
+//! failures, one authorized call to a JSON REST API and why it failed (`call`: the Azure and
+//! Google plugins'), the wall clock and sleeping, and what a plugin remembers about its group
 //! between calls (`group_state`).
 //!
 //! Owns: the transport, the retry policy and the remembered group state. Must not touch: any cloud's API shapes or
 //! credentials (each plugin's own).
 
+pub mod call;
 pub mod group_state;
 pub mod http;
 pub mod retry;

@@ -9,6 +9,7 @@
 pub mod archive;
 pub mod auth;
 pub mod config;
+pub mod mounts;
 pub mod names;
 pub mod policy;
 pub mod reference;

@@ -18,10 +18,10 @@ use std::cell::RefCell;
 use std::hash::BuildHasher;
 
 use docker_logic::config::{self, DockerConfig};
+use docker_logic::mounts::{self, Owner};
 use docker_logic::names;
 use docker_logic::policy::{check_allowed, PullPolicy};
 use docker_logic::state::State;
-use docker_logic::volumes::{self, Owner};
 use runway_sdk::executor::*;
 use runway_sdk::trace;
 
@@ -201,7 +201,7 @@ impl DockerEnv {
     fn create_volumes(&mut self, job: &Job, ctx: &JobContext) -> Result<(), ExecutorError> {
         let runner = ctx.variable("CI_RUNNER_SHORT_TOKEN").unwrap_or_default();
         let scope = format!("{runner}/{}", job.project_path);
-        let plan = volumes::plan_mounts(&self.config, &self.prefix, &scope, &job.builds_dir, &job.cache_dir);
+        let plan = mounts::plan_mounts(&self.config, &self.prefix, &scope, &job.builds_dir, &job.cache_dir);
         let job_labels = names::job_labels(self.state.job_id, &self.state.suffix, "");
         let cache_labels = names::cache_labels(&job.project_path);
         for (name, owner) in &plan.volumes {

@@ -1,17 +1,15 @@
 //! The instance executor: runs each stage script on the instance the autoscaler acquired for
 //! the job, through the host's `remote` capability (SSH). The plugin never sees the
 //! instance's address or credentials. How stages run, survive a dropped connection and are
-//! reattached after a restart is [`remote_stages`]'s (shared with the `ssh` executor).
+//! reattached after a restart is the `remote-stages` crate's (shared with the `ssh` and
+//! `shell` executors).
 //!
 //! Config (`[runners.instance]`, optional): `login = true|false` (default true) runs
 //! `bash --login`, as the shell executor does.
 
-#[path = "remote_stages.rs"]
-mod remote_stages;
-
 use runway_sdk::executor::*;
 
-use remote_stages::RemoteEnvironment;
+use remote_stages::remote_env::RemoteEnvironment;
 
 struct Instance;
 

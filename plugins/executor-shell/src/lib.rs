@@ -19,9 +19,14 @@
 //! as gitlab-runner does: `su -s /bin/bash <user> -c 'bash --login'` with the script on its
 //! standard input. The runner must then be root (`su` asks no password of root), and a
 //! builds directory the plugin creates is given to that user.
+//!
+//! The stage files' numbering, resume and working directories are the `remote-stages` crate's
+//! (shared with the instance and ssh executors).
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::hash::BuildHasher;
+
+use remote_stages::{check_shell, shell_command, working_dir, StageFiles};
 
 use runway_sdk::executor::*;
 use runway_sdk::files;
@@ -29,9 +34,6 @@ use runway_sdk::process::{Command, ProcessError};
 use runway_sdk::remote::{self, quote, RemoteError};
 
 struct Shell;
-
-/// Seconds between SIGTERM and SIGKILL when `cleanup` stops a stage still running.
-const STOP_GRACE_SECONDS: u32 = 5;
 
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -56,16 +58,8 @@ struct ShellEnvironment {
     /// The user stages run as (`su`), when not the runner's.
     #[serde(default)]
     user: Option<String>,
-    stages_dir: String,
-    /// Stages started so far (names the next stage's files).
-    #[serde(default)]
-    started: Cell<u32>,
-    /// The stage started last.
-    #[serde(default)]
-    last: RefCell<Option<String>>,
-    /// Rebuilt by `resume`: a stage may already have been started by the previous runner.
-    #[serde(skip)]
-    resumed: bool,
+    #[serde(flatten)]
+    stages: StageFiles,
     /// Stages started by this environment and not followed to their end (a canceled one
     /// stays counted): while any, or after `resume`, `cleanup` must stop what still runs.
     /// Otherwise it only removes the stage files, with no shell.
@@ -92,12 +86,7 @@ impl Executor for Shell {
 
     fn prepare(job: Job) -> Result<ShellEnvironment, ExecutorError> {
         let config = parse_config(&job.config)?;
-        if job.shell != "bash" && job.shell != "sh" {
-            return Err(ExecutorError::InvalidConfig(format!(
-                "shell {:?} is not supported by the shell executor (bash, sh)",
-                job.shell
-            )));
-        }
+        check_shell(&job.shell, "shell")?;
         // The stage files (unmasked output, scripts) in a new directory of the runner's user
         // alone, under a name no one else can have taken: `runway exec` numbers its jobs from 1
         // and puts builds in the parent of the project (`/tmp` with `--isolate`), which other
@@ -120,10 +109,7 @@ impl Executor for Shell {
             builds_dir: job.builds_dir,
             login: config.login,
             user,
-            stages_dir,
-            started: Cell::new(0),
-            last: RefCell::new(None),
-            resumed: false,
+            stages: StageFiles::new(stages_dir),
             unfinished: Cell::new(0),
         })
     }
@@ -131,7 +117,7 @@ impl Executor for Shell {
     fn resume(_job: Job, state: String) -> Result<ShellEnvironment, ExecutorError> {
         let mut env: ShellEnvironment = serde_json::from_str(&state)
             .map_err(|e| ExecutorError::Other(format!("unreadable shell executor state: {e}")))?;
-        env.resumed = true;
+        env.stages.mark_resumed();
         Ok(env)
     }
 }
@@ -176,36 +162,12 @@ fn remote_error(e: RemoteError) -> ExecutorError {
     }
 }
 
-impl ShellEnvironment {
-    /// The log and exit files of stage `name`, and whether it was started already. After
-    /// `resume`, the stage the state was taken in (the last one started) keeps its files, and
-    /// an existing log means a previous runner started it; otherwise nothing is checked.
-    fn stage_files(&self, name: &str) -> Result<(String, String, bool), ExecutorError> {
-        let mut index = self.started.get();
-        if self.resumed && index > 0 && self.last.borrow().as_deref() == Some(name) {
-            index -= 1;
-        }
-        self.started.set(index + 1);
-        *self.last.borrow_mut() = Some(name.to_string());
-        let base = format!("{}/{index:02}-{name}", self.stages_dir);
-        let (log, exit) = (format!("{base}.log"), format!("{base}.exit"));
-        let started = self.resumed && remote::exists(&log).map_err(remote_error)?;
-        Ok((log, exit, started))
-    }
-}
-
 impl Environment for ShellEnvironment {
     fn run(&self, stage: StageScript) -> Result<ExitStatus, ExecutorError> {
-        // Stages before get_sources run before the project directory exists.
-        let cwd = if stage.name == "step_script" || stage.name == "after_script" {
-            &self.project_dir
-        } else {
-            &self.builds_dir
-        };
-        let (log, exit, started) = self.stage_files(&stage.name)?;
-        if !started {
-            let login = if self.login && self.shell == "bash" { " --login" } else { "" };
-            let shell = format!("{}{login}", self.shell);
+        let cwd = working_dir(&stage.name, &self.project_dir, &self.builds_dir);
+        let files = self.stages.next(&stage.name, remote_error)?;
+        if !files.started {
+            let shell = shell_command(&self.shell, self.login);
             let command = match &self.user {
                 // As gitlab-runner: `su -s /bin/<shell> <user> -c '<shell> -l'`.
                 Some(user) => format!(
@@ -218,26 +180,24 @@ impl Environment for ShellEnvironment {
                 None => format!("cd {} && exec {shell}", quote(cwd)),
             };
             self.unfinished.set(self.unfinished.get() + 1);
-            remote::start_detached(&command, Some(stage.script.as_bytes()), &log, &exit).map_err(remote_error)?;
-            let status = remote::attach(&log, &exit, 0).map_err(remote_error)?;
+            remote::start_detached(&command, Some(stage.script.as_bytes()), &files.log, &files.exit)
+                .map_err(remote_error)?;
+            let status = remote::attach(&files.log, &files.exit, 0).map_err(remote_error)?;
             // Followed to its exit code: nothing of it is left to stop.
             self.unfinished.set(self.unfinished.get() - 1);
             return Ok(ExitStatus { code: status.code });
         }
-        let status = remote::attach(&log, &exit, 0).map_err(remote_error)?;
+        let status = remote::attach(&files.log, &files.exit, 0).map_err(remote_error)?;
         Ok(ExitStatus { code: status.code })
     }
 
     fn cleanup(&self) {
-        // Best effort: stop a stage still running (one a previous runner started, too), then
-        // remove the stage files (logs, exit codes) — only needed while the job runs.
-        if !self.resumed && self.unfinished.get() == 0 {
+        if !self.stages.resumed() && self.unfinished.get() == 0 {
             // Every stage ended: only the files are left, removed by the host, no process.
-            let _ = files::remove_all(&self.stages_dir);
+            let _ = files::remove_all(self.stages.dir());
             return;
         }
-        let stop = remote::stop_detached_script(&self.stages_dir, STOP_GRACE_SECONDS);
-        let _ = remote::run(&format!("{stop}rm -rf {}", quote(&self.stages_dir)), None);
+        self.stages.stop_and_remove();
     }
 
     fn state(&self) -> Option<String> {

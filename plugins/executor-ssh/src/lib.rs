@@ -2,8 +2,8 @@
 //! host's `remote` capability. The host connects (address, user, password or identity file,
 //! host key checked against `known_hosts` unless `disable_strict_host_key_checking`); the
 //! plugin never sees the credentials it is configured with. Stages run as the instance
-//! executor's do (detached, followed, reattached after a restart): the code is shared
-//! (`executor-instance/src/remote_stages.rs`).
+//! executor's do (detached, followed, reattached after a restart): the code is shared (the
+//! `remote-stages` crate).
 //!
 //! Config (`[runners.ssh]`): GitLab Runner's keys (`host`, `port`, `user`, `password`,
 //! `identity_file`, `disable_strict_host_key_checking`, `known_hosts_file`), read by the host,
@@ -11,12 +11,9 @@
 //! gitlab-runner's ssh executor runs). The connection keys are still accepted here, so a
 //! section passed whole (by another host) is not refused.
 
-#[path = "../../executor-instance/src/remote_stages.rs"]
-mod remote_stages;
-
 use runway_sdk::executor::*;
 
-use remote_stages::RemoteEnvironment;
+use remote_stages::remote_env::RemoteEnvironment;
 
 struct Ssh;
 

@@ -4,12 +4,15 @@
 //! operations followed through `Azure-AsyncOperation` or `Location` for as long as a call may
 //! wait.
 //!
+//! The request loop and the error's shape are `cloud_common::call`'s (shared with the Google
+//! plugin); ARM's error bodies and codes are this module's.
+//!
 //! Owns: the REST mechanics. Must not touch: what the scale set calls mean.
 
 use std::time::Duration;
 
-use cloud_common::http::{self, HttpError, Request, Response};
-use cloud_common::retry::{with_backoff, Attempt};
+use cloud_common::call::{self, ApiError, Bearer};
+use cloud_common::http::Response;
 use runway_sdk::fleeting::{CapacityError, ProviderError};
 
 use crate::auth::Auth;
@@ -37,7 +40,7 @@ const CAPACITY_CODES: [&str; 8] = [
 /// How long `increase` refuses after a capacity error.
 pub const CAPACITY_RETRY_SECONDS: u32 = 120;
 
-impl ArmError {
+impl ApiError for ArmError {
     fn from_response(response: &Response) -> ArmError {
         let value: serde_json::Value = serde_json::from_slice(&response.body).unwrap_or_default();
         let error = value.get("error").cloned().unwrap_or_default();
@@ -52,13 +55,15 @@ impl ArmError {
         }
     }
 
-    /// Is this a lack of capacity or quota?
-    pub fn is_capacity(&self) -> bool {
-        CAPACITY_CODES.contains(&self.code.as_str())
+    fn retryable(&self) -> bool {
+        self.status == 429 || self.status >= 500
     }
 
-    /// As the fleeting contract's error.
-    pub fn into_provider(self, what: &str) -> ProviderError {
+    fn status(&self) -> u16 {
+        self.status
+    }
+
+    fn into_provider(self, what: &str) -> ProviderError {
         let message = format!("{what}: {} (HTTP {}): {}", self.code, self.status, self.message);
         if self.is_capacity() {
             return ProviderError::Capacity(CapacityError { message, retry_after_seconds: CAPACITY_RETRY_SECONDS });
@@ -72,31 +77,23 @@ impl ArmError {
     }
 }
 
-/// Why a call failed.
-#[derive(Debug, Clone)]
-pub enum CallError {
-    Arm(ArmError),
-    Http(HttpError),
-    Auth(String),
+impl ArmError {
+    /// Is this a lack of capacity or quota?
+    pub fn is_capacity(&self) -> bool {
+        CAPACITY_CODES.contains(&self.code.as_str())
+    }
 }
 
-impl CallError {
-    /// As the fleeting contract's error.
-    pub fn into_provider(self, what: &str) -> ProviderError {
-        match self {
-            CallError::Arm(e) => e.into_provider(what),
-            CallError::Http(e @ HttpError::Denied(_)) => ProviderError::InvalidConfig(format!("{what}: {e}")),
-            CallError::Http(e) => ProviderError::Transient(format!("{what}: {e}")),
-            CallError::Auth(e) => ProviderError::InvalidConfig(format!("{what}: {e}")),
-        }
+/// Why a call failed.
+pub type CallError = call::CallError<ArmError>;
+
+impl Bearer for Auth {
+    fn bearer(&mut self) -> Result<String, String> {
+        Auth::bearer(self).map_err(|e| e.0)
     }
 
-    /// The HTTP status of an ARM error.
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            CallError::Arm(e) => Some(e.status),
-            _ => None,
-        }
+    fn invalidate(&mut self) {
+        Auth::invalidate(self)
     }
 }
 
@@ -126,43 +123,14 @@ impl Arm {
 
     /// One request, retried on throttling and server errors; the 2xx response.
     pub fn send(&mut self, method: &str, url: &str, body: Option<&serde_json::Value>) -> Result<Response, CallError> {
-        let mut refreshed = false;
-        with_backoff(|_| {
-            let token = match self.auth.bearer() {
-                Ok(t) => t,
-                Err(e) => return Attempt::Done(Err(CallError::Auth(e.0))),
-            };
-            let mut request = Request::new(method, url).header("authorization", format!("Bearer {token}"));
-            if let Some(body) = body {
-                request = request.header("content-type", "application/json").body(body.to_string());
-            }
-            let response = match http::send(&request) {
-                Ok(r) => r,
-                Err(e @ HttpError::Transport(_)) => return Attempt::Retry(CallError::Http(e), None),
-                Err(e) => return Attempt::Done(Err(CallError::Http(e))),
-            };
-            if (200..300).contains(&response.status) {
-                return Attempt::Done(Ok(response));
-            }
-            let error = ArmError::from_response(&response);
-            if response.status == 401 && !refreshed {
-                refreshed = true;
-                self.auth.invalidate();
-                return Attempt::Retry(CallError::Arm(error), Some(Duration::ZERO));
-            }
-            if response.status == 429 || response.status >= 500 {
-                let delay = response.retry_after();
-                return Attempt::Retry(CallError::Arm(error), delay);
-            }
-            Attempt::Done(Err(CallError::Arm(error)))
-        })
+        call::send(&mut self.auth, method, url, body.map(|b| b.to_string()))
     }
 
     /// GET `url` as JSON.
     pub fn get(&mut self, url: &str) -> Result<serde_json::Value, CallError> {
         let response = self.send("GET", url, None)?;
         serde_json::from_slice(&response.body).map_err(|e| {
-            CallError::Arm(ArmError { status: response.status, code: "BadJson".into(), message: e.to_string() })
+            CallError::Api(ArmError { status: response.status, code: "BadJson".into(), message: e.to_string() })
         })
     }
 
@@ -207,7 +175,7 @@ impl Arm {
                     "Succeeded" => return Ok(Lro::Succeeded),
                     "Failed" | "Canceled" => {
                         let error = status.get("error").cloned().unwrap_or_default();
-                        return Err(CallError::Arm(ArmError {
+                        return Err(CallError::Api(ArmError {
                             status: 200,
                             code: error.get("code").and_then(|c| c.as_str()).unwrap_or("OperationFailed").into(),
                             message: error.get("message").and_then(|c| c.as_str()).unwrap_or("").into(),

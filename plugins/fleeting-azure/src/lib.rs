@@ -205,7 +205,7 @@ impl InstanceGroup for AzureGroup {
                 runway_sdk::log::info(&format!("scale set {}: capacity {current} -> {target}", self.name));
                 Ok(target - current)
             }
-            Err(CallError::Arm(e)) if e.is_capacity() => {
+            Err(CallError::Api(e)) if e.is_capacity() => {
                 let message = format!("{}: {}", e.code, e.message);
                 runway_sdk::log::warn(&format!(
                     "scale set {}: no capacity ({message}); capacity back to {current}",
@@ -214,7 +214,7 @@ impl InstanceGroup for AzureGroup {
                 // The failed VMs would be retried behind the manager's back: give them up.
                 let _ = self.arm.send("PATCH", &url, Some(&json!({"sku": {"capacity": current}})));
                 self.state.back_off(u64::from(arm::CAPACITY_RETRY_SECONDS), &message)?;
-                Err(CallError::Arm(e).into_provider("scaling out"))
+                Err(CallError::Api(e).into_provider("scaling out"))
             }
             Err(e) => Err(e.into_provider("scaling out")),
         }

@@ -4,12 +4,15 @@
 //! `nextPageToken` pagination, and zone operations followed (`status` to `DONE`, its `error`)
 //! for as long as a call may wait.
 //!
+//! The request loop and the error's shape are `cloud_common::call`'s (shared with the Azure
+//! plugin); Google's error bodies and codes are this module's.
+//!
 //! Owns: the REST mechanics. Must not touch: what the group calls mean.
 
 use std::time::Duration;
 
-use cloud_common::http::{self, HttpError, Request, Response};
-use cloud_common::retry::{with_backoff, Attempt};
+use cloud_common::call::{self, Bearer};
+use cloud_common::http::Response;
 use runway_sdk::fleeting::{CapacityError, ProviderError};
 use serde_json::Value;
 
@@ -42,7 +45,7 @@ pub struct ApiError {
     pub message: String,
 }
 
-impl ApiError {
+impl call::ApiError for ApiError {
     fn from_response(response: &Response) -> ApiError {
         let value: Value = serde_json::from_slice(&response.body).unwrap_or_default();
         let error = value.get("error").cloned().unwrap_or_default();
@@ -58,52 +61,40 @@ impl ApiError {
         }
     }
 
-    fn throttled(&self) -> bool {
+    fn retryable(&self) -> bool {
         self.status == 429
             || self.status >= 500
             || matches!(self.code.as_str(), "rateLimitExceeded" | "userRateLimitExceeded" | "RESOURCE_EXHAUSTED")
     }
+
+    fn status(&self) -> u16 {
+        self.status
+    }
+
+    fn into_provider(self, what: &str) -> ProviderError {
+        let message = format!("{what}: {} (HTTP {}): {}", self.code, self.status, self.message);
+        if is_capacity(&self.code) {
+            return ProviderError::Capacity(CapacityError { message, retry_after_seconds: CAPACITY_RETRY_SECONDS });
+        }
+        match self.status {
+            401 | 403 => ProviderError::InvalidConfig(message),
+            404 => ProviderError::NotFound(message),
+            429 | 500..=599 => ProviderError::Transient(message),
+            _ => ProviderError::Other(message),
+        }
+    }
 }
 
 /// Why a call failed.
-#[derive(Debug, Clone)]
-pub enum CallError {
-    Api(ApiError),
-    Http(HttpError),
-    Auth(String),
-}
+pub type CallError = call::CallError<ApiError>;
 
-impl CallError {
-    /// As the fleeting contract's error.
-    pub fn into_provider(self, what: &str) -> ProviderError {
-        match self {
-            CallError::Api(e) => {
-                let message = format!("{what}: {} (HTTP {}): {}", e.code, e.status, e.message);
-                if is_capacity(&e.code) {
-                    return ProviderError::Capacity(CapacityError {
-                        message,
-                        retry_after_seconds: CAPACITY_RETRY_SECONDS,
-                    });
-                }
-                match e.status {
-                    401 | 403 => ProviderError::InvalidConfig(message),
-                    404 => ProviderError::NotFound(message),
-                    429 | 500..=599 => ProviderError::Transient(message),
-                    _ => ProviderError::Other(message),
-                }
-            }
-            CallError::Http(e @ HttpError::Denied(_)) => ProviderError::InvalidConfig(format!("{what}: {e}")),
-            CallError::Http(e) => ProviderError::Transient(format!("{what}: {e}")),
-            CallError::Auth(e) => ProviderError::InvalidConfig(format!("{what}: {e}")),
-        }
+impl Bearer for Auth {
+    fn bearer(&mut self) -> Result<String, String> {
+        Auth::bearer(self)
     }
 
-    /// The HTTP status of an API error.
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            CallError::Api(e) => Some(e.status),
-            _ => None,
-        }
+    fn invalidate(&mut self) {
+        Auth::invalidate(self)
     }
 }
 
@@ -129,36 +120,8 @@ impl Compute {
 
     /// One request, retried on rate limits and server errors; the 2xx answer as JSON.
     pub fn send(&mut self, method: &str, url: &str, body: Option<&Value>) -> Result<Value, CallError> {
-        let mut refreshed = false;
-        with_backoff(|_| {
-            let token = match self.auth.bearer() {
-                Ok(t) => t,
-                Err(e) => return Attempt::Done(Err(CallError::Auth(e))),
-            };
-            let mut request = Request::new(method, url).header("authorization", format!("Bearer {token}"));
-            if let Some(body) = body {
-                request = request.header("content-type", "application/json").body(body.to_string());
-            }
-            let response = match http::send(&request) {
-                Ok(r) => r,
-                Err(e @ HttpError::Transport(_)) => return Attempt::Retry(CallError::Http(e), None),
-                Err(e) => return Attempt::Done(Err(CallError::Http(e))),
-            };
-            if (200..300).contains(&response.status) {
-                return Attempt::Done(Ok(serde_json::from_slice(&response.body).unwrap_or_default()));
-            }
-            let error = ApiError::from_response(&response);
-            if response.status == 401 && !refreshed {
-                refreshed = true;
-                self.auth.invalidate();
-                return Attempt::Retry(CallError::Api(error), Some(Duration::ZERO));
-            }
-            if error.throttled() {
-                let delay = response.retry_after();
-                return Attempt::Retry(CallError::Api(error), delay);
-            }
-            Attempt::Done(Err(CallError::Api(error)))
-        })
+        let response = call::send(&mut self.auth, method, url, body.map(|b| b.to_string()))?;
+        Ok(serde_json::from_slice(&response.body).unwrap_or_default())
     }
 
     /// Every item under `field` of a paged answer (`nextPageToken` → `pageToken`).

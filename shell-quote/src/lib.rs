@@ -1,0 +1,47 @@
+//! Shell quoting shared by the host (stage scripts, detached commands, SSH file operations)
+//! and the plugin SDK (`runway_sdk::remote::quote`, for paths in remote commands): one word
+//! a shell reads back as exactly the given text. No dependencies, so the SDK (a guest crate,
+//! built for wasm32-wasip2) and the host each take it without taking the other.
+//!
+//! Owns: the quoting rules. Must not touch: what the quoted words are used for.
+
+/// `'…'` POSIX single-quoted word (safe for any bytes but NUL): every `'` becomes `'\''`.
+pub fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// `$'…'` ANSI-C quoted word (bash), with control characters escaped.
+pub fn ansi_c_quote(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 3);
+    out.push_str("$'");
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("\\'"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_quotes_close_and_reopen_around_a_quote() {
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+        assert_eq!(quote(""), "''");
+    }
+
+    #[test]
+    fn ansi_c_quotes_escape_control_characters() {
+        assert_eq!(ansi_c_quote("a'b\\c\n\t\x1b"), r"$'a\'b\\c\n\t\x1b'");
+    }
+}
