@@ -3,7 +3,8 @@
 //! [`Reconfigure`] in the [`CallContext`] of `prepare` calls; this capability hands the
 //! plugin's overrides to it and its answer back, and refuses calls made at any other time.
 //!
-//! Owns: [`Reconfigure`] with its plain types ([`JobOverrides`], [`Replanned`]) and the
+//! Owns: [`Reconfigure`] with its plain types ([`JobOverrides`], [`Replanned`],
+//! [`ReconfigureError`]) and the
 //! `job-config` host trait on [`JobView`]. Must not touch: planning itself (the job module
 //! implements [`Reconfigure`]), plugins or stores.
 
@@ -38,10 +39,24 @@ pub struct Replanned {
     pub variables: Vec<(String, String)>,
 }
 
+/// Why an executor's overrides were not used (the plugin gets the text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReconfigureError {
+    /// The job is not being prepared (any more).
+    #[error("the job can only be reconfigured while it is prepared")]
+    NotPreparing,
+    /// A shell stage scripts cannot be written for.
+    #[error("shell {0:?} is not supported (bash, sh)")]
+    UnsupportedShell(String),
+    /// The job cannot be planned with the overrides: why, for the plugin's log.
+    #[error("{0}")]
+    Plan(String),
+}
+
 /// Plans the job being prepared again; what follows (its stages) uses the last plan made.
 pub trait Reconfigure: Send + Sync {
     /// Plan again with `overrides`, or say why they cannot be used.
-    fn reconfigure(&self, overrides: JobOverrides) -> Result<Replanned, String>;
+    fn reconfigure(&self, overrides: JobOverrides) -> Result<Replanned, ReconfigureError>;
 
     /// The job as GitLab sent it, as JSON.
     fn response(&self) -> Option<String>;
@@ -50,7 +65,7 @@ pub trait Reconfigure: Send + Sync {
 impl Host for JobView<'_> {
     async fn reconfigure(&mut self, overrides: Overrides) -> wasmtime::Result<Result<Planned, String>> {
         let Some(replan) = &self.call.reconfigure else {
-            return Ok(Err("the job can only be reconfigured while it is prepared".into()));
+            return Ok(Err(ReconfigureError::NotPreparing.to_string()));
         };
         let Overrides { builds_dir, cache_dir, builds_dir_is_shared, hostname, shell } = overrides;
         let overrides = JobOverrides { builds_dir, cache_dir, builds_dir_is_shared, hostname, shell };
@@ -59,7 +74,8 @@ impl Host for JobView<'_> {
             project_dir: p.project_dir,
             cache_dir: p.cache_dir,
             variables: p.variables,
-        }))
+        })
+        .map_err(|e| e.to_string()))
     }
 
     async fn response(&mut self) -> wasmtime::Result<Option<String>> {

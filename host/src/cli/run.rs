@@ -189,7 +189,7 @@ pub async fn runner_settings(
         let ssh_host = match runner.executor.as_str() {
             "ssh" if fleet.is_none() => {
                 let config = crate::config::ssh::SshConfig::from_section(runner.sections.get("ssh"))
-                    .and_then(|c| crate::manager::ssh_host::SshHost::new(&c))
+                    .and_then(|c| crate::manager::ssh_host::SshHost::new(&c).map_err(|e| e.to_string()))
                     .map_err(|e| anyhow::anyhow!("{}: runners[{i}] ({}): {e}", loaded.path.display(), runner.name))?;
                 Some(Arc::new(config) as Arc<dyn crate::executor::InstanceSource>)
             }

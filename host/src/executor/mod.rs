@@ -29,7 +29,7 @@ use crate::bindings::executor::runway::executor0_1_0::types::Features;
 use crate::capability::CallContext;
 use crate::plugin::{LoadedPlugin, PluginHost};
 
-pub use crate::capability::job_config::{JobOverrides, Reconfigure, Replanned};
+pub use crate::capability::job_config::{JobOverrides, Reconfigure, ReconfigureError, Replanned};
 pub use failure::ExecutorFailure;
 pub use instance::{depends_on_home, resolve_in_home, ConnectedInstance, InstanceError, InstanceLease, InstanceSource};
 pub use prepare::{prepare, resume, PrepareError, PrepareRequest, PREPARATION_ATTEMPTS, PREPARATION_RETRY_INTERVAL};

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use crate::executor::{JobOverrides, Reconfigure, Replanned};
+use crate::executor::{JobOverrides, Reconfigure, ReconfigureError, Replanned};
 use crate::payload::JobResponse;
 use crate::script::{JobPlan, ScriptSettings};
 
@@ -51,9 +51,9 @@ fn absolute(dir: &str) -> PathBuf {
 }
 
 impl Reconfigure for Replanner {
-    fn reconfigure(&self, overrides: JobOverrides) -> Result<Replanned, String> {
+    fn reconfigure(&self, overrides: JobOverrides) -> Result<Replanned, ReconfigureError> {
         if self.closed.load(Ordering::SeqCst) {
-            return Err("the job can only be reconfigured while it is prepared".into());
+            return Err(ReconfigureError::NotPreparing);
         }
         let mut settings = self.settings.clone();
         if let Some(dir) = overrides.builds_dir.as_deref().filter(|d| !d.is_empty()) {
@@ -70,11 +70,11 @@ impl Reconfigure for Replanner {
         }
         if let Some(shell) = overrides.shell.filter(|s| !s.is_empty()) {
             if shell != "bash" && shell != "sh" {
-                return Err(format!("shell {shell:?} is not supported (bash, sh)"));
+                return Err(ReconfigureError::UnsupportedShell(shell));
             }
             settings.shell = shell;
         }
-        let plan = JobPlan::new(&self.job, &settings).map_err(|e| e.to_string())?;
+        let plan = JobPlan::new(&self.job, &settings).map_err(|e| ReconfigureError::Plan(e.to_string()))?;
         let replanned = Replanned {
             builds_dir: plan.builds_dir().display().to_string(),
             project_dir: plan.project_dir().display().to_string(),
@@ -125,7 +125,7 @@ mod tests {
         assert_eq!(value("CI_PROJECT_DIR").as_deref(), Some(planned.project_dir.as_str()));
         assert_eq!(value("CI_BUILDS_DIR").as_deref(), Some("/driver/builds"));
         let shell = JobOverrides { shell: Some("fish".into()), ..JobOverrides::default() };
-        assert!(replanner.reconfigure(shell).expect_err("unsupported shell").contains("fish"));
+        assert!(replanner.reconfigure(shell).expect_err("unsupported shell").to_string().contains("fish"));
         let plan = replanner.close().expect("the last good plan");
         assert_eq!(plan.builds_dir(), Path::new("/driver/builds"));
         assert_eq!(plan.settings().hostname.as_deref(), Some("vm-1"));
