@@ -69,13 +69,15 @@ impl Host for JobView<'_> {
         };
         let Overrides { builds_dir, cache_dir, builds_dir_is_shared, hostname, shell } = overrides;
         let overrides = JobOverrides { builds_dir, cache_dir, builds_dir_is_shared, hostname, shell };
-        Ok(replan.reconfigure(overrides).map(|p| Planned {
-            builds_dir: p.builds_dir,
-            project_dir: p.project_dir,
-            cache_dir: p.cache_dir,
-            variables: p.variables,
-        })
-        .map_err(|e| e.to_string()))
+        Ok(replan
+            .reconfigure(overrides)
+            .map(|p| Planned {
+                builds_dir: p.builds_dir,
+                project_dir: p.project_dir,
+                cache_dir: p.cache_dir,
+                variables: p.variables,
+            })
+            .map_err(|e| e.to_string()))
     }
 
     async fn response(&mut self) -> wasmtime::Result<Option<String>> {

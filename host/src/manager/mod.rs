@@ -6,6 +6,9 @@
 //! before the request, so a poll blocked for 50 s costs nothing another runner could use. A
 //! job that arrives when capacity was taken meanwhile stays `pending` at GitLab (two-phase
 //! commit, with keep-alives) until a slot frees up.
+//!
+//! What happens to a job once GitLab handed it over — accepted, run, reported, declined,
+//! resumed, cleaned up — is `received`'s, from a per-job context the manager cuts for it.
 
 pub mod fleet;
 pub mod health;

@@ -82,7 +82,11 @@ pub(crate) async fn run(ctx: JobContext, received: ReceivedJob, reservation: Opt
         env.settings.concurrent_id = concurrent_id;
         env.settings.concurrent_project_id = concurrent_project_id;
     }
-    env.instance = reservation.as_ref().map(|r| r.lease(&control, &trace));
+    if let Some(reservation) = &reservation {
+        // On a fleet, the job runs on the reserved slot's instance (the runner's own lease, an
+        // `ssh` executor's host, stays otherwise).
+        env.instance = Some(reservation.lease(&control, &trace));
+    }
     let received = Received::new(job.id, job.features.failure_reasons.clone(), side, Some(seat), reservation);
 
     let started = std::time::Instant::now();
