@@ -402,11 +402,6 @@ fn released_wit_packages_never_change() {
     assert!(checked > 0, "wit/RELEASED.sha256 lists no file");
 }
 
-/// Circles between files of `plugins/*/src` that are known and being removed: the test lists
-/// them and fails on any other (and on one of these once it is gone, so the list only shrinks).
-const KNOWN_PLUGIN_CIRCLES: &[&[&str]] =
-    &[&["plugins/docker-logic/src/config.rs", "plugins/docker-logic/src/volumes.rs"]];
-
 /// One production source file of a crate: where it is, its module path (`a::b` for `a/b.rs`
 /// and `a/b/mod.rs`), and its code with tests and comments blanked.
 struct CrateFile {
@@ -863,23 +858,13 @@ fn no_file_imports_run_in_a_circle() {
         .collect();
     crates.sort();
     assert!(!crates.is_empty(), "no plugin crate found under {}", plugins.display());
-    let mut known_seen = Vec::new();
     for src in &crates {
         let name =
             src.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         for (names, ties) in file_circles(src) {
             let names: Vec<String> = names.iter().map(|f| format!("plugins/{name}/src/{f}")).collect();
             let ties: Vec<String> = ties.iter().map(|t| format!("plugins/{name}/src/{t}")).collect();
-            if KNOWN_PLUGIN_CIRCLES.iter().any(|known| known.iter().copied().eq(names.iter().map(String::as_str))) {
-                known_seen.push(names);
-                continue;
-            }
             problems.push(format!("{}\n      {}", names.join(", "), ties.join("\n      ")));
-        }
-    }
-    for known in KNOWN_PLUGIN_CIRCLES {
-        if !known_seen.iter().any(|seen| known.iter().copied().eq(seen.iter().map(String::as_str))) {
-            problems.push(format!("{known:?} is gone: remove it from KNOWN_PLUGIN_CIRCLES"));
         }
     }
     assert!(

@@ -142,7 +142,7 @@ pub async fn runner_settings(
         let ssh_host = match runner.executor.as_str() {
             "ssh" if fleet.is_none() => {
                 let config = crate::config::ssh::SshConfig::from_section(runner.sections.get("ssh"))
-                    .map_err(|e| e.0)
+                    .map_err(crate::manager::ssh_host::SshHostError::Config)
                     .and_then(|c| crate::manager::ssh_host::SshHost::new(&c))
                     .map_err(|e| anyhow::anyhow!("{}: runners[{i}] ({}): {e}", loaded.path.display(), runner.name))?;
                 Some(Arc::new(config) as Arc<dyn crate::executor::InstanceSource>)

@@ -64,7 +64,25 @@ impl JobControl {
 #[error("{0}")]
 pub struct AcceptError(pub String);
 
-/// Called by the job at the two-phase commit point.
+/// A boundary the job passed: its [`Progress`] (when kept) says so, and whoever keeps it
+/// saves it before the job goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Boundary<'a> {
+    /// Accepted: the stages are about to begin.
+    Accepted,
+    /// A stage (GitLab's name, e.g. `step_script`) starts, or is reattached to.
+    StageStarted(&'a str),
+    /// A stage could not be scripted: the outcome changed, the stage did not run.
+    StageUnscripted,
+    /// A stage ended after a duration (all its attempts).
+    StageEnded(&'a str, std::time::Duration),
+    /// Every stage is done and the footer written: only the final update is left.
+    Finished,
+}
+
+/// The job's remote side: told at the two-phase commit point and at every boundary. The
+/// job names no GitLab, store or metrics: `runway run` answers here, `runway exec` does not
+/// ([`NoHooks`]).
 #[async_trait]
 pub trait JobHooks: Send + Sync {
     /// The executor is prepared; accept the job (`PUT state=running`). An error means the
@@ -76,19 +94,11 @@ pub trait JobHooks: Send + Sync {
         None
     }
 
-    /// Stage `stage` (GitLab's name, e.g. `step_script`) starts.
-    fn stage_started(&self, stage: &str) {
-        let _ = stage;
+    /// The job passed `boundary` and its [`Progress`] says so: save it (and report a stage's
+    /// start or end) before the job goes on.
+    async fn boundary(&self, boundary: Boundary<'_>) {
+        let _ = boundary;
     }
-
-    /// Stage `stage` ended after `duration` (all its attempts).
-    fn stage_ended(&self, stage: &str, duration: std::time::Duration) {
-        let _ = (stage, duration);
-    }
-
-    /// The job passed a boundary (accepted, a stage started or ended, finished) and its
-    /// [`Progress`] says so: save it before the job goes on.
-    async fn checkpoint(&self) {}
 }
 
 /// No remote side (`runway exec`, tests).
@@ -324,7 +334,7 @@ async fn run_to_end(
         p.started = unix_now();
         p.executor_state = executor_state;
     }
-    hooks.checkpoint().await;
+    hooks.boundary(Boundary::Accepted).await;
     let start = StageStart { index: 0, running: false, outcome: JobOutcome::success(), started: Instant::now() };
     let outcome = run_stages(&plan, &mut session, &*trace, control, hooks, start).await;
     (conclude(&*trace, hooks, outcome).await, Some(session))
@@ -350,7 +360,7 @@ async fn conclude(trace: &dyn TraceSink, hooks: &dyn JobHooks, outcome: JobOutco
         }
         outcome
     };
-    hooks.checkpoint().await;
+    hooks.boundary(Boundary::Finished).await;
     outcome
 }
 

@@ -18,10 +18,46 @@ use tokio::time::Instant;
 use super::progress::JobProgress;
 use super::stages::{run_stages, StageStart};
 use super::{conclude, prepare_request, unix_now, JobCleanup, JobControl, JobEnvironment, JobHooks, JobOutcome};
-use crate::executor::{resume, ExecutorSession};
+use crate::executor::{resume, ExecutorSession, PrepareError};
 use crate::payload::JobResponse;
-use crate::script::JobPlan;
+use crate::script::{JobPlan, PlanError};
 use crate::trace::{FailureReason, TraceLog, TraceSink};
+
+/// Why a stored job cannot go on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CannotResume {
+    /// Its executor ran it on an autoscaled instance.
+    #[error("jobs on autoscaled instances cannot be resumed yet")]
+    OnInstance,
+    /// The runner's settings no longer plan it.
+    #[error("planning the job again: {0}")]
+    Plan(#[from] PlanError),
+    /// Its executor saved no state to resume from.
+    #[error("the \"{executor}\" executor cannot resume jobs")]
+    NoState {
+        /// The executor's name.
+        executor: String,
+    },
+    /// Its executor did not take its saved state back.
+    #[error("restoring the \"{executor}\" executor: {error}")]
+    Restore {
+        /// The executor's name.
+        executor: String,
+        /// What the executor said.
+        error: PrepareError,
+    },
+}
+
+/// How a stored job's resumption ended.
+#[must_use = "the executor environment is only cleaned up by `cleanup.run`"]
+pub struct Resumed {
+    /// How the job ended.
+    pub outcome: JobOutcome,
+    /// The executor's cleanup, left to the caller.
+    pub cleanup: JobCleanup,
+    /// Why it could not go on (it was failed with this reason in its trace); `None`: it went on.
+    pub refused: Option<CannotResume>,
+}
 
 /// Go on with stored job `job` from `stored` and hand back the executor's cleanup. A job that
 /// cannot go on (no executor state, an executor that cannot resume, a plan that no longer
@@ -33,22 +69,25 @@ pub async fn resume_job_until_cleanup(
     control: &JobControl,
     hooks: &dyn JobHooks,
     stored: JobProgress,
-) -> (JobOutcome, JobCleanup) {
-    let (plan, session) = match restore(job, env, &trace, &stored).await {
+) -> Resumed {
+    let (plan, mut session) = match restore(job, env, &trace, &stored).await {
         Ok(restored) => restored,
-        Err((why, session)) => return (fail(&*trace, hooks, &why).await, JobCleanup(session)),
+        Err(why) => {
+            let outcome = fail(&*trace, hooks, &why.to_string()).await;
+            return Resumed { outcome, cleanup: JobCleanup(None), refused: Some(why) };
+        }
     };
-    let mut session = session;
     if stored.finished {
         // Only the final update was left.
-        return (stored.outcome(), JobCleanup(Some(session)));
+        return Resumed { outcome: stored.outcome(), cleanup: JobCleanup(Some(session)), refused: None };
     }
     // Timeouts count from when the stages first began.
     let elapsed = std::time::Duration::from_secs(unix_now().saturating_sub(stored.started));
     let started = Instant::now().checked_sub(elapsed).unwrap_or_else(Instant::now);
     let start = StageStart { index: stored.stage, running: stored.running, outcome: stored.outcome(), started };
     let outcome = run_stages(&plan, &mut session, &*trace, control, hooks, start).await;
-    (conclude(&*trace, hooks, outcome).await, JobCleanup(Some(session)))
+    let outcome = conclude(&*trace, hooks, outcome).await;
+    Resumed { outcome, cleanup: JobCleanup(Some(session)), refused: None }
 }
 
 /// Fail stored job `job` without going on, because `why`: rebuild its environment only to
@@ -61,32 +100,29 @@ pub async fn abandon_job_until_cleanup(
     stored: JobProgress,
     why: &str,
 ) -> (JobOutcome, JobCleanup) {
-    let session = match restore(job, env, &trace, &stored).await {
-        Ok((_, session)) => Some(session),
-        Err((_, session)) => session,
-    };
+    let session = restore(job, env, &trace, &stored).await.ok().map(|(_, session)| session);
     (fail(&*trace, hooks, why).await, JobCleanup(session))
 }
 
-/// The plan and the executor session of a stored job, or why there are none (with the session
-/// when one exists, for cleanup).
+/// The plan and the executor session of a stored job, or why there are none.
 async fn restore(
     job: &JobResponse,
     env: &JobEnvironment,
     trace: &Arc<dyn TraceSink>,
     stored: &JobProgress,
-) -> Result<(JobPlan, ExecutorSession), (String, Option<ExecutorSession>)> {
+) -> Result<(JobPlan, ExecutorSession), CannotResume> {
     if env.instance.is_some() {
-        return Err(("jobs on autoscaled instances cannot be resumed yet".into(), None));
+        return Err(CannotResume::OnInstance);
     }
-    let plan = JobPlan::new(job, &env.settings).map_err(|e| (format!("planning the job again: {e}"), None))?;
+    let plan = JobPlan::new(job, &env.settings)?;
+    let executor = || env.executor.name().to_string();
     let Some(state) = stored.executor_state.as_deref() else {
-        return Err((format!("the \"{}\" executor cannot resume jobs", env.executor.name()), None));
+        return Err(CannotResume::NoState { executor: executor() });
     };
     let request = prepare_request(job, env, &plan);
     match resume(&env.executor, request, state, trace.clone(), None).await {
         Ok(session) => Ok((plan, session)),
-        Err(e) => Err((format!("restoring the \"{}\" executor: {e}", env.executor.name()), None)),
+        Err(error) => Err(CannotResume::Restore { executor: executor(), error }),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The stages of a job in GitLab's order: which run (`when`, failures so far), their
 //! timeouts, what cancel and abort stop, what each stage's end means for the outcome — and the
 //! two boundaries of every stage where the job's [`Progress`] is brought up to date with the
-//! trace and saved through [`JobHooks::checkpoint`], so a restarted manager can go on from the
+//! trace and saved through [`JobHooks::boundary`], so a restarted manager can go on from the
 //! last boundary (reattaching to a stage that had started).
 //!
 //! Owns: the stage loop. Must not touch: preparation, the header and footer (`super`).
@@ -11,7 +11,7 @@ use std::sync::MutexGuard;
 use tokio::time::Instant;
 
 use super::progress::{JobProgress, Progress};
-use super::{JobControl, JobHooks, JobOutcome};
+use super::{Boundary, JobControl, JobHooks, JobOutcome};
 use crate::executor::{run_stage, ExecutorSession, Stage, StageOutcome};
 use crate::payload::StepWhen;
 use crate::script::{BuildStage, JobPlan};
@@ -103,7 +103,7 @@ pub(super) async fn run_stages(
                         p.set_outcome(&outcome);
                     }
                 }
-                hooks.checkpoint().await;
+                hooks.boundary(Boundary::StageUnscripted).await;
                 continue;
             }
         };
@@ -127,8 +127,7 @@ pub(super) async fn run_stages(
                 p.executor_state = executor_state;
             }
         }
-        hooks.checkpoint().await;
-        hooks.stage_started(&name);
+        hooks.boundary(Boundary::StageStarted(&name)).await;
         let stage_started = std::time::Instant::now();
         let stop = StopSignal::new();
         let watcher = {
@@ -162,7 +161,7 @@ pub(super) async fn run_stages(
             }
         }
         watcher.abort();
-        hooks.stage_ended(&name, stage_started.elapsed());
+        let duration = stage_started.elapsed();
 
         // Boundary: the stage ended; its section closes with what its end means.
         let last = {
@@ -175,7 +174,7 @@ pub(super) async fn run_stages(
             }
             last
         };
-        hooks.checkpoint().await;
+        hooks.boundary(Boundary::StageEnded(&name, duration)).await;
         if last {
             break;
         }

@@ -6,6 +6,9 @@
 //! before the request, so a poll blocked for 50 s costs nothing another runner could use. A
 //! job that arrives when capacity was taken meanwhile stays `pending` at GitLab (two-phase
 //! commit, with keep-alives) until a slot frees up.
+//!
+//! What happens to a job once GitLab handed it over — accepted, run, reported, declined,
+//! resumed, cleaned up — is `received`'s, from a per-job context the manager cuts for it.
 
 pub mod fleet;
 pub mod health;
@@ -27,16 +30,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::autoscaler::ReserveError;
 use crate::executor::ExecutorFeatures;
-use crate::gitlab::client::{FeaturesInfo, GitLabClient, RequestJobResult, RunnerCredentials, VersionInfo};
-use crate::job::{JobControl, JobEnvironment};
+use crate::gitlab::client::{
+    FeaturesInfo, GitLabClient, RequestJobResult, RunnerCredentials, UnhealthyRequest, VersionInfo,
+};
+use crate::job::JobEnvironment;
 use crate::payload::flags;
 use crate::store::jobs::{JobStore, StoreSettings};
 use crate::trace::format::RunnerIdentity;
 use crate::trace::upload::UploadConfig;
-use crate::trace::FailureReason;
 use health::{HealthBoard, PendingRunner, RunnerEntry, Unusable};
 use observe::ProcessingFailure;
-use received::{fail_bad_payload, run_received, Reservation};
+use received::{Capacity, JobContext, Reservation};
 use requests::RequestGate;
 use slots::SlotAllocator;
 
@@ -184,63 +188,33 @@ struct Runner {
     requests: RequestGate,
 }
 
-/// Capacity for one job: a global and a runner permit.
-struct Permits {
-    _global: tokio::sync::OwnedSemaphorePermit,
-    _limit: tokio::sync::OwnedSemaphorePermit,
-}
-
-/// Wait for a global and a runner permit; `None` when a forceful shutdown came first.
-async fn capacity(runner: &Runner, shared: &Shared) -> Option<Permits> {
-    let global = tokio::select! {
-        g = shared.global.clone().acquire_owned() => g.ok()?,
-        _ = shared.shutdown.forceful.cancelled() => return None,
-    };
-    let limit = tokio::select! {
-        l = runner.limit.clone().acquire_owned() => l.ok()?,
-        _ = shared.shutdown.forceful.cancelled() => return None,
-    };
-    Some(Permits { _global: global, _limit: limit })
-}
-
-/// A job counted as running (stats, its store's active set) until dropped.
-struct Running {
-    shared: Arc<Shared>,
-    runner: Arc<Runner>,
-    job: i64,
-}
-
-impl Running {
-    fn start(shared: &Arc<Shared>, runner: &Arc<Runner>, job: i64) -> Self {
-        use std::sync::atomic::Ordering::SeqCst;
-        let running = shared.stats.running.fetch_add(1, SeqCst) + 1;
-        shared.stats.max_running.fetch_max(running, SeqCst);
-        if let Some(Ok(mut active)) = runner.settings.store.as_ref().map(|s| s.active.lock()) {
-            active.insert(job);
+impl Runner {
+    /// What one job of this runner needs of it and of the manager, and nothing more.
+    fn job_context(&self, shared: &Shared) -> JobContext {
+        let settings = &self.settings;
+        JobContext {
+            client: self.client.clone(),
+            url: settings.credentials.url.clone(),
+            info: self.info.clone(),
+            system_id: settings.credentials.system_id.clone(),
+            env: settings.env.clone(),
+            output_limit_kib: settings.output_limit_kib,
+            upload: shared.settings.upload.clone(),
+            final_update_retry_limit: settings.final_update_retry_limit,
+            pending_keepalive: shared.settings.pending_keepalive,
+            observer: shared.settings.observer.clone(),
+            store: settings.store.clone(),
+            stats: shared.stats.clone(),
+            capacity: Capacity {
+                global: shared.global.clone(),
+                limit: self.limit.clone(),
+                forceful: shared.shutdown.forceful.clone(),
+                stats: shared.stats.clone(),
+                active: settings.store.as_ref().map(|s| s.active.clone()),
+                slots: self.slots.clone(),
+            },
         }
-        Running { shared: shared.clone(), runner: runner.clone(), job }
     }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        use std::sync::atomic::Ordering::SeqCst;
-        if let Some(Ok(mut active)) = self.runner.settings.store.as_ref().map(|s| s.active.lock()) {
-            active.remove(&self.job);
-        }
-        self.shared.stats.running.fetch_sub(1, SeqCst);
-        self.shared.stats.finished.fetch_add(1, SeqCst);
-    }
-}
-
-/// Abort the job with `runner_interrupted` when the manager is told to stop forcefully.
-fn interrupt_on_shutdown(shared: &Shared, control: &JobControl) -> tokio::task::JoinHandle<()> {
-    let forceful = shared.shutdown.forceful.clone();
-    let control = control.clone();
-    tokio::spawn(async move {
-        forceful.cancelled().await;
-        control.abort_with(FailureReason::RunnerInterrupted);
-    })
 }
 
 /// The features Runway's job path really supports, for `info.features` (§1.6). Artifacts
@@ -577,7 +551,8 @@ async fn poll(
         match result {
             RequestJobResult::Job(received) => {
                 unhealthy = 0;
-                let handle = tokio::spawn(run_received(runner.clone(), shared.clone(), *received, reservation));
+                let job = received::fresh::run(runner.job_context(&shared), *received, reservation);
+                let handle = tokio::spawn(job);
                 if jobs.send(handle).is_err() {
                     return;
                 }
@@ -587,7 +562,7 @@ async fn poll(
             }
             RequestJobResult::BadPayload(bad) => {
                 unhealthy = 0;
-                let handle = tokio::spawn(fail_bad_payload(runner.clone(), shared.clone(), *bad));
+                let handle = tokio::spawn(received::bad::fail(runner.job_context(&shared), *bad));
                 if jobs.send(handle).is_err() {
                     return;
                 }
@@ -602,7 +577,7 @@ async fn poll(
             RequestJobResult::Unhealthy(message) => {
                 unhealthy += 1;
                 observer.processing_failure(me, ProcessingFailure::Other);
-                if message.contains("forbidden (403)") {
+                if let UnhealthyRequest::Forbidden(_) = message {
                     tracing::error!(
                         runner = %runner.settings.env.identity.short_token,
                         name = %runner.settings.env.identity.name,

@@ -3,7 +3,7 @@
 //! against `known_hosts` unless disabled, as gitlab-runner does — and runs there exactly as a
 //! fleet job runs on its instance (relative directories are the login user's).
 //!
-//! Owns: [`SshHost`]. Must not touch: fleets, plugins, how stages run.
+//! Owns: [`SshHost`], [`SshHostError`]. Must not touch: fleets, plugins, how stages run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +23,22 @@ const CONNECT_RETRY: Duration = Duration::from_secs(3);
 /// Bound on one connection attempt and on the `$HOME` probe.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Why a runner's `[runners.ssh]` names no usable host.
+#[derive(Debug, thiserror::Error)]
+pub enum SshHostError {
+    /// `identity_file` cannot be read.
+    #[error("[runners.ssh] identity_file {}: {source}", .path.display())]
+    IdentityFile {
+        /// The file as configured.
+        path: std::path::PathBuf,
+        /// Why it cannot be read.
+        source: std::io::Error,
+    },
+    /// A key of the section is wrong (the config's own words).
+    #[error("{0}")]
+    Config(#[from] crate::config::Invalid),
+}
+
 /// The configured host of an `ssh` executor runner.
 pub struct SshHost {
     spec: ConnectSpec,
@@ -30,17 +46,18 @@ pub struct SshHost {
 
 impl SshHost {
     /// The host `config` names; `Err` says which key is wrong (an unreadable identity file).
-    pub fn new(config: &SshConfig) -> Result<Self, String> {
+    pub fn new(config: &SshConfig) -> Result<Self, SshHostError> {
         let auth = match config.identity_file() {
             Some(path) => SshAuth::Key {
-                pem: std::fs::read(path).map_err(|e| format!("[runners.ssh] identity_file {}: {e}", path.display()))?,
+                pem: std::fs::read(path)
+                    .map_err(|source| SshHostError::IdentityFile { path: path.to_path_buf(), source })?,
                 passphrase: None,
             },
             None => SshAuth::Password(config.password().to_string()),
         };
         let spec = ConnectSpec {
             host: config.host().to_string(),
-            port: config.port().map_err(|e| e.0)?,
+            port: config.port().map_err(SshHostError::Config)?,
             username: config.user().to_string(),
             auth,
             keepalive: Some(Duration::from_secs(30)),

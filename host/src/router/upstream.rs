@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use super::persist;
 use super::state::{Phase, Routed, State};
 use super::stats::DeclineReason;
-use super::{Inner, CHECK_INTERVAL};
+use super::{Inner, Upstream, CHECK_INTERVAL};
 use crate::gitlab::api::{JobApi, JobState, JobUpdate, PatchOutcome, UpdateOutcome};
 use crate::gitlab::client::{JobClient, ReceivedJob, RequestJobResult, RunnerCredentials};
 
@@ -113,13 +113,8 @@ async fn worker(inner: Arc<Inner>, u: usize) {
                 }
                 None
             }
-            RequestJobResult::Unhealthy(e) | RequestJobResult::Failed(e) => {
-                failures += 1;
-                inner.stats.upstream_request(u, "error");
-                let wait = upstream.client.retry_policy().backoff(failures + 3).min(Duration::from_secs(60));
-                tracing::warn!(upstream = %upstream.url, error = %e, ?wait, "job request to GitLab failed");
-                Some(wait)
-            }
+            RequestJobResult::Unhealthy(e) => Some(request_failed(&inner, upstream, u, &mut failures, &e)),
+            RequestJobResult::Failed(e) => Some(request_failed(&inner, upstream, u, &mut failures, &e)),
         };
         if let Some(pause) = pause {
             tokio::select! {
@@ -128,6 +123,21 @@ async fn worker(inner: Arc<Inner>, u: usize) {
             }
         }
     }
+}
+
+/// A job request to upstream `u` that failed (`error`): count it, and how long to wait.
+fn request_failed(
+    inner: &Inner,
+    upstream: &Upstream,
+    u: usize,
+    failures: &mut u32,
+    error: &dyn std::fmt::Display,
+) -> Duration {
+    *failures += 1;
+    inner.stats.upstream_request(u, "error");
+    let wait = upstream.client.retry_policy().backoff(*failures + 3).min(Duration::from_secs(60));
+    tracing::warn!(upstream = %upstream.url, %error, ?wait, "job request to GitLab failed");
+    wait
 }
 
 /// The downstream runner's `info` with `two_phase_job_commit` on: the router, not the runner,

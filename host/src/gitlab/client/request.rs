@@ -43,12 +43,23 @@ pub enum RequestJobResult {
     /// ask again at once instead of after `check_interval`.
     PollAgain,
     /// 403 or a transport error: counts toward `unhealthy_requests_limit`.
-    Unhealthy(String),
+    Unhealthy(UnhealthyRequest),
     /// Anything else (409, 422, 429/5xx after retries): healthy, no job.
     Failed(String),
     /// 201 with a payload that does not decode (missing or mistyped fields). The job is
     /// assigned to us, so it must be failed with `runner_system_failure`, not left hanging.
     BadPayload(Box<BadJob>),
+}
+
+/// Why a job request counts toward `unhealthy_requests_limit`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnhealthyRequest {
+    /// 403: GitLab refused the runner's token (invalid, expired or revoked); GitLab's words.
+    #[error("request_job: forbidden (403): {0}")]
+    Forbidden(String),
+    /// The request did not get an answer (a bad URL, a transport error).
+    #[error("{0}")]
+    Unanswered(String),
 }
 
 /// A job whose payload does not decode, identified well enough to fail it.
@@ -92,11 +103,11 @@ impl GitLabClient {
         let endpoint = super::Endpoint::RequestJob;
         let base = match api_base_url(&creds.url) {
             Ok(b) => b,
-            Err(e) => return RequestJobResult::Unhealthy(e.to_string()),
+            Err(e) => return RequestJobResult::Unhealthy(UnhealthyRequest::Unanswered(e.to_string())),
         };
         let url = match Self::endpoint_url(&base, "jobs/request") {
             Ok(u) => u,
-            Err(e) => return RequestJobResult::Unhealthy(e.to_string()),
+            Err(e) => return RequestJobResult::Unhealthy(UnhealthyRequest::Unanswered(e.to_string())),
         };
         let mut body = json!({ "token": creds.token, "info": info });
         if !creds.system_id.is_empty() {
@@ -110,7 +121,7 @@ impl GitLabClient {
         let decorate = |rb| request(rb).header(ROUTER_FEATURES_HEADER, DECLINE_FEATURE);
         let response = match self.execute(endpoint, Method::POST, &url, decorate).await {
             Ok(r) => r,
-            Err(e) => return RequestJobResult::Unhealthy(format!("request_job: {e}")),
+            Err(e) => return RequestJobResult::Unhealthy(UnhealthyRequest::Unanswered(format!("request_job: {e}"))),
         };
         self.remember_last_update(&base, &creds.token, response.headers());
         // GitLab's correlation ID for the request; one of our own when it gives none.
@@ -160,7 +171,7 @@ impl GitLabClient {
                 }
             }
             StatusCode::FORBIDDEN => {
-                RequestJobResult::Unhealthy(format!("request_job: forbidden (403): {}", error_message(response).await))
+                RequestJobResult::Unhealthy(UnhealthyRequest::Forbidden(error_message(response).await))
             }
             status => RequestJobResult::Failed(format!(
                 "request_job: HTTP {}: {}",

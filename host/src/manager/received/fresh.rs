@@ -1,0 +1,118 @@
+//! A job fresh from the poll: kept `pending` at GitLab (keep-alives) while it waits for
+//! capacity, given its store entry and its `CI_CONCURRENT_*` slot, run, and ended — declined
+//! back to a Runway router when this runner could not prepare it, reported otherwise.
+//!
+//! Owns: [`run`] and the decline. Must not touch: polling (`crate::manager`), the teardown
+//! (`super::Received::end`).
+
+use std::sync::Arc;
+
+use super::gitlab::StageReport;
+use super::{bad, unix_now, Ending, GitLabSide, JobContext, Received, Reservation};
+use crate::gitlab::client::{ApiError, BadJob, ReceivedJob};
+use crate::job::{run_job_until_cleanup, JobControl, JobProgress, Progress};
+use crate::manager::observe::{FinishedJob, ProcessingFailure};
+use crate::manager::persist::JobRecord;
+use crate::payload::{flags, JobResponse};
+use crate::store::jobs::EntryMeta;
+use crate::trace::{wire_reason, JobTrace};
+
+/// Run `received`, fresh from the poll, on the fleet slot `reservation` when the runner has
+/// a fleet, to its final update.
+pub(crate) async fn run(ctx: JobContext, received: ReceivedJob, reservation: Option<Reservation>) {
+    let ReceivedJob { raw, job, declinable } = received;
+    // Never run a job whose secrets cannot be masked: fail it with only the error in its log.
+    let trace = match JobTrace::new(&ctx.trace_options(&job)) {
+        Ok(t) => t,
+        Err(e) => {
+            let error = format!("cannot set up masking for this job's log: {e}");
+            let bad = BadJob {
+                id: job.id,
+                token: job.token.clone(),
+                error,
+                failure_reasons: job.features.failure_reasons.clone(),
+            };
+            return bad::fail(ctx, bad).await;
+        }
+    };
+    let Some(api) = ctx.job_api(&job) else { return };
+    let control = JobControl::default();
+    let side = GitLabSide::new(api, trace.clone(), control.clone(), ctx.retry(), ctx.job_upload())
+        .keeping_pending(ctx.pending_keepalive);
+
+    // Wait for capacity while the job stays pending at GitLab.
+    let Some(seat) = ctx.capacity.seat(job.id, Some(job.job_info.project_id), &control).await else {
+        side.stop_keepalive();
+        return;
+    };
+    let observer = ctx.observer.clone();
+    observer.job_received(&ctx.env.identity, job.id, &job.job_info);
+    for message in flags::notice_unsupported(flags::job_flags(&job)) {
+        tracing::warn!(job = job.id, "{message}");
+    }
+    let mut side = side.reporting_stages(StageReport::new(observer.clone(), &ctx.env, &job));
+    if let Some(store) = &ctx.store {
+        let meta = EntryMeta {
+            job_id: u64::try_from(job.id).unwrap_or_default(),
+            owner: ctx.system_id.clone(),
+            created: unix_now(),
+            heartbeat: 0,
+            resumes: 0,
+            stage: String::new(),
+            project: job.job_info.project_full_path.clone(),
+        };
+        let payload = String::from_utf8_lossy(&raw).into_owned();
+        let progress = Progress::new(JobProgress::default());
+        let record = JobRecord::new(store.store.clone(), meta, payload, trace.clone(), progress, 0, ctx.stats.clone());
+        side = side.stored_in(record, store.settings.health_interval);
+    }
+    let mut env = ctx.env.clone();
+    if let Some((concurrent_id, concurrent_project_id)) = seat.concurrent_ids() {
+        env.settings.concurrent_id = concurrent_id;
+        env.settings.concurrent_project_id = concurrent_project_id;
+    }
+    if let Some(reservation) = &reservation {
+        // On a fleet, the job runs on the reserved slot's instance (the runner's own lease, an
+        // `ssh` executor's host, stays otherwise).
+        env.instance = Some(reservation.lease(&control, &trace));
+    }
+    let received = Received::new(job.id, job.features.failure_reasons.clone(), side, Some(seat), reservation);
+
+    let started = std::time::Instant::now();
+    let lost = received.side().lost();
+    let run = run_job_until_cleanup(&job, &env, Arc::new(trace.clone()), &control, received.side());
+    let ended = tokio::select! {
+        ended = run => Some(ended),
+        // Another manager resumed the job: it is theirs now, trace, update and cleanup.
+        _ = lost.cancelled() => None,
+    };
+    let Some((outcome, cleanup)) = ended else { return received.end(Ending::Lost).await };
+    if declinable && outcome.preparation_failed && !received.side().accepted() {
+        // Behind a Runway router: hand the job back so another runner can take it.
+        match decline(&ctx, &job, &outcome.message).await {
+            Ok(()) => {
+                tracing::warn!(job = job.id, error = %outcome.message, "preparation failed; job declined back to the router");
+                return received.end(Ending::Unreported(cleanup)).await;
+            }
+            Err(e) => tracing::warn!(job = job.id, "declining the job failed ({e}); failing it instead"),
+        }
+    }
+    let wire_failure = outcome.failure.map(|r| wire_reason(Some(r), &job.features.failure_reasons));
+    ctx.stats.record(wire_failure.as_deref(), started.elapsed());
+    let finished = FinishedJob {
+        id: job.id,
+        executor: &ctx.env.settings.executor,
+        duration: started.elapsed(),
+        failure: wire_failure.as_deref(),
+    };
+    observer.job_finished(&ctx.env.identity, &finished);
+    if wire_failure.is_some() {
+        observer.processing_failure(&ctx.env.identity, ProcessingFailure::JobFailure);
+    }
+    received.end(Ending::Reported(outcome, Some(cleanup))).await;
+}
+
+/// `POST /jobs/:id/runner_provisioning` `status=declined` to the router `job` came from.
+async fn decline(ctx: &JobContext, job: &JobResponse, reason: &str) -> Result<(), ApiError> {
+    ctx.job_client(job.id, &job.token)?.decline(reason).await
+}
