@@ -34,23 +34,23 @@ const REGISTRY: &str = "/usr/bin/docker-registry";
 const DIR_PREFIX: &str = "/tmp/rwd-";
 
 /// The job image: bash, sh, coreutils, grep, sed, nc; `/etc/runway-image` says `job`.
-pub const JOB_IMAGE: &str = "runway-test/job:1";
+pub(crate) const JOB_IMAGE: &str = "runway-test/job:1";
 /// A second job image (`/etc/runway-image` says `other`), for `image:`.
-pub const OTHER_IMAGE: &str = "runway-test/other:1";
+pub(crate) const OTHER_IMAGE: &str = "runway-test/other:1";
 /// The service image: `nc -lk SERVICE_PORT` as its command, `EXPOSE SERVICE_PORT`.
-pub const SERVICE_IMAGE: &str = "runway-test/service:1";
+pub(crate) const SERVICE_IMAGE: &str = "runway-test/service:1";
 /// The port the service image listens on.
-pub const SERVICE_PORT: u16 = 7777;
+pub(crate) const SERVICE_PORT: u16 = 7777;
 
 /// Programs of the job image (besides bash and sh).
-pub const JOB_PROGRAMS: &[&str] = &[
+pub(crate) const JOB_PROGRAMS: &[&str] = &[
     "cat", "cp", "mv", "rm", "mkdir", "rmdir", "ls", "chmod", "ln", "touch", "dirname", "basename", "env", "sleep",
     "head", "tail", "sort", "wc", "tr", "cut", "date", "id", "mktemp", "printf", "test", "[", "true", "false", "seq",
     "yes", "grep", "sed", "nc", "stat", "uname", "find", "xargs", "tee", "timeout",
 ];
 
 /// One running `dockerd`.
-pub struct Dockerd {
+pub(crate) struct Dockerd {
     dir: PathBuf,
     child: Mutex<Option<Child>>,
     /// The daemon's socket.
@@ -63,7 +63,7 @@ pub struct Dockerd {
 static SHARED: OnceLock<Dockerd> = OnceLock::new();
 
 /// The daemon of this test binary, started on first use, stopped when the binary exits.
-pub fn shared() -> &'static Dockerd {
+pub(crate) fn shared() -> &'static Dockerd {
     SHARED.get_or_init(|| {
         let daemon = Dockerd::start();
         // SAFETY: registering a plain function to run at exit.
@@ -192,7 +192,7 @@ fn remove_stale_daemons() {
 
 impl Dockerd {
     /// Start a daemon of its own and wait until `/_ping` answers.
-    pub fn start() -> Dockerd {
+    pub(crate) fn start() -> Dockerd {
         static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         remove_stale_daemons();
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -263,52 +263,52 @@ impl Dockerd {
     }
 
     /// `unix:///…/docker.sock`, as `[runners.docker] host`.
-    pub fn host(&self) -> String {
+    pub(crate) fn host(&self) -> String {
         format!("unix://{}", self.socket.display())
     }
 
     /// The daemon's directory (data root, exec root, pid file, log).
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// What the daemon wrote.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("dockerd.log")).unwrap_or_default()
     }
 
     /// The daemon's PID.
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.child.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|c| c.id() as i32).unwrap_or(0)
     }
 
     /// The docker CLI against this daemon, with a config directory of its own.
-    pub fn docker_cmd(&self) -> Command {
+    pub(crate) fn docker_cmd(&self) -> Command {
         let mut cmd = Command::new(DOCKER_CLI);
         cmd.env("DOCKER_CONFIG", self.dir.join("cli")).arg("--host").arg(self.host());
         cmd
     }
 
     /// Run the CLI with `args`; its output, whatever the exit status.
-    pub fn docker(&self, args: &[&str]) -> Output {
+    pub(crate) fn docker(&self, args: &[&str]) -> Output {
         self.docker_cmd().args(args).stdin(Stdio::null()).output().expect("docker CLI runs")
     }
 
     /// Run the CLI with `args`, which must succeed; its stdout, trimmed.
-    pub fn docker_ok(&self, args: &[&str]) -> String {
+    pub(crate) fn docker_ok(&self, args: &[&str]) -> String {
         let out = self.docker(args);
         assert!(out.status.success(), "docker {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
     /// Whether the daemon has an image (or container, by `inspect`) called `reference`.
-    pub fn has_image(&self, reference: &str) -> bool {
+    pub(crate) fn has_image(&self, reference: &str) -> bool {
         self.docker(&["image", "inspect", "--format", "{{.Id}}", reference]).status.success()
     }
 
     /// `docker import` the root filesystem of `rootfs` as `reference`, with Dockerfile
     /// `changes` (`CMD …`, `EXPOSE …`, `ENV …`).
-    pub fn import(&self, reference: &str, rootfs: &RootfsBuilder, changes: &[&str]) {
+    pub(crate) fn import(&self, reference: &str, rootfs: &RootfsBuilder, changes: &[&str]) {
         let tar = rootfs.build().unwrap_or_else(|e| panic!("root filesystem of {reference}: {e}"));
         let mut cmd = self.docker_cmd();
         cmd.arg("import");
@@ -331,7 +331,7 @@ impl Dockerd {
     }
 
     /// Import `reference` unless this daemon already has it (once per daemon, serialized).
-    pub fn ensure_image(&self, reference: &str, make: impl FnOnce() -> (RootfsBuilder, Vec<String>)) {
+    pub(crate) fn ensure_image(&self, reference: &str, make: impl FnOnce() -> (RootfsBuilder, Vec<String>)) {
         let mut imported = self.imported.lock().unwrap_or_else(|e| e.into_inner());
         if imported.contains(reference) || self.has_image(reference) {
             imported.insert(reference.to_string());
@@ -344,19 +344,19 @@ impl Dockerd {
     }
 
     /// [`JOB_IMAGE`], imported on first use; returns its reference.
-    pub fn job_image(&self) -> &'static str {
+    pub(crate) fn job_image(&self) -> &'static str {
         self.ensure_image(JOB_IMAGE, || (job_rootfs("job", JOB_PROGRAMS), Vec::new()));
         JOB_IMAGE
     }
 
     /// [`OTHER_IMAGE`], imported on first use; returns its reference.
-    pub fn other_image(&self) -> &'static str {
+    pub(crate) fn other_image(&self) -> &'static str {
         self.ensure_image(OTHER_IMAGE, || (job_rootfs("other", &["cat", "sleep", "ls", "mkdir", "rm"]), Vec::new()));
         OTHER_IMAGE
     }
 
     /// [`SERVICE_IMAGE`], imported on first use; returns its reference.
-    pub fn service_image(&self) -> &'static str {
+    pub(crate) fn service_image(&self) -> &'static str {
         self.ensure_image(SERVICE_IMAGE, || {
             let mut rootfs = RootfsBuilder::new();
             rootfs.base_system().expect("base system");
@@ -370,13 +370,13 @@ impl Dockerd {
     }
 
     /// The local registry of this daemon, started on first use.
-    pub fn registry(&self) -> &Registry {
+    pub(crate) fn registry(&self) -> &Registry {
         self.registry.get_or_init(|| Registry::start(&self.dir.join("registry")))
     }
 
     /// Push `image` to the local registry as `name` (`repo:tag`), then remove the local
     /// reference, so a job naming the returned reference has to pull it.
-    pub fn push_to_registry(&self, image: &str, name: &str) -> String {
+    pub(crate) fn push_to_registry(&self, image: &str, name: &str) -> String {
         let remote = format!("{}/{name}", self.registry().address());
         self.docker_ok(&["tag", image, &remote]);
         self.docker_ok(&["push", &remote]);
@@ -387,7 +387,7 @@ impl Dockerd {
 
     /// One Engine API request over the socket (HTTP/1.0, so the answer is not chunked):
     /// status and body.
-    pub fn api(&self, method: &str, path: &str, body: Option<&[u8]>) -> std::io::Result<(u16, Vec<u8>)> {
+    pub(crate) fn api(&self, method: &str, path: &str, body: Option<&[u8]>) -> std::io::Result<(u16, Vec<u8>)> {
         let mut stream = UnixStream::connect(&self.socket)?;
         stream.set_read_timeout(Some(Duration::from_secs(60)))?;
         let body = body.unwrap_or_default();
@@ -409,29 +409,29 @@ impl Dockerd {
     }
 
     /// A GET that must answer 200 with JSON.
-    pub fn api_json(&self, path: &str) -> serde_json::Value {
+    pub(crate) fn api_json(&self, path: &str) -> serde_json::Value {
         let (status, body) = self.api("GET", path, None).expect("engine API");
         assert_eq!(status, 200, "GET {path}: {}", String::from_utf8_lossy(&body));
         serde_json::from_slice(&body).expect("JSON answer")
     }
 
     /// Containers (running or not) with the label `key` (or `key=value`).
-    pub fn containers_labelled(&self, label: &str) -> Vec<serde_json::Value> {
+    pub(crate) fn containers_labelled(&self, label: &str) -> Vec<serde_json::Value> {
         as_list(self.api_json(&format!("/containers/json?all=1&filters={}", label_filter(label))))
     }
 
     /// Networks with the label.
-    pub fn networks_labelled(&self, label: &str) -> Vec<serde_json::Value> {
+    pub(crate) fn networks_labelled(&self, label: &str) -> Vec<serde_json::Value> {
         as_list(self.api_json(&format!("/networks?filters={}", label_filter(label))))
     }
 
     /// Volumes with the label.
-    pub fn volumes_labelled(&self, label: &str) -> Vec<serde_json::Value> {
+    pub(crate) fn volumes_labelled(&self, label: &str) -> Vec<serde_json::Value> {
         as_list(self.api_json(&format!("/volumes?filters={}", label_filter(label)))["Volumes"].take())
     }
 
     /// Stop the daemon by PID (SIGTERM, then SIGKILL), undo its mounts, remove its directory.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         if let Some(registry) = self.registry.get() {
             registry.stop();
         }
@@ -469,7 +469,7 @@ fn label_filter(label: &str) -> String {
 }
 
 /// A job image: base system, bash, sh and `programs`, `/etc/runway-image` holding `marker`.
-pub fn job_rootfs(marker: &str, programs: &[&str]) -> RootfsBuilder {
+pub(crate) fn job_rootfs(marker: &str, programs: &[&str]) -> RootfsBuilder {
     let mut rootfs = RootfsBuilder::new();
     rootfs.base_system().expect("base system");
     for program in ["bash", "sh"].iter().chain(programs) {
@@ -480,7 +480,7 @@ pub fn job_rootfs(marker: &str, programs: &[&str]) -> RootfsBuilder {
 }
 
 /// Debian's `docker-registry` on 127.0.0.1:<free port>, with its own storage and config.
-pub struct Registry {
+pub(crate) struct Registry {
     dir: PathBuf,
     child: Mutex<Option<Child>>,
     port: u16,
@@ -488,7 +488,7 @@ pub struct Registry {
 
 impl Registry {
     /// Start a registry keeping its data under `dir`.
-    pub fn start(dir: &Path) -> Registry {
+    pub(crate) fn start(dir: &Path) -> Registry {
         std::fs::create_dir_all(dir.join("storage")).expect("registry dir");
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
         let config = dir.join("config.yml");
@@ -530,24 +530,24 @@ impl Registry {
     }
 
     /// `127.0.0.1:PORT`.
-    pub fn address(&self) -> String {
+    pub(crate) fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// What the registry wrote (its access log among it).
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("registry.log")).unwrap_or_default()
     }
 
     /// How many times a manifest of `repository` was asked for (`HEAD` or `GET`): every pull
     /// resolves its tag so, even when the image is present.
-    pub fn manifest_requests(&self, repository: &str) -> usize {
+    pub(crate) fn manifest_requests(&self, repository: &str) -> usize {
         let log = self.log();
         ["GET", "HEAD"].iter().map(|m| log.matches(&format!("\"{m} /v2/{repository}/manifests/")).count()).sum()
     }
 
     /// Stop by PID.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         let child = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut child) = child {
             terminate(child.id() as i32, Duration::from_secs(5));

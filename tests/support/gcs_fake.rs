@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 /// A stored object: bytes and the headers it was written with.
 #[derive(Clone, Debug)]
-pub struct Object {
+pub(crate) struct Object {
     pub bytes: Vec<u8>,
     pub headers: BTreeMap<String, String>,
 }
@@ -33,7 +33,7 @@ struct State {
 }
 
 /// The running server.
-pub struct GcsFake {
+pub(crate) struct GcsFake {
     /// `http://127.0.0.1:PORT`.
     pub url: String,
     objects: Arc<Mutex<BTreeMap<String, Object>>>,
@@ -48,7 +48,7 @@ impl Drop for GcsFake {
 
 impl GcsFake {
     /// Start it for the service account `email` whose public key (DER `RSAPublicKey`) is `public_key`.
-    pub async fn start(email: &str, public_key: Vec<u8>) -> GcsFake {
+    pub(crate) async fn start(email: &str, public_key: Vec<u8>) -> GcsFake {
         let objects = Arc::new(Mutex::new(BTreeMap::new()));
         let state = State { email: email.to_string(), public_key, objects: objects.clone() };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -64,7 +64,7 @@ impl GcsFake {
     }
 
     /// The object stored at `bucket/object`.
-    pub fn object(&self, path: &str) -> Option<Object> {
+    pub(crate) fn object(&self, path: &str) -> Option<Object> {
         self.objects.lock().expect("lock").get(path).cloned()
     }
 }

@@ -9,13 +9,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Azurite's well-known development account.
-pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
+pub(crate) const AZURITE_ACCOUNT: &str = "devstoreaccount1";
 /// Its well-known key (published in Azurite's README; not a secret).
-pub const AZURITE_KEY: &str =
+pub(crate) const AZURITE_KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 
 /// A server process, killed by PID on drop.
-pub struct Server {
+pub(crate) struct Server {
     child: Child,
     /// Its port on 127.0.0.1.
     pub port: u16,
@@ -62,7 +62,7 @@ fn spawn(program: &str, args: &[String], install: &str) -> (Child, tempfile::Tem
 
 impl Server {
     /// `moto_server -H 127.0.0.1 -p PORT`: a real S3 API (it does not check signatures).
-    pub fn moto() -> Server {
+    pub(crate) fn moto() -> Server {
         let port = free_port();
         let args = ["-H".to_string(), "127.0.0.1".into(), "-p".into(), port.to_string()];
         let (mut child, dir) = spawn("moto_server", &args, "pip install \"moto[server]\"");
@@ -71,7 +71,7 @@ impl Server {
     }
 
     /// `azurite-blob` with its data in a temporary directory: checks SAS and SharedKey signatures.
-    pub fn azurite() -> Server {
+    pub(crate) fn azurite() -> Server {
         let port = free_port();
         // Its data go to the working directory spawn makes (`--location .`).
         let args = [
@@ -90,7 +90,7 @@ impl Server {
     }
 
     /// `http://127.0.0.1:PORT`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 }

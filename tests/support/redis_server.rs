@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// One running `redis-server`.
-pub struct RedisServer {
+pub(crate) struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
     /// Its port on 127.0.0.1.
@@ -27,7 +27,7 @@ fn free_port() -> u16 {
 
 impl RedisServer {
     /// Start a server on a free port of 127.0.0.1 and wait until it answers `PING`.
-    pub fn start() -> RedisServer {
+    pub(crate) fn start() -> RedisServer {
         let port = free_port();
         let dir = tempfile::tempdir().expect("tempdir");
         let child = spawn(dir.path(), port, None);
@@ -38,7 +38,7 @@ impl RedisServer {
 
     /// A server with a plain port and a TLS port; its certificate (for 127.0.0.1) is signed by
     /// a fresh test CA whose certificate is in `tls`.
-    pub fn start_tls() -> RedisServer {
+    pub(crate) fn start_tls() -> RedisServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca = make_certificates(dir.path());
         let (port, tls_port) = (free_port(), free_port());
@@ -49,23 +49,23 @@ impl RedisServer {
     }
 
     /// `rediss://127.0.0.1:<tls port>/0`.
-    pub fn tls_url(&self) -> String {
+    pub(crate) fn tls_url(&self) -> String {
         let (port, _) = self.tls.as_ref().expect("a TLS server");
         format!("rediss://127.0.0.1:{port}/0")
     }
 
     /// `redis://127.0.0.1:<port>/0`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
     /// The server's pid (to kill it from a test).
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
     /// Kill the server (its data is gone: no persistence).
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -73,7 +73,7 @@ impl RedisServer {
     }
 
     /// Start it again on the same port.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.stop();
         let tls_port = self.tls.as_ref().map(|(port, _)| *port);
         self.child = Some(spawn(self.dir.path(), self.port, tls_port));

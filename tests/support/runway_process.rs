@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// One `runway -c <dir>/config.toml run`.
-pub struct RunwayProcess {
+pub(crate) struct RunwayProcess {
     dir: PathBuf,
     env: Vec<(String, String)>,
     env_remove: Vec<String>,
@@ -20,40 +20,40 @@ pub struct RunwayProcess {
 
 impl RunwayProcess {
     /// A process for the config in `dir` (not started).
-    pub fn new(dir: PathBuf) -> RunwayProcess {
+    pub(crate) fn new(dir: PathBuf) -> RunwayProcess {
         RunwayProcess { dir, env: Vec::new(), env_remove: Vec::new(), quit_on_drop: false, child: None }
     }
 
     /// Set an environment variable of the process.
-    pub fn env(mut self, key: &str, value: &str) -> Self {
+    pub(crate) fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.into(), value.into()));
         self
     }
 
     /// Remove an environment variable the test process has.
-    pub fn env_remove(mut self, key: &str) -> Self {
+    pub(crate) fn env_remove(mut self, key: &str) -> Self {
         self.env_remove.push(key.into());
         self
     }
 
     /// When dropped, stop with SIGQUIT (finish and clean up, up to 20 s) instead of SIGKILL.
-    pub fn quit_on_drop(mut self) -> Self {
+    pub(crate) fn quit_on_drop(mut self) -> Self {
         self.quit_on_drop = true;
         self
     }
 
     /// The config directory.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// The running process's id.
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
     /// Start it (again).
-    pub fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("runway.log")).expect("log file");
         let mut command = Command::new(env!("CARGO_BIN_EXE_runway"));
@@ -69,7 +69,7 @@ impl RunwayProcess {
     }
 
     /// SIGKILL: no cleanup, no final update, nothing saved on the way out.
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -77,7 +77,7 @@ impl RunwayProcess {
     }
 
     /// What it logged so far.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("runway.log")).unwrap_or_default()
     }
 }

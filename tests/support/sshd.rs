@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 const SSHD: &str = "/usr/sbin/sshd";
 
 /// A client key pair (ed25519) in a directory of its own.
-pub struct ClientKey {
+pub(crate) struct ClientKey {
     _dir: tempfile::TempDir,
     pub private_path: PathBuf,
     pub private_pem: Vec<u8>,
@@ -20,7 +20,7 @@ pub struct ClientKey {
 }
 
 impl ClientKey {
-    pub fn generate() -> ClientKey {
+    pub(crate) fn generate() -> ClientKey {
         let dir = tempfile::tempdir().expect("tempdir");
         let private_path = dir.path().join("id_ed25519");
         keygen(&private_path);
@@ -41,18 +41,18 @@ fn keygen(path: &Path) {
 }
 
 /// The user tests log in as (the one running them).
-pub fn current_user() -> String {
+pub(crate) fn current_user() -> String {
     let out = Command::new("id").arg("-un").output().expect("id");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// A port free on `addr` right now.
-pub fn free_port(addr: Ipv4Addr) -> u16 {
+pub(crate) fn free_port(addr: Ipv4Addr) -> u16 {
     std::net::TcpListener::bind((addr, 0)).expect("bind").local_addr().expect("addr").port()
 }
 
 /// One running `sshd`.
-pub struct SshServer {
+pub(crate) struct SshServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
     pub addr: Ipv4Addr,
@@ -62,24 +62,24 @@ pub struct SshServer {
 
 impl SshServer {
     /// Start `sshd` on `addr` (127.0.0.x) accepting `key`.
-    pub fn start(addr: Ipv4Addr, key: &ClientKey) -> SshServer {
+    pub(crate) fn start(addr: Ipv4Addr, key: &ClientKey) -> SshServer {
         Self::start_on(addr, free_port(addr), key)
     }
 
     /// Start on a given port (to bring an instance back at the same address).
-    pub fn start_on(addr: Ipv4Addr, port: u16, key: &ClientKey) -> SshServer {
+    pub(crate) fn start_on(addr: Ipv4Addr, port: u16, key: &ClientKey) -> SshServer {
         Self::start_on_many(&[addr], port, key)
     }
 
     /// One `sshd` listening on `port` of every address in `addrs` (all 127.x.y.z, at most 16:
     /// sshd's MAX_LISTEN_SOCKS): the
     /// instances of a cloud fake whose addresses are handed out from a loopback range.
-    pub fn start_on_many(addrs: &[Ipv4Addr], port: u16, key: &ClientKey) -> SshServer {
+    pub(crate) fn start_on_many(addrs: &[Ipv4Addr], port: u16, key: &ClientKey) -> SshServer {
         Self::start_on_many_with(addrs, port, key, "")
     }
 
     /// As [`SshServer::start_on_many`], with `extra` lines appended to `sshd_config`.
-    pub fn start_on_many_with(addrs: &[Ipv4Addr], port: u16, key: &ClientKey, extra: &str) -> SshServer {
+    pub(crate) fn start_on_many_with(addrs: &[Ipv4Addr], port: u16, key: &ClientKey, extra: &str) -> SshServer {
         assert!(!addrs.is_empty() && addrs.iter().all(|a| a.is_loopback()), "tests only listen on loopback");
         let addr = addrs[0];
         let listen: String = addrs.iter().map(|a| format!("ListenAddress {a}:{port}\n")).collect();
@@ -131,12 +131,12 @@ impl SshServer {
     }
 
     /// `addr:port`, as a static fleet host entry.
-    pub fn host_entry(&self) -> String {
+    pub(crate) fn host_entry(&self) -> String {
         format!("{}:{}", self.addr, self.port)
     }
 
     /// The server's host key as a `known_hosts` line (`[addr]:port ssh-ed25519 …`).
-    pub fn known_hosts_line(&self) -> String {
+    pub(crate) fn known_hosts_line(&self) -> String {
         let public = std::fs::read_to_string(self.dir.path().join("host_ed25519.pub")).expect("host public key");
         let mut fields = public.split_whitespace();
         let (kind, key) = (fields.next().unwrap_or_default(), fields.next().unwrap_or_default());
@@ -144,12 +144,12 @@ impl SshServer {
     }
 
     /// What sshd wrote.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
     }
 
     /// Kill sshd and every session it serves (as a crashed or vanished machine would), by PID.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let pid = child.id();
             // Session processes are children of the listener.

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub fn openssl(dir: &Path, args: &[&str]) {
+pub(crate) fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl runs");
     assert!(
         out.status.success(),
@@ -18,13 +18,13 @@ pub fn openssl(dir: &Path, args: &[&str]) {
 }
 
 /// A test CA and a server certificate it signed for 127.0.0.1 (PEM files in `dir`).
-pub struct TestCa {
+pub(crate) struct TestCa {
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
 }
 
-pub fn make_ca(dir: &Path, name: &str) -> TestCa {
+pub(crate) fn make_ca(dir: &Path, name: &str) -> TestCa {
     std::fs::create_dir_all(dir).expect("mkdir");
     let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
     let subject = format!("/CN=Runway test CA {name} {}", std::process::id());

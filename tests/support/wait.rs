@@ -7,10 +7,10 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 /// Generous: only the event matters, and the machine may be loaded.
-pub const WAIT: Duration = Duration::from_secs(30);
+pub(crate) const WAIT: Duration = Duration::from_secs(30);
 
 /// Poll `done` every `every` until it holds; panic naming `what` after `limit`.
-pub async fn until_every(what: &str, limit: Duration, every: Duration, mut done: impl FnMut() -> bool) {
+pub(crate) async fn until_every(what: &str, limit: Duration, every: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !done() {
         assert!(Instant::now() < deadline, "timed out after {limit:?} waiting until {what}");
@@ -19,13 +19,13 @@ pub async fn until_every(what: &str, limit: Duration, every: Duration, mut done:
 }
 
 /// Poll `done` every 20 ms until it holds; panic naming `what` after `limit`.
-pub async fn until(what: &str, limit: Duration, done: impl FnMut() -> bool) {
+pub(crate) async fn until(what: &str, limit: Duration, done: impl FnMut() -> bool) {
     until_every(what, limit, Duration::from_millis(20), done).await;
 }
 
 /// Poll the asynchronous check `done` every 100 ms until it holds; panic naming `what` after
 /// `limit`.
-pub async fn until_async<F: Future<Output = bool>>(what: &str, limit: Duration, mut done: impl FnMut() -> F) {
+pub(crate) async fn until_async<F: Future<Output = bool>>(what: &str, limit: Duration, mut done: impl FnMut() -> F) {
     let deadline = Instant::now() + limit;
     while !done().await {
         assert!(Instant::now() < deadline, "timed out after {limit:?} waiting until {what}");
@@ -34,7 +34,7 @@ pub async fn until_async<F: Future<Output = bool>>(what: &str, limit: Duration, 
 }
 
 /// Poll `done` every 20 ms on this thread until it holds; panic naming `what` after `limit`.
-pub fn until_blocking(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+pub(crate) fn until_blocking(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !done() {
         assert!(Instant::now() < deadline, "timed out after {limit:?} waiting until {what}");

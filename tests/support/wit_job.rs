@@ -6,7 +6,7 @@ use std::path::Path;
 use runway::bindings::executor::exports::runway::executor0_1_0::executor::Job;
 
 /// A one-hour job of `group/project` whose builds, project and cache live under `dir`.
-pub fn job(dir: &Path) -> Job {
+pub(crate) fn job(dir: &Path) -> Job {
     Job {
         id: 1,
         name: "test".into(),

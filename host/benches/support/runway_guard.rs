@@ -5,7 +5,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 /// The runner process; dropping it stops it.
-pub struct RunwayProcess(pub Child);
+pub(crate) struct RunwayProcess(pub Child);
 
 impl Drop for RunwayProcess {
     fn drop(&mut self) {

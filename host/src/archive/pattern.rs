@@ -50,7 +50,7 @@ impl Pattern {
 
 /// Splits a pattern into its literal directory prefix and the rest, as doublestar's
 /// `SplitPattern`: the prefix ends at the last `/` before the first meta character.
-pub fn split_pattern(pattern: &str) -> (&str, &str) {
+pub(super) fn split_pattern(pattern: &str) -> (&str, &str) {
     let first_meta = pattern.find(META).unwrap_or(pattern.len());
     match pattern[..first_meta].rfind('/') {
         None => (".", pattern),

@@ -175,7 +175,7 @@ fn failure_allowed(job: &PlannedJob, exit_code: Option<i32>) -> bool {
     }
 }
 
-pub async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result<ExitCode> {
     let project_dir = match &args.cwd {
         Some(dir) => dir.clone(),
         None => std::env::current_dir()?,

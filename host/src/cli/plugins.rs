@@ -59,7 +59,7 @@ fn print_table(rows: &[PluginListing]) {
     }
 }
 
-pub async fn run(command: PluginsCommand, config: Option<&Path>) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(command: PluginsCommand, config: Option<&Path>) -> anyhow::Result<ExitCode> {
     match command {
         PluginsCommand::List { plugins_dir } => {
             let host = super::setup::plugin_host_of_file(config, plugins_dir).await?;

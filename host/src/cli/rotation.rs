@@ -26,7 +26,10 @@ const MAX_RETRY: Duration = Duration::from_secs(30 * 60);
 
 /// When the token of `runner` is due for a reset; `None` when it does not expire. A token
 /// without `token_obtained_at` is due at once (its lifetime is unknown).
-pub fn reset_time(obtained_at: Option<DateTime<Utc>>, expires_at: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+pub(super) fn reset_time(
+    obtained_at: Option<DateTime<Utc>>,
+    expires_at: Option<DateTime<Utc>>,
+) -> Option<DateTime<Utc>> {
     let expires = expires_at?;
     let Some(obtained) = obtained_at else { return Some(DateTime::<Utc>::UNIX_EPOCH) };
     let lifetime = (expires - obtained).num_milliseconds().max(0) as f64;
@@ -34,7 +37,7 @@ pub fn reset_time(obtained_at: Option<DateTime<Utc>>, expires_at: Option<DateTim
 }
 
 /// The runner whose reset is due first (index, time), leaving out tokens in `skip`.
-pub fn next_reset(config: &Config, skip: &HashSet<String>) -> Option<(usize, DateTime<Utc>)> {
+pub(super) fn next_reset(config: &Config, skip: &HashSet<String>) -> Option<(usize, DateTime<Utc>)> {
     config
         .runners
         .iter()
@@ -53,7 +56,7 @@ async fn sleep_or_stop(wait: Duration, shutdown: &Shutdown) -> bool {
 }
 
 /// Rotate tokens until shut down; `reload` is sent after every rotation written.
-pub async fn rotate_tokens(path: PathBuf, system_id: String, reload: UnboundedSender<()>, shutdown: Shutdown) {
+pub(super) async fn rotate_tokens(path: PathBuf, system_id: String, reload: UnboundedSender<()>, shutdown: Shutdown) {
     let mut skip: HashSet<String> = HashSet::new();
     let mut failures: HashMap<String, u32> = HashMap::new();
     loop {

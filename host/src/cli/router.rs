@@ -17,7 +17,7 @@ use crate::router::{Router, RouterSettings};
 use crate::store::jobs::seal::StoreKey;
 
 /// Run the router until a stop signal.
-pub async fn run(path: &Path) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = config::router::load(path)?;
     let router_id = config::router_id(&loaded.dir())?;
     let store_settings = loaded.store_settings();

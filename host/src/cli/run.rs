@@ -31,7 +31,7 @@ use crate::store::jobs::{JobStore, JobStoreError, StoreSettings};
 /// The autoscaled fleets, by runner (URL and id, else short token). A fleet outlives config reloads: its
 /// instances and jobs carry over to the new manager.
 #[derive(Default)]
-pub struct Fleets {
+pub(super) struct Fleets {
     by_runner: HashMap<String, (AutoscalerConfig, Arc<Fleet>)>,
 }
 
@@ -66,21 +66,21 @@ impl Fleets {
     }
 
     /// Stop every fleet (after the managers' jobs have ended).
-    pub async fn shutdown(self) {
+    pub(super) async fn shutdown(self) {
         for (_, fleet) in self.by_runner.into_values() {
             fleet.shutdown().await;
         }
     }
 
     /// The running fleets.
-    pub fn all(&self) -> Vec<Arc<Fleet>> {
+    pub(super) fn all(&self) -> Vec<Arc<Fleet>> {
         self.by_runner.values().map(|(_, f)| f.clone()).collect()
     }
 }
 
 /// The opened job stores, by backend. A store (and a file store's lock) outlives config
 /// reloads like a fleet: the new manager shares the old one's lock and its set of running jobs.
-pub struct Stores {
+pub(super) struct Stores {
     key_path: PathBuf,
     opened: tokio::sync::Mutex<HashMap<String, OpenStore>>,
 }
@@ -90,7 +90,7 @@ type OpenStore = (Arc<dyn JobStore>, ActiveJobs);
 
 impl Stores {
     /// Stores sealing with the key from `RUNWAY_STORE_KEY` or the key file `key_path`.
-    pub fn new(key_path: PathBuf) -> Self {
+    pub(super) fn new(key_path: PathBuf) -> Self {
         Stores { key_path, opened: tokio::sync::Mutex::default() }
     }
 
@@ -122,7 +122,7 @@ const RESOLVE_RETRY: Duration = Duration::from_secs(5);
 /// up here (their errors fail the start or the reload); the executor is resolved by the
 /// manager, so a runner whose plugin is missing or broken is only reported unhealthy while
 /// every other runner serves.
-pub async fn runner_settings(
+pub(super) async fn runner_settings(
     loaded: &Loaded,
     plugins: &PluginHost,
     system_id: &str,
@@ -362,7 +362,7 @@ fn load_with_user(path: &Path, user: Option<&str>) -> anyhow::Result<Loaded> {
 }
 
 /// Run until stopped by a signal; shell jobs run as `user` when given (`--user`).
-pub async fn run(config_path: PathBuf, user: Option<String>) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(config_path: PathBuf, user: Option<String>) -> anyhow::Result<ExitCode> {
     let mut loaded = load_with_user(&config_path, user.as_deref())?;
     let system_id = config::system_id(&loaded.dir())?;
     let mut plugins = setup::plugin_host(&loaded).await?;

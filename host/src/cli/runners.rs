@@ -159,7 +159,7 @@ fn config_dir(path: &Path) -> PathBuf {
 
 /// `runway register`: verify a glrt- token (or register with a legacy token) and append the
 /// runner to config.toml.
-pub async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCode> {
+pub(crate) async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = load_or_new(path)?;
     let system_id = config::system_id(&config_dir(path))?;
     let url = args.url.trim_end_matches('/').to_string();
@@ -219,7 +219,7 @@ pub async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCod
 }
 
 /// `runway reset-token`: new tokens for the selected runners, written into config.toml.
-pub async fn reset_token(args: ResetTokenArgs, path: &Path) -> anyhow::Result<ExitCode> {
+pub(crate) async fn reset_token(args: ResetTokenArgs, path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let system_id = config::system_id(&loaded.dir())?;
     let selected: Vec<usize> = loaded
@@ -263,7 +263,7 @@ pub async fn reset_token(args: ResetTokenArgs, path: &Path) -> anyhow::Result<Ex
 }
 
 /// `runway verify [--delete]`.
-pub async fn verify(path: &Path, delete: bool) -> anyhow::Result<ExitCode> {
+pub(crate) async fn verify(path: &Path, delete: bool) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let system_id = config::system_id(&loaded.dir())?;
     let mut failed = false;
@@ -299,7 +299,7 @@ pub async fn verify(path: &Path, delete: bool) -> anyhow::Result<ExitCode> {
 }
 
 /// `runway unregister`.
-pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<ExitCode> {
+pub(crate) async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let system_id = config::system_id(&loaded.dir())?;
     let cfg = loaded.config.clone();
@@ -351,7 +351,7 @@ pub async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Result<Exi
 /// `runway lint`: load the config file as `runway run` would and say what is wrong with it,
 /// as `gitlab-runner lint` does: an error (file, line, key) or keys nobody knows fail (exit 1);
 /// keys gitlab-runner knows that Runway does not support are listed and the file is valid.
-pub fn lint(path: &Path) -> anyhow::Result<ExitCode> {
+pub(crate) fn lint(path: &Path) -> anyhow::Result<ExitCode> {
     if !path.exists() {
         anyhow::bail!("config file not found: {}", path.display());
     }
@@ -373,7 +373,7 @@ pub fn lint(path: &Path) -> anyhow::Result<ExitCode> {
 }
 
 /// `runway list`: the runners of the config file.
-pub fn list(path: &Path) -> anyhow::Result<ExitCode> {
+pub(crate) fn list(path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!("Listing configured runners  ConfigFile={}", path.display());
     for runner in &loaded.config.runners {

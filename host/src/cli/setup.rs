@@ -23,7 +23,7 @@ use crate::plugin::{builtin_plugins, HelperImageError, HelperImageSource, HostSe
 /// back at exec, so they are unaffected. The price: no core dumps of the runner, no debugger
 /// or `strace -p` attaching as the same user (root with CAP_SYS_PTRACE still can), and the
 /// runner itself cannot read its own `/proc/self/environ` or `io` (it never does).
-pub fn seal_process() {
+pub(super) fn seal_process() {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: prctl(PR_SET_DUMPABLE, 0) only changes this process's dumpable flag.
@@ -35,7 +35,7 @@ pub fn seal_process() {
 }
 
 /// Load and report a config file.
-pub fn load_config(path: &Path) -> anyhow::Result<Loaded> {
+pub(super) fn load_config(path: &Path) -> anyhow::Result<Loaded> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     for warning in &loaded.warnings {
         tracing::warn!("{warning}");
@@ -51,7 +51,7 @@ pub fn load_config(path: &Path) -> anyhow::Result<Loaded> {
 
 /// Runway's helper image for the `docker` capability, built from this machine's files once per
 /// process (on the first job that needs it).
-pub fn helper_image() -> HelperImageSource {
+pub(super) fn helper_image() -> HelperImageSource {
     static BUILT: std::sync::OnceLock<Result<(String, bytes::Bytes), HelperImageError>> = std::sync::OnceLock::new();
     HelperImageSource::new(|| {
         BUILT
@@ -65,12 +65,12 @@ pub fn helper_image() -> HelperImageSource {
 }
 
 /// The plugin host for a config.
-pub async fn plugin_host(loaded: &Loaded) -> anyhow::Result<PluginHost> {
+pub(super) async fn plugin_host(loaded: &Loaded) -> anyhow::Result<PluginHost> {
     PluginHost::new(host_settings(loaded)).await
 }
 
 /// The plugin host's settings from the loaded config.
-pub fn host_settings(loaded: &Loaded) -> HostSettings {
+pub(super) fn host_settings(loaded: &Loaded) -> HostSettings {
     HostSettings {
         plugins_dir: Some(loaded.plugins_dir()),
         cache_dir: Some(loaded.plugin_cache_dir()),
@@ -85,7 +85,10 @@ pub fn host_settings(loaded: &Loaded) -> HostSettings {
 /// The plugin host `runway run` would load from the config file at `config` (default path
 /// when `None`), with `plugins_dir` over its directory; without a config file, the built-ins
 /// and `plugins_dir` with no grants.
-pub async fn plugin_host_of_file(config: Option<&Path>, plugins_dir: Option<PathBuf>) -> anyhow::Result<PluginHost> {
+pub(super) async fn plugin_host_of_file(
+    config: Option<&Path>,
+    plugins_dir: Option<PathBuf>,
+) -> anyhow::Result<PluginHost> {
     let path = config.map(Path::to_path_buf).unwrap_or_else(crate::config::default_path);
     if path.exists() {
         let mut loaded = load_config(&path)?;
@@ -158,7 +161,11 @@ fn client_with(tls: &config::tls::TlsFiles, hook: Option<RequestHook>) -> anyhow
 /// A client honouring a runner's TLS files: `tls-ca-file`, `tls-cert-file`/`tls-key-file`,
 /// or `<host>.crt`, `<host>.auth.crt`/`<host>.auth.key` in `certs_dir` (gitlab-runner's
 /// discovery). The system's trusted certificates are always trusted too.
-pub fn client_for(runner: &RunnerConfig, certs_dir: &Path, hook: Option<RequestHook>) -> anyhow::Result<GitLabClient> {
+pub(super) fn client_for(
+    runner: &RunnerConfig,
+    certs_dir: &Path,
+    hook: Option<RequestHook>,
+) -> anyhow::Result<GitLabClient> {
     client_with(&runner.tls_files(certs_dir), hook).map_err(|e| anyhow::anyhow!("runner {:?}: {e:#}", runner.name))
 }
 

@@ -46,7 +46,7 @@ pub enum StoreCommand {
 }
 
 /// Run a `runway store` verb against the runners of the config file at `path`.
-pub async fn run(command: StoreCommand, path: &Path) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(command: StoreCommand, path: &Path) -> anyhow::Result<ExitCode> {
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let filter = match &command {
         StoreCommand::List { runner } | StoreCommand::Show { runner, .. } | StoreCommand::Forget { runner, .. } => {

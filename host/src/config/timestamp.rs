@@ -7,7 +7,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `#[serde(with = "timestamp")]` for an optional UTC time.
-pub fn serialize<S: Serializer>(value: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
+pub(super) fn serialize<S: Serializer>(value: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
     let Some(at) = value else { return s.serialize_none() };
     let text = at.to_rfc3339_opts(SecondsFormat::Secs, true);
     match text.parse::<toml::value::Datetime>() {
@@ -17,7 +17,7 @@ pub fn serialize<S: Serializer>(value: &Option<DateTime<Utc>>, s: S) -> Result<S
 }
 
 /// See [`serialize`]; Go's zero time (year 1) reads as `None`.
-pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
+pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Raw {

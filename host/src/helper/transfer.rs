@@ -15,7 +15,7 @@ use tokio_util::io::ReaderStream;
 use super::HelperError;
 
 /// Whether a failed attempt may be tried again.
-pub enum Attempt<T, E> {
+pub(super) enum Attempt<T, E> {
     /// Done (successfully or not): stop.
     Done(Result<T, E>),
     /// Failed in a way worth another try, with what to say.
@@ -24,7 +24,11 @@ pub enum Attempt<T, E> {
 
 /// Run `attempt` up to `tries` times (≥ 1), waiting 1 s, 2 s, 4 s, 5 s, … between tries and
 /// printing `what` with the error before each retry. `attempt` gets the try number (0-based).
-pub async fn with_retries<T, E: std::fmt::Display, F, Fut>(what: &str, tries: u32, mut attempt: F) -> Result<T, E>
+pub(super) async fn with_retries<T, E: std::fmt::Display, F, Fut>(
+    what: &str,
+    tries: u32,
+    mut attempt: F,
+) -> Result<T, E>
 where
     F: FnMut(u32) -> Fut,
     Fut: Future<Output = Attempt<T, E>>,
@@ -46,7 +50,7 @@ where
 }
 
 /// The URL without its query (the signature): safe to print.
-pub fn clean_url(url: &str) -> String {
+pub(super) fn clean_url(url: &str) -> String {
     match url.split_once('?') {
         Some((base, _)) => base.to_string(),
         None => url.to_string(),
@@ -54,7 +58,7 @@ pub fn clean_url(url: &str) -> String {
 }
 
 /// An HTTP client for object storage with an overall `timeout` per request.
-pub fn storage_client(timeout: Duration) -> Result<Client, HelperError> {
+pub(super) fn storage_client(timeout: Duration) -> Result<Client, HelperError> {
     Client::builder()
         .connect_timeout(Duration::from_secs(30))
         .timeout(timeout)
@@ -63,7 +67,7 @@ pub fn storage_client(timeout: Duration) -> Result<Client, HelperError> {
 }
 
 /// What a storage request came to.
-pub enum StorageError {
+pub(super) enum StorageError {
     /// 404: no such object.
     NotFound,
     /// A 5xx or no response: worth another try.
@@ -94,7 +98,7 @@ fn status_error(status: StatusCode, body: &str) -> StorageError {
 }
 
 /// `Last-Modified` of the object behind `url` (a HEAD request).
-pub async fn head_modified(client: &Client, url: &str) -> Result<Option<SystemTime>, StorageError> {
+pub(super) async fn head_modified(client: &Client, url: &str) -> Result<Option<SystemTime>, StorageError> {
     let response = client.head(url).send().await.map_err(|e| StorageError::Retryable(e.to_string()))?;
     if !response.status().is_success() {
         return Err(status_error(response.status(), ""));
@@ -108,7 +112,7 @@ fn last_modified(headers: &reqwest::header::HeaderMap) -> Option<SystemTime> {
 }
 
 /// What a GET brought.
-pub enum Fetched {
+pub(super) enum Fetched {
     /// The local file is at least as new as the remote object: nothing was written.
     UpToDate,
     /// Written to the file: its size.
@@ -117,7 +121,7 @@ pub enum Fetched {
 
 /// GET `url` into `file` (through a temporary file beside it, renamed when complete), unless
 /// `file` already exists and is not older than the object.
-pub async fn get_to_file(client: &Client, url: &str, file: &Path) -> Result<Fetched, StorageError> {
+pub(super) async fn get_to_file(client: &Client, url: &str, file: &Path) -> Result<Fetched, StorageError> {
     let mut response = client.get(url).send().await.map_err(|e| StorageError::Retryable(e.to_string()))?;
     if !response.status().is_success() {
         let status = response.status();
@@ -161,7 +165,7 @@ pub async fn get_to_file(client: &Client, url: &str, file: &Path) -> Result<Fetc
 }
 
 /// PUT `file` to `url` with `headers` (`Name: value`, as the manager signed them).
-pub async fn put_file(client: &Client, url: &str, headers: &[String], file: &Path) -> Result<u64, StorageError> {
+pub(super) async fn put_file(client: &Client, url: &str, headers: &[String], file: &Path) -> Result<u64, StorageError> {
     let io = |e: std::io::Error| StorageError::Failed(format!("{}: {e}", file.display()));
     let f = tokio::fs::File::open(file).await.map_err(io)?;
     let size = f.metadata().await.map_err(io)?.len();
@@ -189,7 +193,7 @@ pub async fn put_file(client: &Client, url: &str, headers: &[String], file: &Pat
 }
 
 /// Whether a storage error is worth another try.
-pub fn retry_storage<T>(result: Result<T, StorageError>) -> Attempt<T, StorageError> {
+pub(super) fn retry_storage<T>(result: Result<T, StorageError>) -> Attempt<T, StorageError> {
     match result {
         Err(e @ StorageError::Retryable(_)) => Attempt::Retry(e),
         other => Attempt::Done(other),

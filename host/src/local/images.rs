@@ -28,7 +28,7 @@ pub(super) fn scalar(value: &Value) -> Option<String> {
 }
 
 /// One image entry; `None` when it names no image.
-pub fn image(value: &Value) -> Option<Image> {
+pub(super) fn image(value: &Value) -> Option<Image> {
     let image = match value {
         Value::String(name) => Image { name: name.clone(), ..Image::default() },
         Value::Mapping(map) => {
@@ -60,7 +60,7 @@ pub fn image(value: &Value) -> Option<Image> {
 }
 
 /// The `services:` list.
-pub fn services(value: Option<&Value>) -> Vec<Image> {
+pub(super) fn services(value: Option<&Value>) -> Vec<Image> {
     match value {
         Some(Value::Sequence(items)) => items.iter().filter_map(image).collect(),
         _ => Vec::new(),

@@ -61,7 +61,7 @@ fn one_of(map: &Value, key: &str, allowed: &[&str]) -> Result<String, Invalid> {
 }
 
 /// The payload's `artifacts` of a job's `artifacts:` value.
-pub fn artifacts(value: Option<&Value>) -> Result<Vec<Artifact>, Invalid> {
+pub(super) fn artifacts(value: Option<&Value>) -> Result<Vec<Artifact>, Invalid> {
     let Some(map) = value else { return Ok(Vec::new()) };
     if !map.is_mapping() {
         return Err(Invalid(
@@ -120,7 +120,7 @@ pub fn artifacts(value: Option<&Value>) -> Result<Vec<Artifact>, Invalid> {
 /// The payload's `cache` of a job's `cache:` value; `key:files` hashes those files of
 /// `project_dir` (GitLab hashes the commits that last changed them; a local run has no
 /// pipeline history, so the contents stand in for it).
-pub fn caches(value: Option<&Value>, project_dir: &Path) -> Result<Vec<Cache>, Invalid> {
+pub(super) fn caches(value: Option<&Value>, project_dir: &Path) -> Result<Vec<Cache>, Invalid> {
     let entries: Vec<&Value> = match value {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Sequence(items)) => items.iter().collect(),

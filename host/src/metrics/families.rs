@@ -60,7 +60,7 @@ fn histogram(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> promet
 
 impl Families {
     /// The families, registered (with `process_*` on Linux).
-    pub fn new() -> prometheus::Result<Self> {
+    pub(super) fn new() -> prometheus::Result<Self> {
         let counter = |name: &str, help: &str, labels: &[&str]| IntCounterVec::new(Opts::new(name, help), labels);
         let gauge = |name: &str, help: &str, labels: &[&str]| IntGaugeVec::new(Opts::new(name, help), labels);
         let fgauge = |name: &str, help: &str, labels: &[&str]| GaugeVec::new(Opts::new(name, help), labels);

@@ -280,7 +280,7 @@ impl SimReport {
 
 /// Several runs side by side on one trace (`runway simulate --compare`), with the oracle and
 /// infinite capacity as the last columns.
-pub fn compare_text(runs: &[(String, &SimReport)]) -> String {
+pub(super) fn compare_text(runs: &[(String, &SimReport)]) -> String {
     let Some((_, first)) = runs.first() else { return String::new() };
     let mut names: Vec<String> = runs.iter().map(|(n, _)| n.clone()).collect();
     names.push("oracle".into());
