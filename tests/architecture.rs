@@ -53,6 +53,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("executor", &["plugin", "bindings", "capability", "connector", "config", "stop", "trace", "payload"]),
     // Stage scripts from the payload and the runner's settings.
     ("script", &["payload", "config", "buildinfo"]),
+    // The job's `secrets:` read from secret stores (Vault, OpenBao, AWS, GCP, Azure).
+    ("secrets", &["payload"]),
     // One job's lifecycle over the executor boundary.
     ("job", &["executor", "script", "trace", "payload", "stop", "buildinfo"]),
     // The taskscaler engine, its simulator, the provider over a fleeting plugin.

@@ -25,6 +25,7 @@ pub mod payload;
 pub mod plugin;
 pub mod router;
 pub mod script;
+pub mod secrets;
 pub mod stop;
 pub mod store;
 pub mod trace;

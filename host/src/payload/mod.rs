@@ -9,6 +9,7 @@
 //! [`variables`] holds GitLab's variable rules (dedup, `$VAR` expansion) over it.
 
 pub mod flags;
+pub mod secrets;
 pub mod variables;
 
 use serde::{Deserialize, Deserializer, Serialize};
@@ -82,6 +83,10 @@ pub struct JobResponse {
     /// Credentials GitLab hands the runner (registry logins for container images).
     #[serde(default, deserialize_with = "null_default")]
     pub credentials: Vec<Credential>,
+    /// `secrets:`: CI variables whose values the runner reads from a secret store before the
+    /// job's first stage.
+    #[serde(default, deserialize_with = "null_default")]
+    pub secrets: secrets::Secrets,
     /// `artifacts:` entries (one per type).
     #[serde(default, deserialize_with = "null_default")]
     pub artifacts: Vec<Artifact>,
