@@ -427,3 +427,51 @@ fn lint_fails_on_errors_and_unknown_keys_and_passes_a_valid_file() {
     let out = runway(&dir.path().join("missing.toml"), &["lint"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("config file not found"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runners_whose_tokens_share_a_prefix_both_serve_from_one_directory() {
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+            .await;
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The same short token (9 characters after the prefixes), different tokens.
+    let tokens = ["glrt-t1_sharedpreAAAAAAAAAAAAAAAAAAAA", "glrt-t1_sharedpreBBBBBBBBBBBBBBBBBBBB"];
+    let mut config = "concurrent = 2\ncheck_interval = 1\n".to_string();
+    for (i, token) in tokens.iter().enumerate() {
+        fake.create_runner_with_token(&format!("runner {i}"), token);
+        config.push_str(&format!(
+            "\n[[runners]]\nname = \"r{i}\"\nurl = \"{}\"\ntoken = \"{token}\"\nexecutor = \"shell\"\nbuilds_dir = \"{}\"\n",
+            fake.url(),
+            dir.path().join(format!("builds{i}")).display()
+        ));
+    }
+    let config_path = dir.path().join("config.toml");
+    std::fs::write(&config_path, config).expect("write config");
+    // An earlier version's store directory, named by the short token both tokens share.
+    let stores = dir.path().join(".runway/store");
+    std::fs::create_dir_all(stores.join("sharedpre")).expect("legacy store");
+    let mut child = start(&config_path, dir.path());
+    let log = || std::fs::read_to_string(dir.path().join("runway.log")).unwrap_or_default();
+    for (i, token) in tokens.iter().enumerate() {
+        let job = fake
+            .enqueue_for(token, fake.job_payload(&JobSpec::new("group/project", &format!("job{i}"), &["echo served"])));
+        let Some(record) = fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await else {
+            let _ = child.kill();
+            panic!("runner {i} served nothing; runway log:\n{}", log());
+        };
+        assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&stores)
+        .expect("store dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "one store per runner, the old one moved: {names:?}\n{}", log());
+    assert!(!names.contains(&"sharedpre".to_string()), "{names:?}");
+    assert!(!log().contains("in use by another manager"), "{}", log());
+    signal(&child, libc::SIGQUIT);
+    let status = wait_exit(&mut child).await;
+    assert!(status.success(), "exit status {status:?}");
+}

@@ -630,6 +630,7 @@ async fn the_predictive_policy_pre_warms_before_the_burst_its_history_expects() 
         true,
         None,
         fleet.dir.path(),
+        &runway::config::token_digest(&fleet.runner.token),
         &runway::config::short_token(&fleet.runner.token),
     )
     .expect("state file path");

@@ -217,6 +217,29 @@ async fn redis_store_keeps_the_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_versions_redis_namespace_moves_to_the_token_digest_once() {
+    let server = RedisServer::start();
+    let old = redis_store(&server, "abcdefghi", key()).await;
+    old.save(&entry(5, "m1", b"five")).await.expect("save");
+    old.append_trace(5, 0, b"log of five").await.expect("trace");
+    let new = redis_store(&server, "0123456789abcdef", key()).await;
+    new.migrate("abcdefghi").await.expect("migrate");
+    let claimed = new.claim(5, "m1", Duration::from_secs(30)).await.expect("claim").expect("moved");
+    assert_eq!(claimed.body, b"five");
+    assert_eq!(new.read_trace(5, 11).await.expect("trace"), b"log of five");
+    let mut conn = raw(&server).await;
+    let left: Vec<String> =
+        redis::cmd("KEYS").arg("runway:store:{abcdefghi}:*").query_async(&mut conn).await.expect("keys");
+    assert!(left.is_empty(), "the old namespace is emptied: {left:?}");
+    // Once the new namespace has entries, an old one (another runner sharing the prefix under
+    // an earlier version) is not merged in.
+    let stray = redis_store(&server, "abcdefghi", key()).await;
+    stray.save(&entry(6, "m2", b"six")).await.expect("save");
+    new.migrate("abcdefghi").await.expect("migrate again");
+    assert!(new.claim(6, "m2", Duration::ZERO).await.expect("claim").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_values_hold_no_secret_and_a_wrong_key_is_corrupt() {
     let server = RedisServer::start();
     let store = redis_store(&server, "abc123", key()).await;

@@ -28,7 +28,7 @@ use crate::store::fleet_state;
 use crate::store::jobs::seal::StoreKey;
 use crate::store::jobs::{JobStore, JobStoreError, StoreSettings};
 
-/// The autoscaled fleets, by runner (URL and id, else short token). A fleet outlives config reloads: its
+/// The autoscaled fleets, by runner (URL and id, else token digest). A fleet outlives config reloads: its
 /// instances and jobs carry over to the new manager.
 #[derive(Default)]
 pub(super) struct Fleets {
@@ -49,7 +49,8 @@ impl Fleets {
         };
         // A runner with an id keeps its fleet when its token is rotated (gitlab-runner keys
         // taskscalers by URL and id).
-        let key = if runner.id != 0 { format!("{}|{}", runner.resolved_url(), runner.id) } else { short.to_string() };
+        let digest = config::token_digest(&runner.resolved_token());
+        let key = if runner.id != 0 { format!("{}|{}", runner.resolved_url(), runner.id) } else { digest.clone() };
         if let Some((running, fleet)) = self.by_runner.get(&key) {
             if running != autoscaler {
                 tracing::warn!(runner = %runner.name, "changes to [runners.autoscaler] take effect after a restart");
@@ -57,7 +58,7 @@ impl Fleets {
             return Ok(fleet.clone());
         }
         let storage = &autoscaler.state_storage;
-        let state = fleet_state::state_file(storage.enabled, storage.dir.as_deref(), &loaded.dir(), short);
+        let state = fleet_state::state_file(storage.enabled, storage.dir.as_deref(), &loaded.dir(), &digest, short);
         let fleet = Fleet::start(plugins, short, autoscaler, runner.machine.as_ref(), runner.limit, state, system_id)
             .await
             .map_err(|e| anyhow::anyhow!("{}: runner {:?}: {e}", loaded.path.display(), runner.name))?;

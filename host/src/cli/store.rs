@@ -112,7 +112,23 @@ async fn open(
     let settings = runner.store_settings(path, &vars)?;
     // Nothing here unseals a body: the store key is not read (nor created).
     let key = StoreKey::from_bytes(rand::random());
-    match settings.backend {
+    // A store an earlier version kept under the short token, not moved yet (the manager moves
+    // it when it starts): that is where this runner's entries are.
+    let backend = match (settings.backend, settings.migrate_from) {
+        (Some(Backend::File { path }), Some(Backend::File { path: old })) if !path.exists() && old.is_dir() => {
+            Some(Backend::File { path: old })
+        }
+        (Some(Backend::Redis { url, namespace }), Some(Backend::Redis { namespace: old, .. })) => {
+            let store = RedisStore::open(&url, &namespace, key.clone()).await?;
+            if store.list().await?.is_empty() {
+                Some(Backend::Redis { url, namespace: old })
+            } else {
+                return Ok(Ok(Arc::new(store)));
+            }
+        }
+        (backend, _) => backend,
+    };
+    match backend {
         None => Ok(Err(NoStore::Off)),
         Some(Backend::File { path: dir }) => {
             if !dir.exists() {

@@ -33,7 +33,7 @@ use crate::config::fidelity::{ConfigWarning, WarningKind};
 use crate::config::grant::PluginGrant;
 pub use error::{ConfigError, Invalid};
 use lines::{key_at_line, line_of_key, line_of_offset, runner_header_line, sub_table_line, text_has_shell_section};
-pub use system_id::{router_id, short_token, system_id};
+pub use system_id::{router_id, short_token, system_id, token_digest};
 
 /// Executor config sections kept as tables and handed to the plugin as JSON (the executors
 /// Runway has; another executor's section is warned about, see [`fidelity`]).
@@ -328,7 +328,7 @@ impl RunnerConfig {
     /// `[runners.store]` as the job store needs it (the defaults when the section is absent):
     /// the file path with its variables expanded and made absolute against the directory of
     /// `config_path` (the config file, also named in errors), the Redis URL expanded from the
-    /// environment and its namespace set to the short token. `vars` are what config cannot know.
+    /// environment and its namespace set to the token digest. `vars` are what config cannot know.
     pub fn store_settings(
         &self,
         config_path: &Path,
@@ -336,8 +336,12 @@ impl RunnerConfig {
     ) -> Result<crate::store::jobs::StoreSettings, ConfigError> {
         let dir = config_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let token = self.resolved_token();
-        let identity =
-            store::RunnerIdentity { id: self.id, short_token: &short_token(&token), environment: &self.environment };
+        let identity = store::RunnerIdentity {
+            id: self.id,
+            short_token: &short_token(&token),
+            token_digest: &token_digest(&token),
+            environment: &self.environment,
+        };
         self.store.clone().unwrap_or_default().settings(dir, &identity, vars).map_err(|(key, message)| {
             ConfigError::new(config_path, format!("runner {:?}: {message}", self.name))
                 .with_key(format!("runners.store.{key}"))

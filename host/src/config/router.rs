@@ -194,6 +194,7 @@ impl LoadedRouter {
             }),
         };
         StoreSettings {
+            migrate_from: None,
             backend,
             health_interval: store.health_interval,
             health_timeout: store.health_timeout,

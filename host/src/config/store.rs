@@ -103,7 +103,7 @@ impl Default for StoreConfig {
 pub struct FileStoreConfig {
     /// The runner's store directory; `$CI_RUNNER_*` and the runner's `environment` variables
     /// are expanded, a relative path is relative to the config directory. Default
-    /// `<config dir>/.runway/store/$CI_RUNNER_SHORT_TOKEN`.
+    /// `<config dir>/.runway/store/<token digest>` ([`super::token_digest`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
 }
@@ -117,8 +117,8 @@ pub struct RedisStoreConfig {
     pub url: String,
 }
 
-/// The default file store path, before expansion.
-pub const DEFAULT_FILE_PATH: &str = ".runway/store/$CI_RUNNER_SHORT_TOKEN";
+/// The directory of the default file store paths, relative to the config directory.
+pub const DEFAULT_FILE_DIR: &str = ".runway/store";
 
 /// What the file store path may name that config does not know itself (the build's version
 /// and revision belong to `buildinfo`, which config does not import).
@@ -136,6 +136,8 @@ pub struct StorePathVariables<'a> {
 pub(super) struct RunnerIdentity<'a> {
     pub id: i64,
     pub short_token: &'a str,
+    /// [`super::token_digest`] of the whole token: the default store's name.
+    pub token_digest: &'a str,
     pub environment: &'a [String],
 }
 
@@ -193,35 +195,49 @@ impl StoreConfig {
 
     /// The settings the store and its users need, the file path expanded (see
     /// [`FileStoreConfig::path`]) and made absolute against `config_dir`, the Redis URL expanded
-    /// from the environment and the Redis namespace set to the runner's short token.
+    /// from the environment and the Redis namespace set to the runner's token digest. Where an
+    /// earlier version kept the same store under the short token (the default directory, the
+    /// Redis namespace), that place is `migrate_from`.
     pub(super) fn settings(
         &self,
         config_dir: &Path,
         runner: &RunnerIdentity<'_>,
         vars: &StorePathVariables<'_>,
     ) -> Result<StoreSettings, (String, String)> {
+        let mut migrate_from = None;
         let backend = match self.name {
             StoreName::None => None,
-            StoreName::File => {
-                let raw = self.file.as_ref().and_then(|f| f.path.as_deref()).unwrap_or(DEFAULT_FILE_PATH);
-                let expanded = expand_path(raw, runner, vars);
-                if expanded.trim().is_empty() {
-                    return Err(("file.path".into(), format!("{raw:?} expands to an empty path")));
+            StoreName::File => match self.file.as_ref().and_then(|f| f.path.as_deref()) {
+                Some(raw) => {
+                    let expanded = expand_path(raw, runner, vars);
+                    if expanded.trim().is_empty() {
+                        return Err(("file.path".into(), format!("{raw:?} expands to an empty path")));
+                    }
+                    let path = PathBuf::from(expanded);
+                    Some(Backend::File { path: if path.is_absolute() { path } else { config_dir.join(path) } })
                 }
-                let path = PathBuf::from(expanded);
-                Some(Backend::File { path: if path.is_absolute() { path } else { config_dir.join(path) } })
-            }
+                None => {
+                    let dir = config_dir.join(DEFAULT_FILE_DIR);
+                    // Before the digest, the default was named by the short token.
+                    if !runner.short_token.is_empty() {
+                        migrate_from = Some(Backend::File { path: dir.join(runner.short_token) });
+                    }
+                    Some(Backend::File { path: dir.join(runner.token_digest) })
+                }
+            },
             StoreName::Redis => {
                 let url = expand_env(self.redis.as_ref().map(|r| r.url.as_str()).unwrap_or_default());
                 check_redis_url(&url).map_err(|m| ("redis.url".to_string(), m.0))?;
                 if runner.short_token.is_empty() {
                     return Err(("name".into(), "the Redis store needs the runner's token (its namespace)".into()));
                 }
-                Some(Backend::Redis { url, namespace: runner.short_token.to_string() })
+                migrate_from = Some(Backend::Redis { url: url.clone(), namespace: runner.short_token.to_string() });
+                Some(Backend::Redis { url, namespace: runner.token_digest.to_string() })
             }
         };
         Ok(StoreSettings {
             backend,
+            migrate_from,
             health_interval: self.health_interval,
             health_timeout: self.health_timeout,
             stale_timeout: self.stale_timeout,
@@ -274,7 +290,7 @@ mod tests {
     use super::*;
 
     fn runner<'a>(environment: &'a [String]) -> RunnerIdentity<'a> {
-        RunnerIdentity { id: 42, short_token: "abcDEF123", environment }
+        RunnerIdentity { id: 42, short_token: "abcDEF123", token_digest: "0123456789abcdef", environment }
     }
 
     #[test]
@@ -282,7 +298,11 @@ mod tests {
         let c = StoreConfig::default();
         let vars = StorePathVariables { version: "1.0", revision: "deadbeef", tags: "" };
         let s = c.settings(Path::new("/etc/runway"), &runner(&[]), &vars).expect("settings");
-        assert_eq!(s.backend, Some(Backend::File { path: PathBuf::from("/etc/runway/.runway/store/abcDEF123") }));
+        assert_eq!(
+            s.backend,
+            Some(Backend::File { path: PathBuf::from("/etc/runway/.runway/store/0123456789abcdef") })
+        );
+        assert_eq!(s.migrate_from, Some(Backend::File { path: PathBuf::from("/etc/runway/.runway/store/abcDEF123") }));
         assert_eq!(
             (s.health_interval, s.health_timeout, s.stale_timeout, s.cleanup_interval, s.max_retries),
             (secs(5), secs(30), secs(10_800), secs(300), 10)
@@ -308,6 +328,7 @@ mod tests {
         let relative = StoreConfig { file: Some(FileStoreConfig { path: Some("store".into()) }), ..c.clone() };
         let s = relative.settings(Path::new("/etc/runway"), &runner(&env), &vars).expect("settings");
         assert_eq!(s.backend, Some(Backend::File { path: PathBuf::from("/etc/runway/store") }));
+        assert_eq!(s.migrate_from, None, "a path the administrator set is theirs");
         let empty = StoreConfig { file: Some(FileStoreConfig { path: Some("$UNSET".into()) }), ..c };
         let (key, message) = empty.settings(Path::new("/etc"), &runner(&env), &vars).expect_err("empty");
         assert_eq!(key, "file.path");
@@ -315,7 +336,7 @@ mod tests {
     }
 
     #[test]
-    fn redis_takes_the_short_token_as_namespace_and_none_turns_the_store_off() {
+    fn redis_takes_the_token_digest_as_namespace_and_none_turns_the_store_off() {
         let c = StoreConfig {
             name: StoreName::Redis,
             redis: Some(RedisStoreConfig { url: "redis://127.0.0.1:6379/0".into() }),
@@ -325,6 +346,10 @@ mod tests {
         let s = c.settings(Path::new("/etc"), &runner(&[]), &StorePathVariables::default()).expect("settings");
         assert_eq!(
             s.backend,
+            Some(Backend::Redis { url: "redis://127.0.0.1:6379/0".into(), namespace: "0123456789abcdef".into() })
+        );
+        assert_eq!(
+            s.migrate_from,
             Some(Backend::Redis { url: "redis://127.0.0.1:6379/0".into(), namespace: "abcDEF123".into() })
         );
         let off = StoreConfig { name: StoreName::None, ..StoreConfig::default() };

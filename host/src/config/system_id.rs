@@ -84,9 +84,30 @@ pub fn short_token(token: &str) -> String {
     rest.chars().take(9).collect()
 }
 
+/// What names a runner's own files and keys (its job store directory and Redis namespace, its
+/// fleet state file): the first 16 hex digits of the SHA-256 of the whole token. The short
+/// token is not enough: two runners whose tokens share their first characters would share
+/// one store (gitlab-runner's `ShortenToken` has that flaw for its state storage).
+pub fn token_digest(token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(token.as_bytes());
+    hex::encode(&digest[..8])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_digests_tell_tokens_with_one_prefix_apart() {
+        let a = token_digest("glrt-t1_abcdefghijkXYZ");
+        let b = token_digest("glrt-t1_abcdefghijkUVW");
+        assert_eq!(short_token("glrt-t1_abcdefghijkXYZ"), short_token("glrt-t1_abcdefghijkUVW"));
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 16);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(token_digest("glrt-t1_abcdefghijkXYZ"), a);
+    }
 
     #[test]
     fn short_tokens() {

@@ -285,6 +285,14 @@ fn the_store_section_parses_saves_and_maps_onto_store_settings() {
     let settings = runner.store_settings(&loaded.path, &vars).expect("settings");
     assert_eq!(
         settings.backend,
+        Some(Backend::Redis {
+            url: "redis://127.0.0.1:6379/1".into(),
+            namespace: crate::config::token_digest("glrt-t1_abcdefghijk")
+        })
+    );
+    // An earlier version's namespace (the short token) is moved over when the store opens.
+    assert_eq!(
+        settings.migrate_from,
         Some(Backend::Redis { url: "redis://127.0.0.1:6379/1".into(), namespace: "abcdefghi".into() })
     );
     // Saving keeps the section (integer seconds, as seed 003 writes them).
@@ -292,13 +300,22 @@ fn the_store_section_parses_saves_and_maps_onto_store_settings() {
     assert!(saved.contains("health_interval = 2"), "{saved}");
     let again = parse_str(&saved).expect("reloads");
     assert_eq!(again.config.runners[0].store, runner.store);
-    // Without the section: the file store under the config directory, keyed by the short token.
+    // Without the section: the file store under the config directory, keyed by the token's
+    // digest; the short token's directory of earlier versions is moved there.
     let plain = parse_str(
         "concurrent = 1\n[[runners]]\nurl = \"https://x\"\ntoken = \"glrt-t1_abcdefghijk\"\nexecutor = \"shell\"\n",
     )
     .expect("loads");
     let settings = plain.config.runners[0].store_settings(&plain.path, &vars).expect("settings");
-    assert_eq!(settings.backend, Some(Backend::File { path: PathBuf::from("/etc/runway/.runway/store/abcdefghi") }));
+    let digest = crate::config::token_digest("glrt-t1_abcdefghijk");
+    assert_eq!(
+        settings.backend,
+        Some(Backend::File { path: PathBuf::from(format!("/etc/runway/.runway/store/{digest}")) })
+    );
+    assert_eq!(
+        settings.migrate_from,
+        Some(Backend::File { path: PathBuf::from("/etc/runway/.runway/store/abcdefghi") })
+    );
 }
 
 #[test]

@@ -14,11 +14,28 @@ use serde::{Deserialize, Serialize};
 use super::{atomic, StoreError};
 
 /// Where a runner's fleet state lives (`[runners.autoscaler.state_storage]`): `None` when
-/// `enabled` is off, else `<dir>/<runner short token>.json`, `dir` defaulting to
-/// `<config dir>/.taskscaler`.
-pub fn state_file(enabled: bool, dir: Option<&Path>, config_dir: &Path, short_token: &str) -> Option<PathBuf> {
+/// `enabled` is off, else `<dir>/<token digest>.json`, `dir` defaulting to
+/// `<config dir>/.taskscaler`. A file an earlier version wrote as `<legacy_name>.json` (the
+/// runner's short token, which two runners can share) is renamed to it first, when the new
+/// one does not exist yet.
+pub fn state_file(
+    enabled: bool,
+    dir: Option<&Path>,
+    config_dir: &Path,
+    token_digest: &str,
+    legacy_name: &str,
+) -> Option<PathBuf> {
     enabled.then(|| {
-        dir.map(Path::to_path_buf).unwrap_or_else(|| config_dir.join(".taskscaler")).join(format!("{short_token}.json"))
+        let dir = dir.map(Path::to_path_buf).unwrap_or_else(|| config_dir.join(".taskscaler"));
+        let path = dir.join(format!("{token_digest}.json"));
+        let legacy = dir.join(format!("{legacy_name}.json"));
+        if !legacy_name.is_empty() && !path.exists() && legacy.is_file() {
+            match std::fs::rename(&legacy, &path) {
+                Ok(()) => tracing::info!(from = %legacy.display(), to = %path.display(), "moved the fleet state to the runner's token digest"),
+                Err(e) => tracing::warn!(path = %legacy.display(), "cannot move the fleet state ({e}); starting without it"),
+            }
+        }
+        path
     })
 }
 
@@ -73,7 +90,7 @@ pub fn load_state<S: DeserializeOwned>(path: &Path, manager: &str) -> Option<S> 
 mod tests {
     use serde::{Deserialize, Serialize};
 
-    use super::{load_state, write_state};
+    use super::{load_state, state_file, write_state};
 
     /// Stands in for the engine snapshot (store does not know the autoscaler).
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,5 +111,22 @@ mod tests {
         assert!(load_state::<Snapshot>(&path, "s_2").is_none(), "another manager's instances are not ours");
         std::fs::write(&path, b"{ truncated").expect("corrupt");
         assert!(load_state::<Snapshot>(&path, "s_1").is_none(), "an unreadable file is ignored");
+    }
+
+    #[test]
+    fn the_file_is_named_by_the_token_digest_and_an_old_one_moves_there() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(state_file(false, None, dir.path(), "0123456789abcdef", "abcdefghi"), None);
+        let snapshot = Snapshot { version: 1, taken_at: 7, instances: vec!["i-1".into()] };
+        let legacy = dir.path().join(".taskscaler/abcdefghi.json");
+        write_state(&legacy, "s_1", &snapshot).expect("write");
+        let path = state_file(true, None, dir.path(), "0123456789abcdef", "abcdefghi").expect("on");
+        assert_eq!(path, dir.path().join(".taskscaler/0123456789abcdef.json"));
+        assert!(!legacy.exists());
+        assert_eq!(load_state(&path, "s_1"), Some(snapshot));
+        // A newer file is never overwritten by an old one.
+        write_state(&legacy, "s_1", &Snapshot { version: 1, taken_at: 1, instances: Vec::new() }).expect("write");
+        state_file(true, None, dir.path(), "0123456789abcdef", "abcdefghi").expect("on");
+        assert_eq!(load_state::<Snapshot>(&path, "s_1").map(|s| s.taken_at), Some(7));
     }
 }

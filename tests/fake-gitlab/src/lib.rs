@@ -656,10 +656,16 @@ impl FakeGitLab {
 
     /// Creates a runner "in the UI": returns its `glrt-` authentication token.
     pub fn create_runner(&self, description: &str) -> CreatedRunner {
+        self.create_runner_with_token(description, &random_token("glrt-"))
+    }
+
+    /// [`Self::create_runner`] with the token the test chooses: GitLab's are random, and a
+    /// test of what is named after a token needs two that share their first characters.
+    pub fn create_runner_with_token(&self, description: &str, token: &str) -> CreatedRunner {
         self.shared.mutate(|s| {
             let id = s.next_runner_id;
             s.next_runner_id += 1;
-            let token = random_token("glrt-");
+            let token = token.to_string();
             let token_expires_at = s.token_expiry.map(expiry_from_now);
             s.runners.insert(
                 token.clone(),

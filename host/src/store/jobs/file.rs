@@ -134,6 +134,39 @@ impl FileStore {
     }
 }
 
+/// Move an earlier version's store directory `old` (named by the runner's short token) to
+/// `new`, when `new` does not exist yet: one rename within the same parent, so the entries
+/// are in one place or the other, never split. A directory still locked by a running manager
+/// (an older version) is left alone and the open fails as for any store in use.
+pub fn migrate(old: &Path, new: &Path) -> Result<(), JobStoreError> {
+    if new.exists() || !old.is_dir() {
+        return Ok(());
+    }
+    let lock_path = old.join(LOCK_FILE);
+    if let Ok(lock) = OpenOptions::new().read(true).write(true).open(&lock_path) {
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        let locked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if locked != 0 {
+            return Err(JobStoreError::Locked(format!(
+                "job store {} is in use by another manager: stop it before this one moves the store to {}",
+                old.display(),
+                new.display()
+            )));
+        }
+        // The lock goes with `lock` at the end of this block, before the rename.
+    }
+    if let Some(parent) = new.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| backend("creating the job store directory", parent, e))?;
+    }
+    std::fs::rename(old, new).map_err(|e| backend("moving the job store", old, e))?;
+    tracing::info!(from = %old.display(), to = %new.display(), "moved the job store to the runner's token digest");
+    Ok(())
+}
+
 fn backend(action: &str, path: &Path, error: std::io::Error) -> JobStoreError {
     JobStoreError::Backend(format!("{action} {}: {error}", path.display()))
 }
@@ -380,6 +413,29 @@ mod tests {
 
     fn key() -> StoreKey {
         StoreKey::from_bytes([7; 32])
+    }
+
+    #[tokio::test]
+    async fn an_earlier_versions_store_is_moved_whole_unless_in_use() {
+        let root = tempfile::tempdir().unwrap();
+        let (old, new) = (root.path().join("abcdefghi"), root.path().join("0123456789abcdef"));
+        {
+            let store = FileStore::open(&old, key()).unwrap();
+            store.save(&entry(7, "m1", b"kept")).await.unwrap();
+            // While a manager holds the old directory, nothing moves.
+            let err = migrate(&old, &new).unwrap_err();
+            assert!(matches!(err, JobStoreError::Locked(_)), "{err}");
+            assert!(old.is_dir() && !new.exists());
+        }
+        migrate(&old, &new).unwrap();
+        assert!(!old.exists());
+        let store = FileStore::open(&new, key()).unwrap();
+        let claimed = store.claim(7, "m1", Duration::from_secs(30)).await.unwrap().unwrap();
+        assert_eq!(claimed.body, b"kept");
+        // Once moved (or when the new one exists), a later start changes nothing.
+        std::fs::create_dir_all(&old).unwrap();
+        migrate(&old, &new).unwrap();
+        assert!(old.is_dir() && new.is_dir());
     }
 
     fn entry(job_id: u64, owner: &str, body: &[u8]) -> Entry {

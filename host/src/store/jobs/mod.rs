@@ -139,7 +139,7 @@ pub enum Backend {
     Redis {
         /// `redis://` or `rediss://` URL.
         url: String,
-        /// Key prefix separating runners (their short token).
+        /// Key prefix separating runners (a digest of their token).
         namespace: String,
     },
 }
@@ -149,6 +149,9 @@ pub enum Backend {
 pub struct StoreSettings {
     /// The backend; `None` when the store is off (`name = "none"`).
     pub backend: Option<Backend>,
+    /// Where an earlier version kept this runner's store (named by its short token, which
+    /// two runners can share): moved to `backend` when that is still empty ([`open`]).
+    pub migrate_from: Option<Backend>,
     /// Heartbeat of each running job.
     pub health_interval: Duration,
     /// A job whose heartbeat is older is resumed by a manager.
@@ -165,6 +168,7 @@ impl Default for StoreSettings {
     fn default() -> Self {
         StoreSettings {
             backend: None,
+            migrate_from: None,
             health_interval: Duration::from_secs(5),
             health_timeout: Duration::from_secs(30),
             stale_timeout: Duration::from_secs(10800),
@@ -179,11 +183,22 @@ pub async fn open(
     settings: &StoreSettings,
     key: seal::StoreKey,
 ) -> Result<Option<std::sync::Arc<dyn JobStore>>, JobStoreError> {
-    match &settings.backend {
-        None => Ok(None),
-        Some(Backend::File { path }) => Ok(Some(std::sync::Arc::new(file::FileStore::open(path, key)?))),
-        Some(Backend::Redis { url, namespace }) => {
-            Ok(Some(std::sync::Arc::new(redis::RedisStore::open(url, namespace, key).await?)))
+    match (&settings.backend, &settings.migrate_from) {
+        (None, _) => Ok(None),
+        (Some(Backend::File { path }), old) => {
+            if let Some(Backend::File { path: old }) = old {
+                file::migrate(old, path)?;
+            }
+            Ok(Some(std::sync::Arc::new(file::FileStore::open(path, key)?)))
+        }
+        (Some(Backend::Redis { url, namespace }), old) => {
+            let store = redis::RedisStore::open(url, namespace, key).await?;
+            if let Some(Backend::Redis { url: old_url, namespace: old }) = old {
+                if old_url == url && old != namespace {
+                    store.migrate(old).await?;
+                }
+            }
+            Ok(Some(std::sync::Arc::new(store)))
         }
     }
 }

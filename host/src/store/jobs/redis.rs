@@ -124,6 +124,66 @@ impl RedisStore {
         &self.prefix
     }
 
+    /// Move the entries an earlier version kept under `old_namespace` (the runner's short
+    /// token) into this store's namespace, once: only while this namespace has no entries.
+    /// Each key is copied (`DUMP`/`RESTORE`, which works across Cluster slots) before the old
+    /// one is deleted, so a crash in between leaves a copy, never nothing.
+    pub async fn migrate(&self, old_namespace: &str) -> Result<(), JobStoreError> {
+        let mut conn = self.conn.clone();
+        let mine: u64 =
+            redis::cmd("SCARD").arg(self.set_key()).query_async(&mut conn).await.map_err(|e| self.error(e))?;
+        if mine > 0 {
+            return Ok(());
+        }
+        let old_prefix = format!("runway:store:{{{old_namespace}}}:");
+        let old_set = format!("{old_prefix}jobs");
+        let members: Vec<String> =
+            redis::cmd("SMEMBERS").arg(&old_set).query_async(&mut conn).await.map_err(|e| self.error(e))?;
+        for member in &members {
+            for kind in ["job", "trace"] {
+                let from = format!("{old_prefix}{kind}:{member}");
+                let to = format!("{}{kind}:{member}", self.prefix);
+                let dump: Option<Vec<u8>> =
+                    redis::cmd("DUMP").arg(&from).query_async(&mut conn).await.map_err(|e| self.error(e))?;
+                if let Some(dump) = dump {
+                    let () = redis::cmd("RESTORE")
+                        .arg(&to)
+                        .arg(0)
+                        .arg(dump)
+                        .arg("REPLACE")
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| self.error(e))?;
+                }
+            }
+            let _: u64 = redis::cmd("SADD")
+                .arg(self.set_key())
+                .arg(member)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.error(e))?;
+            for kind in ["job", "trace"] {
+                let _: u64 = redis::cmd("DEL")
+                    .arg(format!("{old_prefix}{kind}:{member}"))
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.error(e))?;
+            }
+            let _: u64 =
+                redis::cmd("SREM").arg(&old_set).arg(member).query_async(&mut conn).await.map_err(|e| self.error(e))?;
+        }
+        if !members.is_empty() {
+            tracing::info!(
+                store = %self.describe,
+                from = %old_prefix,
+                to = %self.prefix,
+                entries = members.len(),
+                "moved the job store's entries to the runner's token digest namespace"
+            );
+        }
+        Ok(())
+    }
+
     fn job_key(&self, job_id: u64) -> String {
         format!("{}job:{job_id}", self.prefix)
     }
