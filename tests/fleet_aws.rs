@@ -551,3 +551,31 @@ async fn an_instance_the_group_launches_by_itself_is_adopted_and_runs_jobs() {
     let removed = log.lines().find(|l| l.contains("removing instance") && l.contains(&replacement));
     assert!(removed.is_none(), "{removed:?}\n{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_still_being_created_when_the_manager_stops_are_deleted_too() {
+    let net = 23;
+    let moto = Moto::with_group(net, 5).await;
+    let setup = Setup::new(net, &moto).await;
+    setup.write_config(
+        &moto,
+        &moto_grant(&moto),
+        // The engine lists the group only every 30 s: when the manager stops right after
+        // asking for two instances, it has not seen them yet.
+        "max_instances = 4\ndelete_instances_on_shutdown = true\nshutdown_deletion_interval = \"1s\"\nshutdown_deletion_retries = 10",
+        "idle_count = 2\nidle_time = \"5m\"",
+    );
+    let config = setup.dir.path().join("config.toml");
+    let text = std::fs::read_to_string(&config).expect("config").replace(
+        "update_interval = \"1s\"\nupdate_interval_when_expecting = \"1s\"",
+        "update_interval = \"30s\"\nupdate_interval_when_expecting = \"30s\"",
+    );
+    std::fs::write(&config, text).expect("config");
+    let mut runway = setup.runway();
+    runway.start();
+    moto.wait_group("the scale-up to two", &runway, |g| g.desired == 2).await;
+    let log = quit(&mut runway).await;
+    let group = moto.group().await;
+    assert_eq!((group.desired, group.instances.len()), (0, 0), "{group:?}\n{log}");
+    assert!(log.contains("deleting instances that appeared while stopping"), "{log}");
+}

@@ -143,6 +143,17 @@ impl Autoscaler {
         self.lock().engine.predictor().map(|p| p.revision())
     }
 
+    /// The instances with jobs still on them (never deleted on shutdown).
+    pub fn busy_instances(&self) -> Vec<String> {
+        self.lock()
+            .engine
+            .instance_summary()
+            .into_iter()
+            .filter(|(_, _, active)| *active > 0)
+            .map(|(id, _, _)| id)
+            .collect()
+    }
+
     /// State to persist (`state_storage`).
     pub fn snapshot(&self) -> EngineSnapshot {
         self.lock().engine.snapshot(self.clock.now())

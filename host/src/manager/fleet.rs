@@ -35,7 +35,7 @@ use crate::connector::{
 };
 use crate::executor::{ConnectedInstance, InstanceError, InstanceSource};
 use crate::job::JobControl;
-use crate::plugin::fleeting::{ConnectInfo, ConnectorConfig, Protocol};
+use crate::plugin::fleeting::{ConnectInfo, ConnectorConfig, InstanceState, Protocol};
 use crate::plugin::PluginHost;
 use crate::store::fleet_state;
 use crate::trace::{FailureReason, TraceLog, TraceSink};
@@ -395,18 +395,51 @@ impl Fleet {
             let _ = task.await;
         }
         if self.delete_on_shutdown {
-            let (interval, retries) = self.shutdown_deletion;
-            for _ in 0..retries.max(1) {
-                let remaining =
-                    self.connector.provider.call(|g| Box::pin(g.update())).await.map(|l| l.len()).unwrap_or(0);
-                if remaining == 0 {
-                    break;
+            self.delete_what_remains().await;
+        }
+        self.save();
+    }
+
+    /// The engine's last round asked to delete the idle instances it knew. Instances the
+    /// provider was still creating then (a scale-up just before the stop) appear only later,
+    /// and a deletion may not take: list the group every `shutdown_deletion_interval` and
+    /// delete whatever is there without a job, until it is empty or
+    /// `shutdown_deletion_retries` rounds have passed.
+    async fn delete_what_remains(&self) {
+        let (interval, retries) = self.shutdown_deletion;
+        let busy: std::collections::HashSet<String> = self.scaler.busy_instances().into_iter().collect();
+        let mut remaining = 0;
+        for round in 0..=retries {
+            let listed = match self.connector.provider.call(|g| Box::pin(g.update())).await {
+                Ok(listed) => listed,
+                Err(e) => {
+                    tracing::warn!(runner = %self.name, "cannot list the fleet's instances to delete them: {e}");
+                    Vec::new()
                 }
+            };
+            let live: Vec<_> = listed.iter().filter(|i| !matches!(i.state, InstanceState::Deleted)).collect();
+            remaining = live.len();
+            if remaining == 0 || live.iter().all(|i| busy.contains(&i.id)) {
+                return;
+            }
+            let stray: Vec<String> = live
+                .iter()
+                .filter(|i| !matches!(i.state, InstanceState::Deleting) && !busy.contains(&i.id))
+                .map(|i| i.id.clone())
+                .collect();
+            if !stray.is_empty() {
+                tracing::info!(runner = %self.name, instances = ?stray, "deleting instances that appeared while stopping");
+                let ids = stray.clone();
+                if let Err(e) = self.connector.provider.call(move |g| Box::pin(g.decrease(ids))).await {
+                    tracing::warn!(runner = %self.name, "cannot delete instances {stray:?}: {e}");
+                }
+            }
+            if round < retries {
                 tracing::info!(runner = %self.name, remaining, "waiting for instances to be deleted");
                 tokio::time::sleep(interval).await;
             }
         }
-        self.save();
+        tracing::warn!(runner = %self.name, remaining, "instances are left after the last deletion round (shutdown_deletion_retries)");
     }
 
     fn save(&self) {
