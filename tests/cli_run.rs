@@ -475,3 +475,43 @@ async fn runners_whose_tokens_share_a_prefix_both_serve_from_one_directory() {
     let status = wait_exit(&mut child).await;
     assert!(status.success(), "exit status {status:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_waits_for_a_config_written_later_with_gitlab_runners_defaults() {
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+            .await;
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let runner = fake.create_runner("late config");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_path = dir.path().join("etc/config.toml");
+    let mut child = start(&config_path, dir.path());
+    let log = || std::fs::read_to_string(dir.path().join("runway.log")).unwrap_or_default();
+    wait::until("runway says it waits for the config", wait::WAIT, || log().contains("does not exist yet")).await;
+    assert!(child.try_wait().expect("wait").is_none(), "runway exited without a config:\n{}", log());
+    // No `concurrent` (1, as gitlab-runner) and gitlab-runner's `:port` listen address.
+    let port = free_port();
+    std::fs::create_dir_all(config_path.parent().expect("parent")).expect("config dir");
+    std::fs::write(
+        &config_path,
+        format!(
+            "listen_address = \":{port}\"\ncheck_interval = 0\n[[runners]]\nname = \"late\"\nurl = \"{}\"\ntoken = \"{}\"\nexecutor = \"shell\"\nbuilds_dir = \"{}\"\n",
+            fake.url(),
+            runner.token,
+            dir.path().join("builds").display()
+        ),
+    )
+    .expect("write config");
+    let job = fake.enqueue(fake.job_payload(&JobSpec::new("group/project", "late", &["echo served"])));
+    let Some(record) = fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await else {
+        let _ = child.kill();
+        panic!("the config written later served nothing; runway log:\n{}", log());
+    };
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+    let metrics = scrape(port, "/metrics").await;
+    assert!(metrics.contains("gitlab_runner_concurrent 1"), "{metrics}");
+    signal(&child, libc::SIGQUIT);
+    let status = wait_exit(&mut child).await;
+    assert!(status.success(), "exit status {status:?}");
+}

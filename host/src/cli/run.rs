@@ -362,8 +362,38 @@ fn load_with_user(path: &Path, user: Option<&str>) -> anyhow::Result<Loaded> {
     Ok(loaded)
 }
 
+/// Wait until `path` exists, as gitlab-runner's `run` does for a config file not written yet
+/// (a service installed before `register`): checked every 3 s. `false` when a stop signal
+/// came first.
+async fn wait_for_file(path: &Path) -> anyhow::Result<bool> {
+    if path.exists() {
+        return Ok(true);
+    }
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut stops = [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::quit()]
+        .into_iter()
+        .map(signal)
+        .collect::<Result<Vec<_>, _>>()
+        .context("installing signal handlers")?;
+    tracing::warn!(config = %path.display(), "the config file does not exist yet; waiting for it");
+    loop {
+        let stopped = futures::future::select_all(stops.iter_mut().map(|s| Box::pin(s.recv())));
+        tokio::select! {
+            _ = stopped => return Ok(false),
+            () = tokio::time::sleep(Duration::from_secs(3)) => {}
+        }
+        if path.exists() {
+            tracing::info!(config = %path.display(), "the config file appeared");
+            return Ok(true);
+        }
+    }
+}
+
 /// Run until stopped by a signal; shell jobs run as `user` when given (`--user`).
 pub(super) async fn run(config_path: PathBuf, user: Option<String>) -> anyhow::Result<ExitCode> {
+    if !wait_for_file(&config_path).await? {
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut loaded = load_with_user(&config_path, user.as_deref())?;
     let system_id = config::system_id(&loaded.dir())?;
     let mut plugins = setup::plugin_host(&loaded).await?;

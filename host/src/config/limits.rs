@@ -209,14 +209,18 @@ impl Checker<'_> {
     }
 }
 
-/// `host:port` (or `[v6]:port`) with a numeric port; the host may be a name.
+/// `host:port` (or `[v6]:port`) with a numeric port; the host may be a name. `:port` (no
+/// host) is every address, as gitlab-runner's docs write it.
 fn check_listen_address(address: &str) -> Result<(), Invalid> {
-    let hint = "must be host:port, e.g. \"127.0.0.1:9252\" or \"0.0.0.0:9252\" for every interface";
+    let hint = "must be host:port, e.g. \"127.0.0.1:9252\", or \":9252\" for every address";
     let Some((host, port)) = address.rsplit_once(':') else {
         return Err(Invalid(format!("{address:?} {hint}")));
     };
-    if host.is_empty() || port.parse::<u16>().is_err() {
+    if port.parse::<u16>().is_err() {
         return Err(Invalid(format!("{address:?} {hint}")));
+    }
+    if host.is_empty() {
+        return Ok(());
     }
     let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
     let plain_name = host.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');

@@ -49,7 +49,8 @@ pub const GITLAB_RUNNER_SECTIONS: &[&str] = &["steps"];
 /// The whole file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Config {
-    /// Most jobs running at once across all runners (required, > 0).
+    /// Most jobs running at once across all runners (> 0; 1 when absent, as gitlab-runner).
+    #[serde(default = "default_concurrent")]
     pub concurrent: usize,
     /// Seconds between job requests of a runner when idle (≤ 0 means 3).
     #[serde(default = "default_check_interval")]
@@ -93,6 +94,9 @@ pub struct Config {
     pub runners: Vec<RunnerConfig>,
 }
 
+fn default_concurrent() -> usize {
+    1
+}
 fn default_check_interval() -> i64 {
     3
 }
@@ -422,16 +426,27 @@ pub enum Purpose {
     Simulate,
 }
 
-/// `./config.toml`, else `~/.runway/config.toml`.
+/// The config file when none is named: gitlab-runner's — `/etc/gitlab-runner/config.toml`
+/// as root, `~/.gitlab-runner/config.toml` otherwise — when it exists, else Runway's own
+/// (`./config.toml`, then `~/.runway/config.toml`) when one exists, else gitlab-runner's (where
+/// `register` writes and `run` waits for it).
 pub fn default_path() -> PathBuf {
-    let local = PathBuf::from("config.toml");
-    if local.exists() {
-        return local;
-    }
-    match std::env::var_os("HOME") {
-        Some(home) => PathBuf::from(home).join(".runway").join("config.toml"),
-        None => local,
-    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from);
+    default_path_for(root, home.as_deref(), &|p: &Path| p.exists())
+}
+
+fn default_path_for(root: bool, home: Option<&Path>, exists: &dyn Fn(&Path) -> bool) -> PathBuf {
+    let gitlab_runner = match (root, home) {
+        (false, Some(home)) => home.join(".gitlab-runner").join("config.toml"),
+        _ => PathBuf::from("/etc/gitlab-runner/config.toml"),
+    };
+    let ours = [Some(PathBuf::from("config.toml")), home.map(|h| h.join(".runway").join("config.toml"))];
+    std::iter::once(gitlab_runner.clone())
+        .chain(ours.into_iter().flatten())
+        .find(|p| exists(p))
+        .unwrap_or(gitlab_runner)
 }
 
 fn expand_env(value: &str) -> String {

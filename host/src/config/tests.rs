@@ -352,3 +352,28 @@ fn a_bad_allow_hosts_entry_fails_the_load_at_its_line() {
     assert!(shown.contains("\"https://autoscaling.example\" is not a host"), "{shown}");
     parse_str(&text.replace("https://", "")).expect("a host loads");
 }
+
+#[test]
+fn the_default_config_is_gitlab_runners_then_runways_own() {
+    let home = Path::new("/home/ci");
+    let none = |_: &Path| false;
+    assert_eq!(default_path_for(true, Some(home), &none), PathBuf::from("/etc/gitlab-runner/config.toml"));
+    assert_eq!(default_path_for(false, Some(home), &none), PathBuf::from("/home/ci/.gitlab-runner/config.toml"));
+    assert_eq!(default_path_for(false, None, &none), PathBuf::from("/etc/gitlab-runner/config.toml"));
+    // Runway's own files are read when gitlab-runner's is not there.
+    let runway_home = |p: &Path| p == Path::new("/home/ci/.runway/config.toml");
+    assert_eq!(default_path_for(false, Some(home), &runway_home), PathBuf::from("/home/ci/.runway/config.toml"));
+    let local = |p: &Path| p == Path::new("config.toml") || p == Path::new("/home/ci/.runway/config.toml");
+    assert_eq!(default_path_for(true, Some(home), &local), PathBuf::from("config.toml"));
+    // gitlab-runner's wins when both are there: a switched fleet keeps its file.
+    let both = |p: &Path| p == Path::new("config.toml") || p == Path::new("/etc/gitlab-runner/config.toml");
+    assert_eq!(default_path_for(true, Some(home), &both), PathBuf::from("/etc/gitlab-runner/config.toml"));
+}
+
+#[test]
+fn concurrent_defaults_to_one_as_gitlab_runners() {
+    let loaded =
+        parse_str("[[runners]]\nurl = \"https://gitlab.example.com/\"\ntoken = \"glrt-abc\"\nexecutor = \"shell\"\n")
+            .expect("loads");
+    assert_eq!(loaded.config.concurrent, 1);
+}

@@ -490,7 +490,15 @@ pub async fn serve(address: &str, metrics: Metrics) -> Result<ServerHandle, Metr
 /// Bind `address` and serve `app` there in the background, logging `what` with the address.
 async fn serve_app(address: &str, app: axum::Router, what: &'static str) -> Result<ServerHandle, MetricsError> {
     let listen = |source| MetricsError::Listen { address: address.to_string(), source };
-    let listener = tokio::net::TcpListener::bind(address).await.map_err(listen)?;
+    let listener = match address.strip_prefix(':') {
+        // `:9252`, the form gitlab-runner's docs use (Go's listen on every address): IPv6 and
+        // IPv4 on one socket where the kernel has IPv6, IPv4 alone where it has not.
+        Some(port) => match tokio::net::TcpListener::bind(format!("[::]:{port}")).await {
+            Ok(listener) => listener,
+            Err(_) => tokio::net::TcpListener::bind(format!("0.0.0.0:{port}")).await.map_err(listen)?,
+        },
+        None => tokio::net::TcpListener::bind(address).await.map_err(listen)?,
+    };
     let local = listener.local_addr().map_err(listen)?;
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
