@@ -515,3 +515,56 @@ async fn run_waits_for_a_config_written_later_with_gitlab_runners_defaults() {
     let status = wait_exit(&mut child).await;
     assert!(status.success(), "exit status {status:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gitlab_runners_service_exec_start_line_runs_runway() {
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+            .await;
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let runner = fake.create_runner("service");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        format!(
+            "concurrent = 1\ncheck_interval = 1\n[[runners]]\nname = \"svc\"\nurl = \"{}\"\ntoken = \"{}\"\nexecutor = \"shell\"\nbuilds_dir = \"{}\"\n",
+            fake.url(),
+            runner.token,
+            dir.path().join("builds").display()
+        ),
+    )
+    .expect("write config");
+    // `run` followed by what gitlab-runner's GetServiceArguments builds for `install --user root
+    // --working-directory D` on a host without systemd, plus --listen-address; the config path
+    // is relative, so it is found only once runway works in D.
+    let mut child = Command::new(RUNWAY)
+        .args(["run", "--config", "config.toml", "--working-directory"])
+        .arg(dir.path())
+        .args(["--service", "gitlab-runner", "--syslog", "--user", "root", "--listen-address"])
+        .arg(format!("127.0.0.1:{port}"))
+        .current_dir("/")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("stderr.log")).expect("log file"))
+        .spawn()
+        .expect("runway run starts");
+    let job = fake.enqueue(fake.job_payload(&JobSpec::new("group/project", "svc", &["echo \"as $(id -un)\""])));
+    let Some(record) = fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await else {
+        let _ = child.kill();
+        panic!(
+            "nothing served; stderr:\n{}",
+            std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default()
+        );
+    };
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+    assert!(record.trace_text().contains("as root"), "{}", record.trace_text());
+    let metrics = scrape(port, "/metrics").await;
+    assert!(metrics.contains("gitlab_runner_concurrent 1"), "metrics on --listen-address: {metrics}");
+    // The log went to the system logger, not to standard error.
+    let stderr = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default();
+    assert!(!stderr.contains("runway started"), "{stderr}");
+    signal(&child, libc::SIGQUIT);
+    let status = wait_exit(&mut child).await;
+    assert!(status.success(), "exit status {status:?}");
+}

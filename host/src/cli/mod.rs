@@ -11,6 +11,7 @@ pub(crate) mod runners;
 mod setup;
 pub mod simulate_import;
 mod store;
+mod syslog;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,11 +41,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the runner manager: poll GitLab and run jobs until stopped.
-    Run {
-        /// Run shell executor jobs as this user (over config.toml's `user`).
-        #[arg(long, short = 'u')]
-        user: Option<String>,
-    },
+    Run(run::RunArgs),
     /// Route jobs: poll GitLab once for a fleet of runners and serve them the runner API
     /// (`-c router.toml`, default ./router.toml).
     Router,
@@ -136,19 +133,35 @@ fn tracing_level(level: &str) -> &str {
 
 /// Start logging at `level` in `format` (`runner`: coloured text on a terminal, `text`: plain
 /// text, `json`: one JSON object a line). `RUST_LOG` still wins for the level.
-fn init_logging(level: &str, format: &str) {
+fn init_logging(level: &str, format: &str, syslog: Option<&str>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(tracing_level(level)));
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::Layer as _;
+    let output = match syslog {
+        // The system logger stamps time and ident itself.
+        Some(ident) => tracing_subscriber::fmt::layer()
+            .with_writer(syslog::Syslog::open(ident))
+            .with_ansi(false)
+            .without_time()
+            .boxed(),
+        None => stderr_layer(format),
+    };
+    let _ = tracing_subscriber::registry().with(filter).with(output).with(crate::metrics::ErrorCounter).try_init();
+}
+
+fn stderr_layer<S>(format: &str) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer as _;
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let output = match format {
+    match format {
         "json" => layer.json().flatten_event(true).boxed(),
         "text" => layer.with_ansi(false).boxed(),
         _ => layer.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).boxed(),
-    };
-    let _ = tracing_subscriber::registry().with(filter).with(output).with(crate::metrics::ErrorCounter).try_init();
+    }
 }
 
 /// `log_level` and `log_format` of the config file at `path`, when it has them (a file that
@@ -175,11 +188,22 @@ pub fn main() -> ExitCode {
         return crate::connector::reaper::serve();
     }
     let cli = Cli::parse();
+    let mut syslog = None;
+    if let Command::Run(args) = &cli.command {
+        // gitlab-runner's `run -d`: the directory the runner works in, before anything is read.
+        if let Some(dir) = &args.working_directory {
+            if let Err(e) = std::env::set_current_dir(dir) {
+                eprintln!("runway: --working-directory {}: {e}", dir.display());
+                return ExitCode::from(2);
+            }
+        }
+        syslog = args.syslog.then_some(args.service.as_str());
+    }
     let config_path = config_path(&cli);
     let (level, format) = configured_logging(&config_path);
     let level = cli.log_level.clone().or(level).unwrap_or_else(|| "info".into());
     let format = cli.log_format.clone().or(format).unwrap_or_else(|| "runner".into());
-    init_logging(&level, &format);
+    init_logging(&level, &format, syslog);
     setup::seal_process();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -192,7 +216,7 @@ pub fn main() -> ExitCode {
         cli.config.clone().or_else(|| std::env::var_os("CONFIG_FILE").filter(|v| !v.is_empty()).map(PathBuf::from));
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Run { user } => run::run(config_path, user).await,
+            Command::Run(args) => run::run(config_path, args).await,
             Command::Router => {
                 router::run(explicit_config.as_deref().unwrap_or(std::path::Path::new("router.toml"))).await
             }

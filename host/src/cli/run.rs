@@ -389,12 +389,37 @@ async fn wait_for_file(path: &Path) -> anyhow::Result<bool> {
     }
 }
 
+/// `runway run`'s flags: gitlab-runner's `run`, so the ExecStart line of its service units
+/// (`run --config … --working-directory … --service … --user … [--syslog]`) starts Runway.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Run shell executor jobs as this user (over config.toml's `user`).
+    #[arg(long, short = 'u')]
+    pub user: Option<String>,
+    /// Work in this directory (changed to before the config is read).
+    #[arg(long = "working-directory", short = 'd')]
+    pub working_directory: Option<PathBuf>,
+    /// The service's name: the system logger's ident with `--syslog`.
+    #[arg(long = "service", short = 'n', default_value = "gitlab-runner")]
+    pub service: String,
+    /// Log to the system logger instead of standard error.
+    #[arg(long, env = "LOG_SYSLOG")]
+    pub syslog: bool,
+    /// Serve metrics and health here (over config.toml's `listen_address`).
+    #[arg(long = "listen-address", env = "LISTEN_ADDRESS", alias = "metrics-server")]
+    pub listen_address: Option<String>,
+}
+
 /// Run until stopped by a signal; shell jobs run as `user` when given (`--user`).
-pub(super) async fn run(config_path: PathBuf, user: Option<String>) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<ExitCode> {
     if !wait_for_file(&config_path).await? {
         return Ok(ExitCode::SUCCESS);
     }
+    let user = args.user;
     let mut loaded = load_with_user(&config_path, user.as_deref())?;
+    if let Some(address) = args.listen_address.filter(|a| !a.is_empty()) {
+        loaded.config.listen_address = Some(address);
+    }
     let system_id = config::system_id(&loaded.dir())?;
     let mut plugins = setup::plugin_host(&loaded).await?;
     plugins.watch()?;
