@@ -426,6 +426,26 @@ fn lint_fails_on_errors_and_unknown_keys_and_passes_a_valid_file() {
 
     let out = runway(&dir.path().join("missing.toml"), &["lint"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("config file not found"));
+
+    // What `run` would say of a runner: an executor Runway has no plugin for fails lint, and
+    // the docker executor's ignored keys are named.
+    for executor in ["virtualbox", "parallels", "docker-windows"] {
+        std::fs::write(&config, valid.replace("executor = \"shell\"", &format!("executor = \"{executor}\"")))
+            .expect("write");
+        let out = runway(&config, &["lint"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{executor}: {stderr}");
+        assert!(stderr.contains(&format!("executor \"{executor}\"")), "{stderr}");
+    }
+    let docker = valid.replace(
+        "executor = \"shell\"\n",
+        "executor = \"docker\"\n[runners.docker]\nimage = \"alpine\"\ngpus = \"all\"\n",
+    );
+    std::fs::write(&config, docker).expect("write");
+    let out = runway(&config, &["lint"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("unsupported keys ignored: gpus"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

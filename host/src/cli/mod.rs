@@ -226,7 +226,7 @@ pub fn main() -> ExitCode {
             Command::Unregister(args) => runners::unregister(args, &config_path).await,
             Command::ResetToken(args) => runners::reset_token(args, &config_path).await,
             Command::List => runners::list(&config_path),
-            Command::Lint => runners::lint(&config_path),
+            Command::Lint => runners::lint(&config_path).await,
             Command::Simulate { action: Some(SimulateAction::Import(args)), .. } => simulate_import::run(args).await,
             Command::Simulate { action: None, trace, provider, svg, json, per_hour, compare } => {
                 let trace = trace.ok_or_else(|| anyhow::anyhow!("runway simulate: --trace is required"))?;

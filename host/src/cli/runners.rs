@@ -351,11 +351,30 @@ pub(crate) async fn unregister(args: UnregisterArgs, path: &Path) -> anyhow::Res
 /// `runway lint`: load the config file as `runway run` would and say what is wrong with it,
 /// as `gitlab-runner lint` does: an error (file, line, key) or keys nobody knows fail (exit 1);
 /// keys gitlab-runner knows that Runway does not support are listed and the file is valid.
-pub(crate) fn lint(path: &Path) -> anyhow::Result<ExitCode> {
+pub(crate) async fn lint(path: &Path) -> anyhow::Result<ExitCode> {
     if !path.exists() {
         anyhow::bail!("config file not found: {}", path.display());
     }
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // What `run` says when it starts each runner: its executor plugin exists and takes its
+    // section (the plugin logs the keys it ignores, as at run).
+    let plugins = setup::plugin_host(&loaded).await?;
+    let mut unusable = 0;
+    for runner in &loaded.config.runners {
+        let resolved = crate::executor::ResolvedExecutor::resolve(
+            &plugins,
+            runner.executor_plugin(),
+            &runner.executor_config_json(),
+        )
+        .await;
+        if let Err(e) = resolved {
+            eprintln!("{}: runner {:?}: executor {:?}: {e}", path.display(), runner.name, runner.executor);
+            unusable += 1;
+        }
+    }
+    if unusable > 0 {
+        return Ok(ExitCode::FAILURE);
+    }
     let (unknown, other): (Vec<&ConfigWarning>, Vec<&ConfigWarning>) =
         loaded.warnings.iter().partition(|w| w.kind == WarningKind::UnknownKey);
     for warning in &other {
