@@ -11,6 +11,9 @@
 //! executors: the caller (`crate::job`'s resolution step) writes the trace lines, turns values
 //! into masked (file) variables and fails the job; a resolver only reads.
 
+pub mod gitlab;
+pub mod vault;
+
 use std::future::Future;
 use std::pin::Pin;
 
@@ -36,7 +39,11 @@ pub trait Resolver: Send + Sync {
 
 /// Every resolver, in the order they are asked (gitlab-runner's registry). Adding a
 /// resolver is one line here.
-pub static RESOLVERS: &[&dyn Resolver] = &[];
+#[rustfmt::skip]
+pub static RESOLVERS: &[&dyn Resolver] = &[
+    &vault::VaultResolver,
+    &gitlab::GitLabSecretsManagerResolver,
+];
 
 /// The resolver that reads `secret`: the first of [`RESOLVERS`] that supports it; `None`
 /// when none does (gitlab-runner warns and leaves the variable out).
