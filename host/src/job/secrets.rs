@@ -130,9 +130,7 @@ mod tests {
     use crate::trace::MemorySink;
 
     fn job(secrets: &str) -> JobResponse {
-        let mut job = JobResponse::default();
-        job.secrets = serde_json::from_str(secrets).unwrap();
-        job
+        JobResponse { secrets: serde_json::from_str(secrets).unwrap(), ..Default::default() }
     }
 
     #[tokio::test]
