@@ -30,6 +30,10 @@ const WAIT: Duration = Duration::from_secs(120);
 const V2_VALUE: &str = "v2-Pa55w0rd-zebra";
 const V1_VALUE: &str = "v1-Pa55w0rd-yak";
 const GSM_VALUE: &str = "gsm-Pa55w0rd-gnu";
+/// The same path in namespace [`NAMESPACE`] holds this.
+const NS_VALUE: &str = "ns-Pa55w0rd-ibex";
+/// A Vault/OpenBao namespace.
+const NAMESPACE: &str = "team-a";
 /// The audience the roles accept (`id_tokens: VAULT_ID_TOKEN: aud:`).
 const AUD: &str = "openbao";
 /// Printed by every script: a job failed by its secrets must not get this far.
@@ -46,18 +50,23 @@ fn bao() -> &'static OpenBao {
         bao.run(&["kv", "put", "-mount=secret", "ci/db", &format!("password={V2_VALUE}")]);
         bao.run(&["kv", "put", "-mount=kv1", "ci/db", &format!("password={V1_VALUE}")]);
         bao.run(&["kv", "put", "-mount=gsm", "project_42/DEPLOY_KEY", &format!("value={GSM_VALUE}")]);
-        bao.policy(
-            "ci-read",
-            r#"path "secret/data/ci/*" { capabilities = ["read"] }
+        let policy = r#"path "secret/data/ci/*" { capabilities = ["read"] }
 path "kv1/ci/*" { capabilities = ["read"] }
 path "gsm/data/project_42/*" { capabilities = ["read"] }
-"#,
-        );
-        for mount in ["jwt", "pipeline_jwt"] {
-            bao.run(&["auth", "enable", &format!("-path={mount}"), "jwt"]);
-            bao.run(&["write", &format!("auth/{mount}/config"), &format!("jwt_validation_pubkeys={key}")]);
+"#;
+        bao.policy("", "ci-read", policy);
+        // A namespace of its own (`X-Vault-Namespace`), with its own JWT auth, KV and policy.
+        bao.run(&["namespace", "create", NAMESPACE]);
+        let ns = format!("-namespace={NAMESPACE}");
+        bao.run(&["secrets", "enable", &ns, "-path=secret", "-version=2", "kv"]);
+        bao.run(&["kv", "put", &ns, "-mount=secret", "ci/db", &format!("password={NS_VALUE}")]);
+        bao.policy(NAMESPACE, "ci-read", policy);
+        for (namespace, mount) in [("", "jwt"), ("", "pipeline_jwt"), (NAMESPACE, "jwt")] {
+            let ns = format!("-namespace={namespace}");
+            bao.run(&["auth", "enable", &ns, &format!("-path={mount}"), "jwt"]);
+            bao.run(&["write", &ns, &format!("auth/{mount}/config"), &format!("jwt_validation_pubkeys={key}")]);
         }
-        let role = |mount: &str, name: &str, claims: Value| {
+        let role = |namespace: &str, mount: &str, name: &str, claims: Value| {
             let body = json!({
                 "role_type": "jwt",
                 "user_claim": "user_login",
@@ -68,13 +77,15 @@ path "gsm/data/project_42/*" { capabilities = ["read"] }
             });
             let file = std::env::temp_dir().join(format!("runway-bao-role-{}-{mount}-{name}.json", std::process::id()));
             std::fs::write(&file, body.to_string()).expect("role file");
-            bao.run(&["write", &format!("auth/{mount}/role/{name}"), &format!("@{}", file.display())]);
+            let path = format!("auth/{mount}/role/{name}");
+            bao.run(&["write", &format!("-namespace={namespace}"), &path, &format!("@{}", file.display())]);
             let _ = std::fs::remove_file(&file);
         };
-        role("jwt", "ci", json!({"project_path": "group/project", "ref_type": "branch", "ref": "main"}));
-        role("jwt", "other-project", json!({"project_path": "group/other"}));
-        role("pipeline_jwt", "project_42", json!({"project_id": "42", "project_path": "group/project"}));
-        role("pipeline_jwt", "project_7", json!({"project_id": "7"}));
+        role("", "jwt", "ci", json!({"project_path": "group/project", "ref_type": "branch", "ref": "main"}));
+        role("", "jwt", "other-project", json!({"project_path": "group/other"}));
+        role("", "pipeline_jwt", "project_42", json!({"project_id": "42", "project_path": "group/project"}));
+        role("", "pipeline_jwt", "project_7", json!({"project_id": "7"}));
+        role(NAMESPACE, "jwt", "ci", json!({"project_path": "group/project"}));
     })
 }
 
@@ -190,7 +201,7 @@ fn tokens(record: &JobRecord) -> Vec<String> {
 /// Nothing secret in the trace: no value, no ID token.
 fn leaks_nothing(record: &JobRecord) {
     let trace = record.trace_text();
-    for value in [V2_VALUE, V1_VALUE, GSM_VALUE] {
+    for value in [V2_VALUE, V1_VALUE, GSM_VALUE, NS_VALUE] {
         assert!(!trace.contains(value), "the trace shows {value}:\n{trace}");
     }
     let tokens = tokens(record);
@@ -257,9 +268,17 @@ async fn vault_kv_v1_and_v2_with_jwt_auth_reach_the_job_as_file_and_variable_mas
         "DB_FILE": vault(&bao.url, "kv-v2", "secret", "ci/db", "password", "ci"),
         "DB_V1": not_a_file(vault(&bao.url, "kv-v1", "kv1", "ci/db", "password", "ci")),
     });
-    let id = h.enqueue(reading_job("vault", secrets, "DB_FILE", "DB_V1", "sha256sum"));
+    let mut secrets = secrets;
+    let mut namespaced = not_a_file(vault(&bao.url, "kv-v2", "secret", "ci/db", "password", "ci"));
+    namespaced["vault"]["server"]["namespace"] = json!("$VAULT_NAMESPACE");
+    secrets["DB_NS"] = namespaced;
+    let mut spec =
+        reading_job("vault", secrets, "DB_FILE", "DB_V1", "sha256sum").variable("VAULT_NAMESPACE", NAMESPACE);
+    spec.script.push("printf '%s' \"$DB_NS\" | sha256sum".to_string());
+    let id = h.enqueue(spec);
     let record = h.finished(id).await;
     let trace = record.trace_text();
+    assert!(trace.contains(&sha256(NS_VALUE)), "the namespace's value did not reach the job:\n{trace}");
     assert_eq!(record.final_state.as_deref(), Some("success"), "trace:\n{trace}\nbao:\n{}", bao.log());
     assert!(trace.contains(&sha256(V2_VALUE)), "the kv-v2 value did not reach the file:\n{trace}");
     assert!(trace.contains(&sha256(V1_VALUE)), "the kv-v1 value did not reach the variable:\n{trace}");
