@@ -56,7 +56,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // The job's `secrets:` read from secret stores (Vault, OpenBao, AWS, GCP, Azure).
     ("secrets", &["payload"]),
     // One job's lifecycle over the executor boundary.
-    ("job", &["executor", "script", "trace", "payload", "stop", "buildinfo"]),
+    ("job", &["executor", "script", "secrets", "trace", "payload", "stop", "buildinfo"]),
     // The taskscaler engine, its simulator, the provider over a fleeting plugin.
     ("autoscaler", &["config", "plugin", "store", "stop"]),
     // In the job environment: the cache and artifacts helper commands (archives, GitLab's

@@ -9,7 +9,8 @@
 //! - [`stages`]: the stage loop and its boundaries;
 //! - [`progress`]: where the job stands, for a restarted manager;
 //! - [`resume`]: going on with a job a previous manager started;
-//! - [`replan`]: planning the job again when its executor moves it while preparing.
+//! - [`replan`]: planning the job again when its executor moves it while preparing;
+//! - [`secrets`]: the job's `secrets:` read before the executor is prepared.
 //!
 //! Owns: the job's lifecycle and what each outcome means (failure reasons, footers). Must not
 //! touch: plugins, WIT types or host interfaces — everything about the executor goes through
@@ -19,6 +20,7 @@
 pub mod progress;
 pub mod replan;
 pub mod resume;
+pub mod secrets;
 mod stages;
 
 use std::sync::Arc;
@@ -252,6 +254,14 @@ async fn run_to_end(
         trace.error(message);
         return (finish(&*trace, JobOutcome::failed(FailureReason::RunnerSystemFailure, None, message)), None);
     }
+    // resolve_secrets: before the executor is prepared, as gitlab-runner does; the values
+    // join the job's variables (masked, raw) for everything after.
+    let secret_variables = match secrets::resolve(job, &env.settings.feature_flags, &*trace).await {
+        Ok(variables) => variables,
+        Err(outcome) => return (finish(&*trace, outcome), None),
+    };
+    let with_secrets = secrets::with_secrets(job, secret_variables.clone());
+    let job: &JobResponse = &with_secrets;
     // prepare_executor: plan first, so a configuration error never costs a fleet instance.
     trace.section_start("prepare_executor", SectionOptions::default());
     trace.write_str(&section_header_line(&format!("Preparing the \"{}\" executor", env.executor.name())));
@@ -333,6 +343,7 @@ async fn run_to_end(
         let mut p = progress.lock();
         p.started = unix_now();
         p.executor_state = executor_state;
+        p.secrets = secret_variables.iter().map(progress::StoredSecret::from).collect();
     }
     hooks.boundary(Boundary::Accepted).await;
     let start = StageStart { index: 0, running: false, outcome: JobOutcome::success(), started: Instant::now() };

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use super::JobOutcome;
+use crate::payload::JobVariable;
 use crate::trace::FailureReason;
 
 /// What a restarted manager needs to know to continue a job.
@@ -38,6 +39,42 @@ pub struct JobProgress {
     pub finished: bool,
     /// The executor's `state()` at the last stage boundary; `None` when it cannot resume.
     pub executor_state: Option<String>,
+    /// The job's `secrets:` as resolved before it was accepted: a resumed job goes on with
+    /// these values (sealed in the store with the rest), not with a second read — the ID
+    /// token may have expired and a stage must see what the earlier ones saw.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<StoredSecret>,
+}
+
+/// One resolved secret in a job's progress.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredSecret {
+    /// The variable's name.
+    pub key: String,
+    /// Its value.
+    pub value: String,
+    /// Is it a file variable?
+    pub file: bool,
+}
+
+impl From<&JobVariable> for StoredSecret {
+    fn from(v: &JobVariable) -> Self {
+        StoredSecret { key: v.key.clone(), value: v.value.clone(), file: v.file }
+    }
+}
+
+impl StoredSecret {
+    /// The job variable it was: masked and raw.
+    pub fn variable(&self) -> JobVariable {
+        JobVariable {
+            key: self.key.clone(),
+            value: self.value.clone(),
+            public: false,
+            masked: true,
+            file: self.file,
+            raw: true,
+        }
+    }
 }
 
 impl JobProgress {

@@ -249,6 +249,7 @@ pub fn features(executor: ExecutorFeatures) -> FeaturesInfo {
         cancelable: true,
         cancel_gracefully: true,
         two_phase_job_commit: true,
+        vault_secrets: true,
         ..FeaturesInfo::default()
     }
 }

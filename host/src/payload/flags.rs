@@ -103,7 +103,12 @@ pub const FLAGS: &[Flag] = &[
     flag("FF_DISABLE_POWERSHELL_STDIN", false, NotApplicable, "PowerShell"),
     flag("FF_USE_POD_ACTIVE_DEADLINE_SECONDS", true, NotApplicable, "kubernetes executor"),
     flag("FF_USE_ADVANCED_POD_SPEC_CONFIGURATION", false, NotApplicable, "kubernetes executor"),
-    flag("FF_SECRET_RESOLVING_FAILS_IF_MISSING", true, NotApplicable, "external secrets (Vault, ...) are not resolved"),
+    flag(
+        "FF_SECRET_RESOLVING_FAILS_IF_MISSING",
+        true,
+        Honoured,
+        "a secret the store says is missing fails the job; off, the variable is empty",
+    ),
     flag("FF_PRINT_POD_EVENTS", false, NotApplicable, "kubernetes executor"),
     flag(GIT_BUNDLE_URIS, true, Honoured, "git fetches with transfer.bundleURI"),
     flag("FF_USE_GIT_NATIVE_CLONE", false, DefaultOnly, "sources are always fetched with init + fetch"),

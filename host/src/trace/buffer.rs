@@ -295,6 +295,17 @@ impl TraceSink for JobTrace {
         self.lock().write(Stream::Runner, data);
     }
 
+    /// The masker learns `values`. Phrases come from job variables, whose values the phrase
+    /// matcher always takes: should it refuse them, every later byte is held back rather than
+    /// risk one value unmasked.
+    fn mask_also(&self, values: &[String]) {
+        let mut state = self.lock();
+        if let Err(e) = state.masker.learn(values) {
+            tracing::error!("the job log cannot mask resolved secrets: {e}");
+            state.limit_reached = true;
+        }
+    }
+
     fn write_output(&self, data: &[u8]) {
         self.lock().write(Stream::Output, data);
     }

@@ -125,6 +125,20 @@ impl PhraseMasker {
         Ok(PhraseMasker { patterns: PatternSet::new(unique, "masked variables")?, pending: Vec::new() })
     }
 
+    /// Mask `phrases` too from now on (values learnt while the job runs, such as its resolved
+    /// `secrets:`); bytes held back stay held back.
+    pub fn learn<I, P>(&mut self, phrases: I) -> Result<(), MaskError>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<[u8]>,
+    {
+        let known = self.patterns.as_ref().map(|p| p.sorted.clone()).unwrap_or_default();
+        let pending = std::mem::take(&mut self.pending);
+        let all = known.into_iter().chain(phrases.into_iter().map(|p| p.as_ref().to_vec()));
+        *self = PhraseMasker { pending, ..PhraseMasker::new(all)? };
+        Ok(())
+    }
+
     /// Mask `input`, appending what is certain to `out` and holding back a possible partial match.
     pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) {
         let Some(patterns) = &self.patterns else {
@@ -457,6 +471,15 @@ impl Masker {
         self.token_prefixes.push(&self.after_url_params, out);
     }
 
+    /// Mask `phrases` too from now on, as if they had been given to [`Masker::new`].
+    pub fn learn<I, P>(&mut self, phrases: I) -> Result<(), MaskError>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<[u8]>,
+    {
+        self.phrases.learn(phrases)
+    }
+
     /// What the chain carries into the next write.
     pub fn state(&self) -> MaskerState {
         MaskerState {
@@ -637,6 +660,17 @@ mod tests {
             "pw=hunter2 url=?private_token=glpat-xyz tok=glpat-xyz",
             "pw=[MASKED] url=?private_token=[MASKED] tok=glpat-[MASKED]",
         );
+    }
+
+    #[test]
+    fn phrases_learnt_later_are_masked_from_then_on() {
+        let mut m = masker(&["first"], &[]);
+        let mut out = Vec::new();
+        m.push(b"first late-secret se", &mut out);
+        m.learn(["late-secret", "second"]).expect("compiles");
+        m.push(b"cond late-secret\n", &mut out);
+        m.flush(&mut out);
+        assert_eq!(String::from_utf8(out).unwrap(), "[MASKED] late-secret [MASKED] [MASKED]\n");
     }
 
     #[test]

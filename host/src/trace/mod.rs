@@ -59,6 +59,13 @@ pub trait TraceSink: Send + Sync {
         None
     }
 
+    /// Mask `values` too from now on, like the job's masked variables (its `secrets:`,
+    /// resolved after the log began). A sink that masks must override this; the default is
+    /// for sinks that mask nothing (tests, `runway exec`'s terminal).
+    fn mask_also(&self, values: &[String]) {
+        let _ = values;
+    }
+
     /// How many bytes of the detached command log `source` nothing will read again, not even
     /// after a restart: the follower may free them on disk as it goes (a sink that cannot
     /// resume, such as `runway exec`'s terminal, releases everything it was given). By

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use super::{unix_now, Ending, GitLabSide, JobContext, Received};
 use crate::gitlab::api::{JobApi, JobState, JobUpdate, RemoteJobStatus, UpdateOutcome};
+use crate::job::progress::StoredSecret;
 use crate::job::resume::{abandon_job_until_cleanup, resume_job_until_cleanup, Resumed};
 use crate::job::{JobControl, NoHooks, Progress};
 use crate::manager::persist::{JobRecord, StoredBody};
@@ -62,8 +63,12 @@ pub(crate) async fn resume(ctx: JobContext, entry: Entry) {
         Ok(body) => body,
         Err(e) => return drop_entry(stats, &*store.store, job_id, "corrupt", &format!("unreadable body: {e}")).await,
     };
-    let job: JobResponse = match serde_json::from_str(&body.payload) {
-        Ok(job) => job,
+    let job: JobResponse = match serde_json::from_str::<JobResponse>(&body.payload) {
+        // The secrets it resolved before it was accepted, as it had them (masked, raw).
+        Ok(mut job) => {
+            job.variables.extend(body.progress.secrets.iter().map(StoredSecret::variable));
+            job
+        }
         Err(e) => {
             let why = format!("unreadable job payload: {e}");
             return drop_entry(stats, &*store.store, job_id, "corrupt", &why).await;
