@@ -329,7 +329,7 @@ async fn service_with_two_aliases_its_variables_and_a_slow_port_is_waited_for() 
 async fn image_platform_is_checked_against_the_local_image() {
     let w = world().await;
     let image = w.docker.job_image();
-    let mut manager = w.manager("platform", "", "", "");
+    let mut manager = w.manager("platform", "", "  allowed_pull_policies = [\"if-not-present\", \"never\"]", "");
     manager.start();
     let own = match std::env::consts::ARCH {
         "aarch64" => ("linux/arm64", "linux/amd64"),

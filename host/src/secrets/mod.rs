@@ -16,6 +16,10 @@ use std::pin::Pin;
 
 use crate::payload::secrets::Secret;
 
+pub mod aws;
+pub mod azure;
+pub mod gcp;
+
 /// What a resolver's read gives back.
 pub type Resolved<'a> = Pin<Box<dyn Future<Output = Result<String, SecretError>> + Send + 'a>>;
 
@@ -36,7 +40,7 @@ pub trait Resolver: Send + Sync {
 
 /// Every resolver, in the order they are asked (gitlab-runner's registry). Adding a
 /// resolver is one line here.
-pub static RESOLVERS: &[&dyn Resolver] = &[];
+pub static RESOLVERS: &[&dyn Resolver] = &[&aws::AwsSecretsManager, &azure::AzureKeyVault, &gcp::GcpSecretManager];
 
 /// The resolver that reads `secret`: the first of [`RESOLVERS`] that supports it; `None`
 /// when none does (gitlab-runner warns and leaves the variable out).
