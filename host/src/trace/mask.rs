@@ -670,7 +670,8 @@ mod tests {
         m.learn(["late-secret", "second"]).expect("compiles");
         m.push(b"cond late-secret\n", &mut out);
         m.flush(&mut out);
-        assert_eq!(String::from_utf8(out).unwrap(), "[MASKED] late-secret [MASKED] [MASKED]\n");
+        // Bytes released before learning stay as they were (`se` was no start of a phrase then).
+        assert_eq!(String::from_utf8(out).unwrap(), "[MASKED] late-secret second [MASKED]\n");
     }
 
     #[test]

@@ -74,6 +74,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/objectstore/artifacts/{id}/{name}", get(crate::artifacts::object_store))
         .route("/api/v4/projects/{id}/jobs", get(crate::jobs_api::list_jobs))
+        .route("/oauth/discovery/keys", get(crate::id_tokens::keys))
+        .route("/.well-known/openid-configuration", get(crate::id_tokens::openid_configuration))
         .fallback(git::serve)
         .with_state(shared)
 }

@@ -20,6 +20,7 @@
 mod api;
 mod artifacts;
 mod git;
+pub mod id_tokens;
 mod jobs_api;
 mod lfs;
 mod payload;
@@ -348,6 +349,7 @@ impl Inner {
                 info.insert("id".into(), id.into());
             }
         }
+        id_tokens::mint(&mut payload, &self.base_url);
         self.jobs.insert(
             id,
             JobRecord {

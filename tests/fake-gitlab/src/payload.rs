@@ -31,6 +31,10 @@ pub struct JobSpec {
     /// IDs of the jobs whose artifacts this one gets; the fake fills in the rest when it
     /// hands the job out.
     pub dependencies: Vec<i64>,
+    /// `id_tokens:` (variable name, `aud`): each a masked variable holding an ID token.
+    pub id_tokens: Vec<(String, String)>,
+    /// `secrets:` as Rails sends it (variable name → `{vault: …}`, …); `Null` for none.
+    pub secrets: Value,
 }
 
 impl JobSpec {
@@ -50,6 +54,8 @@ impl JobSpec {
             artifacts: Vec::new(),
             cache: Vec::new(),
             dependencies: Vec::new(),
+            id_tokens: Vec::new(),
+            secrets: Value::Null,
         }
     }
 
@@ -100,6 +106,18 @@ impl JobSpec {
         self
     }
 
+    /// An `id_tokens:` entry: variable `name` holds an ID token for audience `aud`.
+    pub fn id_token(mut self, name: &str, aud: &str) -> Self {
+        self.id_tokens.push((name.to_string(), aud.to_string()));
+        self
+    }
+
+    /// The job's `secrets:` as Rails sends them in the payload.
+    pub fn secrets(mut self, secrets: Value) -> Self {
+        self.secrets = secrets;
+        self
+    }
+
     pub fn masked_variable(mut self, key: &str, value: &str) -> Self {
         self.masked_variables.push((key.to_string(), value.to_string()));
         self
@@ -145,6 +163,12 @@ pub(crate) fn build(spec: &JobSpec, server_url: &str, sha: &str) -> Value {
     ];
     variables.extend(spec.variables.iter().map(|(k, v)| var(k, v, true, false)));
     variables.extend(spec.masked_variables.iter().map(|(k, v)| var(k, v, false, true)));
+    // Rails adds ID tokens after the other variables, masked; the fake signs them at enqueue.
+    variables.extend(
+        spec.id_tokens
+            .iter()
+            .map(|(k, aud)| var(k, &format!("{}{aud}", crate::id_tokens::ID_TOKEN_PLACEHOLDER), false, true)),
+    );
     let mut steps = vec![json!({
         "name": "script", "script": spec.script, "timeout": spec.timeout, "when": "on_success", "allow_failure": false
     })];
@@ -215,6 +239,7 @@ pub(crate) fn build(spec: &JobSpec, server_url: &str, sha: &str) -> Value {
                 "runner_external_dependency_failure", "runner_interrupted", "image_pull_failure"
             ]
         },
-        "hooks": []
+        "hooks": [],
+        "secrets": spec.secrets
     })
 }
