@@ -6,11 +6,21 @@
 //! Each resolver reads a value; each failure (a refused role or identity, a missing secret, a
 //! missing field, an unreachable server) is a `SecretError` naming the server and its reason,
 //! with neither the token nor a value in its text.
+//!
+//! End to end (`runway run` as a real process, the shell executor, the fake GitLab signing the
+//! job's `id_tokens:` and the fakes checking them against its JWKS): each resolver's value
+//! reaches the job as a file and as a variable, masked in the trace; each failure fails the
+//! job before its script with the secret, the server and the server's reason in the trace and
+//! nothing secret. The runner finds the servers through its environment
+//! (`AWS_ENDPOINT_URL`, `RUNWAY_GCP_STS_ENDPOINT`, `RUNWAY_GCP_SECRET_MANAGER_ENDPOINT`,
+//! `AZURE_AUTHORITY_HOST`); Key Vault's URL comes with the secret.
 
 #[path = "support/cloud_secrets_fake.rs"]
 mod cloud_secrets_fake;
 #[path = "support/object_servers.rs"]
 mod object_servers;
+#[path = "support/runway_process.rs"]
+mod runway_process;
 
 use cloud_secrets_fake::{AzureFake, AzureState, GcpFake, GcpState, Signer};
 use runway::payload::secrets::{
@@ -411,4 +421,276 @@ print(req.headers['Authorization'])
     );
     let ours = signed.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.as_str());
     assert_eq!(ours, Some(theirs));
+}
+
+// ---- End to end ----
+
+const SCRIPT_RAN: &str = "SCRIPT-RAN-MARKER";
+const E2E_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// moto, the Google fake and the Azure fake trusting the fake GitLab's key, and `runway run`
+/// with one shell runner pointed at them.
+struct World {
+    fake: fake_gitlab::FakeGitLab,
+    _root: tempfile::TempDir,
+    process: runway_process::RunwayProcess,
+    moto_url: String,
+    _moto: object_servers::Server,
+    gcp: GcpFake,
+    azure: AzureFake,
+}
+
+impl World {
+    async fn start() -> World {
+        let fake = fake_gitlab::FakeGitLab::start_with(fake_gitlab::Config {
+            long_poll: std::time::Duration::from_secs(1),
+            trace_update_interval: 1,
+        })
+        .await;
+        let runner = fake.create_runner("cloud-secrets");
+        fake.create_repo("group/project");
+        fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+        let keys = cloud_secrets_fake::PublicKey::from_jwks(&fake_gitlab::id_tokens::jwks());
+        assert!(!keys.is_empty(), "the fake GitLab's JWKS has a key");
+        let (moto, moto_url, _) = moto_with_secrets().await;
+        let mut gcp_state = GcpState {
+            project_number: "4242".into(),
+            pool: "gitlab".into(),
+            provider: "gitlab-jwt".into(),
+            allowed_audience: GCP_AUDIENCE.into(),
+            keys: keys.clone(),
+            ..GcpState::default()
+        };
+        gcp_state.secrets.insert("db-password".into(), vec![b"gcp-current-5b0e".to_vec()]);
+        let gcp = GcpFake::start(gcp_state).await;
+        let mut azure_state = AzureState {
+            tenant: "b5d3c1a0-0000-4000-8000-000000000001".into(),
+            client_id: "0f5e2c4a-0000-4000-8000-000000000002".into(),
+            issuer: fake.url(),
+            subject: "project_path:group/project:ref_type:branch:ref:main".into(),
+            audience: "api://AzureADTokenExchange".into(),
+            keys,
+            ..AzureState::default()
+        };
+        azure_state.secrets.insert("deploy-key".into(), vec![("2222bbbb".into(), "azure-current-0e9f".into())]);
+        let azure = AzureFake::start(azure_state).await;
+        let root = tempfile::tempdir().expect("tempdir");
+        let config = format!(
+            r#"concurrent = 4
+check_interval = 1
+shutdown_timeout = 5
+
+[plugins.shell]
+allow_process = true
+
+[[runners]]
+name = "cloud-secrets"
+url = "{url}"
+token = "{token}"
+executor = "shell"
+limit = 4
+builds_dir = "{builds}"
+cache_dir = "{cache}"
+  [runners.shell]
+  login = false
+"#,
+            url = fake.url(),
+            token = runner.token,
+            builds = root.path().join("builds").display(),
+            cache = root.path().join("cache").display(),
+        );
+        std::fs::write(root.path().join("config.toml"), config).expect("config.toml");
+        let mut process = runway_process::RunwayProcess::new(root.path().to_path_buf())
+            .env("AWS_ENDPOINT_URL", &moto_url)
+            .env("RUNWAY_GCP_STS_ENDPOINT", &gcp.url())
+            .env("RUNWAY_GCP_SECRET_MANAGER_ENDPOINT", &gcp.url())
+            .env("AZURE_AUTHORITY_HOST", &azure.url());
+        process.start();
+        World { fake, _root: root, process, moto_url, _moto: moto, gcp, azure }
+    }
+
+    fn enqueue(&self, spec: fake_gitlab::JobSpec) -> i64 {
+        self.fake.enqueue(self.fake.job_payload(&spec))
+    }
+
+    async fn finished(&self, id: i64) -> fake_gitlab::JobRecord {
+        match self.fake.wait_for_job_state(id, |j| j.final_state.is_some(), E2E_WAIT).await {
+            Some(record) => record,
+            None => panic!(
+                "job {id} did not finish; trace:\n{}\nrunway log:\n{}",
+                self.fake.job(id).map(|j| j.trace_text()).unwrap_or_default(),
+                self.process.log()
+            ),
+        }
+    }
+
+    fn aws(&self, id: &str, field: &str) -> serde_json::Value {
+        json!({"aws_secrets_manager": {"secret_id": id, "field": field, "server": {
+            "region": "eu-west-1", "jwt": "$AWS_ID_TOKEN", "role_arn": "arn:aws:iam::123456789012:role/ci-secrets"}}})
+    }
+
+    fn gcp(&self, name: &str, provider: &str) -> serde_json::Value {
+        json!({"gcp_secret_manager": {"name": name, "version": "latest", "server": {
+            "project_number": "4242", "workload_identity_federation_pool_id": "gitlab",
+            "workload_identity_federation_provider_id": provider, "jwt": "$GCP_ID_TOKEN"}}})
+    }
+
+    fn azure(&self, vault: &str, name: &str, client_id: &str) -> serde_json::Value {
+        json!({"azure_key_vault": {"name": name, "version": "", "server": {
+            "client_id": client_id, "tenant_id": "b5d3c1a0-0000-4000-8000-000000000001",
+            "jwt": "$AZURE_ID_TOKEN", "url": vault}}})
+    }
+}
+
+fn with_tokens(spec: fake_gitlab::JobSpec) -> fake_gitlab::JobSpec {
+    spec.id_token("AWS_ID_TOKEN", "sts.amazonaws.com")
+        .id_token("GCP_ID_TOKEN", GCP_AUDIENCE)
+        .id_token("AZURE_ID_TOKEN", "api://AzureADTokenExchange")
+}
+
+fn not_a_file(mut secret: serde_json::Value) -> serde_json::Value {
+    secret["file"] = json!(false);
+    secret
+}
+
+fn sha256(value: &str) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(value.as_bytes()))
+}
+
+const VALUES: &[&str] =
+    &["second-pw-77c3", "first-pw-1f0a", "plain-token-9d2e", "gcp-current-5b0e", "azure-current-0e9f"];
+
+/// Nothing secret in the trace: no value, no ID token nor its signature.
+fn leaks_nothing(record: &fake_gitlab::JobRecord) {
+    let trace = record.trace_text();
+    for value in VALUES {
+        assert!(!trace.contains(value), "the trace shows {value}:\n{trace}");
+    }
+    let text = record.payload.to_string();
+    let tokens: Vec<&str> = text.split('"').filter(|s| s.starts_with("eyJ") && s.matches('.').count() == 2).collect();
+    assert!(!tokens.is_empty(), "the job was given ID tokens");
+    for token in tokens {
+        assert!(!trace.contains(token), "the trace shows an ID token:\n{trace}");
+        assert!(!trace.contains(token.split('.').nth(2).unwrap_or("x")), "the trace shows a signature:\n{trace}");
+    }
+}
+
+/// A job printing the SHA-256 of the file variable's content and of the plain variable, then
+/// both (to be masked).
+fn reading_job(name: &str, secrets: serde_json::Value) -> fake_gitlab::JobSpec {
+    with_tokens(fake_gitlab::JobSpec::new(
+        "group/project",
+        name,
+        &[
+            "test -f \"$S_FILE\" && echo \"a file: $S_FILE\"",
+            "printf '%s' \"$(cat \"$S_FILE\")\" | sha256sum",
+            "printf '%s' \"$S_VAR\" | sha256sum",
+            "echo \"file says $(cat \"$S_FILE\"), variable says $S_VAR\"",
+        ],
+    ))
+    .secrets(secrets)
+}
+
+fn failing_job(name: &str, secret: serde_json::Value) -> fake_gitlab::JobSpec {
+    with_tokens(fake_gitlab::JobSpec::new("group/project", name, &[&format!("echo {SCRIPT_RAN}")]))
+        .secrets(json!({ "S": secret }))
+}
+
+fn read_into_the_job(record: &fake_gitlab::JobRecord, resolver: &str, value: &str) {
+    let trace = record.trace_text();
+    assert_eq!(record.final_state.as_deref(), Some("success"), "trace:\n{trace}");
+    assert!(trace.contains(&format!("Using \"{resolver}\" secret resolver...")), "{trace}");
+    assert!(trace.contains("a file: "), "not a file:\n{trace}");
+    assert_eq!(trace.matches(&sha256(value)).count(), 2, "the value did not reach the file and the variable:\n{trace}");
+    assert!(trace.contains("file says [MASKED], variable says [MASKED]"), "not masked:\n{trace}");
+    leaks_nothing(record);
+}
+
+/// Failed before its script, the line naming secret `S`, `server` (when given) and `said`.
+fn failed_resolving(record: &fake_gitlab::JobRecord, server: Option<&str>, said: &str) {
+    let trace = record.trace_text();
+    assert_eq!(record.final_state.as_deref(), Some("failed"), "trace:\n{trace}");
+    assert!(!trace.contains(SCRIPT_RAN), "the script ran:\n{trace}");
+    let line = trace
+        .lines()
+        .find(|l| l.contains("resolving secret \"S\""))
+        .unwrap_or_else(|| panic!("no line names the secret:\n{trace}"));
+    if let Some(server) = server {
+        assert!(line.contains(server), "the line does not name the server {server}: {line}");
+    }
+    assert!(line.contains(said), "the line does not give the reason ({said}): {line}");
+    leaks_nothing(record);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cloud_secrets_reach_the_job_as_file_and_variable_masked() {
+    let w = World::start().await;
+    let vault = w.azure.url();
+    let aws = w.enqueue(reading_job(
+        "aws",
+        json!({"S_FILE": w.aws("ci/db", "password"), "S_VAR": not_a_file(w.aws("ci/db", "password"))}),
+    ));
+    let gcp = w.enqueue(reading_job(
+        "gcp",
+        json!({"S_FILE": w.gcp("db-password", "gitlab-jwt"), "S_VAR": not_a_file(w.gcp("db-password", "gitlab-jwt"))}),
+    ));
+    let client = "0f5e2c4a-0000-4000-8000-000000000002";
+    let azure = w.enqueue(reading_job(
+        "azure",
+        json!({"S_FILE": w.azure(&vault, "deploy-key", client), "S_VAR": not_a_file(w.azure(&vault, "deploy-key", client))}),
+    ));
+    read_into_the_job(&w.finished(aws).await, "aws_secrets_manager", "second-pw-77c3");
+    read_into_the_job(&w.finished(gcp).await, "gcp_secret_manager", "gcp-current-5b0e");
+    read_into_the_job(&w.finished(azure).await, "azure-key-vault", "azure-current-0e9f");
+    // The exchange carried GitLab's token for the provider's audience, not another one.
+    assert!(!w.gcp.state.lock().expect("state").exchanges.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cloud_secret_failures_fail_the_job_before_its_script_with_the_servers_reason() {
+    let w = World::start().await;
+    let down = closed_port();
+    let vault = w.azure.url();
+    let client = "0f5e2c4a-0000-4000-8000-000000000002";
+    let mut no_role = w.aws("ci/db", "password");
+    no_role["aws_secrets_manager"]["server"]["role_arn"] = json!("");
+    let jobs = [
+        // AWS: moto trusts any role, so the refused role is gitlab-runner's own check.
+        (failing_job("aws-role", no_role), None, "Role ARN is required".to_string()),
+        (
+            failing_job("aws-missing", w.aws("ci/nope", "")),
+            Some(w.moto_url.clone()),
+            "can't find the specified secret".into(),
+        ),
+        (
+            failing_job("aws-field", w.aws("ci/db", "api_key")),
+            Some(w.moto_url.clone()),
+            "key 'api_key' not found".into(),
+        ),
+        (failing_job("gcp-role", w.gcp("db-password", "someone-else")), Some(w.gcp.url()), "invalid_target".into()),
+        (
+            failing_job("gcp-missing", w.gcp("nope", "gitlab-jwt")),
+            Some(w.gcp.url()),
+            "not found or has no versions".into(),
+        ),
+        (
+            failing_job("azure-role", w.azure(&vault, "deploy-key", "99999999-0000-4000-8000-000000000000")),
+            Some(w.azure.url()),
+            "AADSTS700016".into(),
+        ),
+        (failing_job("azure-missing", w.azure(&vault, "nope", client)), Some(vault.clone()), "SecretNotFound".into()),
+        (
+            failing_job("azure-down", w.azure(&down, "deploy-key", client)),
+            Some(down.clone()),
+            "onnection refused".into(),
+        ),
+    ];
+    let mut queued = Vec::new();
+    for (spec, server, said) in jobs {
+        queued.push((w.enqueue(spec), server, said));
+    }
+    for (id, server, said) in queued {
+        failed_resolving(&w.finished(id).await, server.as_deref(), &said);
+    }
 }

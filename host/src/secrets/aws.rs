@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use crate::cache::{aws_env_credentials, sign_request, AwsCredentials, SignedRequest};
 use crate::payload::secrets::{AwsSecret, Secret};
+use crate::secrets::vault::error_chain;
 use crate::secrets::{Resolved, Resolver, SecretError};
 
 /// gitlab-runner's context timeout of one resolution.
@@ -122,7 +123,7 @@ pub async fn read(secret: &AwsSecret, http: &reqwest::Client, endpoints: &AwsEnd
 }
 
 fn unreachable(server: &str, e: reqwest::Error) -> SecretError {
-    SecretError::Unreachable { server: server.to_string(), reason: e.without_url().to_string() }
+    SecretError::Unreachable { server: server.to_string(), reason: error_chain(&e.without_url()) }
 }
 
 /// STS `AssumeRoleWithWebIdentity` (an unsigned call: the JWT is the proof).

@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::payload::secrets::{AzureKeyVaultSecret, Secret};
+use crate::secrets::vault::error_chain;
 use crate::secrets::{Resolved, Resolver, SecretError};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -55,7 +56,7 @@ pub fn authority(env: &dyn Fn(&str) -> Option<String>) -> String {
 }
 
 fn unreachable(server: &str, e: reqwest::Error) -> SecretError {
-    SecretError::Unreachable { server: server.to_string(), reason: e.without_url().to_string() }
+    SecretError::Unreachable { server: server.to_string(), reason: error_chain(&e.without_url()) }
 }
 
 /// Read `secret`, signing in at `authority`.

@@ -16,6 +16,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::payload::secrets::{GcpSecretManagerSecret, Secret};
+use crate::secrets::vault::error_chain;
 use crate::secrets::{Resolved, Resolver, SecretError};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -93,7 +94,7 @@ fn version_name(secret: &GcpSecretManagerSecret) -> String {
 }
 
 fn unreachable(server: &str, e: reqwest::Error) -> SecretError {
-    SecretError::Unreachable { server: server.to_string(), reason: e.without_url().to_string() }
+    SecretError::Unreachable { server: server.to_string(), reason: error_chain(&e.without_url()) }
 }
 
 /// Read `secret` through `endpoints`.
