@@ -31,6 +31,8 @@ const GSM_VALUE: &str = "gsm-Pa55w0rd-gnu";
 const AUD: &str = "openbao";
 /// Printed by every script: a job failed by its secrets must not get this far.
 const SCRIPT_RAN: &str = "SCRIPT-RAN-MARKER";
+/// The job store's sealing key.
+const STORE_KEY: &str = "5e1f0c2a9d1e4f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
 
 /// The OpenBao of this binary, configured as a GitLab admin would for `group/project`.
 fn bao() -> &'static OpenBao {
@@ -75,13 +77,18 @@ path "gsm/data/project_42/*" { capabilities = ["read"] }
 
 struct Harness {
     fake: FakeGitLab,
-    _root: tempfile::TempDir,
+    root: tempfile::TempDir,
     process: RunwayProcess,
 }
 
 impl Harness {
     /// A fake GitLab with `group/project`, `runway run` with one shell runner taking 4 jobs.
     async fn shell() -> Harness {
+        Self::shell_with("").await
+    }
+
+    /// As [`Harness::shell`], with `extra` lines at the end of the `[[runners]]` entry.
+    async fn shell_with(extra: &str) -> Harness {
         let fake =
             FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
                 .await;
@@ -107,6 +114,7 @@ builds_dir = "{builds}"
 cache_dir = "{cache}"
   [runners.shell]
   login = false
+{extra}
 "#,
             url = fake.url(),
             token = runner.token,
@@ -114,9 +122,9 @@ cache_dir = "{cache}"
             cache = root.path().join("cache").display(),
         );
         std::fs::write(root.path().join("config.toml"), config).expect("config.toml");
-        let mut process = RunwayProcess::new(root.path().to_path_buf());
+        let mut process = RunwayProcess::new(root.path().to_path_buf()).env("RUNWAY_STORE_KEY", STORE_KEY);
         process.start();
-        Harness { fake, _root: root, process }
+        Harness { fake, root, process }
     }
 
     fn enqueue(&self, spec: JobSpec) -> i64 {
@@ -336,4 +344,60 @@ async fn gitlab_secrets_manager_reads_openbao_with_inline_auth() {
     failed_resolving(&field, "runner_system_failure", "K", &bao.url, "field \"nope\" not found in secret");
     let unreachable = h.finished(ids[3]).await;
     failed_resolving(&unreachable, "runner_system_failure", "K", &down, "Connection refused");
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_job_goes_on_with_the_secrets_it_read_sealed_in_the_store() {
+    let bao = bao();
+    const FIRST: &str = "resume-first-Value-3141";
+    const CHANGED: &str = "resume-changed-Value-2718";
+    bao.run(&["kv", "put", "-mount=kv1", "ci/resume", &format!("password={FIRST}")]);
+    let mut h = Harness::shell_with("  [runners.store]\n  health_interval = 1").await;
+    let spec = JobSpec::new(
+        "group/project",
+        "resume",
+        &[
+            "printf 'before %s\\n' \"$(printf '%s' \"$DB\" | sha256sum | cut -c1-64)\"",
+            "for i in $(seq 1 60); do echo \"line $i\"; sleep 0.1; done",
+        ],
+    )
+    .after_script(&["printf 'after %s\\n' \"$(printf '%s' \"$DB\" | sha256sum | cut -c1-64)\"", "echo \"now $DB\""])
+    .id_token("VAULT_ID_TOKEN", AUD)
+    .secrets(json!({"DB": not_a_file(vault(&bao.url, "kv-v1", "kv1", "ci/resume", "password", "ci"))}));
+    let id = h.enqueue(spec);
+    h.fake.wait_for_job_state(id, |j| j.trace_text().contains("line 5"), WAIT).await.expect("the job runs");
+    // Killed mid-stage; the store has the job, sealed: the value is nowhere in clear.
+    h.process.kill9();
+    let store = h.root.path().join(".runway/store");
+    let files = files_under(&store);
+    assert!(files.iter().any(|f| f.extension().is_some_and(|e| e == "json")), "no store entry in {files:?}");
+    for file in &files {
+        let bytes = std::fs::read(file).unwrap_or_default();
+        assert!(!bytes.windows(FIRST.len()).any(|w| w == FIRST.as_bytes()), "{} holds the secret", file.display());
+    }
+    // The secret changes meanwhile: a second read would see it.
+    bao.run(&["kv", "put", "-mount=kv1", "ci/resume", &format!("password={CHANGED}")]);
+    h.process.start();
+    let record = h.finished(id).await;
+    let trace = record.trace_text();
+    assert_eq!(record.final_state.as_deref(), Some("success"), "trace:\n{trace}\nrunway:\n{}", h.process.log());
+    assert_eq!(trace.matches("Resolving secrets").count(), 1, "resolved again:\n{trace}");
+    assert!(trace.contains(&format!("before {}", sha256(FIRST))), "{trace}");
+    assert!(trace.contains(&format!("after {}", sha256(FIRST))), "the resumed job lost its secret:\n{trace}");
+    assert!(trace.contains("now [MASKED]"), "the resumed job's log does not mask it:\n{trace}");
+    assert!(!trace.contains(FIRST) && !trace.contains(CHANGED), "{trace}");
 }

@@ -9,6 +9,8 @@
 //! reason gitlab-runner gives it. A secret the store says is missing fails the job only with
 //! `FF_SECRET_RESOLVING_FAILS_IF_MISSING` on (the default); off, it is an empty variable.
 //!
+//! The step is tried `SECRETS_RETRIEVAL_ATTEMPTS` times (1–10, default 1) before it fails.
+//!
 //! Owns: the resolution step and its trace lines. Must not touch: secret stores' protocols
 //! (`crate::secrets`), executors, stores (the job's progress carries the values to the store).
 
@@ -24,6 +26,9 @@ use crate::trace::{FailureReason, TraceLog, TraceSink};
 /// gitlab-runner's section name of the step.
 const SECTION: &str = "resolve_secrets";
 
+/// How many times the step is tried (1–10, default 1), as gitlab-runner reads it.
+const ATTEMPTS: &str = "SECRETS_RETRIEVAL_ATTEMPTS";
+
 /// gitlab-runner's feature flag: does a missing secret fail the job?
 const FAILS_IF_MISSING: &str = "FF_SECRET_RESOLVING_FAILS_IF_MISSING";
 
@@ -38,13 +43,21 @@ pub(super) async fn resolve(
     if job.secrets.is_empty() {
         return Ok(Vec::new());
     }
-    trace.section_start(SECTION, SectionOptions::default());
-    let result = resolve_all(job, runner_flags, trace).await;
-    if let Err(outcome) = &result {
-        trace.error(&outcome.message);
+    // gitlab-runner runs the whole section again, up to SECRETS_RETRIEVAL_ATTEMPTS times.
+    let attempts = job.variable(ATTEMPTS).and_then(|v| v.trim().parse::<u32>().ok()).unwrap_or(1).clamp(1, 10);
+    let mut attempt = 1;
+    loop {
+        trace.section_start(SECTION, SectionOptions::default());
+        let result = resolve_all(job, runner_flags, trace).await;
+        if let Err(outcome) = &result {
+            trace.error(&outcome.message);
+        }
+        trace.section_end(SECTION);
+        if result.is_ok() || attempt >= attempts {
+            return result;
+        }
+        attempt += 1;
     }
-    trace.section_end(SECTION);
-    result
 }
 
 async fn resolve_all(
@@ -117,9 +130,7 @@ mod tests {
     use crate::trace::MemorySink;
 
     fn job(secrets: &str) -> JobResponse {
-        let mut job = JobResponse::default();
-        job.secrets = serde_json::from_str(secrets).unwrap();
-        job
+        JobResponse { secrets: serde_json::from_str(secrets).unwrap(), ..Default::default() }
     }
 
     #[tokio::test]
@@ -140,6 +151,26 @@ mod tests {
         assert!(text.contains("Resolving secret \"X\"..."), "{text}");
         assert!(text.contains("Not resolved: no resolver that can handle the secret"), "{text}");
         assert!(text.contains("section_end:") && text.contains(":resolve_secrets"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_secret_fails_the_job_after_its_attempts_naming_secret_and_server() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut job = job(&format!(
+            r#"{{"DB": {{"vault": {{"server": {{"url": "http://127.0.0.1:{port}",
+                "auth": {{"name": "jwt", "path": "jwt", "data": {{"jwt": "$TOKEN", "role": "ci"}}}}}},
+                "engine": {{"name": "kv-v2", "path": "secret"}}, "path": "p", "field": "f"}}}}}}"#
+        ));
+        job.variables.push(crate::payload::JobVariable::public("SECRETS_RETRIEVAL_ATTEMPTS", "2"));
+        job.variables.push(crate::payload::JobVariable::public("TOKEN", "eyJ.the-token.sig"));
+        let trace = MemorySink::default();
+        let outcome = resolve(&job, &BTreeMap::new(), &trace).await.unwrap_err();
+        assert_eq!(outcome.failure, Some(FailureReason::RunnerSystemFailure));
+        assert!(outcome.message.starts_with("resolving secret \"DB\": http://127.0.0.1:"), "{}", outcome.message);
+        let text = trace.text();
+        assert_eq!(text.matches("Resolving secrets").count(), 2, "{text}");
+        assert_eq!(text.matches("Using \"vault\" secret resolver...").count(), 2, "{text}");
+        assert!(!text.contains("the-token"), "{text}");
     }
 
     #[test]
