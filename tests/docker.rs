@@ -319,6 +319,10 @@ async fn service_with_two_aliases_its_variables_and_a_slow_port_is_waited_for() 
     let debug = trace.lines().find(|l| l.contains("[service:") && l.contains("listening-now"));
     let debug = debug.unwrap_or_else(|| panic!("no CI_DEBUG_SERVICES line: {trace}"));
     assert!(debug.contains("db-a-db-b"), "{debug}");
+    // GitLab sends per-service variables and several aliases only to runners that say so.
+    let asked = w.fake.requests_to("POST", "/api/v4/jobs/request");
+    let features = asked.last().and_then(|r| r.json()).map(|b| b["info"]["features"].clone()).expect("features");
+    assert_eq!((&features["service_variables"], &features["service_multiple_aliases"]), (&json!(true), &json!(true)));
     w.assert_cleaned_up(job, &manager).await;
 }
 
