@@ -4,12 +4,15 @@
 //! key and roles bound to the project's claims. The shell executor runs the jobs: resolving
 //! happens before any executor is prepared, so it is the same on every executor.
 //!
-//! Shows: the `vault` resolver on KV v1 and v2 with JWT auth and the `gitlab_secrets_manager`
+//! One docker-executor job shows the same inside a container (file variables in the build
+//! volume). Shows: the `vault` resolver on KV v1 and v2 with JWT auth and the `gitlab_secrets_manager`
 //! resolver with OpenBao's inline auth, each value reaching the job as a file and as a
 //! variable, masked in the trace; a wrong role, a missing path, a missing field and an
 //! unreachable server each failing the job before its script, with the secret, the server and
 //! its reason in the trace, the failure reason gitlab-runner gives, and no value or token.
 
+#[path = "support/dockerd.rs"]
+mod dockerd;
 #[path = "support/openbao.rs"]
 mod openbao;
 #[path = "support/runway_process.rs"]
@@ -27,6 +30,10 @@ const WAIT: Duration = Duration::from_secs(120);
 const V2_VALUE: &str = "v2-Pa55w0rd-zebra";
 const V1_VALUE: &str = "v1-Pa55w0rd-yak";
 const GSM_VALUE: &str = "gsm-Pa55w0rd-gnu";
+/// The same path in namespace [`NAMESPACE`] holds this.
+const NS_VALUE: &str = "ns-Pa55w0rd-ibex";
+/// A Vault/OpenBao namespace.
+const NAMESPACE: &str = "team-a";
 /// The audience the roles accept (`id_tokens: VAULT_ID_TOKEN: aud:`).
 const AUD: &str = "openbao";
 /// Printed by every script: a job failed by its secrets must not get this far.
@@ -43,18 +50,23 @@ fn bao() -> &'static OpenBao {
         bao.run(&["kv", "put", "-mount=secret", "ci/db", &format!("password={V2_VALUE}")]);
         bao.run(&["kv", "put", "-mount=kv1", "ci/db", &format!("password={V1_VALUE}")]);
         bao.run(&["kv", "put", "-mount=gsm", "project_42/DEPLOY_KEY", &format!("value={GSM_VALUE}")]);
-        bao.policy(
-            "ci-read",
-            r#"path "secret/data/ci/*" { capabilities = ["read"] }
+        let policy = r#"path "secret/data/ci/*" { capabilities = ["read"] }
 path "kv1/ci/*" { capabilities = ["read"] }
 path "gsm/data/project_42/*" { capabilities = ["read"] }
-"#,
-        );
-        for mount in ["jwt", "pipeline_jwt"] {
-            bao.run(&["auth", "enable", &format!("-path={mount}"), "jwt"]);
-            bao.run(&["write", &format!("auth/{mount}/config"), &format!("jwt_validation_pubkeys={key}")]);
+"#;
+        bao.policy("", "ci-read", policy);
+        // A namespace of its own (`X-Vault-Namespace`), with its own JWT auth, KV and policy.
+        bao.run(&["namespace", "create", NAMESPACE]);
+        let ns = format!("-namespace={NAMESPACE}");
+        bao.run(&["secrets", "enable", &ns, "-path=secret", "-version=2", "kv"]);
+        bao.run(&["kv", "put", &ns, "-mount=secret", "ci/db", &format!("password={NS_VALUE}")]);
+        bao.policy(NAMESPACE, "ci-read", policy);
+        for (namespace, mount) in [("", "jwt"), ("", "pipeline_jwt"), (NAMESPACE, "jwt")] {
+            let ns = format!("-namespace={namespace}");
+            bao.run(&["auth", "enable", &ns, &format!("-path={mount}"), "jwt"]);
+            bao.run(&["write", &ns, &format!("auth/{mount}/config"), &format!("jwt_validation_pubkeys={key}")]);
         }
-        let role = |mount: &str, name: &str, claims: Value| {
+        let role = |namespace: &str, mount: &str, name: &str, claims: Value| {
             let body = json!({
                 "role_type": "jwt",
                 "user_claim": "user_login",
@@ -65,13 +77,15 @@ path "gsm/data/project_42/*" { capabilities = ["read"] }
             });
             let file = std::env::temp_dir().join(format!("runway-bao-role-{}-{mount}-{name}.json", std::process::id()));
             std::fs::write(&file, body.to_string()).expect("role file");
-            bao.run(&["write", &format!("auth/{mount}/role/{name}"), &format!("@{}", file.display())]);
+            let path = format!("auth/{mount}/role/{name}");
+            bao.run(&["write", &format!("-namespace={namespace}"), &path, &format!("@{}", file.display())]);
             let _ = std::fs::remove_file(&file);
         };
-        role("jwt", "ci", json!({"project_path": "group/project", "ref_type": "branch", "ref": "main"}));
-        role("jwt", "other-project", json!({"project_path": "group/other"}));
-        role("pipeline_jwt", "project_42", json!({"project_id": "42", "project_path": "group/project"}));
-        role("pipeline_jwt", "project_7", json!({"project_id": "7"}));
+        role("", "jwt", "ci", json!({"project_path": "group/project", "ref_type": "branch", "ref": "main"}));
+        role("", "jwt", "other-project", json!({"project_path": "group/other"}));
+        role("", "pipeline_jwt", "project_42", json!({"project_id": "42", "project_path": "group/project"}));
+        role("", "pipeline_jwt", "project_7", json!({"project_id": "7"}));
+        role(NAMESPACE, "jwt", "ci", json!({"project_path": "group/project"}));
     })
 }
 
@@ -187,7 +201,7 @@ fn tokens(record: &JobRecord) -> Vec<String> {
 /// Nothing secret in the trace: no value, no ID token.
 fn leaks_nothing(record: &JobRecord) {
     let trace = record.trace_text();
-    for value in [V2_VALUE, V1_VALUE, GSM_VALUE] {
+    for value in [V2_VALUE, V1_VALUE, GSM_VALUE, NS_VALUE] {
         assert!(!trace.contains(value), "the trace shows {value}:\n{trace}");
     }
     let tokens = tokens(record);
@@ -201,16 +215,16 @@ fn leaks_nothing(record: &JobRecord) {
     }
 }
 
-/// A job that reads its secrets and proves it got them without printing them (their
-/// SHA-256), then prints them (to be masked).
-fn reading_job(name: &str, secrets: Value, file_var: &str, plain_var: &str) -> JobSpec {
+/// A job that reads its secrets and proves it got them without printing them (each through
+/// `digest`, a filter of its stdin), then prints them (to be masked).
+fn reading_job(name: &str, secrets: Value, file_var: &str, plain_var: &str, digest: &str) -> JobSpec {
     JobSpec::new(
         "group/project",
         name,
         &[
             &format!("test -f \"${file_var}\" && echo \"a file: ${file_var}\""),
-            &format!("printf '%s' \"$(cat \"${file_var}\")\" | sha256sum"),
-            &format!("printf '%s' \"${plain_var}\" | sha256sum"),
+            &format!("printf '%s' \"$(cat \"${file_var}\")\" | {digest}"),
+            &format!("printf '%s' \"${plain_var}\" | {digest}"),
             &format!("echo \"file says $(cat \"${file_var}\"), variable says ${plain_var}\""),
         ],
     )
@@ -254,9 +268,17 @@ async fn vault_kv_v1_and_v2_with_jwt_auth_reach_the_job_as_file_and_variable_mas
         "DB_FILE": vault(&bao.url, "kv-v2", "secret", "ci/db", "password", "ci"),
         "DB_V1": not_a_file(vault(&bao.url, "kv-v1", "kv1", "ci/db", "password", "ci")),
     });
-    let id = h.enqueue(reading_job("vault", secrets, "DB_FILE", "DB_V1"));
+    let mut secrets = secrets;
+    let mut namespaced = not_a_file(vault(&bao.url, "kv-v2", "secret", "ci/db", "password", "ci"));
+    namespaced["vault"]["server"]["namespace"] = json!("$VAULT_NAMESPACE");
+    secrets["DB_NS"] = namespaced;
+    let mut spec =
+        reading_job("vault", secrets, "DB_FILE", "DB_V1", "sha256sum").variable("VAULT_NAMESPACE", NAMESPACE);
+    spec.script.push("printf '%s' \"$DB_NS\" | sha256sum".to_string());
+    let id = h.enqueue(spec);
     let record = h.finished(id).await;
     let trace = record.trace_text();
+    assert!(trace.contains(&sha256(NS_VALUE)), "the namespace's value did not reach the job:\n{trace}");
     assert_eq!(record.final_state.as_deref(), Some("success"), "trace:\n{trace}\nbao:\n{}", bao.log());
     assert!(trace.contains(&sha256(V2_VALUE)), "the kv-v2 value did not reach the file:\n{trace}");
     assert!(trace.contains(&sha256(V1_VALUE)), "the kv-v1 value did not reach the variable:\n{trace}");
@@ -320,7 +342,7 @@ async fn gitlab_secrets_manager_reads_openbao_with_inline_auth() {
         "DEPLOY_FILE": gsm(&bao.url, "project_42/DEPLOY_KEY", "value", "project_42"),
         "DEPLOY_VAR": not_a_file(gsm(&bao.url, "project_42/DEPLOY_KEY", "value", "project_42")),
     });
-    let id = h.enqueue(reading_job("gsm", secrets, "DEPLOY_FILE", "DEPLOY_VAR"));
+    let id = h.enqueue(reading_job("gsm", secrets, "DEPLOY_FILE", "DEPLOY_VAR", "sha256sum"));
     let record = h.finished(id).await;
     let trace = record.trace_text();
     assert_eq!(record.final_state.as_deref(), Some("success"), "trace:\n{trace}\nbao:\n{}", bao.log());
@@ -400,4 +422,64 @@ async fn a_resumed_job_goes_on_with_the_secrets_it_read_sealed_in_the_store() {
     assert!(trace.contains(&format!("after {}", sha256(FIRST))), "the resumed job lost its secret:\n{trace}");
     assert!(trace.contains("now [MASKED]"), "the resumed job's log does not mask it:\n{trace}");
     assert!(!trace.contains(FIRST) && !trace.contains(CHANGED), "{trace}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_docker_job_gets_its_secrets_as_a_file_and_a_variable_in_its_container() {
+    let bao = bao();
+    let docker = tokio::task::spawn_blocking(dockerd::shared).await.expect("daemon");
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+            .await;
+    let runner = fake.create_runner("secrets on docker");
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let root = tempfile::tempdir().expect("tempdir");
+    let config = format!(
+        r#"concurrent = 1
+check_interval = 1
+shutdown_timeout = 5
+
+[plugins.docker]
+allow_docker = ["{host}"]
+
+[[runners]]
+name = "docker"
+url = "{url}"
+token = "{token}"
+executor = "docker"
+  [runners.docker]
+  host = "{host}"
+  image = "{image}"
+  pull_policy = ["if-not-present"]
+"#,
+        url = fake.url(),
+        token = runner.token,
+        host = docker.host(),
+        image = docker.job_image(),
+    );
+    std::fs::write(root.path().join("config.toml"), config).expect("config.toml");
+    let mut process = RunwayProcess::new(root.path().to_path_buf()).env_remove("DOCKER_HOST").quit_on_drop();
+    process.start();
+    let secrets = json!({
+        "DB_FILE": vault(&bao.url, "kv-v2", "secret", "ci/db", "password", "ci"),
+        "DB_V1": not_a_file(vault(&bao.url, "kv-v1", "kv1", "ci/db", "password", "ci")),
+    });
+    // The job network cannot reach the fake's git server on the runner's loopback. The job
+    // image has no hashing program: the values show upper-cased (not what the masker masks).
+    let spec = reading_job("docker", secrets, "DB_FILE", "DB_V1", "tr a-z A-Z; echo").variable("GIT_STRATEGY", "none");
+    let id = fake.enqueue(fake.job_payload(&spec));
+    let Some(record) = fake.wait_for_job_state(id, |j| j.final_state.is_some(), Duration::from_secs(240)).await else {
+        panic!(
+            "the docker job did not finish:\n{}\n{}",
+            fake.job(id).map(|j| j.trace_text()).unwrap_or_default(),
+            process.log()
+        );
+    };
+    let trace = record.trace_text();
+    assert_eq!(record.final_state.as_deref(), Some("success"), "trace:\n{trace}\nrunway:\n{}", process.log());
+    assert!(trace.contains(&V2_VALUE.to_uppercase()) && trace.contains(&V1_VALUE.to_uppercase()), "{trace}");
+    assert!(trace.contains("a file: /builds/"), "not a file in the container:\n{trace}");
+    assert!(trace.contains("file says [MASKED], variable says [MASKED]"), "not masked:\n{trace}");
+    leaks_nothing(&record);
 }

@@ -102,11 +102,11 @@ impl OpenBao {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Write `policy` (HCL) as `name`.
-    pub(crate) fn policy(&self, name: &str, policy: &str) {
-        let file = self._dir.path().join(format!("{name}.hcl"));
+    /// Write `policy` (HCL) as `name` in `namespace` (`""`: the root namespace).
+    pub(crate) fn policy(&self, namespace: &str, name: &str, policy: &str) {
+        let file = self._dir.path().join(format!("{namespace}-{name}.hcl"));
         std::fs::write(&file, policy).expect("policy file");
-        self.run(&["policy", "write", name, &file.display().to_string()]);
+        self.run(&["policy", "write", &format!("-namespace={namespace}"), name, &file.display().to_string()]);
     }
 
     /// The server's log.

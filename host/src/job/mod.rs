@@ -256,7 +256,16 @@ async fn run_to_end(
     }
     // resolve_secrets: before the executor is prepared, as gitlab-runner does; the values
     // join the job's variables (masked, raw) for everything after.
-    let secret_variables = match secrets::resolve(job, &env.settings.feature_flags, &*trace).await {
+    let resolved = tokio::select! {
+        resolved = secrets::resolve(job, &env.settings.feature_flags, &*trace) => resolved,
+        () = control.abort.cancelled() => {
+            let reason = control.abort_reason.lock().ok().and_then(|r| *r).unwrap_or(FailureReason::JobCanceled);
+            let message = "the job was aborted while its secrets were resolved";
+            trace.error(&format!("Job aborted: {message}"));
+            return (JobOutcome { aborted: true, ..JobOutcome::failed(reason, None, message) }, None);
+        }
+    };
+    let secret_variables = match resolved {
         Ok(variables) => variables,
         Err(outcome) => return (finish(&*trace, outcome), None),
     };
