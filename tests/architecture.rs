@@ -53,8 +53,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("executor", &["plugin", "bindings", "capability", "connector", "config", "stop", "trace", "payload"]),
     // Stage scripts from the payload and the runner's settings.
     ("script", &["payload", "config", "buildinfo"]),
-    // The job's `secrets:` read from secret stores (Vault, OpenBao, AWS, GCP, Azure).
-    ("secrets", &["payload"]),
+    // The job's `secrets:` read from secret stores (Vault, OpenBao, AWS, GCP, Azure); AWS's
+    // requests are signed with the cache's SigV4 signer.
+    ("secrets", &["payload", "cache"]),
     // One job's lifecycle over the executor boundary.
     ("job", &["executor", "script", "secrets", "trace", "payload", "stop", "buildinfo"]),
     // The taskscaler engine, its simulator, the provider over a fleeting plugin.

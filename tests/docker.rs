@@ -259,6 +259,110 @@ async fn service_is_reachable_by_its_alias() {
     w.assert_cleaned_up(job, &manager).await;
 }
 
+/// A service image of this machine's `sh`, `nc` and `sleep`, exposing [`dockerd::SERVICE_PORT`],
+/// with no command of its own: the job's service entry gives it one.
+const SLOW_SERVICE_IMAGE: &str = "runway-test/slow-service:1";
+
+fn slow_service_image(docker: &Dockerd) -> &'static str {
+    docker.ensure_image(SLOW_SERVICE_IMAGE, || {
+        let mut rootfs = runway::connector::rootfs::RootfsBuilder::new();
+        rootfs.base_system().expect("base system");
+        for program in ["sh", "nc", "sleep"] {
+            rootfs.program(program).unwrap_or_else(|e| panic!("{e}"));
+        }
+        (rootfs, vec![format!("EXPOSE {}", dockerd::SERVICE_PORT)])
+    });
+    SLOW_SERVICE_IMAGE
+}
+
+/// GitLab's services as the payload sends them: one service with two aliases (`alias: "db-a,
+/// db-b"`), its own variable, an entrypoint and a command that sleeps before it listens. The
+/// executor waits for the port, so the script's first connection succeeds; both names reach
+/// it; the service sees its variable (it serves it back); the job's variables do not carry it;
+/// `CI_DEBUG_SERVICES` puts the service's output into the trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_with_two_aliases_its_variables_and_a_slow_port_is_waited_for() {
+    let w = world().await;
+    let service = tokio::task::block_in_place(|| slow_service_image(w.docker));
+    let mut manager = w.manager("slow-service", "", "  wait_for_services_timeout = 60", "");
+    manager.start();
+    let port = dockerd::SERVICE_PORT;
+    let serve = format!(
+        "echo \"service up, greeting $SVC_GREETING\"; sleep 6; echo listening-now; \
+         while true; do echo \"$SVC_GREETING\" | nc -N -l {port}; done"
+    );
+    let script = format!(
+        "echo \"job sees greeting=[${{SVC_GREETING:-}}]\"; \
+         a=$(nc -N -w 5 db-a {port} </dev/null) || {{ echo first-connection-refused; exit 1; }}; \
+         echo \"via db-a: $a\"; \
+         for i in 1 2 3 4 5; do b=$(nc -N -w 5 db-b {port} </dev/null) && [ -n \"$b\" ] && break; sleep 1; done; \
+         echo \"via db-b: $b\""
+    );
+    let job = w.enqueue(w.job("slow-service", &[&script]).variable("CI_DEBUG_SERVICES", "true"), |p| {
+        p["services"] = json!([{
+            "name": service,
+            "alias": "db-a, db-b",
+            "entrypoint": ["sh", "-c"],
+            "command": [serve],
+            "variables": [{ "key": "SVC_GREETING", "value": "hello-from-service-vars" }],
+            "pull_policy": ["if-not-present"],
+        }]);
+    });
+    let record = w.finished(job, &manager).await;
+    let trace = record.trace_text();
+    assert_state(&record, JobStatus::Success, &manager);
+    assert!(trace.contains("Waiting for services to be up and running"), "{trace}");
+    assert!(!trace.contains("probably didn't start properly"), "{trace}");
+    assert!(trace.contains("via db-a: hello-from-service-vars"), "{trace}");
+    assert!(trace.contains("via db-b: hello-from-service-vars"), "{trace}");
+    assert!(trace.contains("job sees greeting=[]"), "service variables leaked into the job: {trace}");
+    let debug = trace.lines().find(|l| l.contains("[service:") && l.contains("listening-now"));
+    let debug = debug.unwrap_or_else(|| panic!("no CI_DEBUG_SERVICES line: {trace}"));
+    assert!(debug.contains("db-a-db-b"), "{debug}");
+    // GitLab sends per-service variables and several aliases only to runners that say so.
+    let asked = w.fake.requests_to("POST", "/api/v4/jobs/request");
+    let features = asked.last().and_then(|r| r.json()).map(|b| b["info"]["features"].clone()).expect("features");
+    assert_eq!((&features["service_variables"], &features["service_multiple_aliases"]), (&json!(true), &json!(true)));
+    w.assert_cleaned_up(job, &manager).await;
+}
+
+/// `docker: platform:` is honoured: the local image is for the engine's own platform, so
+/// asking for another one with `pull_policy: never` fails the job, saying why; asking for the
+/// engine's own runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_platform_is_checked_against_the_local_image() {
+    let w = world().await;
+    let image = w.docker.job_image();
+    let mut manager = w.manager("platform", "", "  allowed_pull_policies = [\"if-not-present\", \"never\"]", "");
+    manager.start();
+    let own = match std::env::consts::ARCH {
+        "aarch64" => ("linux/arm64", "linux/amd64"),
+        _ => ("linux/amd64", "linux/arm64"),
+    };
+    let with_platform = |platform: &str| {
+        let platform = platform.to_string();
+        move |p: &mut serde_json::Value| {
+            p["image"] = json!({
+                "name": image,
+                "pull_policy": ["never"],
+                "executor_opts": { "docker": { "platform": platform } },
+            });
+        }
+    };
+    let ok = w.enqueue(w.job("platform-own", &["echo own-platform-ran"]), with_platform(own.0));
+    let record = w.finished(ok, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    assert!(record.trace_text().contains("own-platform-ran"), "{}", record.trace_text());
+
+    let other = w.enqueue(w.job("platform-other", &["echo must-not-run"]), with_platform(own.1));
+    let record = w.finished(other, &manager).await;
+    let trace = record.trace_text();
+    assert_state(&record, JobStatus::Failed, &manager);
+    assert!(!trace.contains("must-not-run"), "{trace}");
+    assert!(trace.contains(&format!("not for platform {}, and pull_policy is never", own.1)), "{trace}");
+    w.assert_cleaned_up(other, &manager).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pull_policies_against_the_local_registry() {
     let w = world().await;

@@ -50,6 +50,12 @@ impl Canonical<'_> {
 
     /// The canonical request with an unsigned payload.
     pub(crate) fn request(&self) -> String {
+        self.request_with_payload("UNSIGNED-PAYLOAD")
+    }
+
+    /// The canonical request ending in `payload_hash` (hex SHA-256 of the body, or
+    /// `UNSIGNED-PAYLOAD` where S3 allows it).
+    pub(crate) fn request_with_payload(&self, payload_hash: &str) -> String {
         let mut headers: Vec<(String, String)> =
             self.headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), canonical_value(v))).collect();
         headers.push(("host".into(), self.host.to_string()));
@@ -59,7 +65,7 @@ impl Canonical<'_> {
             canonical_headers.push_str(&format!("{k}:{v}\n"));
         }
         format!(
-            "{}\n{}\n{}\n{}\n{}\nUNSIGNED-PAYLOAD",
+            "{}\n{}\n{}\n{}\n{}\n{payload_hash}",
             self.method,
             self.path,
             self.query_string(),

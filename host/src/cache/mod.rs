@@ -23,9 +23,10 @@ use base64::Engine as _;
 use chrono::{DateTime, Utc};
 
 use crate::config::cache::{CacheConfig, CacheS3Config, CacheType, S3AuthType, S3Encryption};
+pub(crate) use aws_iam::from_env as aws_env_credentials;
 pub use aws_iam::DEFAULT_METADATA_ENDPOINT;
 pub use gcs::GcsSigner;
-pub use sigv4::AwsCredentials;
+pub use sigv4::{sign_request, AwsCredentials, SignedRequest};
 
 /// Longest validity of an S3 or GCS signed URL (both providers refuse more): 7 days.
 pub const MAX_URL_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);

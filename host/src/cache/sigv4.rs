@@ -1,6 +1,8 @@
 //! Amazon S3 pre-signed URLs (AWS Signature Version 4, query-string authentication) and
 //! where they point: AWS's regional, dual-stack or accelerated endpoints, or an S3-compatible
-//! `ServerAddress`, virtual-hosted or path-style as gitlab-runner decides.
+//! `ServerAddress`, virtual-hosted or path-style as gitlab-runner decides; and the same
+//! signature as an `Authorization` header ([`sign_request`]) for the other AWS APIs the runner
+//! calls (Secrets Manager, for `crate::secrets`).
 //!
 //! Owns pure functions of the config, the credentials and `now`; must not do I/O or read the
 //! clock (the caller passes `now`).
@@ -170,10 +172,71 @@ pub(crate) fn presign_with_query(
     canonical.query = query;
     let request_hash = hex::encode(Sha256::digest(canonical.request().as_bytes()));
     let string_to_sign = format!("AWS4-HMAC-SHA256\n{timestamp}\n{scope}\n{request_hash}");
-    let key = hmac(format!("AWS4{}", creds.secret_access_key).as_bytes(), &date);
-    let key = hmac(&key, region);
-    let key = hmac(&key, "s3");
-    let key = hmac(&key, "aws4_request");
-    let signature = hex::encode(hmac(&key, &string_to_sign));
+    let signature = hex::encode(hmac(&signing_key(creds, &date, region, "s3"), &string_to_sign));
     canonical.url("X-Amz-Signature", &signature)
+}
+
+/// SigV4's derived key: `secret` → date → region → service → `aws4_request`.
+fn signing_key(creds: &AwsCredentials, date: &str, region: &str, service: &str) -> Vec<u8> {
+    let key = hmac(format!("AWS4{}", creds.secret_access_key).as_bytes(), date);
+    let key = hmac(&key, region);
+    let key = hmac(&key, service);
+    hmac(&key, "aws4_request")
+}
+
+/// One request to sign with an `Authorization` header (AWS Signature Version 4).
+pub struct SignedRequest<'a> {
+    /// `POST`, `GET`, ...
+    pub method: &'a str,
+    /// `http` or `https`.
+    pub scheme: &'a str,
+    /// The host as sent (with a non-default port).
+    pub host: &'a str,
+    /// The path as sent (already encoded).
+    pub path: &'a str,
+    /// Headers the request carries besides `host` (all signed).
+    pub headers: &'a [(String, String)],
+    /// The body.
+    pub body: &'a [u8],
+    /// The region, e.g. `eu-west-1`.
+    pub region: &'a str,
+    /// The service's signing name, e.g. `secretsmanager`.
+    pub service: &'a str,
+}
+
+/// The headers that sign `request` with `creds` at `now`: `x-amz-date`, the session token
+/// when the credentials are temporary, and `authorization` (over every header of `request`,
+/// `host` and those two). Pure: the caller sends them with the request's own headers.
+pub fn sign_request(request: &SignedRequest<'_>, creds: &AwsCredentials, now: DateTime<Utc>) -> Vec<(String, String)> {
+    let date = now.format("%Y%m%d").to_string();
+    let timestamp = now.format("%Y%m%dT%H%M%SZ").to_string();
+    let scope = format!("{date}/{}/{}/aws4_request", request.region, request.service);
+    let mut added = vec![("x-amz-date".to_string(), timestamp.clone())];
+    if let Some(token) = &creds.session_token {
+        added.push(("x-amz-security-token".to_string(), token.clone()));
+    }
+    let mut headers = request.headers.to_vec();
+    headers.extend(added.iter().cloned());
+    let canonical = Canonical {
+        method: request.method,
+        scheme: request.scheme,
+        host: request.host,
+        path: request.path,
+        query: Vec::new(),
+        headers: &headers,
+    };
+    let payload_hash = hex::encode(Sha256::digest(request.body));
+    let request_hash = hex::encode(Sha256::digest(canonical.request_with_payload(&payload_hash).as_bytes()));
+    let string_to_sign = format!("AWS4-HMAC-SHA256\n{timestamp}\n{scope}\n{request_hash}");
+    let key = signing_key(creds, &date, request.region, request.service);
+    let signature = hex::encode(hmac(&key, &string_to_sign));
+    added.push((
+        "authorization".to_string(),
+        format!(
+            "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={}, Signature={signature}",
+            creds.access_key_id,
+            canonical.signed_headers()
+        ),
+    ));
+    added
 }

@@ -232,6 +232,8 @@ pub fn features(executor: ExecutorFeatures) -> FeaturesInfo {
         variables: executor.variables,
         image: executor.image,
         services: executor.services,
+        service_variables: executor.image,
+        service_multiple_aliases: executor.image,
         shared: executor.shared,
         session: false,
         terminal: false,

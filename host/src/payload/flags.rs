@@ -68,8 +68,8 @@ pub const FLAGS: &[Flag] = &[
     flag(
         "FF_NETWORK_PER_BUILD",
         false,
-        DefaultOnly,
-        "the docker executor always uses its per-job network for services",
+        Differs,
+        "the docker executor always makes a per-job network (the flag on); `network_mode = \"bridge\"` gives the flag-off legacy links",
     ),
     flag("FF_USE_LEGACY_KUBERNETES_EXECUTION_STRATEGY", false, NotApplicable, "kubernetes executor"),
     flag("FF_USE_DIRECT_DOWNLOAD", true, Honoured, "artifacts-downloader follows object storage redirects"),

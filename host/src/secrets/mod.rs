@@ -11,6 +11,9 @@
 //! executors: the caller (`crate::job`'s resolution step) writes the trace lines, turns values
 //! into masked (file) variables and fails the job; a resolver only reads.
 
+pub mod aws;
+pub mod azure;
+pub mod gcp;
 pub mod gitlab;
 pub mod vault;
 
@@ -43,6 +46,9 @@ pub trait Resolver: Send + Sync {
 pub static RESOLVERS: &[&dyn Resolver] = &[
     &vault::VaultResolver,
     &gitlab::GitLabSecretsManagerResolver,
+    &aws::AwsSecretsManager,
+    &azure::AzureKeyVault,
+    &gcp::GcpSecretManager,
 ];
 
 /// The resolver that reads `secret`: the first of [`RESOLVERS`] that supports it; `None`

@@ -218,7 +218,7 @@ fn inline_parameter(name: &str, value: &str) -> String {
 }
 
 /// An error with its causes (`error sending request: connection refused`).
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

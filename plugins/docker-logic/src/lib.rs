@@ -1,7 +1,7 @@
 //! The docker executor's pure logic, kept apart from the WebAssembly glue so it is tested
 //! natively (`cargo test -p docker-logic`): `[runners.docker]` parsing, pull policies and
 //! allow-lists, image references and service aliases, registry credentials, volumes, names and
-//! labels, Engine API request bodies, the script archive and the saved state. Nothing here
+//! labels, image platforms, Engine API request bodies, the script archive and the saved state. Nothing here
 //! talks to an engine, the host or the job log.
 
 #![deny(missing_docs)]
@@ -11,6 +11,7 @@ pub mod auth;
 pub mod config;
 pub mod mounts;
 pub mod names;
+pub mod platform;
 pub mod policy;
 pub mod reference;
 pub mod spec;

@@ -59,6 +59,9 @@ pub struct State {
     /// The job's service containers.
     #[serde(default)]
     pub services: Vec<ServiceState>,
+    /// `CI_DEBUG_SERVICES` (or `CI_DEBUG_TRACE`): services' output goes into the job log.
+    #[serde(default)]
+    pub debug_services: bool,
 }
 
 impl State {

@@ -101,6 +101,18 @@ impl Api {
         self.engine.pull(reference, auth)
     }
 
+    /// `POST path` without a body; the answer's raw body.
+    pub fn post_raw(&self, path: &str) -> Result<Vec<u8>, DockerError> {
+        Ok(self.engine.request("POST", path, None)?.body)
+    }
+
+    /// Every line a container wrote so far (stdout and stderr, with timestamps), as text.
+    pub fn logs_all(&self, id: &str) -> Result<String, DockerError> {
+        let path = format!("/containers/{id}/logs?stdout=1&stderr=1&timestamps=1");
+        let response = self.engine.request("GET", &path, None)?;
+        Ok(docker_logic::archive::demux_logs(&response.body))
+    }
+
     /// `GET /containers/{name}/json`; `None` when there is no such container.
     pub fn inspect_container(&self, name: &str) -> Result<Option<Value>, DockerError> {
         self.optional(&format!("/containers/{name}/json"))

@@ -32,6 +32,7 @@ pub fn run(env: &DockerEnv, stage: &StageScript) -> Result<i32, ExecutorError> {
     };
     let result = follow_and_wait(env, &id);
     env.finished.borrow_mut().push(name.clone());
+    crate::services::debug_logs(env);
     match result {
         Ok(code) => {
             if let Err(e) = env.api.remove_container(&id) {

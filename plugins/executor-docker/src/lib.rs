@@ -3,7 +3,7 @@
 //! Engine (or Podman's Docker-compatible API), reached through the host's `docker` capability
 //! (the host carries the Engine API and streams container output into the job log).
 //!
-//! `prepare` pulls the job's image, picks the helper image, creates the job's network
+//! `prepare` pulls the job's image (for its `docker: platform:`), picks the helper image, creates the job's network
 //! (`runway-job-<id>-<suffix>`, unless `network_mode` is set), its build volume and cache
 //! volumes, and starts and waits for the services. `run` creates one container per stage
 //! (predefined stages in the helper image, user stages in the job's image), uploads the
@@ -45,6 +45,8 @@ pub struct DockerEnv {
     /// Stage containers this instance ran to the end: one still found under such a name (its
     /// removal failed) is stale, not a stage to reattach to.
     finished: RefCell<Vec<String>>,
+    /// Lines of each service's output already copied into the job log (`CI_DEBUG_SERVICES`).
+    service_lines: RefCell<Vec<usize>>,
 }
 
 fn parse_config(json: &str) -> Result<config::Parsed, ExecutorError> {
@@ -109,12 +111,6 @@ impl Executor for Docker {
         let ctx = JobContext::load(&job);
         let image = resolve_image(&config, &ctx)?;
         trace::write_str(&format!("Using Docker executor with image {} ...\n", image.name));
-        if !image.platform.is_empty() {
-            images::warn(&format!(
-                "docker: platform: {} is not supported yet; using the engine's platform",
-                image.platform
-            ));
-        }
         let api = Api::connect(&config.host, config.tls_verify, &config.tls_cert_path)
             .map_err(|e| executor_error(e, "connecting to the Docker engine"))?;
         let suffix = names::suffix(std::collections::hash_map::RandomState::new().hash_one(job.id));
@@ -128,9 +124,11 @@ impl Executor for Docker {
             // Cleanup removes it by name too, even when `volumes` mounts the builds directory.
             build_volume: names::build_volume(&prefix),
             builds_dir: job.builds_dir.clone(),
+            debug_services: ctx.debug_services(),
             ..Default::default()
         };
-        let mut env = DockerEnv { api, config, state, prefix, finished: RefCell::default() };
+        let mut env =
+            DockerEnv { api, config, state, prefix, finished: RefCell::default(), service_lines: RefCell::default() };
         match env.setup(&job, &ctx, &image) {
             Ok(()) => Ok(env),
             Err(e) => {
@@ -147,7 +145,7 @@ impl Executor for Docker {
         let api = Api::connect(&state.host, state.tls_verify, &state.tls_cert_path)
             .map_err(|e| executor_error(e, "connecting to the Docker engine"))?;
         let prefix = names::job_prefix(state.job_id, &state.suffix);
-        Ok(DockerEnv { api, config, state, prefix, finished: RefCell::default() })
+        Ok(DockerEnv { api, config, state, prefix, finished: RefCell::default(), service_lines: RefCell::default() })
     }
 }
 
@@ -159,7 +157,8 @@ impl DockerEnv {
         ctx: &JobContext,
         image: &runway_sdk::job::ImageDetails,
     ) -> Result<(), ExecutorError> {
-        self.state.image = images::ensure(&self.api, ctx, &self.config, &image.name, &image.pull_policies)?;
+        self.state.image =
+            images::ensure(&self.api, ctx, &self.config, &image.name, &image.pull_policies, &image.platform)?;
         if !image.entrypoint.is_empty() && self.config.disable_entrypoint_overwrite {
             images::warn("Entrypoint override disabled");
         } else if !image.entrypoint.is_empty() {
@@ -192,7 +191,7 @@ impl DockerEnv {
         }
         let name = ctx.expand(&self.config.helper_image);
         trace::write_str(&format!("Using helper image {name} (overridden) ...\n"));
-        images::ensure_with(&self.api, ctx, &name, &[PullPolicy::IfNotPresent])
+        images::ensure_with(&self.api, ctx, &name, &[PullPolicy::IfNotPresent], None)
     }
 
     /// The build volume, cache volumes and `volumes` binds of the job's containers.

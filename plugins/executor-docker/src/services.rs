@@ -2,7 +2,9 @@
 //! their host names (explicit aliases and GitLab's derived ones), started, then waited for: a
 //! health-check container in the helper image per service tries its exposed TCP ports until
 //! one answers or `wait_for_services_timeout` passes, and a service that does not answer gets
-//! GitLab's warning block in the job log (the job goes on).
+//! GitLab's warning block in the job log (the job goes on). With `CI_DEBUG_SERVICES`, the
+//! services' output is copied into the job log, each line prefixed `[service:<aliases>]`, after
+//! they start and after every stage (the plugin cannot follow them while a stage runs).
 
 use docker_logic::names;
 use docker_logic::policy::check_allowed;
@@ -19,6 +21,7 @@ use crate::job::JobContext;
 use crate::DockerEnv;
 
 const YELLOW: &str = "\x1b[0;33m";
+const GREY: &str = "\x1b[0;37m";
 const RESET: &str = "\x1b[0;m";
 /// Lines of a service's output shown when it did not start properly.
 const LOG_TAIL_LINES: u32 = 100;
@@ -32,6 +35,7 @@ struct Definition {
     variables: Vec<(String, String)>,
     pull_policies: Vec<String>,
     user: String,
+    platform: String,
 }
 
 /// The config's services, then the job's (checked against `allowed_services`).
@@ -49,6 +53,7 @@ fn definitions(env: &DockerEnv, ctx: &JobContext) -> Result<Vec<Definition>, Exe
             variables: s.variables.clone(),
             pull_policies: Vec::new(),
             user: String::new(),
+            platform: String::new(),
         });
     }
     for s in &ctx.services {
@@ -63,6 +68,7 @@ fn definitions(env: &DockerEnv, ctx: &JobContext) -> Result<Vec<Definition>, Exe
             variables: s.variables.iter().map(|v| (v.key.clone(), v.value.clone())).collect(),
             pull_policies: s.pull_policies.clone(),
             user: s.user.clone(),
+            platform: s.platform.clone(),
         });
     }
     Ok(out)
@@ -84,7 +90,7 @@ pub fn start(env: &mut DockerEnv, ctx: &JobContext) -> Result<(), ExecutorError>
     }
     for ((index, def), mine) in definitions.iter().enumerate().zip(aliases) {
         trace::write_str(&format!("Starting service {} ...\n", def.image));
-        let image = images::ensure(&env.api, ctx, &env.config, &def.image, &def.pull_policies)?;
+        let image = images::ensure(&env.api, ctx, &env.config, &def.image, &def.pull_policies, &def.platform)?;
         let name = names::service_container(&env.prefix, index, mine.first().map_or("", String::as_str));
         let mut environment = ctx.service_environment();
         environment.extend(def.variables.iter().map(|(k, v)| format!("{k}={v}")));
@@ -116,7 +122,37 @@ pub fn start(env: &mut DockerEnv, ctx: &JobContext) -> Result<(), ExecutorError>
             env.state.links.extend(mine.iter().map(|alias| format!("{name}:{alias}")));
         }
     }
-    wait(env)
+    let waited = wait(env);
+    debug_logs(env);
+    waited
+}
+
+/// With `CI_DEBUG_SERVICES`: each service's output since the last copy, into the job log,
+/// each line prefixed as gitlab-runner does (`[service:<aliases joined by ->] `, in grey).
+pub fn debug_logs(env: &DockerEnv) {
+    if !env.state.debug_services {
+        return;
+    }
+    let mut copied = env.service_lines.borrow_mut();
+    copied.resize(env.state.services.len(), 0);
+    for (service, done) in env.state.services.iter().zip(copied.iter_mut()) {
+        let logs = match env.api.logs_all(&service.container) {
+            Ok(logs) => logs,
+            Err(e) => {
+                images::warn(&format!("reading the output of service {}: {}", service.container, message(&e)));
+                continue;
+            }
+        };
+        let name = service.aliases.join("-");
+        let mut block = String::new();
+        for line in logs.lines().skip(*done) {
+            block.push_str(&format!("{GREY}[service:{name}] {line}{RESET}\n"));
+            *done += 1;
+        }
+        if !block.is_empty() {
+            trace::write_str(&block);
+        }
+    }
 }
 
 /// Wait for every service with exposed TCP ports, all at once, up to the timeout.
