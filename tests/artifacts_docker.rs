@@ -452,7 +452,7 @@ executor = "shell"
     std::fs::write(dir.join("config.toml"), config).expect("config");
     let mut process = RunwayProcess::new(dir).env_remove("DOCKER_HOST").quit_on_drop();
     process.start();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
     let (mut d, mut s) = (serde_json::Value::Null, serde_json::Value::Null);
     while std::time::Instant::now() < deadline && (d.is_null() || s.is_null()) {
         tokio::time::sleep(Duration::from_millis(250)).await;
