@@ -287,9 +287,15 @@ async fn artifacts_and_caches(w: &World, manager: &RunwayProcess) {
     let fallback = w.run(manager, spec("fallback", &["cat vendor/lib.txt"]).cache(entry)).await;
     succeeded(&fallback, manager);
     let trace = fallback.trace_text();
-    assert!(trace.contains("Checking cache for deps-main") && trace.contains("Successfully extracted cache"), "{trace}");
+    assert!(
+        trace.contains("Checking cache for deps-main") && trace.contains("Successfully extracted cache"),
+        "{trace}"
+    );
     let global = w
-        .run(manager, spec("global", &["cat vendor/lib.txt"]).cache(cache("other")).variable("CACHE_FALLBACK_KEY", "deps-main"))
+        .run(
+            manager,
+            spec("global", &["cat vendor/lib.txt"]).cache(cache("other")).variable("CACHE_FALLBACK_KEY", "deps-main"),
+        )
         .await;
     succeeded(&global, manager);
 
@@ -362,9 +368,8 @@ async fn s3_shared_by_two_runners(second: &Where<'_>) {
     let cache = s3_cache(&moto, "docker-cache").await;
     let entry = json!({"key": "shared", "paths": ["vendor/"]});
     let first = w.manager("first", &Where::Docker, "", &cache);
-    let saved = w
-        .run(&first, spec("save", &["mkdir -p vendor", "echo from-s3 > vendor/lib.txt"]).cache(entry.clone()))
-        .await;
+    let saved =
+        w.run(&first, spec("save", &["mkdir -p vendor", "echo from-s3 > vendor/lib.txt"]).cache(entry.clone())).await;
     succeeded(&saved, &first);
     drop(first);
     let listing = reqwest::get(format!("{}/docker-cache?list-type=2", moto.url()))
@@ -460,9 +465,14 @@ executor = "shell"
         s = requested_features(&w.fake, &shell.token);
     }
     assert!(!d.is_null() && !s.is_null(), "no job requests of both runners; log:\n{}", process.log());
-    for feature in
-        ["artifacts", "upload_multiple_artifacts", "upload_raw_artifacts", "artifacts_exclude", "fallback_cache_keys", "cache"]
-    {
+    for feature in [
+        "artifacts",
+        "upload_multiple_artifacts",
+        "upload_raw_artifacts",
+        "artifacts_exclude",
+        "fallback_cache_keys",
+        "cache",
+    ] {
         assert_eq!(d[feature], json!(true), "docker: {feature} in {d}");
         assert_eq!(s[feature], json!(true), "shell: {feature} in {s}");
     }

@@ -14,7 +14,7 @@
 // criterion_group! generates undocumented public functions.
 #![allow(missing_docs)]
 
-use std::io::{Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -28,7 +28,7 @@ use runway::archive::{self, Format, Level, Selection};
 
 #[path = "support/tree.rs"]
 mod tree;
-use tree::generate;
+use tree::{generate, FILES};
 
 /// The upload step: `file` as the `file` part of a multipart POST to `url`, streamed.
 async fn upload(client: &reqwest::Client, url: &str, mut file: std::fs::File, name: &str) {

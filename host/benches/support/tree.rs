@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::Path;
 
-const FILES: usize = 2_000;
+pub(crate) const FILES: usize = 2_000;
 const FILE_SIZE: usize = 100 * 1024;
 const DIRS: usize = 20;
 
@@ -68,4 +68,3 @@ pub(crate) fn generate(root: &Path) -> u64 {
     }
     total
 }
-
