@@ -90,13 +90,25 @@ struct Layout {
     builds_dir: PathBuf,
     project_dir: PathBuf,
     cache_dir: PathBuf,
+    /// Where the job sees the kept artifacts (`<project>/.runway/artifacts` here).
+    artifacts_dir: PathBuf,
 }
+
+/// Where a docker job's helper container sees the project's kept artifacts (bind-mounted).
+const CONTAINER_ARTIFACTS_DIR: &str = "/runway-artifacts";
 
 impl Layout {
     /// The shell executor works in the project (or its `--isolate` copy) itself; the docker
     /// executor bind-mounts it at `/builds/<name>` in the job's containers, pulls only images
     /// the engine lacks (`if-not-present`) and keeps caches in its cache volume. Either way the user's environment is already loaded: no login shell.
-    fn new(args: &ExecArgs, executor: &str, runner: Option<&RunnerConfig>, run_dir: &Path) -> Layout {
+    /// The kept artifacts (`artifacts_root`) are bind-mounted into the containers too.
+    fn new(
+        args: &ExecArgs,
+        executor: &str,
+        runner: Option<&RunnerConfig>,
+        run_dir: &Path,
+        artifacts_root: &Path,
+    ) -> Layout {
         // The runner's own section of `--config` (its docker keys), when it is this executor's.
         let configured = runner
             .filter(|r| r.executor_plugin() == executor)
@@ -108,10 +120,14 @@ impl Layout {
             let project_dir = PathBuf::from("/builds").join(&name);
             // Local images are the point of a local run: pull only what is missing.
             let mut config = configured.unwrap_or_else(|| serde_json::json!({ "pull_policy": ["if-not-present"] }));
-            let bind = serde_json::Value::String(format!("{}:{}", run_dir.display(), project_dir.display()));
+            let binds = [
+                format!("{}:{}", run_dir.display(), project_dir.display()),
+                format!("{}:{CONTAINER_ARTIFACTS_DIR}", artifacts_root.display()),
+            ]
+            .map(serde_json::Value::String);
             match config.get_mut("volumes").and_then(serde_json::Value::as_array_mut) {
-                Some(volumes) => volumes.push(bind),
-                None => config["volumes"] = serde_json::Value::Array(vec![bind]),
+                Some(volumes) => volumes.extend(binds),
+                None => config["volumes"] = serde_json::Value::Array(binds.to_vec()),
             }
             if let Some(image) = &args.docker_image {
                 config["image"] = serde_json::Value::String(image.clone());
@@ -121,6 +137,7 @@ impl Layout {
                 builds_dir: PathBuf::from("/builds"),
                 project_dir,
                 cache_dir: PathBuf::from("/cache"),
+                artifacts_dir: PathBuf::from(CONTAINER_ARTIFACTS_DIR),
             };
         }
         let config = match configured {
@@ -133,6 +150,7 @@ impl Layout {
             builds_dir: run_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| run_dir.to_path_buf()),
             project_dir: run_dir.to_path_buf(),
             cache_dir: run_dir.join(".runway-cache"),
+            artifacts_dir: artifacts_root.to_path_buf(),
         }
     }
 }
@@ -220,7 +238,13 @@ pub(super) async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result
         None
     };
     let run_dir = scratch.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| project_dir.clone());
-    let layout = Layout::new(&args, &executor_name, runner, &run_dir);
+    // Artifacts of local runs stay in the project, one directory per job, for dependants.
+    let artifacts_root = project_dir.join(".runway").join("artifacts");
+    if executor_name == "docker" {
+        // Bind-mounted into the containers: it must exist (and be the user's, not the engine's).
+        std::fs::create_dir_all(&artifacts_root).map_err(|e| anyhow::anyhow!("{}: {e}", artifacts_root.display()))?;
+    }
+    let layout = Layout::new(&args, &executor_name, runner, &run_dir, &artifacts_root);
     let executor = ResolvedExecutor::resolve(&plugins, &executor_name, &layout.executor_config)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -238,8 +262,6 @@ pub(super) async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result
             }
         });
     }
-    // Artifacts of local runs stay in the project, one directory per job, for dependants.
-    let artifacts_root = project_dir.join(".runway").join("artifacts");
     let runner_command = super::setup::helper_command(&executor);
     // The fleet's distributed cache, under the runner's own object names.
     let (short_token, cache_signer) = match runner {
@@ -268,7 +290,7 @@ pub(super) async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result
             project_dir_override: Some(layout.project_dir.clone()),
             shared_environment: true,
             runner_command: runner_command.clone(),
-            local_artifacts_dir: Some(artifacts_root.clone()),
+            local_artifacts_dir: Some(layout.artifacts_dir.clone()),
             cache_signer: cache_signer.clone(),
             ..ScriptSettings::default()
         };

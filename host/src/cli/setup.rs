@@ -128,11 +128,16 @@ pub(crate) async fn runner_cache(
 }
 
 /// The helper command of jobs of `executor`: this very binary for executors that run the
-/// stages on this machine or on fleet instances (copied there when a job needs it); none for
-/// executors that run them in containers, whose images do not carry it yet.
+/// stages on this machine or on fleet instances (copied there when a job needs it); its copy
+/// in Runway's helper image for the docker plugin's helper containers; none for other
+/// executors running jobs in images.
 pub(crate) fn helper_command(executor: &ResolvedExecutor) -> Option<String> {
-    if executor.features().image {
+    let features = executor.features();
+    if !features.helper {
         return None;
+    }
+    if features.image {
+        return Some(crate::connector::rootfs::HELPER_BINARY.to_string());
     }
     std::env::current_exe().ok().map(|p| p.display().to_string())
 }

@@ -184,6 +184,18 @@ impl RootfsBuilder {
         Ok(self)
     }
 
+    /// Add the file `source` of this machine at `path` (absolute) in the image, with its mode
+    /// and (an ELF file) its libraries, replacing what was there.
+    pub fn host_file(&mut self, path: &str, source: &Path) -> Result<&mut Self, RootfsError> {
+        let path = image_path(path)?;
+        let meta = std::fs::metadata(source).map_err(io_err(source))?;
+        self.ensure_parents(&path);
+        let mode = meta.permissions().mode() & 0o1777;
+        self.entries.insert(path, Entry::HostFile { source: source.to_path_buf(), mode, inode: None });
+        self.add_libraries_of(source)?;
+        Ok(self)
+    }
+
     /// Add a file with `data` at `path` (absolute) in the image, replacing what was there.
     pub fn file(&mut self, path: &str, data: impl Into<Vec<u8>>, mode: u32) -> Result<&mut Self, RootfsError> {
         let path = image_path(path)?;
@@ -669,6 +681,10 @@ const HELPER_DIRS: &[&str] = &["/etc/ssl/certs"];
 /// The helper image's repository name.
 pub const HELPER_REPOSITORY: &str = "runway-helper";
 
+/// Where the helper image carries the runner's own binary: the predefined stages in the
+/// helper container call it as gitlab-runner's helper (`artifacts-uploader`, `cache-archiver`, …).
+pub const HELPER_BINARY: &str = "/usr/local/bin/runway";
+
 /// Runway's helper image: its root filesystem and the reference to import it as.
 #[derive(Debug, Clone)]
 pub struct HelperRootfs {
@@ -680,11 +696,14 @@ pub struct HelperRootfs {
 
 /// The helper image from this machine's files: bash, sh, git (with its helpers and templates),
 /// git-lfs when installed, tar, gzip, find, sed, grep, the coreutils the generated scripts use,
-/// and the CA certificates, each with its libraries. Reads tens of megabytes: call it once
-/// and keep the result, from a blocking task.
+/// the CA certificates, and the running executable itself at [`HELPER_BINARY`], each with its
+/// libraries (so the image's tag changes with the binary). Reads tens of megabytes: call it
+/// once and keep the result, from a blocking task.
 pub fn helper_rootfs() -> Result<HelperRootfs, RootfsError> {
+    let exe = std::env::current_exe().map_err(io_err(Path::new("/proc/self/exe")))?;
     let mut builder = RootfsBuilder::new();
     builder.base_system()?;
+    builder.host_file(HELPER_BINARY, &exe)?;
     for program in HELPER_PROGRAMS {
         builder.program(program)?;
     }

@@ -92,6 +92,10 @@ impl ResolvedExecutor {
             image: has(Features::IMAGE),
             services: has(Features::SERVICES),
             shared: has(Features::SHARED),
+            // The built-in docker plugin (`docker`, `docker-autoscaler`) runs the predefined
+            // stages in Runway's helper image, which carries the runner's binary; any other
+            // executor running jobs in images has no helper there.
+            helper: !has(Features::IMAGE) || self.info.name == "docker",
         }
     }
 }
@@ -107,6 +111,9 @@ pub struct ExecutorFeatures {
     pub services: bool,
     /// Jobs share one machine (builds directories are namespaced).
     pub shared: bool,
+    /// The job environment has Runway's helper (the cache and artifacts commands): this
+    /// machine, a fleet instance it is copied to, or the docker plugin's helper image.
+    pub helper: bool,
 }
 
 fn resolve_dir(dir: &str, base: &Path) -> PathBuf {

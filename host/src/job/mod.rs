@@ -310,7 +310,10 @@ async fn run_to_end(
         // there: plan on the instance.
         (_, Some(instance)) => {
             let mut settings = on_instance(&env.settings, instance);
-            settings.runner_command = helper_on_instance(job, &settings, instance, &*trace).await;
+            // Image executors run the helper in their helper image, not on the instance.
+            if !env.executor.features().image {
+                settings.runner_command = helper_on_instance(job, &settings, instance, &*trace).await;
+            }
             plan_job(job, &settings, &*trace)
         }
         (Some(plan), None) => Ok(plan),

@@ -218,11 +218,11 @@ impl Runner {
 }
 
 /// The features Runway's job path really supports, for `info.features` (§1.6). Artifacts
-/// and caches move through the helper in the job environment, which executors running jobs
-/// in containers do not have yet: GitLab then refuses jobs that need them instead of the
-/// runner dropping them silently.
+/// and caches move through the helper in the job environment; an executor without one (an
+/// image executor other than the docker plugin) does not advertise them, so GitLab refuses
+/// jobs that need them instead of the runner dropping them silently.
 pub fn features(executor: ExecutorFeatures) -> FeaturesInfo {
-    let helper = !executor.image;
+    let helper = executor.helper;
     FeaturesInfo {
         artifacts: helper,
         upload_multiple_artifacts: helper,
