@@ -30,7 +30,7 @@ pub type Resolved<'a> = Pin<Box<dyn Future<Output = Result<String, SecretError>>
 pub trait Resolver: Send + Sync {
     /// gitlab-runner's name of the resolver, as the job log names it (`vault`,
     /// `gitlab_secrets_manager`, `aws_secrets_manager`, `gcp_secret_manager`,
-    /// `azure_key_vault`).
+    /// `azure-key-vault` — gitlab-runner spells that one with dashes).
     fn name(&self) -> &'static str;
 
     /// Whether `secret` is read from this store (its key is set).
