@@ -297,7 +297,8 @@ async fn tokens_rotate_before_they_expire_and_config_toml_keeps_its_comments() {
     };
     assert_eq!(strip(&after), strip(&before));
 
-    // log_format = "json": every line of the log is a JSON object; the rotation is one of them.
+    // log_format = "json": every line of the log is a JSON object as logrus writes it
+    // (gitlab-runner's `msg`, lower-case `level`, `time`); the rotation is one of them.
     let log = process.log();
     let lines: Vec<serde_json::Value> = log
         .lines()
@@ -305,9 +306,7 @@ async fn tokens_rotate_before_they_expire_and_config_toml_keeps_its_comments() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect();
     assert!(
-        lines
-            .iter()
-            .any(|l| l["message"].as_str().is_some_and(|m| m.contains("token rotated")) && l["level"] == "INFO"),
+        lines.iter().any(|l| l["msg"].as_str().is_some_and(|m| m.contains("token rotated")) && l["level"] == "info"),
         "{log}"
     );
 }

@@ -3,6 +3,7 @@
 //! into the library; what every verb builds from config.toml is `setup`'s.
 
 mod exec;
+mod logrus;
 mod plugins;
 mod rotation;
 mod router;
@@ -158,7 +159,7 @@ where
     use tracing_subscriber::Layer as _;
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     match format {
-        "json" => layer.json().flatten_event(true).boxed(),
+        "json" => layer.event_format(logrus::LogrusJson).boxed(),
         "text" => layer.with_ansi(false).boxed(),
         _ => layer.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).boxed(),
     }
