@@ -10,31 +10,24 @@
 // criterion_group! generates undocumented public functions.
 #![allow(missing_docs)]
 
+#[path = "support/docker_runner.rs"]
+mod docker_runner;
 #[path = "../../tests/support/dockerd.rs"]
 mod dockerd;
 #[path = "support/runway_guard.rs"]
 mod runway_guard;
 
-use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use fake_gitlab::{FakeGitLab, JobSpec};
-use runway_guard::RunwayProcess;
-
-const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
+use docker_runner::{median, DockerRunner};
+use fake_gitlab::JobSpec;
 
 /// Wall times of each side, for the ratio printed at the end.
 static JOB_TIMES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
 static RUN_TIMES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
 static HELPER_RUN_TIMES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
-
-fn median(times: &Mutex<Vec<Duration>>) -> Duration {
-    let mut v = times.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
-}
 
 /// The images of the containers the engine started for `job` between `since` and now (Unix
 /// seconds), one entry per start.
@@ -63,67 +56,15 @@ fn benches(c: &mut Criterion) {
     let docker = dockerd::shared();
     let image = docker.job_image();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let fake = rt.block_on(FakeGitLab::start_with(fake_gitlab::Config {
-        long_poll: Duration::from_secs(5),
-        trace_update_interval: 3,
-    }));
-    fake.set_next_job_id(900_000);
-    let runner = fake.create_runner("bench");
-    fake.create_repo("group/project");
-    fake.commit_files("group/project", "main", &[("README.md", "x\n")], "init");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"concurrent = 1
-check_interval = 1
-
-[plugins.docker]
-allow_docker = ["{host}"]
-
-[[runners]]
-name = "bench"
-url = "{url}"
-token = "{token}"
-executor = "docker"
-  [runners.docker]
-  host = "{host}"
-  image = "{image}"
-  pull_policy = ["if-not-present"]
-"#,
-            host = docker.host(),
-            url = fake.url(),
-            token = runner.token,
-        ),
-    )
-    .expect("config");
-    let log = std::fs::File::create(dir.path().join("runway.log")).expect("log");
-    let _runway = RunwayProcess(
-        Command::new(RUNWAY)
-            .arg("-c")
-            .arg(&config)
-            .arg("run")
-            .current_dir(dir.path())
-            .env("XDG_CACHE_HOME", dir.path().join("cache"))
-            .env_remove("DOCKER_HOST")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("runway run"),
-    );
+    let runner = DockerRunner::start(&rt, docker, 900_000, "");
+    let fake = &runner.fake;
     let run_job = || {
         let spec = JobSpec::new("group/project", "bench", &["true"]).variable("GIT_STRATEGY", "none");
         let started = Instant::now();
         let job = fake.enqueue(fake.job_payload(&spec));
         let record = rt.block_on(fake.wait_for_job_state(job, |j| j.final_state.is_some(), Duration::from_secs(300)));
         let elapsed = started.elapsed();
-        let record = record.unwrap_or_else(|| {
-            panic!(
-                "job {job} did not finish; runway log:\n{}",
-                std::fs::read_to_string(dir.path().join("runway.log")).unwrap_or_default()
-            )
-        });
+        let record = record.unwrap_or_else(|| panic!("job {job} did not finish; runway log:\n{}", runner.log()));
         assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
         (job, elapsed)
     };

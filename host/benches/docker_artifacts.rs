@@ -19,6 +19,8 @@
 // criterion_group! generates undocumented public functions.
 #![allow(missing_docs)]
 
+#[path = "support/docker_runner.rs"]
+mod docker_runner;
 #[path = "../../tests/support/dockerd.rs"]
 mod dockerd;
 #[path = "support/runway_guard.rs"]
@@ -26,30 +28,21 @@ mod runway_guard;
 #[path = "support/tree.rs"]
 mod tree;
 
-use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use fake_gitlab::{FakeGitLab, JobSpec};
-use runway_guard::RunwayProcess;
+use docker_runner::{median, DockerRunner};
+use fake_gitlab::JobSpec;
 
-const RUNWAY: &str = env!("CARGO_BIN_EXE_runway");
 /// The baseline's image: bash, coreutils, zip and curl of this machine.
 const ZIP_IMAGE: &str = "runway-bench/zip-curl:1";
 
 static JOB_TIMES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
 static HAND_TIMES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
 
-fn median(times: &Mutex<Vec<Duration>>) -> Duration {
-    let mut v = times.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
-}
-
 fn benches(c: &mut Criterion) {
     let docker = dockerd::shared();
-    let image = docker.job_image();
     docker.ensure_image(ZIP_IMAGE, || {
         (dockerd::job_rootfs("zip", &["cp", "rm", "mkdir", "zip", "curl", "cat"]), Vec::new())
     });
@@ -58,59 +51,14 @@ fn benches(c: &mut Criterion) {
     println!("tree: {total} bytes in {}", data.path().display());
 
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let fake = rt.block_on(FakeGitLab::start_with(fake_gitlab::Config {
-        long_poll: Duration::from_secs(5),
-        trace_update_interval: 3,
-    }));
-    fake.set_next_job_id(950_000);
-    let runner = fake.create_runner("bench");
-    let by_hand = fake.create_runner("by hand");
-    fake.create_repo("group/project");
-    fake.commit_files("group/project", "main", &[("README.md", "x\n")], "init");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"concurrent = 1
-check_interval = 1
-
-[plugins.docker]
-allow_docker = ["{host}"]
-
-[[runners]]
-name = "bench"
-url = "{url}"
-token = "{token}"
-executor = "docker"
-  [runners.docker]
-  host = "{host}"
-  image = "{image}"
-  pull_policy = ["if-not-present"]
-  network_mode = "host"
-  volumes = ["{data}:/src:ro"]
-"#,
-            host = docker.host(),
-            url = fake.url(),
-            token = runner.token,
-            data = data.path().display(),
-        ),
-    )
-    .expect("config");
-    let log = std::fs::File::create(dir.path().join("runway.log")).expect("log");
-    let runway = RunwayProcess(
-        Command::new(RUNWAY)
-            .arg("-c")
-            .arg(&config)
-            .arg("run")
-            .current_dir(dir.path())
-            .env("XDG_CACHE_HOME", dir.path().join("cache"))
-            .env_remove("DOCKER_HOST")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("runway run"),
+    let bench_runner = DockerRunner::start(
+        &rt,
+        docker,
+        950_000,
+        &format!("  network_mode = \"host\"\n  volumes = [\"{}:/src:ro\"]", data.path().display()),
     );
+    let fake = &bench_runner.fake;
+    let by_hand = fake.create_runner("by hand");
     let run_job = || {
         let spec = JobSpec::new("group/project", "bench", &["cp -r /src/data data"])
             .variable("GIT_STRATEGY", "none")
@@ -120,12 +68,7 @@ executor = "docker"
         let job = fake.enqueue(fake.job_payload(&spec));
         let record = rt.block_on(fake.wait_for_job_state(job, |j| j.final_state.is_some(), Duration::from_secs(600)));
         let elapsed = started.elapsed();
-        let record = record.unwrap_or_else(|| {
-            panic!(
-                "job {job} did not finish; runway log:\n{}",
-                std::fs::read_to_string(dir.path().join("runway.log")).unwrap_or_default()
-            )
-        });
+        let record = record.unwrap_or_else(|| panic!("job {job} did not finish; runway log:\n{}", bench_runner.log()));
         assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
         assert_eq!(fake.artifacts(job).len(), 1, "{}", record.trace_text());
         elapsed
@@ -147,7 +90,7 @@ executor = "docker"
         })
     });
     // The bench takes the baseline's jobs itself: the runner must not poll any more.
-    drop(runway);
+    drop(bench_runner.process);
 
     let client = reqwest::Client::new();
     let pick_job = || {
