@@ -122,7 +122,22 @@ async fn register_run_signals_metrics_unregister() {
     assert!(metrics.contains("failure_reason=\"script_failure\""), "{metrics}");
     let ready = reqwest::get(format!("http://127.0.0.1:{port}/health/ready")).await.expect("ready");
     assert_eq!(ready.status(), 200);
+    assert!(metrics.contains("gitlab_runner_process_state_info{state=\"running\"} 1\n"), "{metrics}");
+    assert_eq!(scrape(port, "/debug/process/state").await, "running\n");
     signal(&child, libc::SIGQUIT);
+    // gitlab-runner's process state while the running job drains.
+    let mut state = String::new();
+    for _ in 0..50 {
+        state = scrape(port, "/debug/process/state").await;
+        if state != "running\n" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, "graceful-shutdown\n");
+    assert!(scrape(port, "/metrics")
+        .await
+        .contains("gitlab_runner_process_state_info{state=\"graceful-shutdown\"} 1\n"));
     let status = wait_exit(&mut child).await;
     assert!(status.success(), "exit status {status:?}");
     let record = fake.job(job).expect("job");

@@ -248,6 +248,12 @@ async fn scales_from_zero_runs_jobs_on_instances_and_scales_down_when_idle() {
         0.0,
         "nothing before jobs arrive"
     );
+    // gitlab-runner's const labels on the fleeting families, and the configured limits.
+    assert_eq!(
+        fleet.metric("fleeting_provisioner_max_instances", &["runner_name=\"fleet\"", "system_id=\""]).await,
+        3.0
+    );
+    assert_eq!(fleet.metric("fleeting_taskscaler_max_tasks_per_instance", &["runner_name=\"fleet\""]).await, 1.0);
 
     // Three jobs that overlap in time need three instances.
     let jobs: Vec<i64> = (0..3)

@@ -55,6 +55,7 @@ impl Fleets {
             if running != autoscaler {
                 tracing::warn!(runner = %runner.name, "changes to [runners.autoscaler] take effect after a restart");
             }
+            fleet.set_runner_name(&runner.name);
             return Ok(fleet.clone());
         }
         let storage = &autoscaler.state_storage;
@@ -62,6 +63,7 @@ impl Fleets {
         let fleet = Fleet::start(plugins, short, autoscaler, runner.machine.as_ref(), runner.limit, state, system_id)
             .await
             .map_err(|e| anyhow::anyhow!("{}: runner {:?}: {e}", loaded.path.display(), runner.name))?;
+        fleet.set_runner_name(&runner.name);
         self.by_runner.insert(key, (autoscaler.clone(), fleet.clone()));
         Ok(fleet)
     }
@@ -134,6 +136,10 @@ pub(super) async fn runner_settings(
     let cwd = std::env::current_dir().context("reading the working directory")?;
     let mut out = Vec::new();
     for (i, runner) in loaded.config.runners.iter().enumerate() {
+        if let Some(why) = &runner.unusable {
+            tracing::error!(runner = %runner.name, "{why}: this runner is left out; the others serve");
+            continue;
+        }
         let short = config::short_token(&runner.resolved_token());
         let fleet = match runner.autoscaler {
             Some(_) => Some(fleets.get_or_start(loaded, plugins, runner, &short, system_id).await?),
@@ -461,6 +467,7 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
         reload_tx.clone(),
         shutdown.clone(),
     ));
+    metrics.follow_shutdown(&shutdown);
     metrics.set_ready(true);
     loop {
         tokio::select! {

@@ -359,8 +359,15 @@ pub(crate) async fn lint(path: &Path) -> anyhow::Result<ExitCode> {
     // What `run` says when it starts each runner: its executor plugin exists and takes its
     // section (the plugin logs the keys it ignores, as at run).
     let plugins = setup::plugin_host(&loaded).await?;
-    let mut unusable = 0;
-    for runner in &loaded.config.runners {
+    let (unknown, other): (Vec<&ConfigWarning>, Vec<&ConfigWarning>) =
+        loaded.warnings.iter().partition(|w| w.kind == WarningKind::UnknownKey);
+    for warning in &other {
+        eprintln!("{warning}");
+    }
+    // A runner `run` leaves out (no usable url, token, executor or fleeting plugin) was
+    // named among the warnings; it fails the lint as an unusable executor does.
+    let mut unusable = loaded.config.runners.iter().filter(|r| r.unusable.is_some()).count();
+    for runner in loaded.config.runners.iter().filter(|r| r.unusable.is_none()) {
         let resolved = crate::executor::ResolvedExecutor::resolve(
             &plugins,
             runner.executor_plugin(),
@@ -374,11 +381,6 @@ pub(crate) async fn lint(path: &Path) -> anyhow::Result<ExitCode> {
     }
     if unusable > 0 {
         return Ok(ExitCode::FAILURE);
-    }
-    let (unknown, other): (Vec<&ConfigWarning>, Vec<&ConfigWarning>) =
-        loaded.warnings.iter().partition(|w| w.kind == WarningKind::UnknownKey);
-    for warning in &other {
-        eprintln!("{warning}");
     }
     if !unknown.is_empty() {
         eprintln!("{} unknown key(s) found in {}:", unknown.len(), path.display());

@@ -247,6 +247,12 @@ pub struct RunnerConfig {
     /// Executor sections: `[runners.shell]`, `[runners.docker]`, `[runners.<plugin>]`, ...
     #[serde(flatten)]
     pub sections: BTreeMap<String, toml::Value>,
+    /// Why this runner cannot ask GitLab for jobs (no usable `url`, `token`, `executor` or
+    /// fleeting `plugin`), set by the loader for [`Purpose::Run`] with a warning naming the
+    /// key. gitlab-runner loads such a file and logs the failing runner; so does Runway,
+    /// which leaves that runner out and serves the others.
+    #[serde(skip)]
+    pub unusable: Option<String>,
 }
 
 thread_local! {
@@ -314,6 +320,7 @@ impl RunnerConfig {
             store: None,
             cache: None,
             sections: BTreeMap::new(),
+            unusable: None,
         }
     }
 
@@ -478,13 +485,22 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
             return Err(ConfigError { path: path.to_path_buf(), line, key, message });
         }
     };
-    if purpose == Purpose::Run {
-        if let Some(e) = missing_connection_key(text, path, &config) {
-            return Err(e);
-        }
-    }
     let mut warnings: Vec<ConfigWarning> =
         unknown.iter().filter_map(|k| fidelity::warning(path, line_of_key(text, k), k)).collect();
+    // gitlab-runner reads an empty `builds_dir`, `cache_dir` or `shell` as unset (its docs'
+    // examples write `builds_dir = ""`).
+    for runner in &mut config.runners {
+        for value in [&mut runner.builds_dir, &mut runner.cache_dir, &mut runner.shell] {
+            if value.as_deref() == Some("") {
+                *value = None;
+            }
+        }
+    }
+    if purpose == Purpose::Run {
+        for (i, e) in missing_connection_keys(text, path, &config) {
+            mark_unusable(&mut config.runners[i], e, &mut warnings);
+        }
+    }
     if config.connection_max_age.is_some() {
         warnings.extend(fidelity::warning(path, line_of_key(text, "connection_max_age"), "connection_max_age"));
     }
@@ -519,14 +535,19 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
         // `url` and `token` keep what the file says (so saving never writes a secret taken
         // from the environment); `resolved_url`/`resolved_token` expand them for use.
         let url = runner.resolved_url();
-        if purpose == Purpose::Run && !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(err(format!("runners[{i}].url"), format!("{url:?} must be an http:// or https:// URL")));
-        }
-        if purpose == Purpose::Run && runner.resolved_token().is_empty() {
-            return Err(err(format!("runners[{i}].token"), "must not be empty".into()));
-        }
-        if purpose == Purpose::Run && runner.executor.is_empty() {
-            return Err(err(format!("runners[{i}].executor"), "must name an executor plugin (e.g. \"shell\")".into()));
+        if purpose == Purpose::Run && runner.unusable.is_none() {
+            let problem = if !(url.starts_with("http://") || url.starts_with("https://")) {
+                Some(err(format!("runners[{i}].url"), format!("{url:?} must be an http:// or https:// URL")))
+            } else if runner.resolved_token().is_empty() {
+                Some(err(format!("runners[{i}].token"), "must not be empty".into()))
+            } else if runner.executor.is_empty() {
+                Some(err(format!("runners[{i}].executor"), "must name an executor plugin (e.g. \"shell\")".into()))
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                mark_unusable(runner, problem, &mut warnings);
+            }
         }
         if purpose == Purpose::Run && runner.executor == "docker-autoscaler" && runner.autoscaler.is_none() {
             return Err(err(
@@ -537,10 +558,12 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
         if runner.request_concurrency == 0 {
             return Err(err(format!("runners[{i}].request_concurrency"), "must be at least 1".into()));
         }
+        let no_plugin = runner.autoscaler.as_ref().is_some_and(|a| a.plugin.is_empty());
+        if purpose == Purpose::Run && no_plugin && runner.unusable.is_none() {
+            let problem = err(format!("runners[{i}].autoscaler.plugin"), "must name a fleeting plugin".into());
+            mark_unusable(runner, problem, &mut warnings);
+        }
         if let Some(a) = &runner.autoscaler {
-            if purpose == Purpose::Run && a.plugin.is_empty() {
-                return Err(err(format!("runners[{i}].autoscaler.plugin"), "must name a fleeting plugin".into()));
-            }
             if a.capacity_per_instance == 0 {
                 return Err(err(format!("runners[{i}].autoscaler.capacity_per_instance"), "must be at least 1".into()));
             }
@@ -667,45 +690,59 @@ pub fn load_for(path: &Path, purpose: Purpose) -> Result<Loaded, ConfigError> {
     parse_for(&text, path, purpose)
 }
 
-/// The keys [`Purpose::Run`] requires that the model reads as empty when absent: the first
-/// absent one, reported as a missing field of its table (as serde reports a missing field).
-/// Keys present but empty are left to the value checks of [`parse_for`].
-fn missing_connection_key(text: &str, path: &Path, config: &Config) -> Option<ConfigError> {
+/// The keys [`Purpose::Run`] needs that the model reads as empty when absent: for each runner,
+/// the first absent one, as serde would report a missing field of its table. Keys present but
+/// empty are left to the value checks of [`parse_for`].
+fn missing_connection_keys(text: &str, path: &Path, config: &Config) -> Vec<(usize, ConfigError)> {
     let suspect = config.runners.iter().any(|r| {
         r.url.is_empty()
             || r.token.is_empty()
             || r.executor.is_empty()
             || r.autoscaler.as_ref().is_some_and(|a| a.plugin.is_empty())
     });
-    if !suspect {
-        return None;
-    }
-    let table: toml::Table = toml::from_str(text).ok()?;
-    let runners = table.get("runners")?.as_array()?;
+    let Some(runners) = suspect
+        .then(|| toml::from_str::<toml::Table>(text).ok())
+        .flatten()
+        .and_then(|t| t.get("runners").and_then(toml::Value::as_array).cloned())
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
     for (i, runner) in runners.iter().enumerate() {
         let Some(runner) = runner.as_table() else { continue };
         let header = runner_header_line(text, i);
+        if let Some(key) = ["url", "token", "executor"].into_iter().find(|k| !runner.contains_key(*k)) {
+            out.push((
+                i,
+                ConfigError::new(path, format!("missing field `{key}`"))
+                    .at_line(header)
+                    .with_key(format!("runners[{i}]")),
+            ));
+            continue;
+        }
         if let Some(autoscaler) = runner.get("autoscaler").and_then(toml::Value::as_table) {
             if !autoscaler.contains_key("plugin") {
                 let line = header.and_then(|h| sub_table_line(text, h, "[runners.autoscaler]"));
-                return Some(
+                out.push((
+                    i,
                     ConfigError::new(path, "missing field `plugin`")
                         .at_line(line)
                         .with_key(format!("runners[{i}].autoscaler")),
-                );
-            }
-        }
-        for key in ["url", "token", "executor"] {
-            if !runner.contains_key(key) {
-                return Some(
-                    ConfigError::new(path, format!("missing field `{key}`"))
-                        .at_line(header)
-                        .with_key(format!("runners[{i}]")),
-                );
+                ));
             }
         }
     }
-    None
+    out
+}
+
+/// Leave `runner` out of `runway run` for `problem` (its file, line and key), with a warning
+/// saying so; the other runners serve.
+fn mark_unusable(runner: &mut RunnerConfig, problem: ConfigError, warnings: &mut Vec<ConfigWarning>) {
+    warnings.push(ConfigWarning::new(
+        WarningKind::Other,
+        format!("{problem}: runner {:?} cannot ask GitLab for jobs and is left out", runner.name),
+    ));
+    runner.unusable = Some(problem.to_string());
 }
 
 /// Write `config` to `path` atomically with mode 0600 (it holds tokens).

@@ -46,9 +46,11 @@ fn invalid_values_fail_with_file_line_and_key() {
     assert!(err.to_string().starts_with("/etc/runway/config.toml:7: runners[0].limit: "), "{err}");
     let err = parse_str("concurrent = 0\n").expect_err("zero");
     assert_eq!(err.to_string(), "/etc/runway/config.toml:1: concurrent: must be greater than 0");
-    let err = parse_str("concurrent = 1\n[[runners]]\nurl = \"ftp://x\"\ntoken = \"t\"\nexecutor = \"shell\"\n")
-        .expect_err("scheme");
-    assert_eq!((err.line, err.key.as_deref()), (Some(3), Some("runners[0].url")));
+    // A runner `run` cannot use is left out with the same file, line and key.
+    let loaded = parse_str("concurrent = 1\n[[runners]]\nurl = \"ftp://x\"\ntoken = \"t\"\nexecutor = \"shell\"\n")
+        .expect("loads");
+    let why = loaded.config.runners[0].unusable.as_deref().unwrap_or_default();
+    assert!(why.starts_with("/etc/runway/config.toml:3: runners[0].url: "), "{why}");
     let err = parse_str("concurrent = 1\n[plugins.shell]\nmemory_mb = \"big\"\n").expect_err("grant");
     assert_eq!(err.line, Some(3), "{err}");
 }
@@ -179,13 +181,30 @@ executor = "instance"
 }
 
 #[test]
-fn missing_connection_keys_fail_as_before_for_run_and_are_optional_for_simulate() {
-    // The messages `runway run` gave when these keys were required by the model.
-    let err = parse_str("concurrent = 1\n[[runners]]\ntoken = \"t\"\nexecutor = \"shell\"\n").expect_err("no url");
-    assert_eq!(err.to_string(), "/etc/runway/config.toml:2: runners[0]: missing field `url`");
+fn runners_without_connection_keys_are_left_out_by_name_and_are_optional_for_simulate() {
+    // gitlab-runner loads such a file and fails that runner only; Runway warns with the
+    // message its model would give (file, line, key) and leaves the runner out of `run`.
+    let text = "concurrent = 1\n[[runners]]\nname = \"a\"\ntoken = \"t\"\nexecutor = \"shell\"\n[[runners]]\nname = \"b\"\nurl = \"https://x\"\ntoken = \"u\"\nexecutor = \"shell\"\n";
+    let loaded = parse_str(text).expect("loads");
+    let why = loaded.config.runners[0].unusable.as_deref().expect("left out");
+    assert_eq!(why, "/etc/runway/config.toml:2: runners[0]: missing field `url`");
+    assert!(loaded.config.runners[1].unusable.is_none());
+    assert!(loaded.warnings.iter().any(|w| w.contains(why) && w.contains("\"a\" cannot ask GitLab for jobs")));
     let text = "concurrent = 1\n[[runners]]\nurl = \"https://x\"\ntoken = \"t\"\nexecutor = \"x\"\n[runners.autoscaler]\ncapacity_per_instance = 1\n";
-    let err = parse_str(text).expect_err("no plugin");
-    assert_eq!(err.to_string(), "/etc/runway/config.toml:6: runners[0].autoscaler: missing field `plugin`");
+    let loaded = parse_str(text).expect("loads");
+    assert_eq!(
+        loaded.config.runners[0].unusable.as_deref(),
+        Some("/etc/runway/config.toml:6: runners[0].autoscaler: missing field `plugin`")
+    );
+    let loaded =
+        parse_str("concurrent = 1\n[[runners]]\nurl = \"\"\ntoken = \"\"\nexecutor = \"shell\"\nbuilds_dir = \"\"\n")
+            .expect("loads");
+    let runner = &loaded.config.runners[0];
+    assert_eq!(
+        runner.unusable.as_deref(),
+        Some("/etc/runway/config.toml:3: runners[0].url: \"\" must be an http:// or https:// URL")
+    );
+    assert_eq!(runner.builds_dir, None, "an empty builds_dir is unset, as in gitlab-runner");
     // `runway simulate` reads the same file without them; IdleTime takes seconds or a duration.
     let text = "concurrent = 1\n[[runners]]\nlimit = 3\n[runners.machine]\nIdleTime = \"30m\"\n[runners.autoscaler]\n";
     let loaded = parse_for(text, Path::new("/etc/runway/config.toml"), Purpose::Simulate).expect("simulate");
@@ -376,4 +395,32 @@ fn concurrent_defaults_to_one_as_gitlab_runners() {
         parse_str("[[runners]]\nurl = \"https://gitlab.example.com/\"\ntoken = \"glrt-abc\"\nexecutor = \"shell\"\n")
             .expect("loads");
     assert_eq!(loaded.config.concurrent, 1);
+}
+
+/// Whole config.toml examples from gitlab-runner's documentation (each fixture names its page
+/// and section) load unchanged for `runway run` with no error: every runner either serves or
+/// is left out with a warning naming the key, as gitlab-runner would fail only that runner.
+#[test]
+fn gitlab_runner_documentation_configs_load_unchanged() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gitlab-runner-docs");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("fixtures")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 12, "a dozen documented configs: {files:?}");
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read");
+        assert!(
+            text.starts_with("# From gitlab-runner's docs/") || text.starts_with("# The [runners.cache] example"),
+            "{}: names its source",
+            file.display()
+        );
+        let loaded = load(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert!(!loaded.config.runners.is_empty(), "{}", file.display());
+        for warning in &loaded.warnings {
+            assert!(warning.starts_with(&file.display().to_string()), "warnings name the file: {warning}");
+        }
+    }
 }

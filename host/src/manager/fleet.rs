@@ -218,6 +218,12 @@ struct TrackedJob {
 /// One runner's fleet.
 pub struct Fleet {
     name: String,
+    /// The runner's `name` (the `runner_name` label of the fleeting metrics); a reload may
+    /// rename it.
+    runner_name: Mutex<String>,
+    /// `max_instances`, `capacity_per_instance` and `max_use_count` as configured, for the
+    /// fleeting gauges of the same names.
+    limits: (u32, u32, u32),
     scaler: Arc<Autoscaler>,
     connector: Arc<Connector>,
     failure_threshold: u32,
@@ -285,6 +291,8 @@ impl Fleet {
         let connector = Arc::new(Connector { provider, defaults });
         let fleet = Arc::new(Fleet {
             name: name.to_string(),
+            runner_name: Mutex::default(),
+            limits: (config.max_instances, config.capacity_per_instance, config.max_use_count),
             scaler: scaler.clone(),
             connector: connector.clone(),
             failure_threshold: config.failure_threshold.max(1),
@@ -347,6 +355,24 @@ impl Fleet {
     /// The runner this fleet serves (its short token).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The `name` of the runner this fleet serves, as the metrics label it.
+    pub fn runner_name(&self) -> String {
+        self.runner_name.lock().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    /// Label the fleet with its runner's `name` (set when the runner is configured, again on
+    /// every reload).
+    pub fn set_runner_name(&self, name: &str) {
+        if let Ok(mut current) = self.runner_name.lock() {
+            name.clone_into(&mut current);
+        }
+    }
+
+    /// `max_instances`, `capacity_per_instance` and `max_use_count` as configured.
+    pub fn limits(&self) -> (u32, u32, u32) {
+        self.limits
     }
 
     /// The job under `key` ended: when it ended with a system failure, probe its instance

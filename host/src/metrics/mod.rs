@@ -1,6 +1,7 @@
 //! Prometheus metrics with GitLab Runner's names, types and labels (protocol reference §7;
 //! docs/migrating-from-gitlab-runner.md lists them) and the health endpoints, served on
-//! `listen_address`: `/metrics`, `/health/live`, `/health/ready`, `/debug/jobs/list`.
+//! `listen_address`: `/metrics`, `/health/live`, `/health/ready`, `/debug/jobs/list`,
+//! `/debug/process/state`.
 //!
 //! Owns the exposition: the families (`families.rs`), what the manager's events add to them
 //! (`observer.rs`, the manager's `Observer`), the logged-errors counter (`errors.rs`), and the
@@ -21,7 +22,7 @@ use crate::config::Loaded;
 use crate::gitlab::client::RequestRecord;
 use crate::manager::fleet::Fleet;
 use crate::manager::health::HealthBoard;
-use crate::manager::ManagerStats;
+use crate::manager::{ManagerStats, Shutdown};
 
 mod errors;
 mod families;
@@ -54,6 +55,10 @@ pub struct Metrics {
     system_id: Arc<str>,
     inner: Arc<Mutex<Inner>>,
     ready: Arc<AtomicBool>,
+    /// Set once the runner first served (`running` in `gitlab_runner_process_state_info`).
+    started: Arc<AtomicBool>,
+    /// The process's stop signals, read for the process state.
+    shutdown: Arc<Mutex<Option<Shutdown>>>,
     families: Arc<Families>,
 }
 
@@ -84,6 +89,8 @@ impl Metrics {
             system_id: Arc::from(system_id),
             inner: Arc::default(),
             ready: Arc::default(),
+            started: Arc::default(),
+            shutdown: Arc::default(),
             families: Arc::new(families),
         })
     }
@@ -176,9 +183,32 @@ impl Metrics {
         }
     }
 
-    /// `/health/ready` answers 200 once set.
+    /// `/health/ready` answers 200 once set; the process state is `running` from then on.
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
+        if ready {
+            self.started.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Read the process's stop signals for `gitlab_runner_process_state_info` and
+    /// `/debug/process/state`.
+    pub fn follow_shutdown(&self, shutdown: &Shutdown) {
+        if let Ok(mut current) = self.shutdown.lock() {
+            *current = Some(shutdown.clone());
+        }
+    }
+
+    /// gitlab-runner's process state (`commands/internal/process_state`): `starting` until the
+    /// runner serves, `running`, then `graceful-shutdown` (SIGQUIT) or `forceful-shutdown`.
+    fn process_state(&self) -> &'static str {
+        let stopping = self.shutdown.lock().ok().and_then(|s| s.clone());
+        match stopping {
+            Some(s) if s.forceful.is_cancelled() => "forceful-shutdown",
+            Some(s) if s.graceful.is_cancelled() => "graceful-shutdown",
+            _ if self.started.load(Ordering::SeqCst) => "running",
+            _ => "starting",
+        }
     }
 
     /// Count one API request attempt of runner `runner` (its short token) as GitLab Runner
@@ -215,6 +245,11 @@ impl Metrics {
             tracing::warn!("rendering metrics: {e}");
         }
         errors::render(&mut out);
+        let _ = writeln!(
+            out,
+            "# HELP gitlab_runner_process_state_info This metric provides info about the current state of the GitLab Runner process\n# TYPE gitlab_runner_process_state_info gauge\ngitlab_runner_process_state_info{{state=\"{}\"}} 1",
+            self.process_state()
+        );
         if let Some(health) = &inner.health {
             render_health(&mut out, sid, health);
         }
@@ -278,128 +313,138 @@ fn render_health(out: &mut String, sid: &str, health: &HealthBoard) {
     }
 }
 
+/// One fleet as the fleeting families label it: `runner` (short token), `runner_name`,
+/// `system_id` (gitlab-runner's const labels of its taskscaler and provisioner collectors),
+/// its configured limits, and the engine's numbers.
+struct FleetSample {
+    labels: String,
+    limits: (u32, u32, u32),
+    m: crate::autoscaler::EngineMetrics,
+}
+
 /// `fleeting_provisioner_*` and `fleeting_taskscaler_*` for each fleet, with GitLab's names
-/// and a `reason` label on removals.
+/// and const labels, and a `reason` label on removals.
 fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
     if fleets.is_empty() {
         return;
     }
-    let all: Vec<(String, crate::autoscaler::EngineMetrics)> =
-        fleets.iter().map(|f| (f.name().to_string(), f.metrics())).collect();
-    let family = |out: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    let all: Vec<FleetSample> = fleets
+        .iter()
+        .map(|f| FleetSample {
+            labels: format!(
+                "runner=\"{}\",runner_name=\"{}\",system_id=\"{sid}\"",
+                label(f.name()),
+                label(&f.runner_name())
+            ),
+            limits: f.limits(),
+            m: f.metrics(),
+        })
+        .collect();
+    // One family: its header, then one sample per fleet and extra label set.
+    let family =
+        |out: &mut String, name: &str, kind: &str, help: &str, rows: &dyn Fn(&FleetSample) -> Vec<(String, u64)>| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for fleet in &all {
+                for (extra, value) in rows(fleet) {
+                    let _ = writeln!(out, "{name}{{{}{extra}}} {value}", fleet.labels);
+                }
+            }
+        };
+    let plain = |v: u64| vec![(String::new(), v)];
+    let by = |key: &str, pairs: Vec<(&str, u64)>| -> Vec<(String, u64)> {
+        pairs.into_iter().map(|(k, v)| (format!(",{key}=\"{k}\""), v)).collect()
     };
-    family(out, "fleeting_provisioner_instances", "gauge", "Instances of the fleet by state.");
-    for (runner, m) in &all {
-        for (state, n) in [
-            ("requested", m.instances_requested),
-            ("creating", m.instances_creating + m.instances_ready_checking),
-            ("running", m.instances_ready),
-            ("deleting", m.instances_deleting),
-        ] {
-            let _ = writeln!(
-                out,
-                "fleeting_provisioner_instances{{runner=\"{runner}\",system_id=\"{sid}\",state=\"{state}\"}} {n}"
-            );
-        }
-    }
-    family(out, "fleeting_provisioner_desired_instances", "gauge", "Instances the active policy wants.");
-    for (runner, m) in &all {
-        let _ = writeln!(
-            out,
-            "fleeting_provisioner_desired_instances{{runner=\"{runner}\",system_id=\"{sid}\"}} {}",
-            m.desired_instances
-        );
-    }
+    family(out, "fleeting_provisioner_instances", "gauge", "Instances of the fleet by state.", &|f| {
+        let m = &f.m;
+        by(
+            "state",
+            vec![
+                ("requested", m.instances_requested.into()),
+                ("creating", u64::from(m.instances_creating) + u64::from(m.instances_ready_checking)),
+                ("running", m.instances_ready.into()),
+                ("deleting", m.instances_deleting.into()),
+            ],
+        )
+    });
+    family(out, "fleeting_provisioner_max_instances", "gauge", "The configured max_instances.", &|f| {
+        plain(f.limits.0.into())
+    });
+    family(out, "fleeting_provisioner_desired_instances", "gauge", "Instances the active policy wants.", &|f| {
+        plain(f.m.desired_instances.into())
+    });
     family(
         out,
         "fleeting_provisioner_instance_operations_total",
         "counter",
         "Instance creations requested and removals by reason.",
+        &|f| {
+            let mut rows = vec![(",operation=\"create\",reason=\"\"".to_string(), f.m.instances_requested_total)];
+            for reason in RemovalReason::ALL {
+                let n = f.m.instances_removed_total.get(&reason).copied().unwrap_or(0);
+                rows.push((format!(",operation=\"remove\",reason=\"{}\"", reason.as_str()), n));
+            }
+            rows
+        },
     );
-    for (runner, m) in &all {
-        let _ = writeln!(
-            out,
-            "fleeting_provisioner_instance_operations_total{{runner=\"{runner}\",system_id=\"{sid}\",operation=\"create\",reason=\"\"}} {}",
-            m.instances_requested_total
-        );
-        for reason in RemovalReason::ALL {
-            let n = m.instances_removed_total.get(&reason).copied().unwrap_or(0);
-            let _ = writeln!(
-                out,
-                "fleeting_provisioner_instance_operations_total{{runner=\"{runner}\",system_id=\"{sid}\",operation=\"remove\",reason=\"{}\"}} {n}",
-                reason.as_str()
-            );
-        }
-    }
     family(
         out,
         "fleeting_provisioner_failures_total",
         "counter",
         "Provisioning, readiness, heartbeat and provider failures.",
+        &|f| {
+            let m = &f.m;
+            by(
+                "kind",
+                vec![
+                    ("provisioning", m.provisioning_failures_total),
+                    ("ready_command", m.ready_failures_total),
+                    ("heartbeat", m.heartbeat_failures_total),
+                    ("provider", m.provider_errors_total),
+                    ("instance_lost", m.instances_lost_total),
+                ],
+            )
+        },
     );
-    for (runner, m) in &all {
-        for (kind, n) in [
-            ("provisioning", m.provisioning_failures_total),
-            ("ready_command", m.ready_failures_total),
-            ("heartbeat", m.heartbeat_failures_total),
-            ("provider", m.provider_errors_total),
-            ("instance_lost", m.instances_lost_total),
-        ] {
-            let _ = writeln!(
-                out,
-                "fleeting_provisioner_failures_total{{runner=\"{runner}\",system_id=\"{sid}\",kind=\"{kind}\"}} {n}"
-            );
-        }
-    }
-    family(out, "fleeting_taskscaler_tasks", "gauge", "Job slots by state.");
-    for (runner, m) in &all {
-        for (state, n) in [
-            ("idle", m.slots_idle),
-            ("reserved", m.slots_reserved),
-            ("pending", m.slots_pending),
-            ("acquired", m.slots_acquired),
-            ("unavailable", m.slots_unavailable),
-            ("unhealthy", m.slots_unhealthy),
-        ] {
-            let _ = writeln!(
-                out,
-                "fleeting_taskscaler_tasks{{runner=\"{runner}\",system_id=\"{sid}\",state=\"{state}\"}} {n}"
-            );
-        }
-    }
-    family(out, "fleeting_taskscaler_idle_target", "gauge", "Idle slots the active policy keeps.");
-    for (runner, m) in &all {
-        let _ = writeln!(
-            out,
-            "fleeting_taskscaler_idle_target{{runner=\"{runner}\",system_id=\"{sid}\"}} {}",
-            m.idle_target
-        );
-    }
+    family(out, "fleeting_taskscaler_tasks", "gauge", "Job slots by state.", &|f| {
+        let m = &f.m;
+        by(
+            "state",
+            vec![
+                ("idle", m.slots_idle.into()),
+                ("reserved", m.slots_reserved.into()),
+                ("pending", m.slots_pending.into()),
+                ("acquired", m.slots_acquired.into()),
+                ("unavailable", m.slots_unavailable.into()),
+                ("unhealthy", m.slots_unhealthy.into()),
+            ],
+        )
+    });
+    family(out, "fleeting_taskscaler_max_tasks_per_instance", "gauge", "The configured capacity_per_instance.", &|f| {
+        plain(f.limits.1.into())
+    });
+    family(
+        out,
+        "fleeting_taskscaler_max_use_count_per_instance",
+        "gauge",
+        "The configured max_use_count (0: unlimited).",
+        &|f| plain(f.limits.2.into()),
+    );
+    family(out, "fleeting_taskscaler_idle_target", "gauge", "Idle slots the active policy keeps.", &|f| {
+        plain(f.m.idle_target.into())
+    });
     family(
         out,
         "fleeting_taskscaler_acquisitions_total",
         "counter",
         "Slots acquired by jobs, and acquisitions that timed out.",
+        &|f| by("result", vec![("acquired", f.m.acquisitions_total), ("timeout", f.m.acquisition_timeouts_total)]),
     );
-    for (runner, m) in &all {
-        let _ = writeln!(
-            out,
-            "fleeting_taskscaler_acquisitions_total{{runner=\"{runner}\",system_id=\"{sid}\",result=\"acquired\"}} {}",
-            m.acquisitions_total
-        );
-        let _ = writeln!(
-            out,
-            "fleeting_taskscaler_acquisitions_total{{runner=\"{runner}\",system_id=\"{sid}\",result=\"timeout\"}} {}",
-            m.acquisition_timeouts_total
-        );
-    }
-    render_fleet_health(out, sid, &all);
+    render_fleet_health(out, &all);
 }
 
 /// Runway's own fleet gauges: whether the provider answers, instances being drained after an
 /// interruption notice, notices and adoptions in total.
-fn render_fleet_health(out: &mut String, sid: &str, all: &[(String, crate::autoscaler::EngineMetrics)]) {
+fn render_fleet_health(out: &mut String, all: &[FleetSample]) {
     type Read = fn(&crate::autoscaler::EngineMetrics) -> u64;
     let families: [(&str, &str, &str, Read); 4] = [
         (
@@ -426,8 +471,8 @@ fn render_fleet_health(out: &mut String, sid: &str, all: &[(String, crate::autos
     ];
     for (name, kind, help, value) in families {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (runner, m) in all {
-            let _ = writeln!(out, "{name}{{runner=\"{runner}\",system_id=\"{sid}\"}} {}", value(m));
+        for fleet in all {
+            let _ = writeln!(out, "{name}{{{}}} {}", fleet.labels, value(&fleet.m));
         }
     }
 }
@@ -474,6 +519,10 @@ pub async fn serve(address: &str, metrics: Metrics) -> Result<ServerHandle, Metr
                     (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string())
                 }
             }),
+        )
+        .route(
+            "/debug/process/state",
+            get(|State(m): State<Metrics>| async move { format!("{}\n", m.process_state()) }),
         )
         .route(
             "/debug/jobs/list",
