@@ -61,6 +61,9 @@ pub struct ExecArgs {
 }
 
 fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(crate::config::PLUGIN_CACHE_ENV).filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(dir));
+    }
     std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))

@@ -406,9 +406,15 @@ impl Loaded {
     pub fn plugins_dir(&self) -> PathBuf {
         self.config.plugins_dir.clone().unwrap_or_else(|| self.dir().join("plugins"))
     }
-    /// Compiled plugin cache (default `<config dir>/.plugin-cache`).
+    /// Compiled plugin cache: `plugin_cache_dir`, else `RUNWAY_PLUGIN_CACHE_DIR` (one cache for
+    /// several config files: compiled code is keyed by plugin content and engine, written
+    /// atomically), else `<config dir>/.plugin-cache`.
     pub fn plugin_cache_dir(&self) -> PathBuf {
-        self.config.plugin_cache_dir.clone().unwrap_or_else(|| self.dir().join(".plugin-cache"))
+        self.config
+            .plugin_cache_dir
+            .clone()
+            .or_else(|| std::env::var_os(PLUGIN_CACHE_ENV).filter(|v| !v.is_empty()).map(PathBuf::from))
+            .unwrap_or_else(|| self.dir().join(".plugin-cache"))
     }
     /// Runway's own state (default `<config dir>/.runway-state`).
     pub fn state_dir(&self) -> PathBuf {
@@ -432,6 +438,9 @@ pub enum Purpose {
     /// is checked as for [`Purpose::Run`].
     Simulate,
 }
+
+/// The environment variable naming the compiled-plugin cache when config.toml names none.
+pub const PLUGIN_CACHE_ENV: &str = "RUNWAY_PLUGIN_CACHE_DIR";
 
 /// The config file when none is named: gitlab-runner's — `/etc/gitlab-runner/config.toml`
 /// as root, `~/.gitlab-runner/config.toml` otherwise — when it exists, else Runway's own
