@@ -57,7 +57,7 @@ impl World {
         std::fs::create_dir_all(&dir).expect("plugins dir");
         PluginHost::new(HostSettings {
             plugins_dir: Some(dir),
-            cache_dir: Some(self.root.path().join("plugin-cache")),
+            cache_dir: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")),
             state_dir: None,
             grants,
             builtins: builtin_plugins(),
@@ -277,9 +277,14 @@ async fn fault_soak_every_line_once_in_order_and_the_right_final_state() {
     let started = Instant::now();
     let mut total: BTreeMap<(RequestKind, Fault), u64> = BTreeMap::new();
     // One plugin host (one compile of the shell plugin) for every run.
-    let plugins = PluginHost::new(HostSettings { builtins: builtin_plugins(), ..HostSettings::default() })
-        .await
-        .expect("plugin host");
+    let plugins = PluginHost::new(HostSettings {
+        builtins: builtin_plugins(),
+        // Compiled once for every test binary (keyed by plugin content and engine).
+        cache_dir: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")),
+        ..HostSettings::default()
+    })
+    .await
+    .expect("plugin host");
     let shell = shell(&plugins).await;
     for seed in [11u64, 23, 37] {
         let w = world().await;

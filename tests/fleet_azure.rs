@@ -351,6 +351,7 @@ async fn a_scale_set_scales_out_and_in_reports_evictions_and_refuses_bad_credent
         state_dir: Some(root.path().join("state")),
         grants: BTreeMap::from([("azure".to_string(), grant)]),
         builtins: runway::plugin::builtin_plugins(),
+        cache_dir: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")),
         ..HostSettings::default()
     })
     .await

@@ -384,6 +384,7 @@ async fn a_managed_instance_group_resizes_deletes_reports_preemptions_and_refuse
         state_dir: Some(root.path().join("state")),
         grants: BTreeMap::from([("googlecompute".to_string(), grant)]),
         builtins: runway::plugin::builtin_plugins(),
+        cache_dir: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")),
         ..HostSettings::default()
     })
     .await

@@ -32,9 +32,14 @@ async fn world() -> World {
         FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_millis(500), trace_update_interval: 1 })
             .await;
     let runner = fake.create_runner("git-sources test");
-    let plugins = PluginHost::new(HostSettings { builtins: builtin_plugins(), ..HostSettings::default() })
-        .await
-        .expect("plugins");
+    let plugins = PluginHost::new(HostSettings {
+        builtins: builtin_plugins(),
+        // Compiled once for every test binary (keyed by plugin content and engine).
+        cache_dir: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")),
+        ..HostSettings::default()
+    })
+    .await
+    .expect("plugins");
     let w = World { fake, token: runner.token, root: tempfile::tempdir().expect("tempdir"), plugins };
     // What gitlab-runner's docs ask of a shell runner's host: Git LFS initialised for the
     // user jobs run as (its filters in that user's global config).

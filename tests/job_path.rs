@@ -32,9 +32,14 @@ async fn world() -> World {
     let runner = fake.create_runner("job-path test");
     fake.create_repo("group/project");
     fake.commit_files("group/project", "main", &[("README.md", "hello\n"), ("data.txt", "v1\n")], "first");
-    let plugins = PluginHost::new(HostSettings { builtins: builtin_plugins(), ..HostSettings::default() })
-        .await
-        .expect("plugins");
+    let plugins = PluginHost::new(HostSettings {
+        builtins: builtin_plugins(),
+        // Compiled once for every test binary (keyed by plugin content and engine).
+        cache_dir: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-cache")),
+        ..HostSettings::default()
+    })
+    .await
+    .expect("plugins");
     World { fake, token: runner.token, root: tempfile::tempdir().expect("tempdir"), plugins }
 }
 
