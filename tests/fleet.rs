@@ -284,6 +284,19 @@ async fn scales_from_zero_runs_jobs_on_instances_and_scales_down_when_idle() {
         )
         .await;
     fleet.wait_metric("fleeting_provisioner_instances", &["state=\"running\""], |v| v == 0.0, "instances gone").await;
+    // The fleeting timing histograms saw the three instances come and go.
+    fleet
+        .wait_metric(
+            "fleeting_provisioner_instance_life_duration_seconds_count",
+            &["runner_name=\"fleet\""],
+            |v| v == 3.0,
+            "three lives timed",
+        )
+        .await;
+    assert_eq!(
+        fleet.metric("fleeting_taskscaler_task_instance_readiness_time_seconds_bucket", &["le=\"+Inf\""]).await,
+        3.0
+    );
     fleet.stop().await;
 }
 

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::clock::{Clock, Moment, VirtualClock};
-use super::engine::{AcquireStatus, EngineEvent, EngineMetrics, RemovalReason, ReserveError, Taskscaler};
+use super::engine::{
+    AcquireStatus, EngineEvent, EngineMetrics, InstanceTiming, RemovalReason, ReserveError, Taskscaler,
+};
 use super::provider::{DelayDistribution, SimProvider, SimProviderSettings};
 use super::settings::{AutoscalerSettings, IdlePolicy, LegacyMachineSettings, ScaleThrottle};
 use super::trace::TRACE_START;
@@ -350,6 +352,25 @@ fn scales_from_zero_to_n_on_queued_jobs_and_back_to_zero() {
     }
     h.run_until(done.plus(Duration::from_secs(300 + 60)));
     assert_eq!(h.total(), 0, "idle_count = 0 with capacity 2 scales to zero (gitlab-runner#37643)");
+    // Each instance's life was timed once at every point (the fleeting histograms).
+    let timed = |which: InstanceTiming| -> Vec<f64> {
+        h.events
+            .iter()
+            .filter_map(|e| match e {
+                EngineEvent::Timed { timing, seconds } if *timing == which => Some(*seconds),
+                _ => None,
+            })
+            .collect()
+    };
+    for which in InstanceTiming::ALL {
+        assert_eq!(timed(which).len(), 3, "{which:?}: {:?}", timed(which));
+    }
+    let sum = |which| timed(which).iter().sum::<f64>();
+    assert!(timed(InstanceTiming::IsRunning).iter().all(|s| *s >= 30.0), "provisioning takes 30 s");
+    // No instance_ready_command here: an instance is ready when it runs.
+    assert_eq!(sum(InstanceTiming::Readiness), sum(InstanceTiming::IsRunning));
+    assert!(timed(InstanceTiming::Deletion).iter().all(|s| *s >= 5.0), "deletion takes 5 s");
+    assert!(timed(InstanceTiming::Life).iter().all(|s| *s >= 300.0), "idle for idle_time before removal");
 }
 
 #[test]

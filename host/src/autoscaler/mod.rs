@@ -42,8 +42,8 @@ mod engine_tests;
 pub use clock::{Clock, Moment, RealClock, VirtualClock};
 pub use driver::{Autoscaler, ReadyCommand};
 pub use engine::{
-    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, NotReady, RemovalReason,
-    ReserveError, Taskscaler,
+    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, InstanceTiming, NotReady,
+    RemovalReason, ReserveError, Taskscaler, TimingHistogram,
 };
 pub use plugin_provider::PluginProvider;
 pub use provider::{InstanceGroup, InstanceState, ProviderError, SimProvider, SimProviderSettings};

@@ -13,7 +13,7 @@
 //! With `state_storage` enabled the engine's snapshot is written under this manager's
 //! identity, so a restart adopts the instances (with their use counts) instead of deleting them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::autoscaler::from_config::{self, Mapping};
 use crate::autoscaler::{
-    AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, NotReady, PluginProvider, ReadyCommand,
-    RealClock, RemovalReason, ReserveError,
+    AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, InstanceTiming, NotReady, PluginProvider,
+    ReadyCommand, RealClock, RemovalReason, ReserveError, TimingHistogram,
 };
 use crate::config::autoscaler::{AutoscalerConfig, ConnectorConfigToml, MachineConfig};
 use crate::config::duration::{parse_duration, DurationError};
@@ -224,6 +224,8 @@ pub struct Fleet {
     /// `max_instances`, `capacity_per_instance` and `max_use_count` as configured, for the
     /// fleeting gauges of the same names.
     limits: (u32, u32, u32),
+    /// The instance timing histograms, with the configured buckets.
+    timings: Mutex<BTreeMap<InstanceTiming, TimingHistogram>>,
     scaler: Arc<Autoscaler>,
     connector: Arc<Connector>,
     failure_threshold: u32,
@@ -293,6 +295,9 @@ impl Fleet {
             name: name.to_string(),
             runner_name: Mutex::default(),
             limits: (config.max_instances, config.capacity_per_instance, config.max_use_count),
+            timings: Mutex::new(
+                InstanceTiming::ALL.into_iter().map(|t| (t, TimingHistogram::new(config.timing_buckets(t)))).collect(),
+            ),
             scaler: scaler.clone(),
             connector: connector.clone(),
             failure_threshold: config.failure_threshold.max(1),
@@ -373,6 +378,11 @@ impl Fleet {
     /// `max_instances`, `capacity_per_instance` and `max_use_count` as configured.
     pub fn limits(&self) -> (u32, u32, u32) {
         self.limits
+    }
+
+    /// The instance timing histograms so far.
+    pub fn timings(&self) -> BTreeMap<InstanceTiming, TimingHistogram> {
+        self.timings.lock().map(|t| t.clone()).unwrap_or_default()
     }
 
     /// The job under `key` ended: when it ended with a system failure, probe its instance
@@ -565,6 +575,13 @@ async fn handle_events(fleet: std::sync::Weak<Fleet>, mut events: mpsc::Unbounde
             }
             EngineEvent::AcquireTimedOut { key } => {
                 tracing::warn!(runner = %fleet.name, key, "instance_acquire_timeout expired")
+            }
+            EngineEvent::Timed { timing, seconds } => {
+                if let Ok(mut timings) = fleet.timings.lock() {
+                    if let Some(h) = timings.get_mut(&timing) {
+                        h.observe(seconds);
+                    }
+                }
             }
             EngineEvent::Acquired { .. } | EngineEvent::ReadyCheckRequested { .. } => {}
         }

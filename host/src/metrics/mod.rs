@@ -17,7 +17,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 
-use crate::autoscaler::RemovalReason;
+use crate::autoscaler::{InstanceTiming, RemovalReason};
 use crate::config::Loaded;
 use crate::gitlab::client::RequestRecord;
 use crate::manager::fleet::Fleet;
@@ -320,6 +320,7 @@ struct FleetSample {
     labels: String,
     limits: (u32, u32, u32),
     m: crate::autoscaler::EngineMetrics,
+    timings: BTreeMap<InstanceTiming, crate::autoscaler::TimingHistogram>,
 }
 
 /// `fleeting_provisioner_*` and `fleeting_taskscaler_*` for each fleet, with GitLab's names
@@ -338,6 +339,7 @@ fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
             ),
             limits: f.limits(),
             m: f.metrics(),
+            timings: f.timings(),
         })
         .collect();
     // One family: its header, then one sample per fleet and extra label set.
@@ -439,8 +441,48 @@ fn render_fleets(out: &mut String, sid: &str, fleets: &[Arc<Fleet>]) {
         "Slots acquired by jobs, and acquisitions that timed out.",
         &|f| by("result", vec![("acquired", f.m.acquisitions_total), ("timeout", f.m.acquisition_timeouts_total)]),
     );
+    for (timing, name, help) in TIMING_FAMILIES {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for fleet in &all {
+            let Some(h) = fleet.timings.get(&timing) else { continue };
+            for (le, n) in h.cumulative() {
+                let _ = writeln!(out, "{name}_bucket{{{},le=\"{le}\"}} {n}", fleet.labels);
+            }
+            let _ =
+                writeln!(out, "{name}_sum{{{}}} {}\n{name}_count{{{}}} {}", fleet.labels, h.sum, fleet.labels, h.count);
+        }
+    }
     render_fleet_health(out, &all);
 }
+
+/// The instance timing histograms under gitlab-runner's fleeting names.
+const TIMING_FAMILIES: [(InstanceTiming, &str, &str); 5] = [
+    (
+        InstanceTiming::Creation,
+        "fleeting_provisioner_instance_creation_time_seconds",
+        "Time from an instance's creation request to the provider listing it.",
+    ),
+    (
+        InstanceTiming::IsRunning,
+        "fleeting_provisioner_instance_is_running_time_seconds",
+        "Time from an instance's creation request to the provider reporting it running.",
+    ),
+    (
+        InstanceTiming::Deletion,
+        "fleeting_provisioner_instance_deletion_time_seconds",
+        "Time from an instance's removal request to it being gone.",
+    ),
+    (
+        InstanceTiming::Life,
+        "fleeting_provisioner_instance_life_duration_seconds",
+        "Time from an instance's first appearance to it being gone.",
+    ),
+    (
+        InstanceTiming::Readiness,
+        "fleeting_taskscaler_task_instance_readiness_time_seconds",
+        "Time from an instance's creation request to it being ready for jobs (after instance_ready_command).",
+    ),
+];
 
 /// Runway's own fleet gauges: whether the provider answers, instances being drained after an
 /// interruption notice, notices and adoptions in total.

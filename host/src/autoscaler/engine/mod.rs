@@ -34,8 +34,8 @@ mod scaling;
 mod types;
 
 pub use types::{
-    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, InstanceSnapshot, NotReady,
-    ReleaseError, RemovalReason, ReserveError, SnapshotPhase,
+    AcquireError, AcquireStatus, Acquisition, EngineEvent, EngineMetrics, EngineSnapshot, InstanceSnapshot,
+    InstanceTiming, NotReady, ReleaseError, RemovalReason, ReserveError, SnapshotPhase, TimingHistogram,
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -69,6 +69,8 @@ struct Instance {
     awaiting_adoption: Option<Vec<String>>,
     /// The provider announced it takes this instance away (its reason): draining, no new jobs.
     interrupted: Option<String>,
+    /// When its removal was first asked of the provider (the deletion time's start).
+    removal_requested_at: Option<Moment>,
 }
 
 impl Instance {
@@ -86,6 +88,7 @@ impl Instance {
             next_heartbeat: now,
             awaiting_adoption: None,
             interrupted: None,
+            removal_requested_at: None,
         }
     }
 
@@ -217,6 +220,7 @@ impl Taskscaler {
                     next_heartbeat: now,
                     awaiting_adoption: Some(saved.acquisitions.clone()),
                     interrupted: None,
+                    removal_requested_at: None,
                 },
             );
         }

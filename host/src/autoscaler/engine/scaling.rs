@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use super::{AcquireError, Acquisition, EngineEvent, Instance, KeyState, Phase, RemovalReason, Taskscaler};
+use super::{
+    AcquireError, Acquisition, EngineEvent, Instance, InstanceTiming, KeyState, Phase, RemovalReason, Taskscaler,
+};
 use crate::autoscaler::clock::Moment;
 use crate::autoscaler::provider::{InstanceGroup, InstanceState, ProviderError};
 
@@ -108,6 +110,8 @@ impl Taskscaler {
             if let (Some(p), Some(requested)) = (&mut self.predictor, inst.requested_at) {
                 p.observe_lead(requested, now);
             }
+            let since = inst.requested_at.unwrap_or(inst.created_at);
+            self.events.push(timed(InstanceTiming::Readiness, since, now));
             inst.idle_since = now;
             inst.next_heartbeat = interval.map_or(now, |d| now.plus(d));
             self.failure_streak = 0;
@@ -163,6 +167,10 @@ impl Taskscaler {
     }
 
     pub(super) fn became_running(&mut self, id: &str, now: Moment) {
+        if let Some(inst) = self.instances.get(id) {
+            let since = inst.requested_at.unwrap_or(inst.created_at);
+            self.events.push(timed(InstanceTiming::IsRunning, since, now));
+        }
         if self.cfg.raw.instance_ready_command.is_some() {
             if let Some(inst) = self.instances.get_mut(id) {
                 inst.phase = Phase::ReadyCheck;
@@ -261,6 +269,7 @@ impl Taskscaler {
                 if let Some(requested) = self.requested.pop_front() {
                     let mut inst = Instance::discovered(Phase::Creating, now, self.cfg.capacity);
                     inst.requested_at = Some(requested);
+                    self.events.push(timed(InstanceTiming::Creation, requested, now));
                     self.instances.insert(id.clone(), inst);
                 } else if self.synced && provider.launches_on_its_own() {
                     // The group launched it by itself (a health replacement, rebalancing): it is
@@ -339,7 +348,12 @@ impl Taskscaler {
             if !restored_unconfirmed {
                 self.instance_vanished(&id, now);
             }
-            self.instances.remove(&id);
+            if let Some(gone) = self.instances.remove(&id) {
+                if let Some(asked) = gone.removal_requested_at {
+                    self.events.push(timed(InstanceTiming::Deletion, asked, now));
+                }
+                self.events.push(timed(InstanceTiming::Life, gone.created_at, now));
+            }
         }
         self.synced = true;
         let expecting = !self.requested.is_empty()
@@ -519,11 +533,18 @@ impl Taskscaler {
             if let Some(inst) = self.instances.get_mut(id) {
                 if let Phase::Deleting { reason, .. } = inst.phase {
                     inst.phase = Phase::Deleting { reason, requested_at: Some(now) };
+                    inst.removal_requested_at.get_or_insert(now);
                 }
             }
         }
         self.next_update = self.next_update.min(now.plus(self.cfg.raw.update_interval_when_expecting));
     }
+}
+
+/// The `timing` event of a duration from `since` to `now` (0 when the clock went back).
+fn timed(timing: InstanceTiming, since: Moment, now: Moment) -> EngineEvent {
+    let millis = now.as_millis().saturating_sub(since.as_millis());
+    EngineEvent::Timed { timing, seconds: millis as f64 / 1000.0 }
 }
 
 fn ceil_div(a: u32, b: u32) -> u32 {

@@ -152,6 +152,42 @@ pub enum EngineEvent {
         /// Why.
         reason: RemovalReason,
     },
+    /// An instance passed a point of its life; `seconds` since the point it is measured from
+    /// (the fleeting timing histograms).
+    Timed {
+        /// Which duration.
+        timing: InstanceTiming,
+        /// How long it took.
+        seconds: f64,
+    },
+}
+
+/// The durations of an instance's life that gitlab-runner's fleeting collectors export as
+/// histograms (`fleeting_provisioner_instance_*_seconds`,
+/// `fleeting_taskscaler_task_instance_readiness_time_seconds`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum InstanceTiming {
+    /// From the creation request to the instance appearing in the provider's listing.
+    Creation,
+    /// From the creation request (or first sight) to the provider reporting it running.
+    IsRunning,
+    /// From the creation request (or first sight) to ready for jobs (after the ready check).
+    Readiness,
+    /// From the first removal request to the instance gone from the listing.
+    Deletion,
+    /// From first sight to gone.
+    Life,
+}
+
+impl InstanceTiming {
+    /// Every timing, in exposition order.
+    pub const ALL: [InstanceTiming; 5] = [
+        InstanceTiming::Creation,
+        InstanceTiming::IsRunning,
+        InstanceTiming::Readiness,
+        InstanceTiming::Deletion,
+        InstanceTiming::Life,
+    ];
 }
 
 /// Why `reserve` failed.
@@ -311,3 +347,50 @@ pub struct EngineSnapshot {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct NotReady(pub String);
+
+/// A Prometheus histogram of one instance timing: counts per upper bound (not cumulative),
+/// the sum and the count.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TimingHistogram {
+    /// Upper bounds in seconds, ascending (`+Inf` is implied).
+    pub bounds: Vec<f64>,
+    /// Observations per bound (the last entry: above every bound).
+    pub counts: Vec<u64>,
+    /// Sum of the observations.
+    pub sum: f64,
+    /// Number of observations.
+    pub count: u64,
+}
+
+impl TimingHistogram {
+    /// An empty histogram over `bounds` (sorted, duplicates and non-finite ones dropped).
+    pub fn new(mut bounds: Vec<f64>) -> Self {
+        bounds.retain(|b| b.is_finite());
+        bounds.sort_by(f64::total_cmp);
+        bounds.dedup();
+        let counts = vec![0; bounds.len() + 1];
+        TimingHistogram { bounds, counts, sum: 0.0, count: 0 }
+    }
+
+    /// Count one observation of `seconds`.
+    pub fn observe(&mut self, seconds: f64) {
+        let slot = self.bounds.iter().position(|b| seconds <= *b).unwrap_or(self.bounds.len());
+        if let Some(c) = self.counts.get_mut(slot) {
+            *c += 1;
+        }
+        self.sum += seconds;
+        self.count += 1;
+    }
+
+    /// `(le, cumulative count)` per bound, then `+Inf`.
+    pub fn cumulative(&self) -> Vec<(String, u64)> {
+        let mut total = 0;
+        let mut out = Vec::with_capacity(self.counts.len());
+        for (i, c) in self.counts.iter().enumerate() {
+            total += c;
+            let le = self.bounds.get(i).map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+            out.push((le, total));
+        }
+        out
+    }
+}

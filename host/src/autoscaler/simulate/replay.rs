@@ -447,7 +447,8 @@ pub fn run_fleet(
                         | EngineEvent::InstanceRemoved { .. }
                         | EngineEvent::InstanceInterrupted { .. }
                         | EngineEvent::ProviderFailing { .. }
-                        | EngineEvent::ProviderRecovered { .. } => {}
+                        | EngineEvent::ProviderRecovered { .. }
+                        | EngineEvent::Timed { .. } => {}
                     }
                 }
                 if !lane.engine.needs_tick() {
