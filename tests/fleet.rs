@@ -307,7 +307,8 @@ async fn a_gitlab_without_two_phase_commit_refuses_nothing_while_a_job_waits_for
     let job = fleet.enqueue("no-two-phase", &["echo ran on its instance"]);
 
     let accepted_while_waiting = |j: &JobRecord| {
-        j.updates.iter().any(|u| u["state"] == "running") && j.trace_text().contains("Preparing the \"instance\" executor")
+        j.updates.iter().any(|u| u["state"] == "running")
+            && j.trace_text().contains("Preparing the \"instance\" executor")
     };
     let Some(waiting) = fleet.fake.wait_for_job_state(job, accepted_while_waiting, WAIT).await else {
         panic!(

@@ -270,7 +270,10 @@ async fn held_pending_tells_a_two_phase_handout_from_a_running_one() {
     let r = job.update_job(&JobUpdate::state(JobState::Pending)).await;
     assert!(matches!(&r.outcome, UpdateOutcome::Failed(m) if m.contains("400")), "{:?}", r.outcome);
     let rejected = fake.rejected_updates();
-    assert_eq!((rejected.len(), rejected[0].job, rejected[0].state.as_str(), rejected[0].code), (1, id, "pending", 400));
+    assert_eq!(
+        (rejected.len(), rejected[0].job, rejected[0].state.as_str(), rejected[0].code),
+        (1, id, "pending", 400)
+    );
     assert_eq!(job.update_job(&JobUpdate::state(JobState::Running)).await.outcome, UpdateOutcome::Accepted);
     assert_eq!(fake.rejected_updates().len(), 1, "running is a keep-alive GitLab takes");
 }
