@@ -270,7 +270,11 @@ async fn scales_from_zero_runs_jobs_on_instances_and_scales_down_when_idle() {
         let address = instance.split(':').next().unwrap_or_default().to_string();
         assert!(trace.contains(&format!(" {address} ")), "the job ran over SSH on its instance {instance}:\n{trace}");
         instances.insert(instance);
+        // The fake is a GitLab with two-phase commit on (its default): the job stayed pending
+        // until Runway accepted it with its instance ready.
+        assert_eq!(record.handed_out, Some(JobStatus::Pending), "two-phase commit kept");
     }
+    assert_eq!(fleet.fake.rejected_updates(), vec![], "no update GitLab refused");
     assert_eq!(instances.len(), 3, "jobs ran on three instances: {instances:?}");
     assert_eq!(fleet.metric("fleeting_provisioner_instance_operations_total", &["operation=\"create\""]).await, 3.0);
 
@@ -297,6 +301,51 @@ async fn scales_from_zero_runs_jobs_on_instances_and_scales_down_when_idle() {
         fleet.metric("fleeting_taskscaler_task_instance_readiness_time_seconds_bucket", &["le=\"+Inf\""]).await,
         3.0
     );
+    fleet.stop().await;
+}
+
+/// A GitLab without two-phase commit (`allow_runner_job_acknowledgement` off, as on most
+/// instances since GitLab parked it) hands every job out `running` whatever the runner
+/// advertises and refuses `PUT state=pending`. Runway takes the job at once, as gitlab-runner
+/// does: GitLab shows it running with its log while it waits for its instance, and nothing
+/// Runway sends is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gitlab_without_two_phase_commit_refuses_nothing_while_a_job_waits_for_its_instance() {
+    let mut fleet = Fleet::new(&[16]).await;
+    fleet.fake.set_two_phase_commit(false);
+    // The instance is ready only once the test says so: the job waits for it as long as needed.
+    let gate = fleet.dir.path().join("instance-may-be-ready");
+    fleet.write_config(
+        &format!(
+            "max_instances = 1\ninstance_ready_command = \"while [ ! -e {} ]; do sleep 0.1; done\"",
+            gate.display()
+        ),
+        "idle_count = 0\nidle_time = \"1h\"",
+    );
+    fleet.start();
+    let job = fleet.enqueue("no-two-phase", &["echo ran on its instance"]);
+
+    let accepted_while_waiting = |j: &JobRecord| {
+        j.updates.iter().any(|u| u["state"] == "running")
+            && j.trace_text().contains("Preparing the \"instance\" executor")
+    };
+    let Some(waiting) = fleet.fake.wait_for_job_state(job, accepted_while_waiting, WAIT).await else {
+        panic!(
+            "the job was not taken while it waited for its instance: {:?}\nrunway log:\n{}",
+            fleet.fake.job(job).map(|j| (j.status, j.updates)),
+            fleet.log()
+        );
+    };
+    assert_eq!(waiting.handed_out, Some(JobStatus::Running));
+    assert!(!waiting.trace_text().contains("ran on its instance"), "the instance was not ready yet");
+
+    std::fs::write(&gate, "").expect("gate");
+    let record = fleet.finished(job).await;
+    assert_success(&record);
+    assert!(record.trace_text().contains("ran on its instance"), "{}", record.trace_text());
+    let states: Vec<&str> = record.updates.iter().filter_map(|u| u["state"].as_str()).collect();
+    assert!(!states.contains(&"pending"), "no two-phase keep-alive: {states:?}");
+    assert_eq!(fleet.fake.rejected_updates(), vec![], "no update GitLab refused");
     fleet.stop().await;
 }
 

@@ -245,6 +245,39 @@ fn final_update(state: JobState, trace: &[u8]) -> JobUpdate {
     }
 }
 
+/// `GET /api/v4/job` tells whether GitLab holds a job pending for acceptance: yes with
+/// two-phase commit on, no on a GitLab that hands jobs out `running` (and refuses
+/// `state=pending` there, 400, while `state=running` is a keep-alive it takes).
+#[tokio::test]
+async fn held_pending_tells_a_two_phase_handout_from_a_running_one() {
+    let fake = fake(Duration::ZERO).await;
+    let (client, _) = client();
+    let runner = fake.create_runner("r");
+
+    let id = fake.enqueue(fake.job_payload(&JobSpec::new("g/p", "j", &["true"])));
+    let job = take_job(&fake, &client, &runner.token).await;
+    assert!(job.held_pending().await.expect("GET /job"), "two-phase commit on: held pending");
+    assert_eq!(job.update_job(&JobUpdate::state(JobState::Running)).await.outcome, UpdateOutcome::Accepted);
+    assert!(!job.held_pending().await.expect("GET /job"), "accepted: running");
+    assert_eq!(fake.job(id).expect("job").handed_out, Some(JobStatus::Pending));
+
+    fake.set_two_phase_commit(false);
+    let id = fake.enqueue(fake.job_payload(&JobSpec::new("g/p", "j2", &["true"])));
+    let job = take_job(&fake, &client, &runner.token).await;
+    assert_eq!(fake.job(id).expect("job").handed_out, Some(JobStatus::Running), "running whatever is advertised");
+    assert!(!job.held_pending().await.expect("GET /job"), "two-phase commit off: running from the handout");
+    assert_eq!(fake.rejected_updates(), vec![]);
+    let r = job.update_job(&JobUpdate::state(JobState::Pending)).await;
+    assert!(matches!(&r.outcome, UpdateOutcome::Failed(m) if m.contains("400")), "{:?}", r.outcome);
+    let rejected = fake.rejected_updates();
+    assert_eq!(
+        (rejected.len(), rejected[0].job, rejected[0].state.as_str(), rejected[0].code),
+        (1, id, "pending", 400)
+    );
+    assert_eq!(job.update_job(&JobUpdate::state(JobState::Running)).await.outcome, UpdateOutcome::Accepted);
+    assert_eq!(fake.rejected_updates().len(), 1, "running is a keep-alive GitLab takes");
+}
+
 #[tokio::test]
 async fn patch_and_update_map_every_status() {
     let fake = fake(Duration::ZERO).await;
@@ -262,8 +295,10 @@ async fn patch_and_update_map_every_status() {
         (UpdateOutcome::Accepted, RemoteJobStatus::Running, Some(Duration::from_secs(3)))
     );
     assert_eq!(fake.job(id).expect("job").pending_keepalives, 1);
+    // After acceptance the job no longer waits for an acknowledgement: GitLab's
+    // `update_build_state!` refuses `pending` with 400.
     let r = job.update_job(&JobUpdate::state(JobState::Pending)).await;
-    assert_eq!(r.outcome, UpdateOutcome::Conflict, "pending after acceptance is a 409");
+    assert!(matches!(&r.outcome, UpdateOutcome::Failed(m) if m.contains("400")), "{:?}", r.outcome);
 
     let r = job.patch_trace(0, b"line 1\n").await;
     assert_eq!((r.outcome, r.remote_status), (PatchOutcome::Accepted, RemoteJobStatus::Running));

@@ -39,8 +39,9 @@ default_fn!(d_periods, Vec<String>, vec!["* * * * *".to_string()]);
 /// `[runners.autoscaler]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AutoscalerConfig {
-    /// Fleeting plugin name (a Runway plugin in `plugins_dir`, e.g. `static`); required unless
-    /// the file is loaded for [`super::Purpose::Simulate`].
+    /// Fleeting plugin name (a Runway plugin in `plugins_dir`, e.g. `static`, or a reference
+    /// to one of GitLab's fleeting plugins, see [`builtin_provider`]); required unless the
+    /// file is loaded for [`super::Purpose::Simulate`].
     #[serde(default)]
     pub plugin: String,
     /// Concurrent jobs per instance (job slots).
@@ -214,7 +215,40 @@ mod duration_opt {
     }
 }
 
+/// Where gitlab-runner (`gitlab-runner fleeting install`) finds GitLab's own fleeting plugins
+/// when `plugin` names no registry.
+const GITLAB_PLUGIN_NAMESPACES: [&str; 4] =
+    ["", "gitlab", "gitlab-org/fleeting/plugins", "registry.gitlab.com/gitlab-org/fleeting/plugins"];
+
+/// The built-in Runway provider a gitlab-runner `plugin` reference names, when it names one of
+/// GitLab's own fleeting plugins: `aws`, `fleeting-plugin-aws`, `gitlab/fleeting-plugin-aws`,
+/// `aws:latest`, `registry.gitlab.com/gitlab-org/fleeting/plugins/aws:1.0.0` (a tag or digest
+/// is left aside) → `aws`; the same for `googlecloud` (or `googlecompute`, the binary's older
+/// name) → `googlecompute` and `azure` → `azure`. `None` for anything else (a plugin of
+/// another registry, a Runway plugin such as `static`).
+pub fn builtin_provider(reference: &str) -> Option<&'static str> {
+    let reference = reference.trim();
+    let reference = reference.split_once('@').map_or(reference, |(name, _digest)| name);
+    let (namespace, last) = reference.rsplit_once('/').unwrap_or(("", reference));
+    let name = last.split_once(':').map_or(last, |(name, _tag)| name);
+    if !GITLAB_PLUGIN_NAMESPACES.contains(&namespace) {
+        return None;
+    }
+    match name.strip_prefix("fleeting-plugin-").unwrap_or(name) {
+        "aws" => Some("aws"),
+        "googlecloud" | "googlecompute" => Some("googlecompute"),
+        "azure" => Some("azure"),
+        _ => None,
+    }
+}
+
 impl AutoscalerConfig {
+    /// The provider plugin Runway starts for `plugin`: its built-in one when `plugin` names
+    /// one of GitLab's fleeting plugins ([`builtin_provider`]), else `plugin` as written.
+    pub fn provider(&self) -> &str {
+        builtin_provider(&self.plugin).unwrap_or(&self.plugin)
+    }
+
     /// `plugin_config` as the JSON the plugin's `init` receives.
     pub fn plugin_config_json(&self) -> String {
         serde_json::to_string(&self.plugin_config).unwrap_or_else(|_| "{}".into())
@@ -400,4 +434,44 @@ pub(super) fn check_periods(periods: &[String], expected: usize) -> Result<(), I
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::builtin_provider;
+
+    #[test]
+    fn gitlabs_fleeting_plugins_select_the_builtin_providers() {
+        for (reference, provider) in [
+            ("aws", "aws"),
+            ("aws:latest", "aws"),
+            ("fleeting-plugin-aws", "aws"),
+            ("gitlab/fleeting-plugin-aws", "aws"),
+            ("registry.gitlab.com/gitlab-org/fleeting/plugins/aws:latest", "aws"),
+            ("registry.gitlab.com/gitlab-org/fleeting/plugins/aws@sha256:0123abcd", "aws"),
+            ("googlecloud", "googlecompute"),
+            ("googlecloud:latest", "googlecompute"),
+            ("fleeting-plugin-googlecompute", "googlecompute"),
+            ("fleeting-plugin-googlecloud", "googlecompute"),
+            ("gitlab/fleeting-plugin-googlecloud:1.0.0", "googlecompute"),
+            ("registry.gitlab.com/gitlab-org/fleeting/plugins/googlecloud:0.3.0", "googlecompute"),
+            ("azure", "azure"),
+            ("azure:latest", "azure"),
+            ("fleeting-plugin-azure", "azure"),
+            ("gitlab/fleeting-plugin-azure", "azure"),
+            ("registry.gitlab.com/gitlab-org/fleeting/plugins/azure:1", "azure"),
+        ] {
+            assert_eq!(builtin_provider(reference), Some(provider), "{reference}");
+        }
+        for unknown in [
+            "static",
+            "my-plugin",
+            "example.com/team/aws:1",
+            "someone/fleeting-plugin-aws",
+            "fleeting-plugin-vsphere",
+            "",
+        ] {
+            assert_eq!(builtin_provider(unknown), None, "{unknown}");
+        }
+    }
 }

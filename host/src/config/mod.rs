@@ -664,12 +664,22 @@ fn nested_warnings(text: &str, path: &Path, already: &[String]) -> Vec<ConfigWar
         for (section, value) in runner {
             let ignored = match section.as_str() {
                 "cache" => fidelity::ignored_keys::<cache::CacheConfig>(value),
-                "autoscaler" => fidelity::ignored_keys::<autoscaler::AutoscalerConfig>(value),
+                "autoscaler" => {
+                    let mut keys = fidelity::ignored_keys::<autoscaler::AutoscalerConfig>(value);
+                    // Read, but Runway's engine has no reservation throttle to turn off or on.
+                    keys.extend(value.get("reservation_throttling").map(|_| "reservation_throttling".to_string()));
+                    keys
+                }
                 "machine" => {
                     // The legacy keys Runway maps onto fleets; the rest is kept unread.
                     let other = value.clone().try_into::<autoscaler::MachineConfig>().map(|m| m.other);
                     let mut keys: Vec<String> = other.map(|o| o.into_keys().collect()).unwrap_or_default();
                     keys.extend(value.get("MaxRemovalAttempts").map(|_| "MaxRemovalAttempts".to_string()));
+                    // Only docker+machine creates machines with a driver; elsewhere they say nothing.
+                    if runner.get("executor").and_then(toml::Value::as_str) != Some("docker+machine") {
+                        let driver = ["MachineDriver", "MachineName", "MachineOptions"];
+                        keys.extend(driver.into_iter().filter(|k| value.get(*k).is_some()).map(str::to_string));
+                    }
                     keys
                 }
                 "store" => fidelity::ignored_keys::<store::StoreConfig>(value),

@@ -424,3 +424,25 @@ fn gitlab_runner_documentation_configs_load_unchanged() {
         }
     }
 }
+
+#[test]
+fn machine_driver_keys_outside_docker_machine_and_reservation_throttling_are_warned_by_name() {
+    let text = "concurrent = 2\n[[runners]]\n  url = \"https://x\"\n  token = \"t\"\n  executor = \"instance\"\n  [runners.autoscaler]\n    plugin = \"gitlab/fleeting-plugin-aws\"\n    reservation_throttling = false\n  [runners.machine]\n    IdleCount = 1\n    MachineDriver = \"amazonec2\"\n    MachineName = \"ci-%s\"\n    MachineOptions = [\"amazonec2-region=eu-west-1\"]\n";
+    let loaded = parse_str(text).expect("loads");
+    let want = [
+        "/etc/runway/config.toml:8: runners.0.autoscaler.reservation_throttling: not supported by Runway (ignored)",
+        "/etc/runway/config.toml:11: runners.0.machine.MachineDriver: not supported by Runway (ignored)",
+        "/etc/runway/config.toml:12: runners.0.machine.MachineName: not supported by Runway (ignored)",
+        "/etc/runway/config.toml:13: runners.0.machine.MachineOptions: not supported by Runway (ignored)",
+    ];
+    for w in want {
+        assert!(loaded.warnings.iter().any(|got| got == w), "missing {w:?} in {:#?}", loaded.warnings);
+    }
+    assert_eq!(loaded.warnings.len(), want.len(), "{:#?}", loaded.warnings);
+    assert_eq!(loaded.config.runners[0].autoscaler.as_ref().map(|a| a.provider()), Some("aws"));
+    // docker+machine reads them.
+    let machine =
+        text.replace("\"instance\"", "\"docker+machine\"").replace("    reservation_throttling = false\n", "");
+    let loaded = parse_str(&machine).expect("loads");
+    assert!(loaded.warnings.is_empty(), "{:#?}", loaded.warnings);
+}

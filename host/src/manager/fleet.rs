@@ -28,7 +28,7 @@ use crate::autoscaler::{
     AcquireError, Autoscaler, EngineEvent, EngineMetrics, EngineSnapshot, InstanceTiming, NotReady, PluginProvider,
     ReadyCommand, RealClock, RemovalReason, ReserveError, TimingHistogram,
 };
-use crate::config::autoscaler::{AutoscalerConfig, ConnectorConfigToml, MachineConfig};
+use crate::config::autoscaler::{builtin_provider, AutoscalerConfig, ConnectorConfigToml, MachineConfig};
 use crate::config::duration::{parse_duration, DurationError};
 use crate::connector::{
     probe, ConnectError, ConnectSpec, ConnectorDefaults, InstanceConnectInfo, ProbeError, SpecError, SshSession,
@@ -254,9 +254,12 @@ impl Fleet {
         manager_id: &str,
     ) -> Result<Arc<Fleet>, FleetError> {
         let defaults = connector_defaults(&config.connector_config)?;
+        if let Some(builtin) = builtin_provider(&config.plugin) {
+            tracing::info!(runner = name, plugin = %config.plugin, provider = builtin, "fleeting plugin {:?} is GitLab's: using Runway's built-in {builtin} provider", config.plugin);
+        }
         let (provider, init_error) = PluginProvider::start(
             host,
-            &config.plugin,
+            config.provider(),
             plugin_view(&defaults, &config.connector_config),
             &config.plugin_config_json(),
             PROVIDER_CALL_DEADLINE,
@@ -304,7 +307,7 @@ impl Fleet {
             shutdown_deletion: (config.shutdown_deletion_interval, config.shutdown_deletion_retries),
             delete_on_shutdown: config.delete_instances_on_shutdown,
             jobs: Mutex::default(),
-            provider_name: config.plugin.clone(),
+            provider_name: config.provider().to_string(),
             acquired: Mutex::default(),
             state_file,
             manager_id: manager_id.to_string(),

@@ -13,7 +13,7 @@ use axum::routing::{delete, get, patch, post, put};
 use axum::Router;
 use serde_json::{json, Value};
 
-use crate::{git, Endpoint, JobRecord, JobStatus, LoggedRequest, RunnerRecord, Shared, TracePatch};
+use crate::{git, Endpoint, JobRecord, JobStatus, LoggedRequest, RejectedUpdate, RunnerRecord, Shared, TracePatch};
 
 /// Rails' failure reasons (§3.2) the fake accepts on a final `failed` update; anything else
 /// not in the job's `features.failure_reasons` becomes `unknown_failure`, as in Rails.
@@ -74,6 +74,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/objectstore/artifacts/{id}/{name}", get(crate::artifacts::object_store))
         .route("/api/v4/projects/{id}/jobs", get(crate::jobs_api::list_jobs))
+        .route("/api/v4/job", get(crate::jobs_api::current_job))
         .route("/oauth/discovery/keys", get(crate::id_tokens::keys))
         .route("/.well-known/openid-configuration", get(crate::id_tokens::openid_configuration))
         .fallback(git::serve)
@@ -461,7 +462,8 @@ async fn request_job_inner(shared: &Shared, req: &Incoming) -> Response {
         if paused || last_update.as_deref() == Some(version.as_str()) {
             return no_job(version);
         }
-        let two_phase = body.pointer("/info/features/two_phase_job_commit").and_then(Value::as_bool).unwrap_or(false);
+        let two_phase = s.two_phase_commit
+            && body.pointer("/info/features/two_phase_job_commit").and_then(Value::as_bool).unwrap_or(false);
         // Drop jobs no longer waiting (canceled meanwhile); take the first one for this runner.
         let jobs = &s.jobs;
         s.queue.retain(|id| jobs.get(id).is_some_and(|j| j.status == JobStatus::Pending && j.runner_token.is_none()));
@@ -476,6 +478,7 @@ async fn request_job_inner(shared: &Shared, req: &Incoming) -> Response {
             } else {
                 job.status = JobStatus::Running;
             }
+            job.handed_out = Some(job.status);
             let mut payload = job.payload.clone();
             let job_token = job.token.clone();
             fill_dependencies(&mut payload, &s.jobs, &job_token);
@@ -608,6 +611,7 @@ fn update_job_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
         }
         job.updates.push(body.clone());
         let state = str_field(&body, "state").unwrap_or_default();
+        let status_before = job.status;
         let mut consumed_backoff = false;
         let (code, text, extra): (u16, &str, Option<(&str, String)>) = match (job.status, state) {
             (JobStatus::Pending, _) if job.runner_token.is_none() => {
@@ -625,7 +629,8 @@ fn update_job_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
             }
             (JobStatus::Pending, _) => (400, "400 Bad request - invalid state for a job awaiting acceptance", None),
             (status, _) if !status.is_processing() => (403, "403 Forbidden - Job is not processing on runner", None),
-            (_, "pending") => (409, "409 Conflict - job is already running", None),
+            // Not waiting for an acknowledgement: `update_build_state!` knows no `pending`.
+            (_, "pending") => (400, "400 Bad request - job is not waiting for acknowledgement", None),
             (_, "running") => {
                 job.running_keepalives += 1;
                 (200, "200 OK", None)
@@ -679,6 +684,10 @@ fn update_job_inner(shared: &Shared, req: &Incoming, id: &str) -> Response {
             headers.push((name, value));
         }
         job.reported_statuses.push(job.status.as_str().into());
+        if matches!(code, 400 | 403 | 409) {
+            let rejected = RejectedUpdate { job: id, state: state.to_string(), status: status_before, code };
+            s.rejected_updates.push(rejected);
+        }
         if consumed_backoff {
             s.final_update_backoffs -= 1;
         }

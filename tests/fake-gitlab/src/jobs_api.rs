@@ -6,6 +6,10 @@
 //! `X-Total` and `X-Total-Pages` (left out above 10,000 records, as GitLab does for
 //! performance) and a `Link` header with `prev`, `next`, `first` and (with a total) `last`.
 //! Job records are seeded by tests ([`HistoricJob`]); this module serves them only.
+//!
+//! Also `GET /api/v4/job`, the job of the `JOB-TOKEN` (or `job_token` parameter): GitLab's
+//! `Ci::AuthJobFinder` takes the token of a running or canceling job, or of one waiting for its
+//! runner's acknowledgement (two-phase commit), and answers 401 for any other.
 
 use std::sync::Arc;
 
@@ -214,4 +218,40 @@ fn answer(shared: &Shared, project: &str, req: &Incoming) -> Response {
     }
     headers.push(("Link", links.join(", ")));
     json_response(200, &headers, &Value::Array(slice))
+}
+
+/// `GET /api/v4/job`.
+pub(crate) async fn current_job(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let req = Incoming { method, uri, headers, body };
+    let answer = current_job_answer(&shared, &req);
+    finish(&shared, &req, answer)
+}
+
+fn current_job_answer(shared: &Shared, req: &Incoming) -> Response {
+    let params = query_pairs(&req.uri);
+    let token = req
+        .header("job-token")
+        .map(str::to_string)
+        .or_else(|| params.iter().find(|(k, _)| k == "job_token").map(|(_, v)| v.clone()));
+    let inner = shared.lock();
+    let job = inner.jobs.values().find(|j| token.as_deref() == Some(j.token.as_str()));
+    let Some(job) = job.filter(|j| j.status.is_processing() || j.awaiting_ack_since.is_some()) else {
+        return message(401, &[], "401 Unauthorized");
+    };
+    let name = job.payload.pointer("/job_info/name").cloned().unwrap_or(Value::Null);
+    let stage = job.payload.pointer("/job_info/stage").cloned().unwrap_or(Value::Null);
+    let body = json!({
+        "id": job.id,
+        "status": job.status.as_str(),
+        "name": name,
+        "stage": stage,
+        "web_url": format!("{}/-/jobs/{}", inner.base_url, job.id),
+    });
+    json_response(200, &[], &body)
 }

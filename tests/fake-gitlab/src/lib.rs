@@ -5,7 +5,10 @@
 //!   `POST /api/v4/runners/reset_authentication_token` (token expiry and revocation)
 //! - `POST /api/v4/jobs/request` with Workhorse long polling on a per-runner queue version
 //! - two-phase job commit, `PUT /api/v4/jobs/:id` (keep-alives, final state, crc32 checksum check,
-//!   202 backoff), `PATCH /api/v4/jobs/:id/trace` (inclusive `Content-Range`, 416 on mismatch)
+//!   202 backoff), `PATCH /api/v4/jobs/:id/trace` (inclusive `Content-Range`, 416 on mismatch);
+//!   or, [`FakeGitLab::set_two_phase_commit`] off, a GitLab that hands every job out `running`
+//!   and refuses `state=pending` ([`FakeGitLab::rejected_updates`])
+//! - `GET /api/v4/job` (the job of a job token, with its status)
 //! - cancel from the "UI" ([`FakeGitLab::cancel`], [`FakeGitLab::force_cancel`])
 //! - injected failures per endpoint ([`FakeGitLab::inject`])
 //! - real git repositories over smart HTTP through `git http-backend` ([`FakeGitLab::create_repo`]),
@@ -193,6 +196,9 @@ pub struct JobRecord {
     pub reported_statuses: Vec<String>,
     /// The job created when this one was dropped waiting for the runner's ack.
     pub retried_as: Option<i64>,
+    /// The status the job was handed out in: `Pending` under two-phase commit (until the
+    /// runner accepts it), `Running` otherwise; `None` before a runner took it.
+    pub handed_out: Option<JobStatus>,
     /// The payload as enqueued (before `id` and token were filled in), for a retry.
     template: serde_json::Value,
     /// Last handout or runner ping while waiting for acceptance (two-phase commit).
@@ -318,6 +324,24 @@ pub(crate) struct Inner {
     pub api_tokens: BTreeSet<String>,
     /// Projects whose job history `GET /api/v4/projects/:id/jobs` serves.
     pub projects: Vec<jobs_api::ProjectHistory>,
+    /// GitLab's `allow_runner_job_acknowledgement` feature flag: on, a runner advertising
+    /// `two_phase_job_commit` gets its job `pending` until it accepts it; off, every job is
+    /// handed out `running` whatever the runner advertises.
+    pub two_phase_commit: bool,
+    /// `PUT /jobs/:id` calls GitLab refused (see [`RejectedUpdate`]).
+    pub rejected_updates: Vec<RejectedUpdate>,
+}
+
+/// A `PUT /api/v4/jobs/:id` GitLab refused as invalid for the job (400, 403, 409; not the
+/// 412 of the trace checksum handshake nor an injected answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedUpdate {
+    pub job: i64,
+    /// The `state` the runner sent.
+    pub state: String,
+    /// The job's status when it came.
+    pub status: JobStatus,
+    pub code: u16,
 }
 
 impl Inner {
@@ -372,6 +396,7 @@ impl Inner {
                 updates: Vec::new(),
                 reported_statuses: Vec::new(),
                 retried_as: None,
+                handed_out: None,
                 template,
                 awaiting_ack_since: None,
                 trace_reset_armed: false,
@@ -504,6 +529,8 @@ impl FakeGitLab {
                 revoked_tokens: BTreeSet::new(),
                 api_tokens: BTreeSet::new(),
                 projects: Vec::new(),
+                two_phase_commit: true,
+                rejected_updates: Vec::new(),
             }),
             changes,
             repo_root: repo_dir.path().to_path_buf(),
@@ -647,6 +674,18 @@ impl FakeGitLab {
     /// (GitLab: 2 minutes). Checked whenever a runner asks for a job.
     pub fn set_runner_ack_expiry(&self, expiry: Duration) {
         self.shared.mutate(|s| s.runner_ack_expiry = expiry);
+    }
+
+    /// Behave as a GitLab with (`true`, the default) or without the
+    /// `allow_runner_job_acknowledgement` feature flag (two-phase commit; parked since GitLab
+    /// merge request 215705, so most instances hand every job out `running`).
+    pub fn set_two_phase_commit(&self, on: bool) {
+        self.shared.mutate(|s| s.two_phase_commit = on);
+    }
+
+    /// Every `PUT /jobs/:id` GitLab refused, in order.
+    pub fn rejected_updates(&self) -> Vec<RejectedUpdate> {
+        self.shared.lock().rejected_updates.clone()
     }
 
     /// The job that retried `id` after it was dropped, if any.

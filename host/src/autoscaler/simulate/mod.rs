@@ -47,7 +47,7 @@ pub struct SimFleet {
 /// entries using it share (each entry still scales its own instance group, as GitLab requires).
 fn provider_of(runner: &RunnerConfig) -> String {
     match (&runner.autoscaler, &runner.machine) {
-        (Some(a), _) => a.plugin.clone(),
+        (Some(a), _) => a.provider().to_string(),
         (None, Some(m)) => format!("docker-machine/{}", m.machine_driver),
         (None, None) => String::new(),
     }

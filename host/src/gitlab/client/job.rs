@@ -1,5 +1,6 @@
 //! The job-token calls of one running job (protocol §1.8–§1.9): `PATCH /jobs/:id/trace` and
-//! `PUT /jobs/:id`, mapped onto [`JobApi`]'s outcomes.
+//! `PUT /jobs/:id`, mapped onto [`JobApi`]'s outcomes; `GET /job`, which says whether GitLab
+//! handed the job out waiting for acceptance (two-phase commit) or already `running`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,6 +76,37 @@ impl JobClient {
                 status,
                 message: error_message(response).await,
             }),
+        }
+    }
+
+    /// Does GitLab hold the job `pending` until this runner accepts it (two-phase commit)?
+    ///
+    /// GitLab keeps a job handed to a runner advertising `two_phase_job_commit` pending only
+    /// with its `allow_runner_job_acknowledgement` feature flag on (GitLab 18.5 on, parked
+    /// since); otherwise the job is `running` from the handout and `PUT state=pending` is
+    /// refused with 400. The job payload says neither, but `GET /api/v4/job` with the job
+    /// token does: GitLab authenticates the token of a job waiting for acknowledgement and
+    /// answers its `status`, `pending`. Any other status (or no usable answer) is "not held".
+    pub async fn held_pending(&self) -> Result<bool, ApiError> {
+        let url = GitLabClient::endpoint_url(&self.base, "job")?;
+        let decorate = |rb: RequestBuilder| rb.header("JOB-TOKEN", &self.token).header(ACCEPT, "application/json");
+        let response = self
+            .client
+            .execute(Endpoint::CurrentJob, Method::GET, &url, decorate)
+            .await
+            .map_err(|e| e.at(Endpoint::CurrentJob))?;
+        match response.status().as_u16() {
+            200 => {
+                let text = response
+                    .text()
+                    .await
+                    .map_err(|e| ApiError::Transport { endpoint: Endpoint::CurrentJob, message: e.to_string() })?;
+                let job: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                Ok(job.get("status").and_then(Value::as_str) == Some("pending"))
+            }
+            status => {
+                Err(ApiError::Status { endpoint: Endpoint::CurrentJob, status, message: error_message(response).await })
+            }
         }
     }
 

@@ -72,6 +72,8 @@ pub enum Endpoint {
     DownloadArtifacts,
     /// `POST /jobs/:id/runner_provisioning` (a Runway router's decline).
     RunnerProvisioning,
+    /// `GET /job`: the job of a job token, with its status.
+    CurrentJob,
 }
 
 impl Endpoint {
@@ -89,6 +91,7 @@ impl Endpoint {
             Endpoint::UploadArtifacts => "upload_artifacts",
             Endpoint::DownloadArtifacts => "download_artifacts",
             Endpoint::RunnerProvisioning => "runner_provisioning",
+            Endpoint::CurrentJob => "current_job",
         }
     }
 }

@@ -1,6 +1,9 @@
 //! A job fresh from the poll: kept `pending` at GitLab (keep-alives) while it waits for
-//! capacity, given its store entry and its `CI_CONCURRENT_*` slot, run, and ended — declined
-//! back to a Runway router when this runner could not prepare it, reported otherwise.
+//! capacity when GitLab holds it pending (two-phase commit: a Runway router, a GitLab with
+//! `allow_runner_job_acknowledgement` on), accepted at once as gitlab-runner does when GitLab
+//! handed it out `running`; given its store entry and its `CI_CONCURRENT_*` slot, run, and
+//! ended — declined back to a Runway router when this runner could not prepare it, reported
+//! otherwise.
 //!
 //! Owns: [`run`] and the decline. Must not touch: polling (`crate::manager`), the teardown
 //! (`super::Received::end`).
@@ -10,12 +13,13 @@ use std::sync::Arc;
 use super::gitlab::StageReport;
 use super::{bad, unix_now, Ending, GitLabSide, JobContext, Received, Reservation};
 use crate::gitlab::client::{ApiError, BadJob, ReceivedJob};
-use crate::job::{run_job_until_cleanup, JobControl, JobProgress, Progress};
+use crate::job::{run_job_until_cleanup, JobControl, JobOutcome, JobProgress, Progress};
 use crate::manager::observe::{FinishedJob, ProcessingFailure};
 use crate::manager::persist::JobRecord;
 use crate::payload::{flags, JobResponse};
 use crate::store::jobs::EntryMeta;
-use crate::trace::{wire_reason, JobTrace};
+use crate::trace::format::TraceLog;
+use crate::trace::{wire_reason, FailureReason, JobTrace};
 
 /// Run `received`, fresh from the poll, on the fleet slot `reservation` when the runner has
 /// a fleet, to its final update.
@@ -37,12 +41,29 @@ pub(crate) async fn run(ctx: JobContext, received: ReceivedJob, reservation: Opt
     };
     let Some(api) = ctx.job_api(&job) else { return };
     let control = JobControl::default();
-    let side = GitLabSide::new(api, trace.clone(), control.clone(), ctx.retry(), ctx.job_upload())
-        .keeping_pending(ctx.pending_keepalive);
+    let side = GitLabSide::new(api, trace.clone(), control.clone(), ctx.retry(), ctx.job_upload());
+    let side = if held_pending(&ctx, &job, declinable).await {
+        side.keeping_pending(ctx.pending_keepalive)
+    } else {
+        // GitLab handed the job out `running`: a `PUT state=pending` would be refused (400).
+        // Take it now, as gitlab-runner does, so its trace and keep-alives flow while it
+        // waits for capacity and prepares.
+        if let Err(e) = side.accept().await {
+            tracing::warn!(job = job.id, "job dropped: {e}");
+            return;
+        }
+        side
+    };
 
-    // Wait for capacity while the job stays pending at GitLab.
+    // Wait for capacity (while the job stays pending at GitLab, when it does).
     let Some(seat) = ctx.capacity.seat(job.id, Some(job.job_info.project_id), &control).await else {
         side.stop_keepalive();
+        if side.accepted() {
+            let message = "the runner stopped before the job could start".to_string();
+            trace.error(&message);
+            let outcome = JobOutcome::failed(FailureReason::RunnerInterrupted, None, message);
+            side.report(job.id, &outcome, &job.features.failure_reasons).await;
+        }
         return;
     };
     let observer = ctx.observer.clone();
@@ -110,6 +131,29 @@ pub(crate) async fn run(ctx: JobContext, received: ReceivedJob, reservation: Opt
         observer.processing_failure(&ctx.env.identity, ProcessingFailure::JobFailure);
     }
     received.end(Ending::Reported(outcome, Some(cleanup))).await;
+}
+
+/// Does GitLab hold `job` pending until this runner accepts it? A Runway router (`from_router`)
+/// always does; GitLab does only with two-phase commit on, which `GET /api/v4/job` tells. No
+/// answer: treat it as handed out `running` (accepting early is valid either way).
+async fn held_pending(ctx: &JobContext, job: &JobResponse, from_router: bool) -> bool {
+    if from_router {
+        return true;
+    }
+    let held = match ctx.job_client(job.id, &job.token) {
+        Ok(client) => client.held_pending().await,
+        Err(e) => Err(e),
+    };
+    match held {
+        Ok(held) => {
+            tracing::debug!(job = job.id, held, "GitLab holds the job pending until accepted (two-phase commit)");
+            held
+        }
+        Err(e) => {
+            tracing::warn!(job = job.id, "cannot tell whether GitLab holds the job pending ({e}); accepting it now");
+            false
+        }
+    }
 }
 
 /// `POST /jobs/:id/runner_provisioning` `status=declined` to the router `job` came from.
