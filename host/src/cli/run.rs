@@ -427,8 +427,9 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
     }
     let user = args.user;
     let mut loaded = load_with_user(&config_path, user.as_deref())?;
-    if let Some(address) = args.listen_address.filter(|a| !a.is_empty()) {
-        loaded.config.listen_address = Some(address);
+    let listen_flag = args.listen_address.filter(|a| !a.is_empty());
+    if let Some(address) = &listen_flag {
+        loaded.config.listen_address = Some(address.clone());
     }
     let system_id = config::system_id(&loaded.dir())?;
     let mut plugins = setup::plugin_host(&loaded).await?;
@@ -497,8 +498,14 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
         // A version is read once: a bad edit is reported once, not every 3 s.
         seen_version = file_version(&config_path);
         let next = match load_with_user(&config_path, user.as_deref()) {
-            Ok(next) => {
+            Ok(mut next) => {
                 metrics.config_loaded(true);
+                if let Some(address) = &listen_flag {
+                    next.config.listen_address = Some(address.clone());
+                }
+                if next.config.listen_address != loaded.config.listen_address {
+                    tracing::warn!("changes to `listen_address` take effect after a restart");
+                }
                 next
             }
             Err(e) => {
