@@ -323,6 +323,12 @@ fn runway_log(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("runway.log")).unwrap_or_default()
 }
 
+/// Wait until the runway logging to `dir`/runway.log has started serving: a fresh config
+/// directory compiles the plugins first, which takes long on a loaded machine.
+async fn wait_started(dir: &Path) {
+    wait::until("runway has started", Duration::from_secs(300), || runway_log(dir).contains("runway started")).await;
+}
+
 /// A config file replaced by a bad one and delivered by SIGHUP while a job runs: the reload
 /// is refused and logged, the job finishes, and the runner keeps serving the old configuration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -602,4 +608,222 @@ async fn gitlab_runners_service_exec_start_line_runs_runway() {
     signal(&child, libc::SIGQUIT);
     let status = wait_exit(&mut child).await;
     assert!(status.success(), "exit status {status:?}");
+}
+
+/// The unit gitlab-runner (kardianos/service's systemd template) writes for `install --config C
+/// --working-directory D --user U`: its lines in order, blank lines and comments left out.
+fn gitlab_runners_unit(exec: &str, config: &Path, dir: &Path, user: &str) -> Vec<String> {
+    let exec_start = format!(
+        "ExecStart={exec} \"run\" \"--config\" \"{}\" \"--working-directory\" \"{}\" \"--service\" \"gitlab-runner\" \"--user\" \"{user}\"",
+        config.display(),
+        dir.display()
+    );
+    [
+        "[Unit]",
+        "Description=GitLab Runner",
+        &format!("ConditionFileIsExecutable={exec}"),
+        "After=network.target",
+        "[Service]",
+        "StartLimitInterval=5",
+        "StartLimitBurst=10",
+        &exec_start,
+        "Restart=always",
+        "RestartSec=120",
+        "EnvironmentFile=-/etc/sysconfig/gitlab-runner",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ]
+    .iter()
+    .map(|l| l.to_string())
+    .collect()
+}
+
+/// `runway install` writes gitlab-runner's unit (plus Runway's graceful stop) under a
+/// `systemctl --root` tree, systemd-analyze accepts it, its ExecStart line — the argument list
+/// gitlab-runner's GetServiceArguments builds on systemd — serves a job from the fake GitLab;
+/// `status` and `start` say systemd is not running (it is not booted here), `uninstall` removes
+/// the unit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_install_writes_gitlab_runners_unit_whose_exec_start_serves_jobs() {
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+            .await;
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let runner = fake.create_runner("installed");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("root");
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).expect("work dir");
+    let config = dir.path().join("etc/config.toml");
+    std::fs::create_dir_all(config.parent().expect("parent")).expect("config dir");
+    std::fs::write(
+        &config,
+        format!(
+            "concurrent = 1\ncheck_interval = 1\n[[runners]]\nname = \"unit\"\nurl = \"{}\"\ntoken = \"{}\"\nexecutor = \"shell\"\nbuilds_dir = \"{}\"\n",
+            fake.url(),
+            runner.token,
+            dir.path().join("builds").display()
+        ),
+    )
+    .expect("write config");
+    let user = String::from_utf8(Command::new("id").arg("-un").output().expect("id").stdout).expect("utf-8");
+    let user = user.trim();
+    let systemctl = format!("systemctl --root={}", root.display());
+    let service = |verb: &str, extra: &[&str]| {
+        Command::new(RUNWAY)
+            .arg(verb)
+            .args(extra)
+            .env("RUNWAY_SYSTEMD_ROOT", &root)
+            .env("RUNWAY_SYSTEMCTL", &systemctl)
+            .output()
+            .expect("runway runs")
+    };
+    let work_arg = work.display().to_string();
+    let config_arg = config.display().to_string();
+    let out = service("install", &["--config", &config_arg, "--working-directory", &work_arg, "--user", user]);
+    assert!(out.status.success(), "install: {}", String::from_utf8_lossy(&out.stderr));
+    let unit_file = root.join("etc/systemd/system/gitlab-runner.service");
+    // The link points at /etc/systemd/system/… as systemd will see it: look at the link itself.
+    let wants = root.join("etc/systemd/system/multi-user.target.wants/gitlab-runner.service");
+    assert!(std::fs::symlink_metadata(&wants).is_ok(), "not enabled");
+    let unit = std::fs::read_to_string(&unit_file).expect("the unit is written");
+    let lines: Vec<String> =
+        unit.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_string).collect();
+    let ours = ["KillSignal=SIGQUIT", "KillMode=mixed", "TimeoutStopSec=7200"];
+    let theirs: Vec<String> = lines.iter().filter(|l| !ours.contains(&l.as_str())).cloned().collect();
+    assert_eq!(theirs, gitlab_runners_unit(RUNWAY, &config, &work, user), "{unit}");
+    let service_section = unit.split("[Service]").nth(1).and_then(|s| s.split("[Install]").next()).expect("sections");
+    for line in ours {
+        assert!(service_section.lines().any(|l| l == line), "{line} in [Service]: {unit}");
+    }
+    let verify = Command::new("systemd-analyze").arg("verify").arg(&unit_file).output().expect("systemd-analyze runs");
+    let complaints = String::from_utf8_lossy(&verify.stderr).to_string();
+    assert!(verify.status.success() && complaints.trim().is_empty(), "systemd-analyze verify: {complaints}\n{unit}");
+
+    let out = service("status", &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("systemd is not running") && stderr.contains("is installed"), "{stderr}");
+    let out = service("start", &[]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("systemd is not running"));
+
+    // What systemd would start: ExecStart's words, unquoted.
+    let exec_start = unit.lines().find_map(|l| l.strip_prefix("ExecStart=")).expect("ExecStart");
+    let argv = shell_words::split(exec_start).expect("ExecStart words");
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir("/")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("runway.log")).expect("log file"))
+        .spawn()
+        .expect("ExecStart starts");
+    wait_started(dir.path()).await;
+    let job = fake.enqueue(fake.job_payload(&JobSpec::new("group/project", "unit", &["echo \"in $(pwd)\""])));
+    let Some(record) = fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await else {
+        let _ = child.kill();
+        panic!("the unit's ExecStart served nothing; log:\n{}", runway_log(dir.path()));
+    };
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+    signal(&child, libc::SIGQUIT);
+    let status = wait_exit(&mut child).await;
+    assert!(status.success(), "exit status {status:?}");
+
+    let out = service("uninstall", &[]);
+    assert!(out.status.success(), "uninstall: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!unit_file.exists(), "the unit is removed");
+    assert!(std::fs::symlink_metadata(&wants).is_err(), "still enabled");
+}
+
+/// Live reload without a signal, as gitlab-runner's 3-second modification-time check: with a
+/// job running, a runner appended and `concurrent` raised in the file serve within 5 s; the
+/// running job finishes untouched; a broken edit is refused with file:line and the old
+/// configuration keeps serving; a later good edit (a new log level) is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_file_edits_apply_without_a_signal_and_a_broken_edit_keeps_the_old_config() {
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+            .await;
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let first = fake.create_runner("first");
+    let second = fake.create_runner("second");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    let runner_table = |name: &str, token: &str| {
+        format!(
+            "\n[[runners]]\nname = \"{name}\"\nurl = \"{}\"\ntoken = \"{token}\"\nexecutor = \"shell\"\nbuilds_dir = \"{}\"\n",
+            fake.url(),
+            dir.path().join("builds").display()
+        )
+    };
+    let one = runner_table("first", &first.token);
+    std::fs::write(&config, format!("concurrent = 1\ncheck_interval = 1\n{one}")).expect("write config");
+    let mut child = start(&config, dir.path());
+    wait_started(dir.path()).await;
+    let gate = dir.path().join("gate");
+    let waiting = format!("while [ ! -e {} ]; do sleep 0.1; done", gate.display());
+    let running = fake.enqueue_for(
+        &first.token,
+        fake.job_payload(&JobSpec::new("group/project", "held", &["echo waiting", &waiting, "echo released"])),
+    );
+    if fake.wait_for_job_state(running, |j| j.trace_text().contains("waiting"), WAIT).await.is_none() {
+        let _ = child.kill();
+        panic!("the first job did not start; log:\n{}", runway_log(dir.path()));
+    }
+    // The edit: `concurrent` 1 -> 2 and a second runner appended; no signal.
+    let two = format!("concurrent = 2\ncheck_interval = 1\n{one}{}", runner_table("second", &second.token));
+    std::fs::write(&config, &two).expect("edit config");
+    let edited = std::time::Instant::now();
+    // Its first job request: answered, or parked in the fake's long poll.
+    let polled = || {
+        fake.long_polls_waiting(&second.token) > 0
+            || fake
+                .requests_to("POST", "/api/v4/jobs/request")
+                .iter()
+                .any(|r| String::from_utf8_lossy(&r.body).contains(&second.token))
+    };
+    while !polled() {
+        assert!(
+            edited.elapsed() < Duration::from_secs(5),
+            "the appended runner did not poll within 5 s; log:\n{}",
+            runway_log(dir.path())
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let served =
+        fake.enqueue_for(&second.token, fake.job_payload(&JobSpec::new("group/project", "new", &["echo new"])));
+    let record = fake.wait_for_job_state(served, |j| j.final_state.is_some(), WAIT).await.expect("second job ends");
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+    // It ran beside the held job: `concurrent` is 2 now.
+    assert!(fake.job(running).expect("held job").final_state.is_none(), "the held job ended early");
+    eprintln!("the appended runner served {:?} after the edit", edited.elapsed());
+    std::fs::write(&gate, "").expect("open the gate");
+    let record = fake.wait_for_job_state(running, |j| j.final_state.is_some(), WAIT).await.expect("held job ends");
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+    assert!(record.trace_text().contains("released"), "{}", record.trace_text());
+
+    // A broken edit (bad TOML on its last line) is refused and named by file:line.
+    let broken = format!("{two}\n[[runners]\nname = \"broken\"\n");
+    let bad_line = two.lines().count() + 2;
+    std::fs::write(&config, &broken).expect("break config");
+    let named = format!("config.toml:{bad_line}");
+    wait::until("the broken edit is reported", WAIT, || {
+        let log = runway_log(dir.path());
+        log.contains("config reload failed, keeping the running configuration") && log.contains(&named)
+    })
+    .await;
+    for token in [&first.token, &second.token] {
+        let job = fake.enqueue_for(token, fake.job_payload(&JobSpec::new("group/project", "after", &["echo still"])));
+        let record =
+            fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await.expect("job after the break");
+        assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+    }
+    // A later good edit is taken: the log level changes with it.
+    std::fs::write(&config, format!("log_level = \"debug\"\n{two}")).expect("fix config");
+    wait::until("the fixed config is taken", WAIT, || runway_log(dir.path()).contains("log level changed")).await;
+    signal(&child, libc::SIGQUIT);
+    let status = wait_exit(&mut child).await;
+    assert!(status.success(), "exit status {status:?}; log:\n{}", runway_log(dir.path()));
+    assert!(!runway_log(dir.path()).contains("panicked"), "{}", runway_log(dir.path()));
 }

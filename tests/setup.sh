@@ -25,8 +25,10 @@ export DEBIAN_FRONTEND=noninteractive
 # docker-registry on 127.0.0.1 for pulls, and import their images from this machine's files:
 # netcat-openbsd for the service image's `nc -lk`, git-lfs for the helper image Runway builds
 # from the runner's own programs. zip, unzip and gzip: the archive tests compare with Info-ZIP
-# and gzip. python3-pip and npm for the object stores below.
-packages=(git bash coreutils procps tar ca-certificates openssl openssh-server openssh-client util-linux
+# and gzip. python3-pip and npm for the object stores below. systemd for systemctl (--root) and
+# systemd-analyze: `runway install` enables its unit in a temp tree and the unit is verified
+# (tests/cli_run.rs; nothing here boots systemd).
+packages=(git bash coreutils procps tar ca-certificates openssl openssh-server openssh-client util-linux systemd
   redis-server docker.io docker-registry netcat-openbsd git-lfs zip unzip gzip passwd)
 if command -v apt-get >/dev/null; then
   missing=()

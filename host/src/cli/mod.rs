@@ -9,6 +9,7 @@ mod rotation;
 mod router;
 mod run;
 pub(crate) mod runners;
+mod service;
 mod setup;
 pub mod simulate_import;
 mod store;
@@ -108,6 +109,18 @@ pub enum Command {
     CacheArchiver(crate::helper::cache::ArchiverArgs),
     /// Download a cache from the distributed cache and extract it (internal: run by job scripts).
     CacheExtractor(crate::helper::cache::ExtractorArgs),
+    /// Install the runner as a systemd service (the unit gitlab-runner writes, stopping gracefully).
+    Install(service::InstallArgs),
+    /// Disable and remove the systemd service.
+    Uninstall(service::ServiceArgs),
+    /// Start the systemd service.
+    Start(service::ServiceArgs),
+    /// Stop the systemd service (gracefully: running jobs finish).
+    Stop(service::ServiceArgs),
+    /// Restart the systemd service.
+    Restart(service::ServiceArgs),
+    /// Say whether the systemd service runs (exit 0 only when it does).
+    Status(service::ServiceArgs),
     /// Inspect executor and fleeting plugins.
     Plugins {
         /// `list` or `check FILE`.
@@ -132,15 +145,41 @@ fn tracing_level(level: &str) -> &str {
     }
 }
 
+/// The output layer (standard error in a format, or the system logger).
+type Output = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+/// The subscriber under the level filter.
+type UnderFilter = tracing_subscriber::layer::Layered<
+    tracing_subscriber::reload::Layer<Output, tracing_subscriber::Registry>,
+    tracing_subscriber::Registry,
+>;
+
+/// What a config reload may change in logging, and what it must leave alone (the flags and
+/// `RUST_LOG` win over config.toml).
+struct Logging {
+    filter: tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, UnderFilter>,
+    /// `None` with `--syslog` (the format is the system logger's).
+    output: Option<tracing_subscriber::reload::Handle<Output, tracing_subscriber::Registry>>,
+    /// `--log-level`/`LOG_LEVEL` given, or `RUST_LOG` set: the level is not config.toml's.
+    level_fixed: bool,
+    /// `--log-format`/`LOG_FORMAT` given.
+    format_fixed: bool,
+    /// The level and format in use.
+    current: std::sync::Mutex<(String, String)>,
+}
+
+static LOGGING: std::sync::OnceLock<Logging> = std::sync::OnceLock::new();
+
 /// Start logging at `level` in `format` (`runner`: coloured text on a terminal, `text`: plain
-/// text, `json`: one JSON object a line). `RUST_LOG` still wins for the level.
-fn init_logging(level: &str, format: &str, syslog: Option<&str>) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(tracing_level(level)));
+/// text, `json`: one JSON object a line). `RUST_LOG` still wins for the level. `fixed`: level
+/// and format came from flags, so a config reload leaves them.
+fn init_logging(level: &str, format: &str, syslog: Option<&str>, fixed: (bool, bool)) {
+    let from_env = tracing_subscriber::EnvFilter::try_from_default_env().ok();
+    let rust_log = from_env.is_some();
+    let filter = from_env.unwrap_or_else(|| tracing_subscriber::EnvFilter::new(tracing_level(level)));
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::Layer as _;
-    let output = match syslog {
+    let output: Output = match syslog {
         // The system logger stamps time and ident itself.
         Some(ident) => tracing_subscriber::fmt::layer()
             .with_writer(syslog::Syslog::open(ident))
@@ -149,7 +188,46 @@ fn init_logging(level: &str, format: &str, syslog: Option<&str>) {
             .boxed(),
         None => stderr_layer(format),
     };
-    let _ = tracing_subscriber::registry().with(filter).with(output).with(crate::metrics::ErrorCounter).try_init();
+    let (output, output_handle) = tracing_subscriber::reload::Layer::new(output);
+    let (filter, filter_handle) = tracing_subscriber::reload::Layer::new(filter);
+    let installed =
+        tracing_subscriber::registry().with(output).with(filter).with(crate::metrics::ErrorCounter).try_init().is_ok();
+    if installed {
+        let _ = LOGGING.set(Logging {
+            filter: filter_handle,
+            output: syslog.is_none().then_some(output_handle),
+            level_fixed: fixed.0 || rust_log,
+            format_fixed: fixed.1,
+            current: std::sync::Mutex::new((level.to_string(), format.to_string())),
+        });
+    }
+}
+
+/// Apply a reloaded config.toml's `log_level` and `log_format` (unless flags or `RUST_LOG`
+/// fixed them): gitlab-runner applies both on reload.
+pub(crate) fn reload_logging(level: &str, format: &str) {
+    let Some(logging) = LOGGING.get() else { return };
+    let Ok(mut current) = logging.current.lock() else { return };
+    if !logging.level_fixed && current.0 != level {
+        match logging.filter.reload(tracing_subscriber::EnvFilter::new(tracing_level(level))) {
+            Ok(()) => {
+                current.0 = level.to_string();
+                tracing::info!(log_level = level, "log level changed");
+            }
+            Err(e) => tracing::warn!("cannot change the log level: {e}"),
+        }
+    }
+    if let (false, Some(output)) = (logging.format_fixed, &logging.output) {
+        if current.1 != format {
+            match output.reload(stderr_layer(format)) {
+                Ok(()) => {
+                    current.1 = format.to_string();
+                    tracing::info!(log_format = format, "log format changed");
+                }
+                Err(e) => tracing::warn!("cannot change the log format: {e}"),
+            }
+        }
+    }
 }
 
 fn stderr_layer<S>(format: &str) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
@@ -202,9 +280,10 @@ pub fn main() -> ExitCode {
     }
     let config_path = config_path(&cli);
     let (level, format) = configured_logging(&config_path);
+    let fixed = (cli.log_level.is_some(), cli.log_format.is_some());
     let level = cli.log_level.clone().or(level).unwrap_or_else(|| "info".into());
     let format = cli.log_format.clone().or(format).unwrap_or_else(|| "runner".into());
-    init_logging(&level, &format, syslog);
+    init_logging(&level, &format, syslog, fixed);
     setup::seal_process();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -244,6 +323,15 @@ pub fn main() -> ExitCode {
                 print!("{report}");
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Install(args) => {
+                let default = config_path.clone();
+                Ok(service::install(args, explicit_config.as_deref(), &default)?)
+            }
+            Command::Uninstall(args) => Ok(service::uninstall(&args)?),
+            Command::Start(args) => Ok(service::control("start", &args)?),
+            Command::Stop(args) => Ok(service::control("stop", &args)?),
+            Command::Restart(args) => Ok(service::control("restart", &args)?),
+            Command::Status(args) => Ok(service::status(&args)?),
             Command::Plugins { command } => plugins::run(command, explicit_config.as_deref()).await,
             Command::Store { command } => store::run(command, &config_path).await,
             Command::ArtifactsUploader(args) => Ok(crate::helper::artifacts::upload(args).await),

@@ -1,15 +1,12 @@
-//! `runway run`: the runner manager as a service — config, plugins (hot reload), pollers,
-//! signals (SIGQUIT graceful, SIGTERM/SIGINT forceful, SIGHUP reload) and the metrics and
-//! health endpoints.
+//! `runway run`: the runner manager as a service — config (reloaded on SIGHUP and when the
+//! file changes, as gitlab-runner), plugins (hot reload), pollers, signals (SIGQUIT graceful,
+//! SIGTERM/SIGINT forceful) and the metrics and health endpoints.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
-
-use anyhow::Context as _;
-use tokio::sync::Semaphore;
 
 use super::setup;
 use crate::config::autoscaler::AutoscalerConfig;
@@ -18,6 +15,7 @@ use crate::config::{self, Loaded};
 use crate::executor::ResolvedExecutor;
 use crate::gitlab::client::{ClientOptions, GitLabClient, RequestHook, RunnerCredentials};
 use crate::job::JobEnvironment;
+use crate::manager::capacity::Capacity;
 use crate::manager::fleet::Fleet;
 use crate::manager::health::{PendingRunner, RunnerEntry, Unusable};
 use crate::manager::{identity, signals, ActiveJobs, Manager, ManagerSettings, RunnerSettings, RunnerStore, Shutdown};
@@ -27,6 +25,7 @@ use crate::script::ScriptSettings;
 use crate::store::fleet_state;
 use crate::store::jobs::seal::StoreKey;
 use crate::store::jobs::{JobStore, JobStoreError, StoreSettings};
+use anyhow::Context as _;
 
 /// The autoscaled fleets, by runner (URL and id, else token digest). A fleet outlives config reloads: its
 /// instances and jobs carry over to the new manager.
@@ -395,6 +394,17 @@ async fn wait_for_file(path: &Path) -> anyhow::Result<bool> {
     }
 }
 
+/// How often config.toml is checked for changes (gitlab-runner's `reloadConfigInterval`).
+const RELOAD_CHECK: Duration = Duration::from_secs(3);
+
+/// What identifies one version of a file: its modification time, size and inode (an editor
+/// that saves by renaming changes the inode). `None` when it cannot be read.
+fn file_version(path: &Path) -> Option<(std::time::SystemTime, u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len(), meta.ino()))
+}
+
 /// `runway run`'s flags: gitlab-runner's `run`, so the ExecStart line of its service units
 /// (`run --config … --working-directory … --service … --user … [--syslog]`) starts Runway.
 #[derive(clap::Args, Debug)]
@@ -423,8 +433,9 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
     }
     let user = args.user;
     let mut loaded = load_with_user(&config_path, user.as_deref())?;
-    if let Some(address) = args.listen_address.filter(|a| !a.is_empty()) {
-        loaded.config.listen_address = Some(address);
+    let listen_flag = args.listen_address.filter(|a| !a.is_empty());
+    if let Some(address) = &listen_flag {
+        loaded.config.listen_address = Some(address.clone());
     }
     let system_id = config::system_id(&loaded.dir())?;
     let mut plugins = setup::plugin_host(&loaded).await?;
@@ -440,7 +451,11 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
     let shutdown = Shutdown::default();
     let (reload_tx, mut reload_rx) = tokio::sync::mpsc::unbounded_channel();
     signals::install(shutdown.clone(), reload_tx.clone())?;
-    let global = Arc::new(Semaphore::new(loaded.config.concurrent.max(1)));
+    let capacity = Capacity::new(loaded.config.concurrent);
+    let global = capacity.semaphore();
+    let mut seen_version = file_version(&config_path);
+    let mut watch = tokio::time::interval(RELOAD_CHECK);
+    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tracing::info!(config = %config_path.display(), runners = loaded.config.runners.len(), system_id, "runway started");
 
     let mut generation = Shutdown::default();
@@ -479,43 +494,68 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
                 generation.forceful.cancel();
                 break;
             }
-            Some(()) = reload_rx.recv() => {
-                let next = match load_with_user(&config_path, user.as_deref()) {
-                    Ok(next) => {
-                        metrics.config_loaded(true);
-                        next
-                    }
-                    Err(e) => {
-                        metrics.config_loaded(false);
-                        tracing::error!("config reload failed, keeping the running configuration: {e:#}");
-                        continue;
-                    }
-                };
-                plugins.set_grants(next.config.plugins.clone()).await;
+            Some(()) = reload_rx.recv() => {}
+            _ = watch.tick() => {
+                if file_version(&config_path) == seen_version {
+                    continue;
+                }
+                tracing::info!(config = %config_path.display(), "the config file changed: reloading");
+            }
+        }
+        // A version is read once: a bad edit is reported once, not every 3 s.
+        seen_version = file_version(&config_path);
+        let next = match load_with_user(&config_path, user.as_deref()) {
+            Ok(mut next) => {
+                metrics.config_loaded(true);
+                if let Some(address) = &listen_flag {
+                    next.config.listen_address = Some(address.clone());
+                }
+                if next.config.listen_address != loaded.config.listen_address {
+                    tracing::warn!("changes to `listen_address` take effect after a restart");
+                }
+                next
+            }
+            Err(e) => {
+                metrics.config_loaded(false);
+                tracing::error!("config reload failed, keeping the running configuration: {e:#}");
+                continue;
+            }
+        };
+        plugins.set_grants(next.config.plugins.clone()).await;
+        match runner_settings(&next, &plugins, &system_id, &mut fleets, &stores, (&client, &metrics)).await {
+            Ok(runners) => {
+                // The old manager stops requesting; its jobs finish in the background
+                // while the new one serves, sharing the same capacity.
+                let old = std::mem::take(&mut generation);
+                old.graceful.cancel();
+                retiring.push((old, current));
+                let manager = Manager::with_entries(
+                    manager_settings(&next, &metrics),
+                    runners,
+                    client.clone(),
+                    generation.clone(),
+                    global.clone(),
+                );
+                metrics.attach(manager.stats(), &next);
+                metrics.set_health(manager.health());
+                metrics.set_fleets(fleets.all());
+                current = tokio::spawn(manager.run());
                 if next.config.concurrent != loaded.config.concurrent {
-                    tracing::warn!("changing `concurrent` takes effect after a restart");
+                    capacity.set(next.config.concurrent);
+                    metrics.set_concurrent(next.config.concurrent);
                 }
-                match runner_settings(&next, &plugins, &system_id, &mut fleets, &stores, (&client, &metrics)).await {
-                    Ok(runners) => {
-                        // The old manager stops requesting; its jobs finish in the background
-                        // while the new one serves, sharing the same capacity.
-                        let old = std::mem::take(&mut generation);
-                        old.graceful.cancel();
-                        retiring.push((old, current));
-                        let manager = Manager::with_entries(manager_settings(&next, &metrics), runners, client.clone(), generation.clone(), global.clone());
-                        metrics.attach(manager.stats(), &next);
-                        metrics.set_health(manager.health());
-                        metrics.set_fleets(fleets.all());
-                        current = tokio::spawn(manager.run());
-                        tracing::info!("configuration reloaded");
-                        loaded = next;
-                    }
-                    Err(e) => {
-                        // Keep the old configuration whole: its grants too, not only its runners.
-                        plugins.set_grants(loaded.config.plugins.clone()).await;
-                        tracing::error!("config reload failed, keeping the running configuration: {e:#}");
-                    }
-                }
+                super::reload_logging(&next.config.log_level, &next.config.log_format);
+                tracing::info!(
+                    concurrent = next.config.concurrent,
+                    runners = next.config.runners.len(),
+                    "configuration reloaded"
+                );
+                loaded = next;
+            }
+            Err(e) => {
+                // Keep the old configuration whole: its grants too, not only its runners.
+                plugins.set_grants(loaded.config.plugins.clone()).await;
+                tracing::error!("config reload failed, keeping the running configuration: {e:#}");
             }
         }
     }

@@ -10,6 +10,7 @@
 //! What happens to a job once GitLab handed it over — accepted, run, reported, declined,
 //! resumed, cleaned up — is `received`'s, from a per-job context the manager cuts for it.
 
+pub mod capacity;
 pub mod fleet;
 pub mod health;
 pub mod observe;

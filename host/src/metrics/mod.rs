@@ -149,6 +149,17 @@ impl Metrics {
         self.families.worker_slots.set(0);
     }
 
+    /// `concurrent` changed by a config reload: the gauge and the job slots follow (slots
+    /// added count as started, slots removed as stopped, as gitlab-runner's worker slots).
+    pub fn set_concurrent(&self, concurrent: usize) {
+        let slots = i64::try_from(concurrent).unwrap_or(i64::MAX);
+        let before = self.families.worker_slots.get();
+        self.families.concurrent.set(slots);
+        self.families.worker_slots.set(slots);
+        let (operation, by) = if slots >= before { ("started", slots - before) } else { ("stopped", before - slots) };
+        self.families.worker_slot_operations.with_label_values(&[operation]).inc_by(u64::try_from(by).unwrap_or(0));
+    }
+
     /// Report the health of the current manager's runners (replacing the previous manager's).
     pub fn set_health(&self, health: Arc<HealthBoard>) {
         if let Ok(mut inner) = self.inner.lock() {
