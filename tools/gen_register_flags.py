@@ -46,6 +46,8 @@ def package_sources(directory):
 
 STRUCT = re.compile(r"^type (\w+) struct \{\n(.*?)^\}", re.M | re.S)
 ALIAS = re.compile(r"^type (\w+) (\[\]\w+|map\[[^\]]+\][\w\[\]]+|string|bool|int64|int|float64)\s*$", re.M)
+GROUP = re.compile(r"^type \((.*?)^\)", re.M | re.S)
+GROUPED = re.compile(r"^\s*(\w+)\s+=?\s*(\[\]\w+|map\[[^\]]+\][\w\[\]]+|string|bool|int64|int|float64)\s*$", re.M)
 FIELD = re.compile(r"^\s*(\w+)\s+([\w.*\[\]]+)\s*(?:`([^`]*)`)?")
 EMBED = re.compile(r"^\s*(\*?[\w.]+)\s*(?:`([^`]*)`)?\s*$")
 TAG = re.compile(r'(\w+):"((?:[^"\\]|\\.)*)"')
@@ -58,6 +60,10 @@ for pkg, directory in PACKAGES.items():
             structs[(pkg, m.group(1))] = m.group(2)
         for m in ALIAS.finditer(source):
             aliases[(pkg, m.group(1))] = m.group(2)
+        # Grouped declarations: type ( Name map[string]string ... ).
+        for block in GROUP.finditer(source):
+            for m in GROUPED.finditer(block.group(1)):
+                aliases[(pkg, m.group(1))] = m.group(2)
 
 
 def resolve(pkg, typ):
@@ -74,6 +80,8 @@ def resolve(pkg, typ):
 def kind(pkg, typ):
     ptr = typ.startswith("*")
     base = typ.lstrip("*")
+    if base == "api.ProcMountType":  # k8s.io/api/core/v1: a string type
+        return "string"
     if base in ("time.Duration",):
         return "duration"
     if base == "time.Time":

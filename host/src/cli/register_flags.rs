@@ -348,8 +348,9 @@ pub(crate) fn fill_zero_values(entry: &mut Table, executor: &str) {
         let Some(zero) = spec.zero else { continue };
         let parts: Vec<&str> = spec.path.split('.').collect();
         let Some((leaf, parents)) = parts.split_last() else { continue };
+        let dropped = EXECUTOR_SECTIONS.contains(&parts[0]) && !keep.contains(&parts[0]);
         let all_written = (1..=parents.len()).all(|n| written(&parents[..n].join("."), entry));
-        if !all_written {
+        if dropped || !all_written {
             continue;
         }
         let Ok(value) = format!("v = {zero}").parse::<Table>() else { continue };
