@@ -617,12 +617,13 @@ async fn register_writes_the_config_gitlab_runner_writes() {
     let fake = FakeGitLab::start().await;
     let cases = register_cases();
     assert!(cases.len() >= 4, "fixtures missing");
+    // One directory for all cases: the compiled-plugin cache beside the configs is shared.
+    let dir = tempfile::tempdir().expect("tempdir");
     for case in cases {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = dir.path().join("config.toml");
+        let config = dir.path().join(&case.name);
         let glrt = case.fixture["token"].as_str() == Some("glrt");
         let created = glrt.then(|| fake.create_runner(&case.name));
-        let template = dir.path().join("template.toml");
+        let template = dir.path().join(format!("{}.template", case.name));
         if let Some(text) = case.fixture.get("template").and_then(toml::Value::as_str) {
             std::fs::write(&template, text).expect("template");
         }
