@@ -633,12 +633,8 @@ async fn register_writes_the_config_gitlab_runner_writes() {
                 .replace("{template}", &template.display().to_string())
                 .replace("{token}", created.as_ref().map(|c| c.token.as_str()).unwrap_or("{token}"))
         };
-        let args: Vec<String> = case.fixture["args"]
-            .as_array()
-            .expect("args")
-            .iter()
-            .map(|a| fill(a.as_str().expect("arg")))
-            .collect();
+        let args: Vec<String> =
+            case.fixture["args"].as_array().expect("args").iter().map(|a| fill(a.as_str().expect("arg"))).collect();
         let mut command = Command::new(RUNWAY);
         command.arg("-c").arg(&config).args(&args).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
         command.env("HOME", dir.path()).current_dir(dir.path()).stdin(Stdio::null());

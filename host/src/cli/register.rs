@@ -186,7 +186,12 @@ pub(crate) async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<
     let loaded = runners::load_or_new(path)?;
     let system_id = config::system_id(&runners::config_dir(path))?;
 
-    let url = asker.ask("url", "Enter the GitLab instance URL (for example, https://gitlab.com/):", get_str(&entry, "url"), false)?;
+    let url = asker.ask(
+        "url",
+        "Enter the GitLab instance URL (for example, https://gitlab.com/):",
+        get_str(&entry, "url"),
+        false,
+    )?;
     set_str(&mut entry, "url", url.clone());
     let api_url = url.trim_end_matches('/').to_string();
     let mut token = get_str(&entry, "token").to_string();
@@ -211,8 +216,18 @@ pub(crate) async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<
     let details = if legacy {
         let name = asker.ask("name", "Enter a description for the runner:", get_str(&entry, "name"), false)?;
         entry.insert("name".into(), Value::String(name.clone()));
-        let tags = asker.ask("tag-list", "Enter tags for the runner (comma-separated):", args.tag_list.as_deref().unwrap_or(""), true)?;
-        let note = asker.ask("maintenance-note", "Enter optional maintenance note for the runner:", args.maintenance_note.as_deref().unwrap_or(""), true)?;
+        let tags = asker.ask(
+            "tag-list",
+            "Enter tags for the runner (comma-separated):",
+            args.tag_list.as_deref().unwrap_or(""),
+            true,
+        )?;
+        let note = asker.ask(
+            "maintenance-note",
+            "Enter optional maintenance note for the runner:",
+            args.maintenance_note.as_deref().unwrap_or(""),
+            true,
+        )?;
         run_untagged |= tags.is_empty();
         eprintln!("WARNING: Support for registration tokens and runner parameters in the 'register' command has been deprecated in GitLab Runner 15.6; create the runner in GitLab and use its glrt- token");
         let params = RegisterParams {
@@ -277,7 +292,8 @@ pub(crate) async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<
     if let Err(e) = finish.await {
         if !leave_runner {
             let creds = RunnerCredentials { url: api_url.clone(), token: token.clone(), system_id };
-            let _ = if legacy { client.unregister_runner(&creds).await } else { client.unregister_manager(&creds).await };
+            let _ =
+                if legacy { client.unregister_runner(&creds).await } else { client.unregister_manager(&creds).await };
         }
         return Err(e);
     }
@@ -315,7 +331,12 @@ fn finish_entry(entry: &mut Table, asker: &Asker) -> anyhow::Result<()> {
                 ("ssh-port", "ssh.port", "Enter the SSH server port (for example, 22):", true),
                 ("ssh-user", "ssh.user", "Enter the SSH user (for example, root):", false),
                 ("ssh-password", "ssh.password", "Enter the SSH password (for example, docker.io):", true),
-                ("ssh-identity-file", "ssh.identity_file", "Enter the path to the SSH identity file (for example, /home/user/.ssh/id_rsa):", true),
+                (
+                    "ssh-identity-file",
+                    "ssh.identity_file",
+                    "Enter the path to the SSH identity file (for example, /home/user/.ssh/id_rsa):",
+                    true,
+                ),
             ] {
                 let value = asker.ask(key, prompt, get_str(entry, path), empty)?;
                 if !value.is_empty() {

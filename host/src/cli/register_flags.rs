@@ -439,8 +439,9 @@ mod tests {
     #[test]
     fn template_fills_only_what_flags_left_empty() {
         let mut entry: Table = "executor = \"shell\"\nlimit = 0\n[docker]\nimage = \"mine\"\n".parse().expect("toml");
-        let template: Table =
-            "executor = \"docker\"\nlimit = 4\n[docker]\nimage = \"theirs\"\nprivileged = true\n".parse().expect("toml");
+        let template: Table = "executor = \"docker\"\nlimit = 4\n[docker]\nimage = \"theirs\"\nprivileged = true\n"
+            .parse()
+            .expect("toml");
         merge_template(&mut entry, &template);
         let expected: Table =
             "executor = \"shell\"\nlimit = 4\n[docker]\nimage = \"mine\"\nprivileged = true\n".parse().expect("toml");
@@ -449,9 +450,8 @@ mod tests {
 
     #[test]
     fn zero_values_follow_gitlab_runners_encoder() {
-        let mut entry: Table = "executor = \"docker\"\n[docker]\nimage = \"alpine\"\n[kubernetes]\nimage = \"x\"\n"
-            .parse()
-            .expect("toml");
+        let mut entry: Table =
+            "executor = \"docker\"\n[docker]\nimage = \"alpine\"\n[kubernetes]\nimage = \"x\"\n".parse().expect("toml");
         keep_executor_sections(&mut entry, "docker");
         fill_zero_values(&mut entry, "docker");
         let docker = entry["docker"].as_table().expect("docker");
