@@ -367,3 +367,72 @@ fn ordered(entry: &Table, prefix: &str) -> anyhow::Result<toml_edit::Table> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use crate::cli::{Cli, Command};
+
+    #[test]
+    fn gitlab_runner_command_lines_parse() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "runway",
+            "--debug",
+            "-l",
+            "warn",
+            "register",
+            "-n",
+            "-u",
+            "https://gitlab.example.com/",
+            "-t",
+            "glrt-abc",
+            "-r",
+            "legacy",
+            "--docker-image",
+            "alpine",
+            "--docker-privileged",
+            "--leave-runner",
+            "--locked=false",
+            "--template-config",
+            "/etc/template.toml",
+        ])
+        .expect("parses");
+        assert!(cli.debug);
+        assert_eq!(cli.log_level.as_deref(), Some("warn"));
+        let Command::Register(args) = cli.command else { panic!("register") };
+        assert_eq!(args.non_interactive.as_deref(), Some("true"));
+        assert_eq!(args.leave_runner.as_deref(), Some("true"));
+        assert_eq!(args.locked.as_deref(), Some("false"));
+        assert_eq!(args.registration_token.as_deref(), Some("legacy"));
+        assert_eq!(args.template_config.as_deref(), Some(std::path::Path::new("/etc/template.toml")));
+        let given: Vec<(&str, &[String])> = args.runner.given.iter().map(|(s, v)| (s.path, v.as_slice())).collect();
+        for (path, value) in [
+            ("url", "https://gitlab.example.com/"),
+            ("token", "glrt-abc"),
+            ("docker.image", "alpine"),
+            ("docker.privileged", "true"),
+        ] {
+            assert!(given.iter().any(|(p, v)| *p == path && v.last().map(String::as_str) == Some(value)), "{path}");
+        }
+
+        let cli = Cli::try_parse_from(["runway", "verify", "--delete", "-n", "a", "-u", "https://g/", "-t", "glrt-t"])
+            .expect("verify");
+        let Command::Verify(v) = cli.command else { panic!("verify") };
+        assert!(v.delete);
+        assert_eq!(
+            (v.name.as_deref(), v.url.as_deref(), v.token.as_deref()),
+            (Some("a"), Some("https://g/"), Some("glrt-t"))
+        );
+        let cli =
+            Cli::try_parse_from(["runway", "unregister", "--all-runners", "-n", "a", "-u", "https://g/", "-t", "x"])
+                .expect("unregister");
+        let Command::Unregister(u) = cli.command else { panic!("unregister") };
+        assert!(u.all_runners);
+        assert_eq!(
+            (u.name.as_deref(), u.url.as_deref(), u.token.as_deref()),
+            (Some("a"), Some("https://g/"), Some("x"))
+        );
+    }
+}
