@@ -635,9 +635,15 @@ async fn register_writes_the_config_gitlab_runner_writes() {
         };
         let args: Vec<String> =
             case.fixture["args"].as_array().expect("args").iter().map(|a| fill(a.as_str().expect("arg"))).collect();
+        // Only the fixture's variables (and what finds programs and the shared plugin cache):
+        // a CI_SERVER_URL or DOCKER_IMAGE of the test's own environment must not leak in.
         let mut command = Command::new(RUNWAY);
-        command.arg("-c").arg(&config).args(&args).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
-        command.env("HOME", dir.path()).current_dir(dir.path()).stdin(Stdio::null());
+        command.arg("-c").arg(&config).args(&args).env_clear().current_dir(dir.path()).stdin(Stdio::null());
+        for keep in ["PATH", "HOME", "RUNWAY_PLUGIN_CACHE_DIR"] {
+            if let Some(value) = std::env::var_os(keep) {
+                command.env(keep, value);
+            }
+        }
         for (key, value) in case.fixture.get("env").and_then(toml::Value::as_table).into_iter().flatten() {
             command.env(key, fill(value.as_str().expect("env value")));
         }
