@@ -827,3 +827,96 @@ async fn config_file_edits_apply_without_a_signal_and_a_broken_edit_keeps_the_ol
     assert!(status.success(), "exit status {status:?}; log:\n{}", runway_log(dir.path()));
     assert!(!runway_log(dir.path()).contains("panicked"), "{}", runway_log(dir.path()));
 }
+
+/// One case of tests/fixtures/register: gitlab-runner's flags and variables for `register`,
+/// and the config.toml gitlab-runner writes for them (derivation named in each fixture).
+struct RegisterCase {
+    name: String,
+    fixture: toml::Table,
+}
+
+fn register_cases() -> Vec<RegisterCase> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/register");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir).expect("fixtures").map(|e| e.expect("entry").path()).collect();
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|path| RegisterCase {
+            name: path.file_name().expect("name").to_string_lossy().into_owned(),
+            fixture: std::fs::read_to_string(&path).expect("read").parse().expect("fixture is TOML"),
+        })
+        .collect()
+}
+
+/// `register` with gitlab-runner's flags and environment variables writes the config.toml
+/// gitlab-runner writes for the same input, compared as TOML values (token_obtained_at is
+/// "now", checked to be a datetime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_writes_the_config_gitlab_runner_writes() {
+    let fake = FakeGitLab::start().await;
+    let cases = register_cases();
+    assert!(cases.len() >= 4, "fixtures missing");
+    // One directory for all cases: the compiled-plugin cache beside the configs is shared.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for case in cases {
+        let config = dir.path().join(&case.name);
+        let glrt = case.fixture["token"].as_str() == Some("glrt");
+        let created = glrt.then(|| fake.create_runner(&case.name));
+        let template = dir.path().join(format!("{}.template", case.name));
+        if let Some(text) = case.fixture.get("template").and_then(toml::Value::as_str) {
+            std::fs::write(&template, text).expect("template");
+        }
+        let fill = |text: &str| {
+            text.replace("{url}", &fake.url())
+                .replace("{registration_token}", fake_gitlab::REGISTRATION_TOKEN)
+                .replace("{template}", &template.display().to_string())
+                .replace("{token}", created.as_ref().map(|c| c.token.as_str()).unwrap_or("{token}"))
+        };
+        let args: Vec<String> =
+            case.fixture["args"].as_array().expect("args").iter().map(|a| fill(a.as_str().expect("arg"))).collect();
+        // Only the fixture's variables (and what finds programs and the shared plugin cache):
+        // a CI_SERVER_URL or DOCKER_IMAGE of the test's own environment must not leak in.
+        let mut command = Command::new(RUNWAY);
+        command.arg("-c").arg(&config).args(&args).env_clear().current_dir(dir.path()).stdin(Stdio::null());
+        for keep in ["PATH", "HOME", "RUNWAY_PLUGIN_CACHE_DIR"] {
+            if let Some(value) = std::env::var_os(keep) {
+                command.env(keep, value);
+            }
+        }
+        for (key, value) in case.fixture.get("env").and_then(toml::Value::as_table).into_iter().flatten() {
+            command.env(key, fill(value.as_str().expect("env value")));
+        }
+        let out = command.output().expect("runway runs");
+        assert!(out.status.success(), "{}: {}", case.name, String::from_utf8_lossy(&out.stderr));
+        let (id, token) = match &created {
+            Some(c) => (c.id, c.token.clone()),
+            None => {
+                let name = case.fixture["env"]["RUNNER_NAME"].as_str().expect("legacy cases name the runner");
+                let record = fake.runners().into_iter().find(|r| r.description == name).expect("registered at GitLab");
+                assert_eq!(record.origin, "legacy-registration");
+                (record.id, record.token)
+            }
+        };
+        let expected = fill(case.fixture["expected"]["config"].as_str().expect("expected config"))
+            .replace("{id}", &id.to_string())
+            .replace("{token}", &token);
+        let expected: toml::Table = expected.parse().expect("expected config is TOML");
+        let mut written: toml::Table = std::fs::read_to_string(&config).expect("written").parse().expect("TOML");
+        let entry = written["runners"][0].as_table().expect("entry").clone();
+        assert!(
+            matches!(entry.get("token_obtained_at"), Some(toml::Value::Datetime(_))),
+            "{}: token_obtained_at {:?}",
+            case.name,
+            entry.get("token_obtained_at")
+        );
+        if let Some(toml::Value::Array(runners)) = written.get_mut("runners") {
+            if let Some(toml::Value::Table(entry)) = runners.first_mut() {
+                entry.remove("token_obtained_at");
+            }
+        }
+        assert_eq!(written, expected, "{}:\n{}", case.name, std::fs::read_to_string(&config).expect("written"));
+        // Runway runs the file it wrote.
+        let list = runway(&config, &["list"]);
+        assert!(list.status.success(), "{}: {}", case.name, String::from_utf8_lossy(&list.stderr));
+    }
+}

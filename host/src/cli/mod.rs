@@ -5,6 +5,8 @@
 mod exec;
 mod logrus;
 mod plugins;
+mod register;
+mod register_flags;
 mod rotation;
 mod router;
 mod run;
@@ -29,8 +31,11 @@ pub struct Cli {
     #[arg(short = 'c', long = "config", global = true, env = "RUNWAY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Log level: debug, info, warn, error, fatal, panic (over config.toml's `log_level`).
-    #[arg(long = "log-level", global = true, env = "LOG_LEVEL")]
+    #[arg(short = 'l', long = "log-level", global = true, env = "LOG_LEVEL")]
     pub log_level: Option<String>,
+    /// Debug mode: log level debug (gitlab-runner's `--debug`).
+    #[arg(long, global = true, env = "RUNNER_DEBUG")]
+    pub debug: bool,
     /// Log format: runner, text, json (over config.toml's `log_format`).
     #[arg(long = "log-format", global = true, env = "LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -50,13 +55,9 @@ pub enum Command {
     /// Run .gitlab-ci.yml jobs locally through the same job path and plugins.
     Exec(exec::ExecArgs),
     /// Register a runner with GitLab and add it to config.toml.
-    Register(runners::RegisterArgs),
+    Register(register::RegisterArgs),
     /// Check that the runners in config.toml are known to GitLab.
-    Verify {
-        /// Remove runners GitLab no longer knows from config.toml.
-        #[arg(long)]
-        delete: bool,
-    },
+    Verify(runners::VerifyArgs),
     /// Remove runners from GitLab and config.toml.
     Unregister(runners::UnregisterArgs),
     /// Reset runners' authentication tokens at GitLab and write the new ones to config.toml.
@@ -280,8 +281,13 @@ pub fn main() -> ExitCode {
     }
     let config_path = config_path(&cli);
     let (level, format) = configured_logging(&config_path);
-    let fixed = (cli.log_level.is_some(), cli.log_format.is_some());
-    let level = cli.log_level.clone().or(level).unwrap_or_else(|| "info".into());
+    let fixed = (cli.log_level.is_some() || cli.debug, cli.log_format.is_some());
+    let level = cli
+        .debug
+        .then(|| "debug".to_string())
+        .or_else(|| cli.log_level.clone())
+        .or(level)
+        .unwrap_or_else(|| "info".into());
     let format = cli.log_format.clone().or(format).unwrap_or_else(|| "runner".into());
     init_logging(&level, &format, syslog, fixed);
     setup::seal_process();
@@ -301,8 +307,8 @@ pub fn main() -> ExitCode {
                 router::run(explicit_config.as_deref().unwrap_or(std::path::Path::new("router.toml"))).await
             }
             Command::Exec(args) => exec::run(args, explicit_config.as_deref()).await,
-            Command::Register(args) => runners::register(args, &config_path).await,
-            Command::Verify { delete } => runners::verify(&config_path, delete).await,
+            Command::Register(args) => register::register(args, &config_path).await,
+            Command::Verify(args) => runners::verify(args, &config_path).await,
             Command::Unregister(args) => runners::unregister(args, &config_path).await,
             Command::ResetToken(args) => runners::reset_token(args, &config_path).await,
             Command::List => runners::list(&config_path),

@@ -12,56 +12,23 @@ use clap::Args;
 use super::setup;
 use crate::config::fidelity::{ConfigWarning, WarningKind};
 use crate::config::{self, Config, Loaded, RunnerConfig};
-use crate::gitlab::client::{ApiError, RegisterParams, RunnerCredentials, VersionInfo};
+use crate::gitlab::client::{ApiError, RunnerCredentials, VersionInfo};
 
-/// `runway register` flags (gitlab-runner's names).
+/// `runway verify` flags (gitlab-runner's; URL and token have no variable, as there).
 #[derive(Args, Debug)]
-pub struct RegisterArgs {
-    /// GitLab instance URL.
-    #[arg(long, env = "CI_SERVER_URL")]
-    pub url: String,
-    /// Runner authentication token (glrt-...) or a legacy registration token.
-    #[arg(long, alias = "registration-token", env = "REGISTRATION_TOKEN")]
-    pub token: String,
-    /// Runner name (local name for glrt- runners).
-    #[arg(long, alias = "description", env = "RUNNER_NAME", default_value = "runway")]
-    pub name: String,
-    /// Executor plugin.
-    #[arg(long, env = "RUNNER_EXECUTOR", default_value = "shell")]
-    pub executor: String,
-    /// Legacy tokens only: comma-separated tags.
-    #[arg(long, env = "RUNNER_TAG_LIST")]
-    pub tag_list: Option<String>,
-    /// Legacy tokens only: run jobs without tags.
-    #[arg(long, env = "REGISTER_RUN_UNTAGGED")]
-    pub run_untagged: bool,
-    /// Legacy tokens only: lock the runner to its project.
-    #[arg(long, env = "REGISTER_LOCKED")]
-    pub locked: Option<bool>,
-    /// Legacy tokens only: not_protected or ref_protected.
-    #[arg(long, env = "REGISTER_ACCESS_LEVEL")]
-    pub access_level: Option<String>,
-    /// Legacy tokens only: maximum job timeout in seconds.
-    #[arg(long, env = "REGISTER_MAXIMUM_TIMEOUT")]
-    pub maximum_timeout: Option<i64>,
-    /// Legacy tokens only: register paused.
-    #[arg(long, env = "REGISTER_PAUSED")]
-    pub paused: bool,
-    /// Legacy tokens only: maintenance note.
-    #[arg(long, env = "REGISTER_MAINTENANCE_NOTE")]
-    pub maintenance_note: Option<String>,
-    /// CA certificates (PEM) to trust for GitLab beside the system's; written to the entry.
-    #[arg(long = "tls-ca-file", env = "CI_SERVER_TLS_CA_FILE")]
-    pub tls_ca_file: Option<PathBuf>,
-    /// Client certificate (PEM) for GitLab; written to the entry.
-    #[arg(long = "tls-cert-file", env = "CI_SERVER_TLS_CERT_FILE")]
-    pub tls_cert_file: Option<PathBuf>,
-    /// Key of the client certificate (PEM); written to the entry.
-    #[arg(long = "tls-key-file", env = "CI_SERVER_TLS_KEY_FILE")]
-    pub tls_key_file: Option<PathBuf>,
-    /// Accepted for compatibility; registration never prompts.
-    #[arg(long, short = 'n')]
-    pub non_interactive: bool,
+pub struct VerifyArgs {
+    /// Verify only the runner of this name.
+    #[arg(short = 'n', long)]
+    pub name: Option<String>,
+    /// Verify only runners of this GitLab URL.
+    #[arg(short = 'u', long)]
+    pub url: Option<String>,
+    /// Verify only the runner with this token.
+    #[arg(short = 't', long)]
+    pub token: Option<String>,
+    /// Remove runners GitLab no longer knows from config.toml.
+    #[arg(long)]
+    pub delete: bool,
 }
 
 /// `runway reset-token` flags (gitlab-runner's).
@@ -81,17 +48,17 @@ pub struct ResetTokenArgs {
     pub all_runners: bool,
 }
 
-/// `runway unregister` flags.
+/// `runway unregister` flags (gitlab-runner's, with its variables for URL and token).
 #[derive(Args, Debug)]
 pub struct UnregisterArgs {
     /// Runner name in config.toml.
-    #[arg(long)]
+    #[arg(short = 'n', long)]
     pub name: Option<String>,
     /// Runner URL (with --token).
-    #[arg(long)]
+    #[arg(short = 'u', long, env = "CI_SERVER_URL")]
     pub url: Option<String>,
     /// Runner token (with --url).
-    #[arg(long)]
+    #[arg(short = 't', long, env = "CI_SERVER_TOKEN")]
     pub token: Option<String>,
     /// Unregister every runner in config.toml.
     #[arg(long)]
@@ -145,7 +112,7 @@ fn new_config() -> Config {
     }
 }
 
-fn load_or_new(path: &Path) -> anyhow::Result<Loaded> {
+pub(crate) fn load_or_new(path: &Path) -> anyhow::Result<Loaded> {
     if path.exists() {
         Ok(config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?)
     } else {
@@ -153,69 +120,8 @@ fn load_or_new(path: &Path) -> anyhow::Result<Loaded> {
     }
 }
 
-fn config_dir(path: &Path) -> PathBuf {
+pub(crate) fn config_dir(path: &Path) -> PathBuf {
     path.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
-}
-
-/// `runway register`: verify a glrt- token (or register with a legacy token) and append the
-/// runner to config.toml.
-pub(crate) async fn register(args: RegisterArgs, path: &Path) -> anyhow::Result<ExitCode> {
-    let loaded = load_or_new(path)?;
-    let system_id = config::system_id(&config_dir(path))?;
-    let url = args.url.trim_end_matches('/').to_string();
-    let mut runner = RunnerConfig::new(&args.name, &url, &args.token, &args.executor);
-    runner.tls_ca_file = args.tls_ca_file.clone();
-    runner.tls_cert_file = args.tls_cert_file.clone();
-    runner.tls_key_file = args.tls_key_file.clone();
-    let client = setup::client_for(&runner, &config::tls::certs_dir(path), None)?;
-    let info = runner_info(&loaded, &runner).await;
-    let details = if args.token.starts_with("glrt-") {
-        if args.tag_list.is_some()
-            || args.locked.is_some()
-            || args.access_level.is_some()
-            || args.maximum_timeout.is_some()
-            || args.paused
-            || args.run_untagged
-        {
-            anyhow::bail!("runner authentication tokens (glrt-) keep tags, locked, access level, maximum timeout and paused on the server: set them in GitLab, not here");
-        }
-        let creds = RunnerCredentials { url: url.clone(), token: args.token.clone(), system_id: system_id.clone() };
-        let details = client.verify(&creds, &info).await?;
-        if details.id == 0 {
-            anyhow::bail!("GitLab did not return a runner ID for this token");
-        }
-        details
-    } else {
-        eprintln!("WARNING: registration tokens are deprecated; create the runner in GitLab and use its glrt- token");
-        let params = RegisterParams {
-            description: args.name.clone(),
-            maintenance_note: args.maintenance_note.unwrap_or_default(),
-            tags: args
-                .tag_list
-                .as_deref()
-                .unwrap_or("")
-                .split(',')
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .map(str::to_string)
-                .collect(),
-            run_untagged: args.run_untagged || args.tag_list.as_deref().unwrap_or("").trim().is_empty(),
-            locked: args.locked.unwrap_or(true),
-            access_level: args.access_level.unwrap_or_default(),
-            maximum_timeout: args.maximum_timeout.unwrap_or(0),
-            paused: args.paused,
-        };
-        client.register_legacy(&url, &args.token, &params, &info).await?
-    };
-    if !details.token.is_empty() {
-        runner.token = details.token.clone();
-    }
-    runner.id = details.id;
-    runner.token_obtained_at = Some(setup::now_in_seconds());
-    runner.token_expires_at = details.token_expires_at;
-    config::edit::add_runner(path, &runner)?;
-    println!("Runner registered successfully (id {}). Config written to {}", details.id, path.display());
-    Ok(ExitCode::SUCCESS)
 }
 
 /// `runway reset-token`: new tokens for the selected runners, written into config.toml.
@@ -262,13 +168,19 @@ pub(crate) async fn reset_token(args: ResetTokenArgs, path: &Path) -> anyhow::Re
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
-/// `runway verify [--delete]`.
-pub(crate) async fn verify(path: &Path, delete: bool) -> anyhow::Result<ExitCode> {
+/// `runway verify [--delete] [-n NAME] [-u URL] [-t TOKEN]`.
+pub(crate) async fn verify(args: VerifyArgs, path: &Path) -> anyhow::Result<ExitCode> {
+    let delete = args.delete;
     let loaded = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let system_id = config::system_id(&loaded.dir())?;
     let mut failed = false;
     let mut removed = Vec::new();
-    for (i, runner) in loaded.config.runners.iter().enumerate() {
+    let selected = |r: &RunnerConfig| {
+        args.name.as_deref().is_none_or(|n| n == r.name)
+            && args.url.as_deref().is_none_or(|u| u.trim_end_matches('/') == r.resolved_url())
+            && args.token.as_deref().is_none_or(|t| t == r.resolved_token())
+    };
+    for (i, runner) in loaded.config.runners.iter().enumerate().filter(|(_, r)| selected(r)) {
         let creds = RunnerCredentials {
             url: runner.resolved_url(),
             token: runner.resolved_token(),

@@ -154,6 +154,30 @@ impl AutoscalerConfig {
     }
 }
 
+impl AutoscalerConfig {
+    /// gitlab-runner writes the ints and durations of `[runners.autoscaler]` it was not given
+    /// as 0 (`register` does, its encoder keeps zero ints and durations), and taskscaler then
+    /// uses its defaults: a 0 here means the default too.
+    pub fn zero_means_default(&mut self) {
+        let zero = |d: &mut Duration, default: Duration| {
+            if d.is_zero() {
+                *d = default;
+            }
+        };
+        if self.capacity_per_instance == 0 {
+            self.capacity_per_instance = d_capacity();
+        }
+        if self.failure_threshold == 0 {
+            self.failure_threshold = d_failure_threshold();
+        }
+        zero(&mut self.instance_acquire_timeout, d_acquire_timeout());
+        zero(&mut self.update_interval, d_update_interval());
+        zero(&mut self.update_interval_when_expecting, d_update_expecting());
+        zero(&mut self.deletion_retry_interval, d_deletion_retry());
+        zero(&mut self.shutdown_deletion_interval, d_shutdown_deletion_interval());
+    }
+}
+
 default_fn!(d_history_days, u32, 28);
 default_fn!(d_headroom_quantile, f64, 0.8);
 default_fn!(d_recent_window, Duration, secs(300));

@@ -15,8 +15,10 @@ use toml_edit::{DocumentMut, Item, Value};
 
 use super::{ConfigError, RunnerConfig};
 
-/// The starting keys of a config.toml that `register` creates (gitlab-runner's).
-const NEW_FILE: &str = "concurrent = 1\ncheck_interval = 0\nshutdown_timeout = 0\n";
+/// The starting keys of a config.toml that `register` creates: what gitlab-runner's encoder
+/// writes for a new `common.Config` (`NewConfig`: concurrent 1, connection_max_age 15m,
+/// session_timeout 1800).
+const NEW_FILE: &str = "concurrent = 1\ncheck_interval = 0\nconnection_max_age = \"15m0s\"\nshutdown_timeout = 0\n\n[session_server]\n  session_timeout = 1800\n";
 
 /// A runner's new token, as GitLab returned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,15 +58,28 @@ pub fn add_runner(path: &Path, runner: &RunnerConfig) -> Result<(), ConfigError>
     struct One<'a> {
         runners: [&'a RunnerConfig; 1],
     }
-    let existing = if path.exists() { read(path)? } else { NEW_FILE.to_string() };
     let entry = toml::to_string(&One { runners: [runner] })
         .map_err(|e| ConfigError::new(path, format!("cannot write the runner entry: {e}")))?;
+    append(path, &entry)
+}
+
+/// Append `entry` (a `[[runners]]` table as `register` builds it) like [`add_runner`].
+pub fn add_runner_table(path: &Path, entry: toml_edit::Table) -> Result<(), ConfigError> {
+    let mut runners = toml_edit::ArrayOfTables::new();
+    runners.push(entry);
+    let mut one = DocumentMut::new();
+    one.insert("runners", Item::ArrayOfTables(runners));
+    append(path, &one.to_string())
+}
+
+fn append(path: &Path, entry: &str) -> Result<(), ConfigError> {
+    let existing = if path.exists() { read(path)? } else { NEW_FILE.to_string() };
     let mut text = existing;
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
     text.push('\n');
-    text.push_str(&entry);
+    text.push_str(entry);
     // The result must still be one valid document (an inline `runners = [...]` would not be).
     parse(path, &text)?;
     write(path, &text)

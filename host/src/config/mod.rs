@@ -540,6 +540,11 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
             }
         }
     }
+    for runner in config.runners.iter_mut() {
+        if let Some(a) = runner.autoscaler.as_mut() {
+            a.zero_means_default();
+        }
+    }
     for (i, runner) in config.runners.iter_mut().enumerate() {
         // `url` and `token` keep what the file says (so saving never writes a secret taken
         // from the environment); `resolved_url`/`resolved_token` expand them for use.
