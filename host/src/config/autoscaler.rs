@@ -102,8 +102,8 @@ pub struct AutoscalerConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predictive: Option<Predictive>,
     /// Histogram buckets (seconds) of the instance timings, as gitlab-runner reads them:
-    /// each of the specific lists, else `instance_operation_time_buckets`, else Runway's
-    /// defaults (see [`AutoscalerConfig::timing_buckets`]).
+    /// each of the specific lists, else `instance_operation_time_buckets` (not for the life
+    /// duration), else [`DEFAULT_OPERATION_BUCKETS`] / [`DEFAULT_LIFE_BUCKETS`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instance_operation_time_buckets: Vec<f64>,
     /// Buckets of the creation time.
@@ -130,29 +130,6 @@ pub const DEFAULT_OPERATION_BUCKETS: [f64; 11] =
     [1.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0];
 /// Life-duration buckets when none are configured (seconds: a minute to a day).
 pub const DEFAULT_LIFE_BUCKETS: [f64; 9] = [60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0];
-
-impl AutoscalerConfig {
-    /// The histogram buckets of `timing` (gitlab-runner's `GetInstance*TimeBuckets`): the
-    /// specific list, else the operation list (not for the life duration), else the default.
-    pub fn timing_buckets(&self, timing: crate::autoscaler::InstanceTiming) -> Vec<f64> {
-        use crate::autoscaler::InstanceTiming as T;
-        let specific = match timing {
-            T::Creation => &self.instance_creation_time_buckets,
-            T::IsRunning => &self.instance_is_running_time_buckets,
-            T::Deletion => &self.instance_deletion_time_buckets,
-            T::Readiness => &self.instance_readiness_time_buckets,
-            T::Life => &self.instance_life_duration_buckets,
-        };
-        if !specific.is_empty() {
-            return specific.clone();
-        }
-        match timing {
-            T::Life => DEFAULT_LIFE_BUCKETS.to_vec(),
-            _ if !self.instance_operation_time_buckets.is_empty() => self.instance_operation_time_buckets.clone(),
-            _ => DEFAULT_OPERATION_BUCKETS.to_vec(),
-        }
-    }
-}
 
 impl AutoscalerConfig {
     /// gitlab-runner writes the ints and durations of `[runners.autoscaler]` it was not given

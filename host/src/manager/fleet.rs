@@ -299,7 +299,7 @@ impl Fleet {
             runner_name: Mutex::default(),
             limits: (config.max_instances, config.capacity_per_instance, config.max_use_count),
             timings: Mutex::new(
-                InstanceTiming::ALL.into_iter().map(|t| (t, TimingHistogram::new(config.timing_buckets(t)))).collect(),
+                InstanceTiming::ALL.into_iter().map(|t| (t, TimingHistogram::new(timing_buckets(config, t)))).collect(),
             ),
             scaler: scaler.clone(),
             connector: connector.clone(),
@@ -532,6 +532,27 @@ impl Fleet {
         keys.iter()
             .filter_map(|k| jobs.get(k).map(|j| TrackedJob { control: j.control.clone(), trace: j.trace.clone() }))
             .collect()
+    }
+}
+
+/// The histogram buckets of `timing` (gitlab-runner's `GetInstance*TimeBuckets`): the specific
+/// list, else the operation list (not for the life duration), else the default.
+fn timing_buckets(config: &AutoscalerConfig, timing: InstanceTiming) -> Vec<f64> {
+    use crate::config::autoscaler::{DEFAULT_LIFE_BUCKETS, DEFAULT_OPERATION_BUCKETS};
+    let specific = match timing {
+        InstanceTiming::Creation => &config.instance_creation_time_buckets,
+        InstanceTiming::IsRunning => &config.instance_is_running_time_buckets,
+        InstanceTiming::Deletion => &config.instance_deletion_time_buckets,
+        InstanceTiming::Readiness => &config.instance_readiness_time_buckets,
+        InstanceTiming::Life => &config.instance_life_duration_buckets,
+    };
+    if !specific.is_empty() {
+        return specific.clone();
+    }
+    match timing {
+        InstanceTiming::Life => DEFAULT_LIFE_BUCKETS.to_vec(),
+        _ if !config.instance_operation_time_buckets.is_empty() => config.instance_operation_time_buckets.clone(),
+        _ => DEFAULT_OPERATION_BUCKETS.to_vec(),
     }
 }
 
