@@ -920,3 +920,38 @@ async fn register_writes_the_config_gitlab_runner_writes() {
         assert!(list.status.success(), "{}: {}", case.name, String::from_utf8_lossy(&list.stderr));
     }
 }
+
+/// `reset-token --pat` (gitlab-runner's): a user's access token resets a runner's token by the
+/// runner's `id` — the way back for a runner whose own token is lost or expired — and the new
+/// token is written in place; a token GitLab does not accept changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_token_with_a_personal_access_token_writes_the_new_token() {
+    let fake = FakeGitLab::start().await;
+    let runner = fake.create_runner("pat");
+    fake.add_api_token("glpat-admin");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "concurrent = 1\n\n# kept\n[[runners]]\n  name = \"pat\"\n  url = \"{}\"\n  id = {}\n  token = \"{}\"\n  executor = \"shell\"\n",
+            fake.url(),
+            runner.id,
+            runner.token
+        ),
+    )
+    .expect("write config");
+
+    let out = runway(&config, &["reset-token", "--name", "pat", "--pat", "glpat-wrong"]);
+    assert!(!out.status.success(), "an unknown access token is refused");
+    assert!(std::fs::read_to_string(&config).expect("config").contains(&runner.token), "nothing changed");
+
+    let out = runway(&config, &["reset-token", "--name", "pat", "--pat", "glpat-admin"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&config).expect("config");
+    assert!(text.contains("# kept") && !text.contains(&runner.token), "{text}");
+    let table: toml::Table = text.parse().expect("toml");
+    let new = table["runners"][0]["token"].as_str().expect("token");
+    assert!(fake.runner(&runner.token).is_none(), "the old token is revoked");
+    assert_eq!(fake.runner(new).expect("GitLab knows the new token").id, runner.id);
+}

@@ -100,7 +100,7 @@ pub(super) async fn rotate_tokens(path: PathBuf, system_id: String, reload: Unbo
             skip.insert(runner.token.clone());
             continue;
         }
-        match super::setup::reset_runner_token(&path, index, runner, &system_id).await {
+        match super::setup::reset_runner_token(&path, index, runner, &system_id, None).await {
             Ok(update) => {
                 failures.remove(&runner.token);
                 tracing::info!(

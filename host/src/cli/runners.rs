@@ -46,6 +46,9 @@ pub struct ResetTokenArgs {
     /// Reset the token of every runner in config.toml.
     #[arg(long)]
     pub all_runners: bool,
+    /// Personal access token to use in lieu of the runner's old authentication token.
+    #[arg(long)]
+    pub pat: Option<String>,
 }
 
 /// `runway unregister` flags (gitlab-runner's, with its variables for URL and token).
@@ -149,7 +152,7 @@ pub(crate) async fn reset_token(args: ResetTokenArgs, path: &Path) -> anyhow::Re
     for i in selected {
         let runner = &loaded.config.runners[i];
         let short = config::short_token(&runner.resolved_token());
-        match setup::reset_runner_token(path, i, runner, &system_id).await {
+        match setup::reset_runner_token(path, i, runner, &system_id, args.pat.as_deref()).await {
             Ok(update) => println!(
                 "Resetting runner authentication token... succeeded  runner={short} name={:?} new={}{}",
                 runner.name,

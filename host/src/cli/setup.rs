@@ -182,14 +182,27 @@ pub(crate) async fn reset_runner_token(
     index: usize,
     runner: &RunnerConfig,
     system_id: &str,
+    pat: Option<&str>,
 ) -> anyhow::Result<TokenUpdate> {
     let client = client_for(runner, &config::tls::certs_dir(path), None)?;
-    let creds = RunnerCredentials {
-        url: runner.resolved_url(),
-        token: runner.resolved_token(),
-        system_id: system_id.to_string(),
+    let reset = match pat {
+        // gitlab-runner's `--pat`: the runner's id and a user's access token, for a runner whose
+        // own token is lost or expired.
+        Some(pat) => {
+            if runner.id == 0 {
+                anyhow::bail!("--pat needs the runner's id in config.toml (`id`), which this entry lacks");
+            }
+            client.reset_token_with_pat(&runner.resolved_url(), runner.id, pat).await?
+        }
+        None => {
+            let creds = RunnerCredentials {
+                url: runner.resolved_url(),
+                token: runner.resolved_token(),
+                system_id: system_id.to_string(),
+            };
+            client.reset_token(&creds).await?
+        }
     };
-    let reset = client.reset_token(&creds).await?;
     let update = TokenUpdate { token: reset.token, obtained_at: now_in_seconds(), expires_at: reset.token_expires_at };
     config::edit::set_runner_token(path, index, &runner.token, &update)?;
     Ok(update)

@@ -63,6 +63,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v4/runners/verify", post(verify))
         .route("/api/v4/runners/managers", delete(unregister_manager))
         .route("/api/v4/runners/reset_authentication_token", post(reset_token))
+        .route("/api/v4/runners/{id}/reset_authentication_token", post(reset_token_with_pat))
         .route("/api/v4/jobs/request", post(request_job))
         .route("/api/v4/jobs/{id}", put(update_job))
         .route("/api/v4/jobs/{id}/trace", patch(patch_trace))
@@ -297,6 +298,46 @@ fn reset_token_inner(shared: &Shared, req: &Incoming) -> Response {
     if let Err(r) = check_runner_header(req, &token) {
         return r;
     }
+    rotate_token(shared, token)
+}
+
+async fn reset_token_with_pat(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let req = incoming!(method, uri, headers, body);
+    let resp = reset_token_by_id(&shared, &req, &id);
+    finish(&shared, &req, resp)
+}
+
+/// `POST /runners/:id/reset_authentication_token` (Rails `API::Ci::Runners`): a user's access
+/// token in `PRIVATE-TOKEN` stands in for the runner's own (401 without a known one, 404 for
+/// an unknown runner id); the reset is the same.
+fn reset_token_by_id(shared: &Shared, req: &Incoming, id: &str) -> Response {
+    if let Some(r) = take_injected(shared, Endpoint::ResetToken) {
+        return r;
+    }
+    let pat = req.header("private-token").map(str::to_string);
+    let token = {
+        let inner = shared.lock();
+        if !pat.is_some_and(|t| inner.api_tokens.contains(&t)) {
+            return message(401, &[], "401 Unauthorized");
+        }
+        inner.runners.values().find(|r| r.id.to_string() == id).map(|r| r.token.clone())
+    };
+    match token {
+        Some(token) => rotate_token(shared, token),
+        None => message(404, &[], "404 Runner Not Found"),
+    }
+}
+
+/// A new token for the runner holding `token` (201 `{token, token_expires_at}`); the old one
+/// is revoked at once. The runner keeps its id, managers, jobs and queue.
+fn rotate_token(shared: &Shared, token: String) -> Response {
     shared.mutate(|s| {
         let Some(mut runner) = s.runners.remove(&token) else { return message(403, &[], "403 Forbidden") };
         if runner.token_expired() {

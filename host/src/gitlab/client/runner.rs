@@ -1,6 +1,7 @@
 //! The runner-token management calls (protocol §1.1–§1.5): legacy registration, verify,
 //! unregistering a runner or one of its managers, and resetting the runner token.
 
+use reqwest::header::ACCEPT;
 use reqwest::{Method, Response, StatusCode};
 use serde_json::{json, Value};
 
@@ -115,6 +116,41 @@ impl GitLabClient {
                 Ok(reset)
             }
             StatusCode::FORBIDDEN => Err(ApiError::Forbidden { endpoint, message: error_message(response).await }),
+            status => {
+                Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await })
+            }
+        }
+    }
+
+    /// `POST /runners/:id/reset_authentication_token` with a personal access token in
+    /// `PRIVATE-TOKEN` (gitlab-runner's `reset-token --pat`): a new token for runner `id` when
+    /// its own token is lost or expired. 403/401 when the access token may not.
+    pub async fn reset_token_with_pat(&self, url: &str, id: i64, pat: &str) -> Result<ResetTokenResponse, ApiError> {
+        let endpoint = Endpoint::ResetToken;
+        let base = api_base_url(url)?;
+        let url = Self::endpoint_url(&base, &format!("runners/{id}/reset_authentication_token"))?;
+        let response = self
+            .execute(endpoint, Method::POST, &url, |rb| {
+                rb.header(ACCEPT, "application/json").header("PRIVATE-TOKEN", pat)
+            })
+            .await
+            .map_err(|e| e.at(endpoint))?;
+        match response.status() {
+            StatusCode::CREATED => {
+                let bytes = response
+                    .bytes()
+                    .await
+                    .map_err(|e| ApiError::Transport { endpoint, message: describe_reqwest_error(&e) })?;
+                let reset: ResetTokenResponse = serde_json::from_slice(&bytes)
+                    .map_err(|e| ApiError::InvalidResponse { endpoint, message: e.to_string() })?;
+                if reset.token.is_empty() {
+                    return Err(ApiError::InvalidResponse { endpoint, message: "no token in the response".into() });
+                }
+                Ok(reset)
+            }
+            StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => {
+                Err(ApiError::Forbidden { endpoint, message: error_message(response).await })
+            }
             status => {
                 Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await })
             }
