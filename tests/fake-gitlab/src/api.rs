@@ -94,6 +94,12 @@ impl Incoming {
     pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
+
+    /// A user's (personal, project or group) access token, as the REST API takes it:
+    /// `PRIVATE-TOKEN`, or `Authorization: Bearer`.
+    pub(crate) fn access_token(&self) -> Option<&str> {
+        self.header("private-token").or_else(|| self.header("authorization").and_then(|a| a.strip_prefix("Bearer ")))
+    }
 }
 
 /// Records the request with the status it got and returns the response, with the
@@ -315,16 +321,15 @@ async fn reset_token_with_pat(
 }
 
 /// `POST /runners/:id/reset_authentication_token` (Rails `API::Ci::Runners`): a user's access
-/// token in `PRIVATE-TOKEN` stands in for the runner's own (401 without a known one, 404 for
+/// token stands in for the runner's own (401 without a known one, 404 for
 /// an unknown runner id); the reset is the same.
 fn reset_token_by_id(shared: &Shared, req: &Incoming, id: &str) -> Response {
     if let Some(r) = take_injected(shared, Endpoint::ResetToken) {
         return r;
     }
-    let pat = req.header("private-token").map(str::to_string);
     let token = {
         let inner = shared.lock();
-        if !pat.is_some_and(|t| inner.api_tokens.contains(&t)) {
+        if !req.access_token().is_some_and(|t| inner.api_tokens.contains(t)) {
             return message(401, &[], "401 Unauthorized");
         }
         inner.runners.values().find(|r| r.id.to_string() == id).map(|r| r.token.clone())

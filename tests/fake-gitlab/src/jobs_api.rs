@@ -163,12 +163,8 @@ pub(crate) async fn list_jobs(
 }
 
 fn answer(shared: &Shared, project: &str, req: &Incoming) -> Response {
-    let token = req
-        .header("private-token")
-        .map(str::to_string)
-        .or_else(|| req.header("authorization").and_then(|a| a.strip_prefix("Bearer ")).map(str::to_string));
     let inner = shared.lock();
-    if !token.is_some_and(|t| inner.api_tokens.contains(&t)) {
+    if !req.access_token().is_some_and(|t| inner.api_tokens.contains(t)) {
         return message(401, &[], "401 Unauthorized");
     }
     let Some(history) = inner.projects.iter().find(|p| p.id.to_string() == project || p.path == project) else {

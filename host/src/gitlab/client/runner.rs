@@ -102,24 +102,7 @@ impl GitLabClient {
             )
             .await
             .map_err(|e| e.at(endpoint))?;
-        match response.status() {
-            StatusCode::CREATED => {
-                let bytes = response
-                    .bytes()
-                    .await
-                    .map_err(|e| ApiError::Transport { endpoint, message: describe_reqwest_error(&e) })?;
-                let reset: ResetTokenResponse = serde_json::from_slice(&bytes)
-                    .map_err(|e| ApiError::InvalidResponse { endpoint, message: e.to_string() })?;
-                if reset.token.is_empty() {
-                    return Err(ApiError::InvalidResponse { endpoint, message: "no token in the response".into() });
-                }
-                Ok(reset)
-            }
-            StatusCode::FORBIDDEN => Err(ApiError::Forbidden { endpoint, message: error_message(response).await }),
-            status => {
-                Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await })
-            }
-        }
+        reset_token_response(endpoint, response, &[StatusCode::FORBIDDEN]).await
     }
 
     /// `POST /runners/:id/reset_authentication_token` with a personal access token in
@@ -135,26 +118,7 @@ impl GitLabClient {
             })
             .await
             .map_err(|e| e.at(endpoint))?;
-        match response.status() {
-            StatusCode::CREATED => {
-                let bytes = response
-                    .bytes()
-                    .await
-                    .map_err(|e| ApiError::Transport { endpoint, message: describe_reqwest_error(&e) })?;
-                let reset: ResetTokenResponse = serde_json::from_slice(&bytes)
-                    .map_err(|e| ApiError::InvalidResponse { endpoint, message: e.to_string() })?;
-                if reset.token.is_empty() {
-                    return Err(ApiError::InvalidResponse { endpoint, message: "no token in the response".into() });
-                }
-                Ok(reset)
-            }
-            StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => {
-                Err(ApiError::Forbidden { endpoint, message: error_message(response).await })
-            }
-            status => {
-                Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await })
-            }
-        }
+        reset_token_response(endpoint, response, &[StatusCode::FORBIDDEN, StatusCode::UNAUTHORIZED]).await
     }
 
     /// `DELETE /runners` (§1.4): removes the whole runner (legacy-registered runners).
@@ -209,5 +173,32 @@ async fn decode_details(
             Ok(RunnerDetails { id: 0, token: plain_token.unwrap_or_default().to_string(), token_expires_at: None })
         }
         Err(e) => Err(ApiError::InvalidResponse { endpoint, message: e.to_string() }),
+    }
+}
+
+/// A reset's answer: 201 with the new token, `refused` statuses as [`ApiError::Forbidden`],
+/// anything else as its status.
+async fn reset_token_response(
+    endpoint: Endpoint,
+    response: Response,
+    refused: &[StatusCode],
+) -> Result<ResetTokenResponse, ApiError> {
+    match response.status() {
+        StatusCode::CREATED => {
+            let bytes = response
+                .bytes()
+                .await
+                .map_err(|e| ApiError::Transport { endpoint, message: describe_reqwest_error(&e) })?;
+            let reset: ResetTokenResponse = serde_json::from_slice(&bytes)
+                .map_err(|e| ApiError::InvalidResponse { endpoint, message: e.to_string() })?;
+            if reset.token.is_empty() {
+                return Err(ApiError::InvalidResponse { endpoint, message: "no token in the response".into() });
+            }
+            Ok(reset)
+        }
+        status if refused.contains(&status) => {
+            Err(ApiError::Forbidden { endpoint, message: error_message(response).await })
+        }
+        status => Err(ApiError::Status { endpoint, status: status.as_u16(), message: error_message(response).await }),
     }
 }
