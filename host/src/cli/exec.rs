@@ -61,13 +61,12 @@ pub struct ExecArgs {
 }
 
 fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os(crate::config::PLUGIN_CACHE_ENV).filter(|v| !v.is_empty()) {
-        return Some(PathBuf::from(dir));
-    }
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .map(|d| d.join("runway").join("plugins"))
+    crate::config::plugin_cache_from_env().or_else(|| {
+        std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|d| d.join("runway").join("plugins"))
+    })
 }
 
 /// The plugin host of an exec: the loaded config's plugins and grants, else the built-ins. A

@@ -413,7 +413,7 @@ impl Loaded {
         self.config
             .plugin_cache_dir
             .clone()
-            .or_else(|| std::env::var_os(PLUGIN_CACHE_ENV).filter(|v| !v.is_empty()).map(PathBuf::from))
+            .or_else(plugin_cache_from_env)
             .unwrap_or_else(|| self.dir().join(".plugin-cache"))
     }
     /// Runway's own state (default `<config dir>/.runway-state`).
@@ -441,6 +441,11 @@ pub enum Purpose {
 
 /// The environment variable naming the compiled-plugin cache when config.toml names none.
 pub const PLUGIN_CACHE_ENV: &str = "RUNWAY_PLUGIN_CACHE_DIR";
+
+/// The directory [`PLUGIN_CACHE_ENV`] names, when set and not empty.
+pub fn plugin_cache_from_env() -> Option<PathBuf> {
+    std::env::var_os(PLUGIN_CACHE_ENV).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
 
 /// The config file when none is named: gitlab-runner's — `/etc/gitlab-runner/config.toml`
 /// as root, `~/.gitlab-runner/config.toml` otherwise — when it exists, else Runway's own
