@@ -364,3 +364,120 @@ async fn s3_bucket_location_is_asked_when_not_configured() {
     assert!(url.contains("%2Feu-west-3%2Fs3%2Faws4_request"), "{url}");
     round_trip(&store, "runner/t/project/1/k").await;
 }
+
+/// moto's record of the roles it handed out (`/moto-api/data.json`): role ARN, session name,
+/// session policy, access key and session token of each `AssumeRole`.
+async fn assumed_roles(server: &Server) -> Vec<serde_json::Value> {
+    let data: serde_json::Value = reqwest::get(format!("{}/moto-api/data.json", server.url()))
+        .await
+        .expect("moto data")
+        .json()
+        .await
+        .expect("JSON");
+    data["sts"]["AssumedRole"].as_array().cloned().unwrap_or_default()
+}
+
+/// The `DurationSeconds` of every `AssumeRole` moto received (its request recording).
+async fn recorded_durations(server: &Server) -> Vec<String> {
+    let recording = reqwest::get(format!("{}/moto-api/recorder/download-recording", server.url()))
+        .await
+        .expect("recording")
+        .text()
+        .await
+        .expect("body");
+    recording
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|r| r["body"].as_str().and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok()))
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .filter(|b| b.contains("Action=AssumeRole"))
+        .filter_map(|b| b.split('&').find_map(|p| p.strip_prefix("DurationSeconds=")).map(str::to_string))
+        .collect()
+}
+
+fn query_value(url: &str, name: &str) -> Option<String> {
+    let raw = url.split_once('?')?.1.split('&').find_map(|p| p.strip_prefix(&format!("{name}=")))?;
+    Some(url::form_urlencoded::parse(format!("v={raw}").as_bytes()).next()?.1.into_owned())
+}
+
+/// `RoleARN` and `UploadRoleARN` (issue 29): the manager assumes the role through moto's STS
+/// (`AWS_ENDPOINT_URL_STS`) with its own keys and signs with the temporary credentials. moto
+/// checks no signature (see the top of this file), so the test checks what it can hold: the
+/// URLs carry the access key and session token moto handed out for that role, moto was asked
+/// for that role with gitlab-runner's session name, duration and a policy naming the one
+/// object, and a second URL of the same object reuses the credentials instead of asking again.
+#[tokio::test]
+async fn s3_role_arn_and_upload_role_arn_are_assumed_through_sts() {
+    let server = Server::moto();
+    let started = reqwest::Client::new().post(server.url() + "/moto-api/recorder/start-recording").send().await;
+    assert!(started.is_ok_and(|r| r.status().is_success()), "moto records requests");
+    create_bucket(&server, "role-cache").await;
+    let sts = server.url();
+    let env = move |k: &str| (k == "AWS_ENDPOINT_URL_STS").then(|| sts.clone());
+    const ROLE: &str = "arn:aws:iam::123456789012:role/runway-cache";
+    const UPLOAD_ROLE: &str = "arn:aws:iam::123456789012:role/runway-cache-upload";
+
+    // RoleARN: every URL is signed with the role's credentials.
+    let mut cfg = s3_config(&server, "role-cache");
+    if let Some(s3) = cfg.s3.as_mut() {
+        s3.bucket_location = "us-east-1".into();
+        s3.role_arn = ROLE.into();
+    }
+    let store = CacheStore::from_config_with(&cfg, &env).expect("valid").expect("a store");
+    let object = store.object_name("tok123", 7, "role-key").expect("name");
+    let up = round_trip(&store, &object).await;
+    let get = store.download(&object, Duration::from_secs(3600)).expect("download url");
+    let roles = assumed_roles(&server).await;
+    assert_eq!(roles.len(), 2, "one AssumeRole for downloads and HEAD, one for the upload: {roles:?}");
+    for (url, action) in [(&get.url, "s3:GetObject"), (&up.url, "s3:PutObject")] {
+        let key = query_value(url, "X-Amz-Credential").expect("credential");
+        let key = key.split('/').next().expect("access key");
+        assert_ne!(key, "AKIDRUNWAYTEST", "not the runner's own key: {url}");
+        let role = roles.iter().find(|r| r["access_key_id"] == key).unwrap_or_else(|| panic!("{key} from moto"));
+        assert_eq!(role["role_arn"], ROLE);
+        assert_eq!(query_value(url, "X-Amz-Security-Token").as_deref(), role["session_token"].as_str(), "{url}");
+        let session = role["session_name"].as_str().expect("session name");
+        assert!(session.starts_with("gitlab-runner-cache-upload-") && session.len() == 43, "{session}");
+        let policy: serde_json::Value =
+            serde_json::from_str(role["policy"].as_str().expect("policy")).expect("policy JSON");
+        assert_eq!(
+            policy,
+            serde_json::json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": [action],
+                "Resource": format!("arn:aws:s3:::role-cache/{object}")}]})
+        );
+    }
+    assert_eq!(recorded_durations(&server).await, ["3600", "3600"]);
+
+    // UploadRoleARN: only the upload assumes it; downloads keep the runner's own key.
+    let mut cfg = s3_config(&server, "role-cache");
+    if let Some(s3) = cfg.s3.as_mut() {
+        s3.bucket_location = "us-east-1".into();
+        s3.upload_role_arn = UPLOAD_ROLE.into();
+    }
+    let store = CacheStore::from_config_with(&cfg, &env).expect("valid").expect("a store");
+    let object = store.object_name("tok123", 7, "upload-role-key").expect("name");
+    let up = round_trip(&store, &object).await;
+    let get = store.download(&object, Duration::from_secs(3600)).expect("download url");
+    assert!(query_value(&get.url, "X-Amz-Credential").is_some_and(|c| c.starts_with("AKIDRUNWAYTEST/")), "{}", get.url);
+    assert_eq!(query_value(&get.url, "X-Amz-Security-Token"), None);
+    let roles = assumed_roles(&server).await;
+    assert_eq!(roles.len(), 3, "{roles:?}");
+    assert_eq!(roles[2]["role_arn"], UPLOAD_ROLE);
+    let key = query_value(&up.url, "X-Amz-Credential").expect("credential");
+    assert!(key.starts_with(&format!("{}/", roles[2]["access_key_id"].as_str().expect("key"))), "{key}");
+    assert!(roles[2]["policy"].as_str().is_some_and(|p| p.contains("s3:PutObject") && p.contains(&object)));
+
+    // No STS (a closed loopback port): the URL fails with the role named.
+    let mut cfg = s3_config(&server, "role-cache");
+    if let Some(s3) = cfg.s3.as_mut() {
+        s3.role_arn = ROLE.into();
+    }
+    let closed = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind");
+    let nowhere = format!("http://127.0.0.1:{}", closed.local_addr().expect("addr").port());
+    drop(closed);
+    let store = CacheStore::from_config_with(&cfg, &move |k: &str| (k == "AWS_ENDPOINT_URL").then(|| nowhere.clone()))
+        .expect("valid")
+        .expect("a store");
+    let err = store.download("o", Duration::from_secs(60)).expect_err("no credentials");
+    assert!(err.to_string().contains(&format!("AssumeRole {ROLE}")), "{err}");
+}

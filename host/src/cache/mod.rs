@@ -3,16 +3,19 @@
 //! download, check and upload one cache archive without ever holding a credential.
 //!
 //! Owns the [`CacheStore`] built once per runner from its config, the credentials it signs
-//! with (refreshed by [`CacheStore::refresh_credentials`], the only function here that does
-//! I/O) and the signing, which is pure and takes `now`. Must not move cache bytes (the
-//! in-job helper does), build archives, or know about jobs beyond the object name's parts.
+//! with (refreshed by [`CacheStore::refresh_credentials`]; for an S3 `RoleARN`/`UploadRoleARN`,
+//! assumed through STS when a URL is asked for: `roles`, `sts`) and the signing, which is pure
+//! and takes `now`. Must not move cache bytes (the in-job helper does), build archives, or
+//! know about jobs beyond the object name's parts.
 
 mod aws_iam;
 mod azure;
 mod canonical;
 mod gcs;
+mod roles;
 pub mod signer;
 mod sigv4;
+pub mod sts;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,6 +29,7 @@ use crate::config::cache::{CacheConfig, CacheS3Config, CacheType, S3AuthType, S3
 pub(crate) use aws_iam::from_env as aws_env_credentials;
 pub use aws_iam::DEFAULT_METADATA_ENDPOINT;
 pub use gcs::GcsSigner;
+pub use roles::collectors as assume_role_collectors;
 pub use sigv4::{sign_request, AwsCredentials, SignedRequest};
 
 /// Longest validity of an S3 or GCS signed URL (both providers refuse more): 7 days.
@@ -102,6 +106,8 @@ struct S3Store {
     auth: S3AuthType,
     encryption: S3Encryption,
     creds: ArcSwapOption<AwsCredentials>,
+    /// `RoleARN`/`UploadRoleARN`: the roles assumed through STS to sign with.
+    roles: Option<roles::RoleAssumer>,
 }
 
 impl S3Store {
@@ -191,7 +197,8 @@ impl CacheStore {
         Self::from_config_with(cfg, &|k| std::env::var(k).ok())
     }
 
-    /// [`CacheStore::from_config`] reading `GOOGLE_APPLICATION_CREDENTIALS` from `env`.
+    /// [`CacheStore::from_config`] reading `GOOGLE_APPLICATION_CREDENTIALS` and the STS
+    /// endpoint of an S3 role (`AWS_ENDPOINT_URL_STS`, `AWS_ENDPOINT_URL`) from `env`.
     pub fn from_config_with(
         cfg: &CacheConfig,
         env: &dyn Fn(&str) -> Option<String>,
@@ -200,7 +207,7 @@ impl CacheStore {
         let max_uploaded_archive_size = u64::try_from(cfg.max_uploaded_archive_size)
             .map_err(|_| config_error("MaxUploadedArchiveSize", "must be 0 (no limit) or a number of bytes"))?;
         let provider = match kind {
-            CacheType::S3 => Provider::S3(s3_store(cfg)?),
+            CacheType::S3 => Provider::S3(s3_store(cfg, env)?),
             CacheType::Gcs => Provider::Gcs(gcs_store(cfg, env)?),
             CacheType::Azure => Provider::Azure(azure_store(cfg)?),
         };
@@ -292,12 +299,12 @@ impl CacheStore {
 
     /// A URL to download `object`, valid for `expires` (at most [`MAX_URL_EXPIRY`] on S3 and GCS).
     pub fn download(&self, object: &str, expires: Duration) -> Result<Presigned, CacheError> {
-        self.presign(Operation::Download, object, expires, &BTreeMap::new(), Utc::now())
+        self.sign_now(Operation::Download, object, expires, &BTreeMap::new())
     }
 
     /// A URL to check `object` with `HEAD`, valid for `expires`.
     pub fn head(&self, object: &str, expires: Duration) -> Result<Presigned, CacheError> {
-        self.presign(Operation::Head, object, expires, &BTreeMap::new(), Utc::now())
+        self.sign_now(Operation::Head, object, expires, &BTreeMap::new())
     }
 
     /// A URL to upload `object` with `metadata` (sent as the provider's metadata headers),
@@ -308,10 +315,40 @@ impl CacheStore {
         expires: Duration,
         metadata: &BTreeMap<String, String>,
     ) -> Result<Presigned, CacheError> {
-        self.presign(Operation::Upload, object, expires, metadata, Utc::now())
+        self.sign_now(Operation::Upload, object, expires, metadata)
     }
 
-    /// The URL of `op` on `object`, signed at `now` (pure: no I/O, no clock).
+    /// [`CacheStore::presign`] now, with the credentials of the role `op` assumes when the S3
+    /// store has `RoleARN`/`UploadRoleARN` (from the cache, else STS: this may wait for it).
+    fn sign_now(
+        &self,
+        op: Operation,
+        object: &str,
+        expires: Duration,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Presigned, CacheError> {
+        let assumed = match &self.provider {
+            Provider::S3(S3Store { roles: Some(roles), creds, region, .. }) => match roles.role_for(op) {
+                Some(role) => {
+                    let object = object.trim_start_matches('/');
+                    if object.is_empty() {
+                        return Err(CacheError::EmptyObject);
+                    }
+                    let base = creds.load_full().ok_or_else(|| {
+                        CacheError::Credentials("no S3 credentials yet to assume the role with".into())
+                    })?;
+                    let upload = op == Operation::Upload;
+                    Some(roles.credentials(role, &base, &region.load(), object, upload, expires)?)
+                }
+                None => None,
+            },
+            _ => None,
+        };
+        self.presign_with(op, object, expires, metadata, Utc::now(), assumed.as_ref())
+    }
+
+    /// The URL of `op` on `object`, signed at `now` (pure: no I/O, no clock) with the store's
+    /// own credentials.
     pub fn presign(
         &self,
         op: Operation,
@@ -319,6 +356,19 @@ impl CacheStore {
         expires: Duration,
         metadata: &BTreeMap<String, String>,
         now: DateTime<Utc>,
+    ) -> Result<Presigned, CacheError> {
+        self.presign_with(op, object, expires, metadata, now, None)
+    }
+
+    /// [`CacheStore::presign`] with `assumed` (an S3 role's credentials) instead of the store's.
+    fn presign_with(
+        &self,
+        op: Operation,
+        object: &str,
+        expires: Duration,
+        metadata: &BTreeMap<String, String>,
+        now: DateTime<Utc>,
+        assumed: Option<&AwsCredentials>,
     ) -> Result<Presigned, CacheError> {
         let object = object.trim_start_matches('/');
         if object.is_empty() {
@@ -329,7 +379,8 @@ impl CacheStore {
         let mut headers: Vec<(String, String)> = Vec::new();
         let url = match &self.provider {
             Provider::S3(s3) => {
-                let creds = s3.creds.load_full().ok_or_else(|| {
+                let own = s3.creds.load_full();
+                let creds = assumed.map(|c| Arc::new(c.clone())).or(own).ok_or_else(|| {
                     CacheError::Credentials("no S3 credentials yet: refresh_credentials has not succeeded".into())
                 })?;
                 if creds.expires.is_some_and(|e| e <= now) {
@@ -409,7 +460,7 @@ impl CacheStore {
     }
 }
 
-fn s3_store(cfg: &CacheConfig) -> Result<S3Store, CacheError> {
+fn s3_store(cfg: &CacheConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<S3Store, CacheError> {
     let s3 = cfg.s3.clone().ok_or_else(|| config_error("s3", "Type = \"s3\" needs a [runners.cache.s3] section"))?;
     if s3.bucket_name.is_empty() {
         return Err(config_error("s3.BucketName", "must name the bucket"));
@@ -435,6 +486,8 @@ fn s3_store(cfg: &CacheConfig) -> Result<S3Store, CacheError> {
         })));
     }
     let region = if s3.bucket_location.is_empty() { DEFAULT_S3_REGION.to_string() } else { s3.bucket_location.clone() };
+    let kms = matches!(encryption, S3Encryption::Kms | S3Encryption::DsseKms);
+    let roles = roles::RoleAssumer::from_config(&s3, kms, env);
     Ok(S3Store {
         cfg: s3,
         region: arc_swap::ArcSwap::from_pointee(region),
@@ -442,6 +495,7 @@ fn s3_store(cfg: &CacheConfig) -> Result<S3Store, CacheError> {
         auth,
         encryption,
         creds,
+        roles,
     })
 }
 

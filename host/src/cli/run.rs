@@ -441,6 +441,7 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
     let mut plugins = setup::plugin_host(&loaded).await?;
     plugins.watch()?;
     let metrics = Metrics::new(loaded.config.concurrent, &system_id)?;
+    metrics.register(crate::cache::assume_role_collectors())?;
     metrics.config_loaded(true);
     let client = Arc::new(GitLabClient::new(ClientOptions::default())?);
     let _server = match &loaded.config.listen_address {

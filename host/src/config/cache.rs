@@ -122,17 +122,17 @@ pub struct CacheS3Config {
     /// S3 Transfer Acceleration (AWS endpoint only).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub accelerate: bool,
-    /// gitlab-runner hands the job temporary credentials of this role; Runway never does
-    /// (credentials stay with the manager): accepted and ignored.
+    /// A role the manager assumes through STS (with its own credentials) to sign every URL,
+    /// scoped by a session policy to the one object.
     #[serde(rename = "RoleARN", default, skip_serializing_if = "String::is_empty")]
     pub role_arn: String,
-    /// As `RoleARN`, for uploads: accepted and ignored.
+    /// As `RoleARN`, for uploads only (`RoleARN` wins when both are set, as in gitlab-runner).
     #[serde(rename = "UploadRoleARN", default, skip_serializing_if = "String::is_empty")]
     pub upload_role_arn: String,
-    /// Of `RoleARN`: accepted and ignored.
+    /// Most `AssumeRole` requests in flight at once: 0 means 5, negative no limit.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub assume_role_max_concurrency: i64,
-    /// Of `RoleARN`: accepted and ignored.
+    /// Ask STS for every URL instead of reusing the role's credentials while they last.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub disable_assume_role_credentials_caching: bool,
 }

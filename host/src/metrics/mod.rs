@@ -124,6 +124,16 @@ impl Metrics {
         }
     }
 
+    /// Export families another layer owns and feeds (the S3 cache's
+    /// `gitlab_runner_cache_s3_assume_role_*`), handed over by the CLI so that layer imports
+    /// no metrics.
+    pub fn register(&self, collectors: Vec<Box<dyn prometheus::core::Collector>>) -> Result<(), MetricsError> {
+        for c in collectors {
+            self.families.registry.register(c).map_err(|e| MetricsError::Families(e.to_string()))?;
+        }
+        Ok(())
+    }
+
     /// Count a configuration file load (`ok`) or a load that failed.
     pub fn config_loaded(&self, ok: bool) {
         if ok {
