@@ -328,20 +328,23 @@ impl CacheStore {
         metadata: &BTreeMap<String, String>,
     ) -> Result<Presigned, CacheError> {
         let assumed = match &self.provider {
-            Provider::S3(S3Store { roles: Some(roles), creds, region, .. }) => match roles.role_for(op) {
-                Some(role) => {
-                    let object = object.trim_start_matches('/');
-                    if object.is_empty() {
-                        return Err(CacheError::EmptyObject);
+            Provider::S3(S3Store { roles: Some(roles), creds, region, .. }) => {
+                match roles.role_for(op == Operation::Upload) {
+                    Some(role) => {
+                        let object = object.trim_start_matches('/');
+                        if object.is_empty() {
+                            return Err(CacheError::EmptyObject);
+                        }
+                        let base = creds.load_full().ok_or_else(|| {
+                            CacheError::Credentials("no S3 credentials yet to assume the role with".into())
+                        })?;
+                        let upload = op == Operation::Upload;
+                        let assumed = roles.credentials(role, &base, &region.load(), object, upload, expires);
+                        Some(assumed.map_err(|e| CacheError::Credentials(e.to_string()))?)
                     }
-                    let base = creds.load_full().ok_or_else(|| {
-                        CacheError::Credentials("no S3 credentials yet to assume the role with".into())
-                    })?;
-                    let upload = op == Operation::Upload;
-                    Some(roles.credentials(role, &base, &region.load(), object, upload, expires)?)
+                    None => None,
                 }
-                None => None,
-            },
+            }
             _ => None,
         };
         self.presign_with(op, object, expires, metadata, Utc::now(), assumed.as_ref())

@@ -24,7 +24,6 @@ use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Opts};
 
 use crate::cache::sigv4::AwsCredentials;
 use crate::cache::sts::{self, AssumeRoleInput, StsError};
-use crate::cache::{CacheError, Operation};
 use crate::config::cache::CacheS3Config;
 
 /// gitlab-runner's default of `AssumeRoleMaxConcurrency = 0`.
@@ -190,13 +189,13 @@ impl RoleAssumer {
         })
     }
 
-    /// The role `op` is signed with: `RoleARN` for every request, else `UploadRoleARN` for an
-    /// upload (gitlab-runner's `getARNForGoCloud`); `None`: the runner's own credentials.
-    /// HEAD needs `s3:GetObject`, so it goes as a download.
-    pub(crate) fn role_for(&self, op: Operation) -> Option<&str> {
+    /// The role an upload (or a download: GET and HEAD, which needs `s3:GetObject`) is signed
+    /// with: `RoleARN` for every request, else `UploadRoleARN` for an upload (gitlab-runner's
+    /// `getARNForGoCloud`); `None`: the runner's own credentials.
+    pub(crate) fn role_for(&self, upload: bool) -> Option<&str> {
         if !self.role_arn.is_empty() {
             Some(&self.role_arn)
-        } else if op == Operation::Upload && !self.upload_role_arn.is_empty() {
+        } else if upload && !self.upload_role_arn.is_empty() {
             Some(&self.upload_role_arn)
         } else {
             None
@@ -224,14 +223,13 @@ impl RoleAssumer {
         object: &str,
         upload: bool,
         valid_for: Duration,
-    ) -> Result<AwsCredentials, CacheError> {
+    ) -> Result<AwsCredentials, StsError> {
         let min_validity = valid_for.max(Duration::from_secs(60)).min(Duration::from_secs(55 * 60));
         let key = self.cache_key(role, region, object, upload);
         if let Some(creds) = self.cached(&key, min_validity) {
             return Ok(creds);
         }
         block_on(self.assume(role, base, region, object, upload, &key, min_validity))?
-            .map_err(|e| CacheError::Credentials(e.to_string()))
     }
 
     fn cached(&self, key: &str, min_validity: Duration) -> Option<AwsCredentials> {
@@ -354,7 +352,7 @@ impl Drop for Slot {
 /// Run `future` to completion from synchronous code (the signing path): on a thread of its
 /// own with a runtime of its own, so it works inside or outside a runtime; on a
 /// multi-threaded runtime the caller's other tasks move off this thread meanwhile.
-pub(crate) fn block_on<F>(future: F) -> Result<F::Output, CacheError>
+pub(crate) fn block_on<F>(future: F) -> Result<F::Output, StsError>
 where
     F: Future + Send,
     F::Output: Send,
@@ -366,11 +364,11 @@ where
                     let runtime = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()
-                        .map_err(|e| CacheError::Credentials(format!("AssumeRole: runtime: {e}")))?;
+                        .map_err(|e| StsError::Runtime(format!("runtime: {e}")))?;
                     Ok(runtime.block_on(future))
                 })
                 .join()
-                .unwrap_or_else(|_| Err(CacheError::Credentials("AssumeRole: the request's thread panicked".into())))
+                .unwrap_or_else(|_| Err(StsError::Runtime("the request's thread panicked".into())))
         })
     };
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {

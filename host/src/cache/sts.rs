@@ -50,6 +50,9 @@ pub enum StsError {
         /// STS's error code and message.
         reason: String,
     },
+    /// The request could not be run (its thread or runtime).
+    #[error("AssumeRole: {0}")]
+    Runtime(String),
     /// A success without the credentials in it.
     #[error("AssumeRole {role}: the answer has no {missing}")]
     Malformed {

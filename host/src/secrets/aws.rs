@@ -14,6 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
+use crate::cache::sts::xml_text;
 use crate::cache::{aws_env_credentials, sign_request, AwsCredentials, SignedRequest};
 use crate::payload::secrets::{AwsSecret, Secret};
 use crate::secrets::vault::error_chain;
@@ -170,21 +171,6 @@ async fn assume_role(
         session_token: Some(field("SessionToken")?),
         expires: xml_text(&body, "Expiration").and_then(|t| DateTime::parse_from_rfc3339(&t).ok()).map(|t| t.into()),
     })
-}
-
-/// The text of the first `<tag>…</tag>` of an XML answer, entities decoded.
-fn xml_text(body: &str, tag: &str) -> Option<String> {
-    let open = format!("<{tag}>");
-    let start = body.find(&open)? + open.len();
-    let end = body[start..].find(&format!("</{tag}>"))? + start;
-    Some(
-        body[start..end]
-            .replace("&lt;", "<")
-            .replace("&gt;", ">")
-            .replace("&quot;", "\"")
-            .replace("&apos;", "'")
-            .replace("&amp;", "&"),
-    )
 }
 
 /// Secrets Manager `GetSecretValue`: the secret's string (or its binary, base64).
