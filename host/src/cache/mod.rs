@@ -107,7 +107,7 @@ struct S3Store {
     encryption: S3Encryption,
     creds: ArcSwapOption<AwsCredentials>,
     /// `RoleARN`/`UploadRoleARN`: the roles assumed through STS to sign with.
-    roles: Option<roles::RoleAssumer>,
+    roles: Option<Box<roles::RoleAssumer>>,
 }
 
 impl S3Store {
@@ -490,7 +490,7 @@ fn s3_store(cfg: &CacheConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<S
     }
     let region = if s3.bucket_location.is_empty() { DEFAULT_S3_REGION.to_string() } else { s3.bucket_location.clone() };
     let kms = matches!(encryption, S3Encryption::Kms | S3Encryption::DsseKms);
-    let roles = roles::RoleAssumer::from_config(&s3, kms, env);
+    let roles = roles::RoleAssumer::from_config(&s3, kms, env).map(Box::new);
     Ok(S3Store {
         cfg: s3,
         region: arc_swap::ArcSwap::from_pointee(region),
