@@ -30,6 +30,11 @@ impl Harness {
     /// A fake GitLab with `group/project`, and `runway run` with one shell runner whose
     /// `[[runners]]` entry gets `extra` lines.
     async fn shell(extra: &str) -> Harness {
+        Harness::shell_with_env(extra, &[]).await
+    }
+
+    /// [`Harness::shell`] with `env` in the runner's environment.
+    async fn shell_with_env(extra: &str, env: &[(&str, &str)]) -> Harness {
         let fake =
             FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
                 .await;
@@ -63,6 +68,9 @@ cache_dir = "{cache}"
         );
         std::fs::write(root.path().join("config.toml"), config).expect("config.toml");
         let mut process = RunwayProcess::new(root.path().to_path_buf());
+        for (key, value) in env {
+            process = process.env(key, value);
+        }
         process.start();
         Harness { fake, root, process }
     }
@@ -487,6 +495,8 @@ idle_count = 1
 #[tokio::test(flavor = "multi_thread")]
 async fn the_s3_cache_is_shared_between_builds_directories_through_presigned_urls_only() {
     let moto = object_servers::Server::moto();
+    let started = reqwest::Client::new().post(moto.url() + "/moto-api/recorder/start-recording").send().await;
+    assert!(started.is_ok_and(|r| r.status().is_success()), "moto records requests");
     let status =
         reqwest::Client::new().put(format!("{}/fleet-cache", moto.url())).send().await.expect("bucket").status();
     assert!(status.is_success(), "create bucket: {status}");
@@ -505,7 +515,13 @@ async fn the_s3_cache_is_shared_between_builds_directories_through_presigned_url
   Insecure = true"#,
         port = moto.port
     );
-    let first = Harness::shell(&cache).await;
+    // The first runner uploads with a role (UploadRoleARN), the second restores with one
+    // (RoleARN): the manager assumes them through moto's STS and signs with what it returns.
+    let sts = [("AWS_ENDPOINT_URL_STS", moto.url())];
+    let sts: Vec<(&str, &str)> = sts.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    const UPLOAD_ROLE: &str = "arn:aws:iam::123456789012:role/cache-upload";
+    const ROLE: &str = "arn:aws:iam::123456789012:role/cache";
+    let first = Harness::shell_with_env(&format!("{cache}\n  UploadRoleARN = \"{UPLOAD_ROLE}\""), &sts).await;
     let job = |h: &Harness| {
         h.fake.job_payload(
             &spec(
@@ -528,6 +544,29 @@ async fn the_s3_cache_is_shared_between_builds_directories_through_presigned_url
     assert!(trace.contains("Uploading cache.zip to http://127.0.0.1"), "{trace}");
     assert!(trace.contains("X-Amz-Signature"), "pre-signed URLs in the commands: {trace}");
     assert!(!trace.contains(SECRET), "the secret key never reaches the job: {trace}");
+    let assumed = |roles: &serde_json::Value, role: &str| -> Vec<String> {
+        let list = roles["sts"]["AssumedRole"].as_array().cloned().unwrap_or_default();
+        list.iter()
+            .filter(|r| r["role_arn"] == role)
+            .filter_map(|r| r["access_key_id"].as_str().map(str::to_string))
+            .collect()
+    };
+    let roles: serde_json::Value = reqwest::get(format!("{}/moto-api/data.json", moto.url()))
+        .await
+        .expect("moto data")
+        .json()
+        .await
+        .expect("JSON");
+    let keys = assumed(&roles, UPLOAD_ROLE);
+    assert_eq!(keys.len(), 1, "one AssumeRole for the upload: {roles}");
+    // The trace masks credentials in URLs (gitlab-runner's rule): moto's request recording
+    // shows what the helper sent.
+    let sent = s3_requests(&moto).await;
+    assert!(
+        sent.iter().any(|(m, u)| m == "PUT" && u.contains(&format!("X-Amz-Credential={}%2F", keys[0]))),
+        "the upload is signed with the role's key: {sent:?}"
+    );
+    assert!(sent.iter().all(|(m, u)| m == "PUT" || u.contains("X-Amz-Credential=AKIDRUNWAYE2E%2F")), "{sent:?}");
     let objects = reqwest::get(format!("{}/fleet-cache?list-type=2", moto.url()))
         .await
         .expect("list")
@@ -540,10 +579,41 @@ async fn the_s3_cache_is_shared_between_builds_directories_through_presigned_url
     );
 
     // Another runner, with its own builds and cache directories, restores it from S3.
-    let second = Harness::shell(&cache).await;
+    let second = Harness::shell_with_env(&format!("{cache}\n  RoleARN = \"{ROLE}\""), &sts).await;
     let hit = second.finished(second.fake.enqueue(job(&second))).await;
     succeeded(&hit);
     let trace = hit.trace_text();
     assert!(trace.contains("RESTORED") && trace.contains("Successfully extracted cache"), "{trace}");
     assert!(!trace.contains(SECRET), "{trace}");
+    let roles: serde_json::Value = reqwest::get(format!("{}/moto-api/data.json", moto.url()))
+        .await
+        .expect("moto data")
+        .json()
+        .await
+        .expect("JSON");
+    let keys = assumed(&roles, ROLE);
+    assert!(!keys.is_empty(), "RoleARN assumed: {roles}");
+    let gets: Vec<String> = s3_requests(&moto).await.into_iter().filter(|(m, _)| m == "GET").map(|(_, u)| u).collect();
+    assert!(
+        gets.iter().any(|u| keys.iter().any(|k| u.contains(&format!("X-Amz-Credential={k}%2F")))),
+        "the restore is signed with the role's key: {gets:?}"
+    );
+}
+
+/// The method and URL of every pre-signed request moto received (its request recording).
+async fn s3_requests(moto: &object_servers::Server) -> Vec<(String, String)> {
+    let recording = reqwest::get(format!("{}/moto-api/recorder/download-recording", moto.url()))
+        .await
+        .expect("recording")
+        .text()
+        .await
+        .expect("body");
+    recording
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["url"].as_str().is_some_and(|u| u.contains("X-Amz-Signature=")))
+        .map(|r| {
+            (r["method"].as_str().unwrap_or_default().to_string(), r["url"].as_str().unwrap_or_default().to_string())
+        })
+        .collect()
 }
