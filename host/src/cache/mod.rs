@@ -298,11 +298,14 @@ impl CacheStore {
 
     /// When the credentials signing now stop working (temporary IAM credentials), if ever; for
     /// an Azure user delegation key, when it is due for renewal ([`AZURE_KEY_RENEWAL`] before
-    /// it expires).
+    /// it expires, or now while there is none).
     pub fn credentials_expire(&self) -> Option<DateTime<Utc>> {
         match &self.provider {
             Provider::S3(s3) => s3.creds.load().as_ref().and_then(|c| c.expires),
-            Provider::Azure(a) => a.delegation_key.load().as_ref().map(|k| k.expires - AZURE_KEY_RENEWAL),
+            // No key yet (a failed first fetch): due now, so the refresh loop retries in a minute.
+            Provider::Azure(a) if a.key.is_none() => {
+                Some(a.delegation_key.load().as_ref().map_or_else(Utc::now, |k| k.expires - AZURE_KEY_RENEWAL))
+            }
             _ => None,
         }
     }
