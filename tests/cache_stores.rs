@@ -7,12 +7,18 @@
 //! moto does not verify signatures of pre-signed URLs (with its IAM checks on, a pre-signed
 //! request fails with a server error whatever its signature), so S3 signatures are checked by
 //! the AWS documentation vector in the unit tests; Azurite and the GCS server check theirs here,
-//! tampered and expired URLs included.
+//! tampered and expired URLs included. An Azure cache without `AccountKey` signs in through
+//! workload identity at a fake Microsoft login (tests/support/cloud_secrets_fake.rs) and gets
+//! its user delegation key from Azurite over HTTPS (`--oauth basic`), which checks the SAS.
 
+#[path = "support/cloud_secrets_fake.rs"]
+mod cloud_secrets_fake;
 #[path = "support/gcs_fake.rs"]
 mod gcs_fake;
 #[path = "support/object_servers.rs"]
 mod object_servers;
+#[path = "support/test_ca.rs"]
+mod test_ca;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -23,12 +29,17 @@ use hmac::Mac as _;
 use object_servers::{Server, AZURITE_ACCOUNT, AZURITE_KEY};
 use runway::cache::{CacheStore, GcsSigner, Operation, Presigned};
 use runway::config::cache::{CacheAzureConfig, CacheConfig, CacheGcsConfig, CacheS3Config};
+use serde_json::json;
 
 const GCS_ACCOUNT: &str = include_str!("fixtures/cache/gcs-conformance-service-account.json");
 
 /// Send `p` as the in-job helper does: its method, URL and headers, with `body`.
 async fn send(p: &Presigned, body: Option<Vec<u8>>) -> reqwest::Response {
-    let client = reqwest::Client::new();
+    send_with(&reqwest::Client::new(), p, body).await
+}
+
+/// [`send`] through `client`.
+async fn send_with(client: &reqwest::Client, p: &Presigned, body: Option<Vec<u8>>) -> reqwest::Response {
     let method = reqwest::Method::from_bytes(p.method.as_bytes()).expect("method");
     let mut request = client.request(method, &p.url);
     for (k, v) in &p.headers {
@@ -79,17 +90,23 @@ async fn create_bucket(server: &Server, bucket: &str) {
 }
 
 async fn round_trip(store: &CacheStore, object: &str) -> Presigned {
+    round_trip_with(&reqwest::Client::new(), store, object).await
+}
+
+/// [`round_trip`] through `client`.
+async fn round_trip_with(client: &reqwest::Client, store: &CacheStore, object: &str) -> Presigned {
+    let send = |p: Presigned, body: Option<Vec<u8>>| async move { send_with(client, &p, body).await };
     let expires = Duration::from_secs(3600);
     let head = store.head(object, expires).expect("head url");
-    assert_eq!(send(&head, None).await.status(), 404, "a miss before the upload");
+    assert_eq!(send(head, None).await.status(), 404, "a miss before the upload");
     let bytes = b"cache archive bytes \x00\x01\x02".to_vec();
     let up = store.upload(object, expires, &metadata()).expect("upload url");
-    let put = send(&up, Some(bytes.clone())).await;
+    let put = send(up.clone(), Some(bytes.clone())).await;
     assert!(put.status().is_success(), "PUT: {} {}", put.status(), put.text().await.unwrap_or_default());
-    let head = send(&store.head(object, expires).expect("head url"), None).await;
+    let head = send(store.head(object, expires).expect("head url"), None).await;
     assert_eq!(head.status(), 200, "HEAD after the upload");
     assert_eq!(head.headers().get("content-length").and_then(|v| v.to_str().ok()), Some("23"));
-    let get = send(&store.download(object, expires).expect("download url"), None).await;
+    let get = send(store.download(object, expires).expect("download url"), None).await;
     assert_eq!(get.status(), 200);
     assert_eq!(get.bytes().await.expect("body").to_vec(), bytes);
     up
@@ -205,6 +222,11 @@ fn azure_config(server: &Server) -> CacheConfig {
 
 /// `PUT /devstoreaccount1/<container>?restype=container` signed with SharedKey.
 async fn create_container(server: &Server, container: &str) {
+    create_container_at(&reqwest::Client::new(), &server.url(), container).await;
+}
+
+/// [`create_container`] on the Azurite at `base` through `client`.
+async fn create_container_at(client: &reqwest::Client, base: &str, container: &str) {
     let date = Utc::now().format("%a, %d %b %Y %H:%M:%S GMT").to_string();
     let version = "2020-12-06";
     let string_to_sign = format!(
@@ -214,8 +236,8 @@ async fn create_container(server: &Server, container: &str) {
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).expect("hmac");
     mac.update(string_to_sign.as_bytes());
     let signature = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
-    let response = reqwest::Client::new()
-        .put(format!("{}/{AZURITE_ACCOUNT}/{container}?restype=container", server.url()))
+    let response = client
+        .put(format!("{base}/{AZURITE_ACCOUNT}/{container}?restype=container"))
         .header("x-ms-date", date)
         .header("x-ms-version", version)
         .header("content-length", "0")
@@ -246,6 +268,102 @@ async fn azure_sas_put_head_get_on_azurite() {
     assert_eq!(send(&expired, None).await.status(), 403, "expired SAS");
     let write_with_read = Presigned { method: "PUT".into(), headers: up.headers.clone(), ..get };
     assert_eq!(send(&write_with_read, Some(b"x".to_vec())).await.status(), 403, "read SAS used to write");
+}
+
+/// gitlab-runner's Azure cache without `AccountKey`: a token for Azure Storage from workload
+/// identity (the federated token file as the client assertion, at `AZURE_AUTHORITY_HOST`), a
+/// user delegation key from the blob service, and user delegation SAS URLs Azurite verifies.
+#[tokio::test(flavor = "multi_thread")]
+async fn azure_without_account_key_uses_workload_identity_and_user_delegation_sas() {
+    use cloud_secrets_fake::{AzureFake, AzureState, Signer};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = test_ca::make_ca(&dir.path().join("tls"), "azurite");
+    let server = Server::azurite_https(&ca.cert, &ca.key);
+    let pem = std::fs::read(&ca.ca).expect("ca");
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("pem"))
+        .build()
+        .expect("client");
+    let base = format!("https://127.0.0.1:{}", server.port);
+    create_container_at(&client, &base, "identity-cache").await;
+
+    let signer = tokio::task::spawn_blocking(Signer::generate).await.expect("key");
+    let (tenant, app, object_id) = (
+        "72f988bf-0000-4000-8000-000000000001",
+        "0f5e2c4a-0000-4000-8000-000000000002",
+        "5c1d7a9e-0000-4000-8000-000000000003",
+    );
+    let (issuer, subject) = ("https://oidc.aks.example/tenant/", "system:serviceaccount:gitlab-runner:gitlab-runner");
+    let login = AzureFake::start(AzureState {
+        tenant: tenant.into(),
+        client_id: app.into(),
+        issuer: issuer.into(),
+        subject: subject.into(),
+        audience: "api://AzureADTokenExchange".into(),
+        keys: vec![signer.public_key()],
+        object_id: object_id.into(),
+        ..AzureState::default()
+    })
+    .await;
+    let token_file = dir.path().join("azure-identity-token");
+    std::fs::write(
+        &token_file,
+        signer.sign(json!({"iss": issuer, "sub": subject, "aud": "api://AzureADTokenExchange"})),
+    )
+    .expect("token file");
+    let vars = BTreeMap::from([
+        ("AZURE_TENANT_ID", tenant.to_string()),
+        ("AZURE_CLIENT_ID", app.to_string()),
+        ("AZURE_FEDERATED_TOKEN_FILE", token_file.display().to_string()),
+        ("AZURE_AUTHORITY_HOST", login.url()),
+        ("SSL_CERT_FILE", ca.ca.display().to_string()),
+    ]);
+    let env = |k: &str| vars.get(k).cloned();
+
+    let cfg = CacheConfig {
+        cache_type: "azure".into(),
+        azure: Some(CacheAzureConfig {
+            account_name: AZURITE_ACCOUNT.into(),
+            container_name: "identity-cache".into(),
+            endpoint: format!("{base}/{AZURITE_ACCOUNT}"),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let store = CacheStore::from_config(&cfg).expect("valid without AccountKey").expect("a store");
+    assert!(store.download("o", Duration::from_secs(60)).is_err(), "no delegation key before a refresh");
+    store.refresh_credentials_from(&env).await.expect("token and user delegation key");
+    store.refresh_credentials_from(&env).await.expect("kept");
+    assert_eq!(login.state.lock().expect("state").tokens.len(), 1, "one sign-in and one key per validity window");
+    let renew = store.credentials_expire().expect("a key to renew");
+    assert!(renew > Utc::now() + chrono::Duration::days(5), "a key for (about) 7 days, renewed a day early: {renew}");
+
+    let object = store.object_name("tok", 5, "main").expect("name");
+    let up = round_trip_with(&client, &store, &object).await;
+    assert!(
+        up.url.contains(&format!("skoid={object_id}")) && up.url.contains(&format!("sktid={tenant}")),
+        "{}",
+        up.url
+    );
+    assert!(!up.url.contains("AccountKey") && up.url.starts_with("https://"), "{}", up.url);
+    let head = send_with(&client, &store.head(&object, Duration::from_secs(60)).expect("url"), None).await;
+    assert_eq!(head.headers().get("x-ms-meta-cachekey").and_then(|v| v.to_str().ok()), Some("main-protected"));
+    let get = store.download(&object, Duration::from_secs(60)).expect("url");
+    let tampered = Presigned { url: tamper(&get.url, "sig"), ..get.clone() };
+    assert_eq!(send_with(&client, &tampered, None).await.status(), 403, "tampered user delegation SAS");
+    let other_identity =
+        Presigned { url: get.url.replace(object_id, "5c1d7a9e-0000-4000-8000-00000000ffff"), ..get.clone() };
+    assert_eq!(send_with(&client, &other_identity, None).await.status(), 403, "skoid is signed");
+    let write_with_read = Presigned { method: "PUT".into(), headers: up.headers.clone(), ..get };
+    assert_eq!(send_with(&client, &write_with_read, Some(b"x".to_vec())).await.status(), 403, "read SAS used to write");
+
+    // An identity the login does not know: the refresh says why, and nothing is signed.
+    let stranger = CacheStore::from_config(&cfg).expect("valid").expect("a store");
+    let wrong =
+        |k: &str| if k == "AZURE_CLIENT_ID" { Some("0f5e2c4a-0000-4000-8000-0000000000ff".into()) } else { env(k) };
+    let err = stranger.refresh_credentials_from(&wrong).await.expect_err("unknown app");
+    assert!(err.to_string().contains("AADSTS700016") && err.to_string().contains("workload identity"), "{err}");
+    assert!(stranger.download("o", Duration::from_secs(60)).is_err());
 }
 
 #[tokio::test]

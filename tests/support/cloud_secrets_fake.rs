@@ -8,7 +8,9 @@
 //!   /v1/projects/*/secrets/*/versions/*:access` (payload `data` base64 with `dataCrc32c`,
 //!   errors as `google.rpc.Status`: `NOT_FOUND`, `UNAUTHENTICATED`).
 //! - [`AzureFake`]: Microsoft identity platform's `POST /{tenant}/oauth2/v2.0/token` with a
-//!   federated client assertion (client credentials grant; `AADSTS…` errors) and Key Vault's
+//!   federated client assertion or a client secret (client credentials grant for Key Vault's or
+//!   Azure Storage's `.default` scope; access tokens shaped as Entra ID's v1 tokens: `aud`,
+//!   `iss` `https://sts.windows.net/<tenant>/`, `oid`, `tid`; `AADSTS…` errors) and Key Vault's
 //!   Get Secret `GET /secrets/{name}/{version}?api-version=…` (errors `SecretNotFound`,
 //!   `Unauthorized`).
 //!
@@ -303,6 +305,10 @@ pub(crate) struct AzureState {
     pub subject: String,
     pub audience: String,
     pub keys: Vec<PublicKey>,
+    /// The app's client secret (none: only federated assertions sign in).
+    pub client_secret: String,
+    /// The service principal's object id (the tokens' `oid`).
+    pub object_id: String,
     /// Secret name → versions (id, value), the last the current one.
     pub secrets: BTreeMap<String, Vec<(String, String)>>,
     pub tokens: BTreeSet<String>,
@@ -368,7 +374,8 @@ async fn azure_token(
             "AADSTS70003: The app requested an unsupported grant type.",
         );
     }
-    if field("client_assertion_type") != "urn:ietf:params:oauth:client-assertion-type:jwt-bearer" {
+    let by_secret = form.contains_key("client_secret");
+    if !by_secret && field("client_assertion_type") != "urn:ietf:params:oauth:client-assertion-type:jwt-bearer" {
         return aad_error(StatusCode::BAD_REQUEST, "invalid_request", "AADSTS50027: Invalid client_assertion_type.");
     }
     if field("client_id") != state.client_id {
@@ -381,12 +388,28 @@ async fn azure_token(
             ),
         );
     }
-    if field("scope") != "https://vault.azure.net/.default" {
+    let scope = field("scope");
+    let Some(resource) =
+        ["https://vault.azure.net", "https://storage.azure.com"].into_iter().find(|r| scope == format!("{r}/.default"))
+    else {
         return aad_error(
             StatusCode::BAD_REQUEST,
             "invalid_scope",
             "AADSTS70011: The provided value for scope is not valid.",
         );
+    };
+    if by_secret {
+        if state.client_secret.is_empty() || field("client_secret") != state.client_secret {
+            return aad_error(
+                StatusCode::UNAUTHORIZED,
+                "invalid_client",
+                &format!(
+                    "AADSTS7000215: Invalid client secret provided. Ensure the secret being sent in the request is the client secret value, not the client secret ID, for a secret added to app '{}'.",
+                    state.client_id
+                ),
+            );
+        }
+        return access_token(&mut state, &tenant, resource);
     }
     let claims = match verify_jwt(&field("client_assertion"), &state.keys) {
         Ok(claims) => claims,
@@ -411,7 +434,22 @@ async fn azure_token(
             ),
         );
     }
-    let token = random_token("eyFakeAzureAccess-");
+    access_token(&mut state, &tenant, resource)
+}
+
+/// An access token for `resource`, as Entra ID's v1 access tokens look (a JWT whose claims
+/// resource servers read: `aud`, `iss`, `oid`, `tid`, lifetimes); its signature part is random
+/// (no resource server here checks it).
+fn access_token(state: &mut AzureState, tenant: &str, resource: &str) -> Response {
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let now = chrono::Utc::now().timestamp();
+    let header = b64.encode(json!({"typ": "JWT", "alg": "RS256", "kid": "fake-entra"}).to_string());
+    let claims = json!({
+        "aud": resource, "iss": format!("https://sts.windows.net/{tenant}/"), "iat": now, "nbf": now,
+        "exp": now + 3599, "appid": state.client_id, "oid": state.object_id, "sub": state.object_id,
+        "tid": tenant, "ver": "1.0",
+    });
+    let token = format!("{header}.{}.{}", b64.encode(claims.to_string()), random_token(""));
     state.tokens.insert(token.clone());
     Json(json!({ "token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": token }))
         .into_response()

@@ -72,6 +72,18 @@ impl Server {
 
     /// `azurite-blob` with its data in a temporary directory: checks SAS and SharedKey signatures.
     pub(crate) fn azurite() -> Server {
+        Server::azurite_with(&[])
+    }
+
+    /// `azurite-blob` over HTTPS with `cert` and `key` (PEM) and `--oauth basic`: it also takes
+    /// Entra ID bearer tokens (their `iss`, `aud` and lifetime checked, not their signature),
+    /// answers Get User Delegation Key and checks user delegation SAS signatures.
+    pub(crate) fn azurite_https(cert: &std::path::Path, key: &std::path::Path) -> Server {
+        let extra = ["--cert".to_string(), cert.display().to_string(), "--key".into(), key.display().to_string()];
+        Server::azurite_with(&[&extra[..], &["--oauth".to_string(), "basic".into()]].concat())
+    }
+
+    fn azurite_with(extra: &[String]) -> Server {
         let port = free_port();
         // Its data go to the working directory spawn makes (`--location .`).
         let args = [
@@ -84,6 +96,7 @@ impl Server {
             "--skipApiVersionCheck".into(),
             "--silent".into(),
         ];
+        let args = [&args[..], extra].concat();
         let (mut child, dir) = spawn("azurite-blob", &args, "npm install -g azurite");
         wait_listening(&mut child, port, "azurite-blob");
         Server { child, port, _dir: dir }

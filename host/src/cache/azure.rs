@@ -1,7 +1,10 @@
-//! Azure Blob Storage service SAS tokens signed with the storage account key (HMAC-SHA256),
-//! one blob, read or write, as gitlab-runner's Azure adapter asks for them.
+//! Azure Blob Storage SAS tokens for one blob, read or write, as gitlab-runner's Azure adapter
+//! asks for them: a service SAS signed with the storage account key, or (no `AccountKey`) a
+//! user delegation SAS signed with a user delegation key the blob service gave an Entra ID
+//! identity (both HMAC-SHA256, each with its own string-to-sign).
 //!
-//! Owns pure functions of the key and `now`; must not do I/O or read the clock.
+//! Owns pure functions of the key and `now`; must not do I/O or read the clock (the user
+//! delegation key is fetched by `azure_identity`).
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
@@ -57,11 +60,8 @@ impl BlobSas<'_> {
 
     /// The SAS query string (without `?`), signed with the account key (its raw bytes).
     pub(crate) fn query(&self, key: &[u8]) -> String {
-        // HMAC takes a key of any length: new_from_slice cannot fail.
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
-        mac.update(self.string_to_sign().as_bytes());
-        let sig = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
-        [
+        let sig = hmac_base64(key, &self.string_to_sign());
+        encode(&[
             ("sv", SAS_VERSION.to_string()),
             ("st", sas_time(self.start)),
             ("se", sas_time(self.expiry)),
@@ -69,10 +69,104 @@ impl BlobSas<'_> {
             ("sp", self.permissions.to_string()),
             ("spr", self.protocol.to_string()),
             ("sig", sig),
-        ]
-        .iter()
-        .map(|(k, v)| format!("{k}={}", uri_encode(v, false)))
-        .collect::<Vec<_>>()
-        .join("&")
+        ])
     }
+
+    /// The string-to-sign of a user delegation SAS (version 2020-12-06 and later, before
+    /// 2025-07-05, blob resource), as Microsoft's "Create a user delegation SAS" lays it out:
+    /// the key's `skoid`, `sktid`, `skt`, `ske`, `sks`, `skv` after the canonicalized resource,
+    /// then the (unused) authorized/unauthorized object ids and correlation id.
+    pub(crate) fn delegated_string_to_sign(&self, key: &UserDelegationKey) -> String {
+        let resource = format!("/blob/{}/{}/{}", self.account, self.container, self.blob);
+        [
+            self.permissions,
+            &sas_time(self.start),
+            &sas_time(self.expiry),
+            &resource,
+            &key.object_id,
+            &key.tenant_id,
+            &key.start,
+            &key.expiry,
+            &key.service,
+            &key.version,
+            "", // signedAuthorizedUserObjectId
+            "", // signedUnauthorizedUserObjectId
+            "", // signedCorrelationId
+            "", // signed IP
+            self.protocol,
+            SAS_VERSION,
+            "b", // signed resource: a blob
+            "",  // snapshot time
+            "",  // encryption scope
+            "",  // rscc
+            "",  // rscd
+            "",  // rsce
+            "",  // rscl
+            "",  // rsct
+        ]
+        .join("\n")
+    }
+
+    /// The user delegation SAS query string (without `?`), signed with `key`'s value.
+    pub(crate) fn delegated_query(&self, key: &UserDelegationKey) -> String {
+        let sig = hmac_base64(&key.value, &self.delegated_string_to_sign(key));
+        encode(&[
+            ("sv", SAS_VERSION.to_string()),
+            ("st", sas_time(self.start)),
+            ("se", sas_time(self.expiry)),
+            ("sr", "b".to_string()),
+            ("sp", self.permissions.to_string()),
+            ("spr", self.protocol.to_string()),
+            ("skoid", key.object_id.clone()),
+            ("sktid", key.tenant_id.clone()),
+            ("skt", key.start.clone()),
+            ("ske", key.expiry.clone()),
+            ("sks", key.service.clone()),
+            ("skv", key.version.clone()),
+            ("sig", sig),
+        ])
+    }
+}
+
+/// A user delegation key as Get User Delegation Key answers it; the `Signed*` strings are kept
+/// as the service wrote them (they are signed and sent back verbatim).
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct UserDelegationKey {
+    /// `SignedOid`: the identity's object id.
+    pub object_id: String,
+    /// `SignedTid`: its tenant.
+    pub tenant_id: String,
+    /// `SignedStart`, `SignedExpiry`: the key's validity (ISO 8601).
+    pub start: String,
+    pub expiry: String,
+    /// `SignedService` (`b`) and `SignedVersion`.
+    pub service: String,
+    pub version: String,
+    /// `Value`, base64-decoded.
+    pub value: Vec<u8>,
+    /// `start` and `expiry` parsed.
+    pub starts: DateTime<Utc>,
+    pub expires: DateTime<Utc>,
+}
+
+impl std::fmt::Debug for UserDelegationKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserDelegationKey")
+            .field("object_id", &self.object_id)
+            .field("tenant_id", &self.tenant_id)
+            .field("start", &self.start)
+            .field("expiry", &self.expiry)
+            .finish_non_exhaustive()
+    }
+}
+
+fn hmac_base64(key: &[u8], text: &str) -> String {
+    // HMAC takes a key of any length: new_from_slice cannot fail.
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
+    mac.update(text.as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+}
+
+fn encode(pairs: &[(&str, String)]) -> String {
+    pairs.iter().map(|(k, v)| format!("{k}={}", uri_encode(v, false))).collect::<Vec<_>>().join("&")
 }

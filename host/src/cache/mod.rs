@@ -10,6 +10,7 @@
 
 mod aws_iam;
 mod azure;
+mod azure_identity;
 mod canonical;
 mod gcs;
 mod roles;
@@ -150,12 +151,55 @@ struct GcsStore {
 
 struct AzureStore {
     account: String,
-    key: Vec<u8>,
+    /// `AccountKey` (service SAS); none: user delegation SAS with an Entra ID identity.
+    key: Option<Vec<u8>>,
+    /// Without a key: the token kept between refreshes and the current user delegation key.
+    delegation: azure_identity::Delegation,
+    delegation_key: ArcSwapOption<azure::UserDelegationKey>,
     container: String,
     scheme: &'static str,
     host: String,
     /// Path of the blob service under the host (`/devstoreaccount1` on Azurite), or empty.
     base_path: String,
+}
+
+/// How long an Azure user delegation key is asked for: Azure's limit, 7 days (less a minute
+/// of clock skew).
+const AZURE_KEY_VALIDITY: chrono::Duration = chrono::Duration::minutes(7 * 24 * 60 - 1);
+
+/// A user delegation key is renewed this long before it expires (a job's SAS, which ends with
+/// its key, stays valid for at least this long).
+pub const AZURE_KEY_RENEWAL: chrono::Duration = chrono::Duration::days(1);
+
+impl AzureStore {
+    /// With no `AccountKey`: a user delegation key from the blob service with a token from the
+    /// environment's Azure identity, once per key (kept until [`AZURE_KEY_RENEWAL`] before it
+    /// expires).
+    async fn refresh_delegation_key(
+        &self,
+        env: &(dyn Fn(&str) -> Option<String> + Sync),
+        now: DateTime<Utc>,
+    ) -> Result<(), CacheError> {
+        if self
+            .delegation_key
+            .load()
+            .as_ref()
+            .is_some_and(|k| k.expires - AZURE_KEY_RENEWAL - chrono::Duration::minutes(10) > now)
+        {
+            return Ok(());
+        }
+        let source = azure_identity::TokenSource::select(env);
+        let credentials = |e: azure_identity::IdentityError| CacheError::Credentials(e.to_string());
+        let token = self.delegation.token(&source, env, now).await.map_err(credentials)?;
+        let service_url = format!("{}://{}{}", self.scheme, self.host, self.base_path);
+        let start = now - chrono::Duration::minutes(5);
+        let key = azure_identity::user_delegation_key(&service_url, &token, start, now + AZURE_KEY_VALIDITY, env)
+            .await
+            .map_err(credentials)?;
+        tracing::info!(account = %self.account, identity = %source.describe(), expires = %key.expiry, "Azure cache: user delegation key");
+        self.delegation_key.store(Some(Arc::new(key)));
+        Ok(())
+    }
 }
 
 enum Provider {
@@ -254,14 +298,21 @@ impl CacheStore {
                 signer.store(Some(Arc::new(loaded)));
                 Ok(())
             }
+            Provider::Azure(a) if a.key.is_none() => a.refresh_delegation_key(env, Utc::now()).await,
             _ => Ok(()),
         }
     }
 
-    /// When the credentials signing now stop working (temporary IAM credentials), if ever.
+    /// When the credentials signing now stop working (temporary IAM credentials), if ever; for
+    /// an Azure user delegation key, when it is due for renewal ([`AZURE_KEY_RENEWAL`] before
+    /// it expires, or now while there is none).
     pub fn credentials_expire(&self) -> Option<DateTime<Utc>> {
         match &self.provider {
             Provider::S3(s3) => s3.creds.load().as_ref().and_then(|c| c.expires),
+            // No key yet (a failed first fetch): due now, so the refresh loop retries in a minute.
+            Provider::Azure(a) if a.key.is_none() => {
+                Some(a.delegation_key.load().as_ref().map_or_else(Utc::now, |k| k.expires - AZURE_KEY_RENEWAL))
+            }
             _ => None,
         }
     }
@@ -435,7 +486,7 @@ impl CacheStore {
                     .ok()
                     .and_then(|d| now.checked_add_signed(d))
                     .unwrap_or(DateTime::<Utc>::MAX_UTC);
-                let sas = azure::BlobSas {
+                let mut sas = azure::BlobSas {
                     account: &a.account,
                     container: &a.container,
                     blob: object,
@@ -443,6 +494,20 @@ impl CacheStore {
                     start: now - chrono::Duration::hours(1),
                     expiry,
                     protocol: if a.scheme == "https" { "https" } else { "https,http" },
+                };
+                let query = match &a.key {
+                    Some(key) => sas.query(key),
+                    None => {
+                        let key = a.delegation_key.load_full().filter(|k| k.expires > now).ok_or_else(|| {
+                            CacheError::Credentials(
+                                "no Azure user delegation key yet: refresh_credentials has not succeeded".into(),
+                            )
+                        })?;
+                        // A user delegation SAS is valid only while its key is.
+                        sas.start = sas.start.max(key.starts);
+                        sas.expiry = sas.expiry.min(key.expires);
+                        sas.delegated_query(&key)
+                    }
                 };
                 if op == Operation::Upload {
                     headers.push(("x-ms-blob-type".into(), "BlockBlob".into()));
@@ -455,7 +520,7 @@ impl CacheStore {
                     a.base_path,
                     canonical::uri_encode(&a.container, false),
                     canonical::uri_encode(object, true),
-                    sas.query(&a.key)
+                    query
                 )
             }
         };
@@ -547,17 +612,16 @@ fn azure_store(cfg: &CacheConfig) -> Result<AzureStore, CacheError> {
         .azure
         .as_ref()
         .ok_or_else(|| config_error("azure", "Type = \"azure\" needs a [runners.cache.azure] section"))?;
-    for (key, value) in [
-        ("azure.AccountName", &a.account_name),
-        ("azure.AccountKey", &a.account_key),
-        ("azure.ContainerName", &a.container_name),
-    ] {
+    for (key, value) in [("azure.AccountName", &a.account_name), ("azure.ContainerName", &a.container_name)] {
         if value.is_empty() {
             return Err(config_error(key, "must be set"));
         }
     }
-    let key = base64::engine::general_purpose::STANDARD
-        .decode(a.account_key.trim())
+    // No AccountKey: user delegation SAS through the Azure identity of the environment.
+    let key = Some(a.account_key.trim())
+        .filter(|k| !k.is_empty())
+        .map(|k| base64::engine::general_purpose::STANDARD.decode(k))
+        .transpose()
         .map_err(|e| config_error("azure.AccountKey", format!("not base64 (as the Azure portal shows it): {e}")))?;
     let endpoint = if a.endpoint.is_empty() {
         let domain = if a.storage_domain.is_empty() { "blob.core.windows.net" } else { a.storage_domain.as_str() };
@@ -570,6 +634,8 @@ fn azure_store(cfg: &CacheConfig) -> Result<AzureStore, CacheError> {
     Ok(AzureStore {
         account: a.account_name.clone(),
         key,
+        delegation: azure_identity::Delegation::default(),
+        delegation_key: ArcSwapOption::empty(),
         container: a.container_name.clone(),
         scheme,
         host,

@@ -233,7 +233,8 @@ pub struct CacheAzureConfig {
     /// Storage account (required).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub account_name: String,
-    /// The account's key, base64 (required: Runway signs SAS with it).
+    /// The account's key, base64: service SAS signed with it. Empty: user delegation SAS with
+    /// the Azure identity of the runner's environment (workload or managed identity).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub account_key: String,
     /// The container (required).
@@ -301,17 +302,14 @@ pub(super) fn check(index: usize, cache: &CacheConfig, text: &str, path: &Path) 
             let Some(azure) = &cache.azure else {
                 return Err(err(
                     "Type",
-                    "Type = \"azure\" needs a [runners.cache.azure] section with AccountName, AccountKey and ContainerName"
-                        .into(),
+                    "Type = \"azure\" needs a [runners.cache.azure] section with AccountName and ContainerName".into(),
                 ));
             };
-            for (key, value) in [
-                ("azure.AccountName", &azure.account_name),
-                ("azure.AccountKey", &azure.account_key),
-                ("azure.ContainerName", &azure.container_name),
-            ] {
+            for (key, value) in
+                [("azure.AccountName", &azure.account_name), ("azure.ContainerName", &azure.container_name)]
+            {
                 if value.is_empty() {
-                    return Err(err(key, "must be set (Runway signs SAS tokens with the account key)".into()));
+                    return Err(err(key, "must be set".into()));
                 }
             }
             check_endpoint(&azure.endpoint).map_err(|m| err("azure.Endpoint", m.0))

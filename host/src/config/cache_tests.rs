@@ -102,11 +102,12 @@ fn wrong_values_name_file_line_and_key() {
     )
     .expect_err("sse");
     assert_eq!(err.key.as_deref(), Some("runners[0].cache.s3.ServerSideEncryption"), "{err}");
-    let err = parse_str(
-        "[runners.cache]\nType = \"azure\"\n[runners.cache.azure]\nAccountName = \"a\"\nContainerName = \"c\"\n",
-    )
-    .expect_err("key");
-    assert_eq!(err.key.as_deref(), Some("runners[0].cache.azure.AccountKey"), "{err}");
+    // No AccountKey: the Azure identity of the environment signs (user delegation SAS).
+    parse_str("[runners.cache]\nType = \"azure\"\n[runners.cache.azure]\nAccountName = \"a\"\nContainerName = \"c\"\n")
+        .expect("Azure cache without AccountKey");
+    let err = parse_str("[runners.cache]\nType = \"azure\"\n[runners.cache.azure]\nAccountName = \"a\"\n")
+        .expect_err("container");
+    assert_eq!(err.key.as_deref(), Some("runners[0].cache.azure.ContainerName"), "{err}");
     let err = parse_str("[runners.cache]\nType = \"gcs\"\n[runners.cache.gcs]\nBucketName = \"b\"\nAccessID = \"x\"\n")
         .expect_err("gcs");
     assert_eq!(err.key.as_deref(), Some("runners[0].cache.gcs.PrivateKey"), "{err}");
