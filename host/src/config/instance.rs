@@ -119,7 +119,7 @@ mod tests {
             loaded.warnings.iter().map(|w| (w.kind, w.to_string())).collect::<Vec<_>>(),
             vec![(
                 WarningKind::Unsupported,
-                "/etc/gitlab-runner/config.toml:10: runners.0.instance.allowed_images: applies only with vm_isolation, which Runway does not support (ignored)".to_string()
+                "/etc/gitlab-runner/config.toml:11: runners.0.instance.allowed_images: applies only with vm_isolation, which Runway does not support (ignored)".to_string()
             )]
         );
         // Both keys reach the plugin untouched (it accepts them).
@@ -134,7 +134,10 @@ mod tests {
         );
         let warnings: Vec<String> = load(&isolated).warnings.iter().map(|w| w.to_string()).collect();
         assert_eq!(warnings.len(), 2, "{warnings:#?}");
-        assert!(warnings.iter().any(|w| w.contains("runners.0.autoscaler.vm_isolation: not supported by Runway")));
+        assert!(
+            warnings.iter().any(|w| w.contains(":8: runners.0.autoscaler.") && w.contains("vm_isolation: not supported by Runway")),
+            "{warnings:#?}"
+        );
         assert!(warnings
             .iter()
             .any(|w| w.contains(":11: runners.0.instance.allowed_images: applies only with vm_isolation")));
