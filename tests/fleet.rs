@@ -382,83 +382,43 @@ async fn instances_retire_at_max_use_count() {
 /// `[runners.instance] use_common_build_dir` as gitlab-runner's instance executor honours it:
 /// with one job per instance (`max_use_count = 1`) the project directory is
 /// `<builds_dir>/<namespace>/<project>`, not namespaced by runner token and slot; with reused
-/// instances it has no effect and the job's log says so. `allowed_images` is accepted by both.
-/// Two runners on their own static fleets, one `runway run`.
+/// instances it has no effect and the job's log says so. `allowed_images` is accepted and
+/// named at load. (One runner, started twice: two `static` fleets in one process would share
+/// the plugin's key-value store.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn use_common_build_dir_applies_with_one_job_per_instance_and_warns_otherwise() {
     let mut fleet = Fleet::new(&[17]).await;
-    let reused = fleet.fake.create_runner("reused");
-    let reused_server = SshServer::start(Ipv4Addr::new(127, 0, 0, 18), &fleet.key);
-    let reused_builds = fleet.dir.path().join("builds-reused");
-    fleet.extra = format!(
-        r#"[runners.instance]
-use_common_build_dir = true
-allowed_images = ["ruby:*"]
+    fleet.extra = "[runners.instance]\nuse_common_build_dir = true\nallowed_images = [\"ruby:*\"]\n".into();
+    let script = ["echo \"dir=$CI_PROJECT_DIR pwd=$(pwd).\""];
+    let warning = "WARNING: use_common_build_dir has no effect: requires vm isolation or max_use_count = 1";
+    let builds = fleet.dir.path().join("builds");
 
-[[runners]]
-name = "reused"
-url = "{url}"
-token = "{token}"
-executor = "instance"
-builds_dir = "{builds}"
-
-[runners.instance]
-use_common_build_dir = true
-
-[runners.autoscaler]
-plugin = "static"
-max_use_count = 5
-update_interval = "1s"
-update_interval_when_expecting = "1s"
-
-[runners.autoscaler.plugin_config]
-hosts = [{host:?}]
-
-[runners.autoscaler.connector_config]
-username = "{user}"
-key_path = "{key}"
-timeout = "10s"
-
-[[runners.autoscaler.policy]]
-idle_count = 0
-"#,
-        url = fleet.fake.url(),
-        token = reused.token,
-        builds = reused_builds.display(),
-        host = reused_server.host_entry(),
-        user = reused_server.user,
-        key = fleet.key.private_path.display(),
-    );
     fleet.write_config("max_instances = 1\nmax_use_count = 1", "idle_count = 0\nidle_time = \"1h\"");
     fleet.start();
-    let script = ["echo \"dir=$CI_PROJECT_DIR pwd=$(pwd).\""];
-    let payload = |name: &str| fleet.fake.job_payload(&JobSpec::new("group/project", name, &script));
-    let common = fleet.fake.enqueue_for(&fleet.runner.token, payload("common"));
-    let namespaced = fleet.fake.enqueue_for(&reused.token, payload("namespaced"));
-    let warning = "WARNING: use_common_build_dir has no effect: requires vm isolation or max_use_count = 1";
-
-    let record = fleet.finished(common).await;
+    let record = fleet.finished(fleet.enqueue("common", &script)).await;
     assert_success(&record);
     let trace = record.trace_text();
-    let dir = fleet.dir.path().join("builds").join("group/project");
+    let dir = builds.join("group/project");
     assert!(trace.contains(&format!("dir={0} pwd={0}.", dir.display())), "{trace}");
     assert!(!trace.contains(warning), "{trace}");
-
-    let record = fleet.finished(namespaced).await;
-    assert_success(&record);
-    let trace = record.trace_text();
-    let short = &reused.token["glrt-".len().."glrt-".len() + 9];
-    let dir = reused_builds.join(short).join("0").join("group/project");
-    assert!(trace.contains(&format!("dir={0} pwd={0}.", dir.display())), "{trace}");
-    // Once, in prepare_executor, right after its header.
-    assert_eq!(trace.matches(warning).count(), 1, "{trace}");
-    let header = trace.find("Preparing the \"instance\" executor").expect("header");
-    assert!(trace.find(warning).is_some_and(|at| at > header), "{trace}");
     // allowed_images is named at load: it applies only with vm_isolation.
     let log = fleet.log();
     assert!(log.contains("runners.0.instance.allowed_images: applies only with vm_isolation"), "{log}");
     fleet.stop().await;
-    drop(reused_server);
+
+    fleet.write_config("max_instances = 1\nmax_use_count = 5", "idle_count = 0\nidle_time = \"1h\"");
+    fleet.start();
+    let record = fleet.finished(fleet.enqueue("namespaced", &script)).await;
+    assert_success(&record);
+    let trace = record.trace_text();
+    let short = &fleet.runner.token["glrt-".len().."glrt-".len() + 9];
+    let dir = builds.join(short).join("0").join("group/project");
+    assert!(trace.contains(&format!("dir={0} pwd={0}.", dir.display())), "{trace}");
+    // Once, in prepare_executor, after its header.
+    assert_eq!(trace.matches(warning).count(), 1, "{trace}");
+    let header = trace.find("Preparing the \"instance\" executor").expect("header");
+    assert!(trace.find(warning).is_some_and(|at| at > header), "{trace}");
+    fleet.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
