@@ -283,9 +283,10 @@ impl RunnerContext {
                 executor.cache_dir(runner.cache_dir.as_deref(), &self.cwd),
             )
         };
-        // `[runners.instance] use_common_build_dir`: decided from the config (the fleet's
-        // max_use_count), which the instance plugin does not see.
-        let common_build_dir = config::instance::common_build_dir(runner);
+        // `[runners.instance] use_common_build_dir`: decided here from the running fleet's
+        // max_use_count, which the instance plugin does not see.
+        let max_use_count = self.fleet.as_ref().map(|fleet| fleet.limits().2);
+        let common_build_dir = config::instance::common_build_dir(runner, max_use_count);
         let settings = ScriptSettings {
             builds_dir,
             cache_dir,

@@ -36,8 +36,10 @@ pub enum CommonBuildDir {
     NoEffect,
 }
 
-/// The verdict on `use_common_build_dir` for `runner` (only the instance executor reads it).
-pub fn common_build_dir(runner: &RunnerConfig) -> CommonBuildDir {
+/// The verdict on `use_common_build_dir` for `runner` (only the instance executor reads it),
+/// whose fleet runs with `max_use_count` (`None`: no fleet). The caller passes the running
+/// fleet's value: a live edit of `[runners.autoscaler]` waits for a restart, and so must this.
+pub fn common_build_dir(runner: &RunnerConfig, max_use_count: Option<u32>) -> CommonBuildDir {
     let asked = runner.executor_plugin() == "instance"
         && runner
             .sections
@@ -48,8 +50,8 @@ pub fn common_build_dir(runner: &RunnerConfig) -> CommonBuildDir {
     if !asked {
         return CommonBuildDir::NotAsked;
     }
-    match &runner.autoscaler {
-        Some(a) if a.max_use_count == 1 => CommonBuildDir::Applies,
+    match max_use_count {
+        Some(1) => CommonBuildDir::Applies,
         _ => CommonBuildDir::NoEffect,
     }
 }
@@ -89,7 +91,9 @@ mod tests {
     fn a_common_build_dir_applies_only_with_one_job_per_instance() {
         let asked = "    use_common_build_dir = true\n";
         let verdict = |executor: &str, autoscaler: &str, instance: &str| {
-            common_build_dir(&load(&runner(executor, autoscaler, instance)).config.runners[0])
+            let loaded = load(&runner(executor, autoscaler, instance));
+            let runner = &loaded.config.runners[0];
+            common_build_dir(runner, runner.autoscaler.as_ref().map(|a| a.max_use_count))
         };
         assert_eq!(verdict("instance", "    max_use_count = 1\n", asked), CommonBuildDir::Applies);
         // Instances reused (or unlimited): gitlab-runner warns in the job log and keeps the layout.
@@ -105,6 +109,10 @@ mod tests {
         );
         assert_eq!(verdict("instance", "    max_use_count = 1\n", ""), CommonBuildDir::NotAsked);
         assert_eq!(verdict("docker-autoscaler", "    max_use_count = 1\n", asked), CommonBuildDir::NotAsked);
+        // The running fleet's value decides, not an edit waiting for a restart; no fleet: no effect.
+        let loaded = load(&runner("instance", "    max_use_count = 1\n", asked));
+        assert_eq!(common_build_dir(&loaded.config.runners[0], Some(2)), CommonBuildDir::NoEffect);
+        assert_eq!(common_build_dir(&loaded.config.runners[0], None), CommonBuildDir::NoEffect);
     }
 
     #[test]
