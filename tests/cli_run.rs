@@ -467,6 +467,27 @@ fn lint_fails_on_errors_and_unknown_keys_and_passes_a_valid_file() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("unsupported keys ignored: gpus"), "{stderr}");
+
+    // A fleet runner as gitlab-runner users write it: the instance plugin takes both of
+    // gitlab-runner's [runners.instance] keys, and every key Runway does not act on is named
+    // with its line, as `run` names them.
+    let fleet = valid.replace(
+        "executor = \"shell\"\n",
+        "executor = \"instance\"\n[runners.instance]\nuse_common_build_dir = true\nallowed_images = [\"ruby:*\"]\n[runners.autoscaler]\nplugin = \"static\"\nmax_use_count = 1\nreservation_throttling = false\n[runners.machine]\nMachineDriver = \"amazonec2\"\nMachineName = \"ci-%s\"\nMachineOptions = [\"amazonec2-region=eu-west-1\"]\n",
+    );
+    std::fs::write(&config, fleet).expect("write");
+    let out = runway(&config, &["lint"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for warning in [
+        ":10: runners.0.instance.allowed_images: applies only with vm_isolation, which Runway does not support (ignored)",
+        ":14: runners.0.autoscaler.reservation_throttling: not supported by Runway (ignored)",
+        ":16: runners.0.machine.MachineDriver: not supported by Runway (ignored)",
+        ":17: runners.0.machine.MachineName: not supported by Runway (ignored)",
+        ":18: runners.0.machine.MachineOptions: not supported by Runway (ignored)",
+    ] {
+        assert!(stderr.contains(warning), "missing {warning:?} in:\n{stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -379,6 +379,48 @@ async fn instances_retire_at_max_use_count() {
     fleet.stop().await;
 }
 
+/// `[runners.instance] use_common_build_dir` as gitlab-runner's instance executor honours it:
+/// with one job per instance (`max_use_count = 1`) the project directory is
+/// `<builds_dir>/<namespace>/<project>`, not namespaced by runner token and slot; with reused
+/// instances it has no effect and the job's log says so. `allowed_images` is accepted and
+/// named at load. (One runner, started twice: two `static` fleets in one process would share
+/// the plugin's key-value store.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn use_common_build_dir_applies_with_one_job_per_instance_and_warns_otherwise() {
+    let mut fleet = Fleet::new(&[17]).await;
+    fleet.extra = "[runners.instance]\nuse_common_build_dir = true\nallowed_images = [\"ruby:*\"]\n".into();
+    let script = ["echo \"dir=$CI_PROJECT_DIR pwd=$(pwd).\""];
+    let warning = "WARNING: use_common_build_dir has no effect: requires vm isolation or max_use_count = 1";
+    let builds = fleet.dir.path().join("builds");
+
+    fleet.write_config("max_instances = 1\nmax_use_count = 1", "idle_count = 0\nidle_time = \"1h\"");
+    fleet.start();
+    let record = fleet.finished(fleet.enqueue("common", &script)).await;
+    assert_success(&record);
+    let trace = record.trace_text();
+    let dir = builds.join("group/project");
+    assert!(trace.contains(&format!("dir={0} pwd={0}.", dir.display())), "{trace}");
+    assert!(!trace.contains(warning), "{trace}");
+    // allowed_images is named at load: it applies only with vm_isolation.
+    let log = fleet.log();
+    assert!(log.contains("runners.0.instance.allowed_images: applies only with vm_isolation"), "{log}");
+    fleet.stop().await;
+
+    fleet.write_config("max_instances = 1\nmax_use_count = 5", "idle_count = 0\nidle_time = \"1h\"");
+    fleet.start();
+    let record = fleet.finished(fleet.enqueue("namespaced", &script)).await;
+    assert_success(&record);
+    let trace = record.trace_text();
+    let short = &fleet.runner.token["glrt-".len().."glrt-".len() + 9];
+    let dir = builds.join(short).join("0").join("group/project");
+    assert!(trace.contains(&format!("dir={0} pwd={0}.", dir.display())), "{trace}");
+    // Once, in prepare_executor, after its header.
+    assert_eq!(trace.matches(warning).count(), 1, "{trace}");
+    let header = trace.find("Preparing the \"instance\" executor").expect("header");
+    assert!(trace.find(warning).is_some_and(|at| at > header), "{trace}");
+    fleet.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_ready_command_replaces_the_instance_without_a_storm() {
     let mut fleet = Fleet::new(&[7, 8]).await;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::setup;
 use crate::config::autoscaler::AutoscalerConfig;
+use crate::config::instance::CommonBuildDir;
 use crate::config::store::StorePathVariables;
 use crate::config::{self, Loaded};
 use crate::executor::ResolvedExecutor;
@@ -282,10 +283,18 @@ impl RunnerContext {
                 executor.cache_dir(runner.cache_dir.as_deref(), &self.cwd),
             )
         };
+        // `[runners.instance] use_common_build_dir`: decided here from the running fleet's
+        // max_use_count, which the instance plugin does not see.
+        let max_use_count = self.fleet.as_ref().map(|fleet| fleet.limits().2);
+        let common_build_dir = config::instance::common_build_dir(runner, max_use_count);
         let settings = ScriptSettings {
             builds_dir,
             cache_dir,
-            shared_builds_dir: executor.shared(),
+            shared_builds_dir: executor.shared() && common_build_dir != CommonBuildDir::Applies,
+            prepare_warnings: match common_build_dir {
+                CommonBuildDir::NoEffect => vec![config::instance::NO_EFFECT_WARNING.to_string()],
+                CommonBuildDir::NotAsked | CommonBuildDir::Applies => Vec::new(),
+            },
             short_token: short.clone(),
             executor: runner.executor.clone(),
             shell,

@@ -13,6 +13,7 @@ mod error;
 pub mod fidelity;
 pub mod grant;
 pub mod hosts;
+pub mod instance;
 pub mod limits;
 mod lines;
 pub mod router;
@@ -600,6 +601,7 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
         if let Some(c) = &runner.cache {
             cache::check(i, c, text, path)?;
         }
+        warnings.extend(instance::warnings(i, runner, text, path));
         for (name, value) in &runner.sections {
             let key = format!("runners[{i}].{name}");
             let plugin_section = fidelity::RUNWAY_EXECUTOR_SECTIONS.contains(&name.as_str())

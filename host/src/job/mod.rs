@@ -274,6 +274,9 @@ async fn run_to_end(
     // prepare_executor: plan first, so a configuration error never costs a fleet instance.
     trace.section_start("prepare_executor", SectionOptions::default());
     trace.write_str(&section_header_line(&format!("Preparing the \"{}\" executor", env.executor.name())));
+    for warning in &env.settings.prepare_warnings {
+        trace.warning(warning);
+    }
     // On a fleet, relative directories are the instance's home's, which is known only once
     // connected: plan meanwhile as if it were `/`, and leave configuration errors that may
     // depend on where the home is (builds_dir, GIT_CLONE_PATH) to the plan on the instance.

@@ -92,6 +92,9 @@ pub struct ScriptSettings {
     /// The host name the job reports ("Running on <machine> via <hostname>..."), as a custom
     /// executor's `config_exec` sets it; `None`: the machine's only.
     pub hostname: Option<String>,
+    /// Warning lines every job of this runner writes as its executor is prepared: a runner
+    /// setting that has no effect there (as gitlab-runner's executor `Prepare` warns).
+    pub prepare_warnings: Vec<String>,
 }
 
 /// The file behind `GITLAB_ENV`, in the job's temporary directory (gitlab-runner's name).

@@ -5,7 +5,11 @@
 //! `shell` executors).
 //!
 //! Config (`[runners.instance]`, optional): `login = true|false` (default true) runs
-//! `bash --login`, as the shell executor does.
+//! `bash --login`, as the shell executor does. gitlab-runner's own keys are accepted and
+//! type-checked here but acted on by the host, which alone knows the runner's fleet:
+//! `use_common_build_dir` (a builds directory not namespaced by runner and slot when every
+//! instance runs one job, `max_use_count = 1`) and `allowed_images` (warned at load: it
+//! applies only with vm_isolation, which Runway does not support).
 
 use runway_sdk::executor::*;
 
@@ -20,6 +24,12 @@ const NO_INSTANCE: &str = "the instance executor needs an instance: configure [r
 struct Config {
     #[serde(default = "default_login")]
     login: bool,
+    /// gitlab-runner's key, honoured by the host (it plans the builds directory).
+    #[serde(default, rename = "use_common_build_dir")]
+    _use_common_build_dir: bool,
+    /// gitlab-runner's key, warned about by the host (vm_isolation only).
+    #[serde(default, rename = "allowed_images")]
+    _allowed_images: Vec<String>,
 }
 
 fn default_login() -> bool {
@@ -28,7 +38,7 @@ fn default_login() -> bool {
 
 fn parse_config(config: &str) -> Result<Config, ExecutorError> {
     if config.trim().is_empty() {
-        return Ok(Config { login: true });
+        return Ok(Config { login: true, ..Config::default() });
     }
     serde_json::from_str(config).map_err(|e| ExecutorError::InvalidConfig(format!("[runners.instance]: {e}")))
 }
