@@ -11,6 +11,8 @@
 //! the instances' `sshd` authorizes what was pushed for it, as EC2 Instance Connect's agent
 //! does on an instance — here by reading the pushes from moto's request recording.
 
+#[path = "support/dockerd.rs"]
+mod dockerd;
 #[path = "support/object_servers.rs"]
 mod object_servers;
 #[path = "support/runway_process.rs"]
@@ -68,16 +70,7 @@ impl Moto {
     /// moto with a VPC 127.0.`net`.0/24, a subnet 127.0.`net`.0/28 (moto hands out .4 to .14),
     /// a launch template and the group (MinSize 0, MaxSize `max`, desired 0) in that subnet.
     async fn with_group(net: u8, max: u32) -> Moto {
-        let moto = Moto { server: Server::moto(), http: reqwest::Client::new() };
-        // The instances' sshd reads pushed keys from the recording (see EIC_AGENT).
-        let started = moto.http.post(moto.server.url() + "/moto-api/recorder/start-recording").send().await;
-        assert!(started.is_ok_and(|r| r.status().is_success()), "moto records requests");
-        let vpc = moto.call("ec2", &[("Action", "CreateVpc"), ("CidrBlock", &format!("127.0.{net}.0/24"))]).await;
-        let vpc = tags(&vpc, "vpcId").remove(0);
-        let subnet = moto
-            .call("ec2", &[("Action", "CreateSubnet"), ("VpcId", &vpc), ("CidrBlock", &format!("127.0.{net}.0/28"))])
-            .await;
-        let subnet = tags(&subnet, "subnetId").remove(0);
+        let (moto, _vpc, subnet) = Moto::with_subnet(net).await;
         moto.call(
             "ec2",
             &[
@@ -102,6 +95,30 @@ impl Moto {
         )
         .await;
         moto
+    }
+
+    /// moto with a VPC 127.0.`net`.0/24 and a subnet 127.0.`net`.0/28 in `us-east-1a`; the
+    /// VPC's and the subnet's ids.
+    async fn with_subnet(net: u8) -> (Moto, String, String) {
+        let moto = Moto { server: Server::moto(), http: reqwest::Client::new() };
+        // The instances' sshd reads pushed keys from the recording (see EIC_AGENT).
+        let started = moto.http.post(moto.server.url() + "/moto-api/recorder/start-recording").send().await;
+        assert!(started.is_ok_and(|r| r.status().is_success()), "moto records requests");
+        let vpc = moto.call("ec2", &[("Action", "CreateVpc"), ("CidrBlock", &format!("127.0.{net}.0/24"))]).await;
+        let vpc = tags(&vpc, "vpcId").remove(0);
+        let subnet = moto
+            .call(
+                "ec2",
+                &[
+                    ("Action", "CreateSubnet"),
+                    ("VpcId", &vpc),
+                    ("CidrBlock", &format!("127.0.{net}.0/28")),
+                    ("AvailabilityZone", "us-east-1a"),
+                ],
+            )
+            .await;
+        let subnet = tags(&subnet, "subnetId").remove(0);
+        (moto, vpc, subnet)
     }
 
     /// One Query API call (moto routes by the credential scope and does not check signatures).
@@ -578,4 +595,223 @@ async fn instances_still_being_created_when_the_manager_stops_are_deleted_too() 
     let group = moto.group().await;
     assert_eq!((group.desired, group.instances.len()), (0, 0), "{group:?}\n{log}");
     assert!(log.contains("deleting instances that appeared while stopping"), "{log}");
+}
+
+/// One machine as EC2 describes it.
+#[derive(Debug, Clone)]
+struct Machine {
+    id: String,
+    state: String,
+    /// Its tags, `key=value`.
+    tags: BTreeSet<String>,
+    instance_type: String,
+    private_ip: String,
+}
+
+impl Moto {
+    /// Every instance carrying the docker+machine tag, in any state.
+    async fn machines(&self) -> Vec<Machine> {
+        let body = self
+            .call(
+                "ec2",
+                &[
+                    ("Action", "DescribeInstances"),
+                    ("Filter.1.Name", "tag-key"),
+                    ("Filter.1.Value.1", "runway-machine"),
+                ],
+            )
+            .await;
+        let mut ids = tags(&body, "instanceId");
+        ids.dedup();
+        let mut out = Vec::new();
+        for id in ids {
+            // One instance per answer: its network interfaces name it too.
+            let item = self.call("ec2", &[("Action", "DescribeInstances"), ("InstanceId.1", &id)]).await;
+            let tag_sets: Vec<String> = tags(&item, "tagSet");
+            let mut machine_tags = BTreeSet::new();
+            for set in &tag_sets {
+                machine_tags
+                    .extend(tags(set, "key").into_iter().zip(tags(set, "value")).map(|(k, v)| format!("{k}={v}")));
+            }
+            out.push(Machine {
+                state: item.split("<instanceState>").nth(1).map(|s| tags(s, "name").remove(0)).unwrap_or_default(),
+                tags: machine_tags,
+                instance_type: tags(&item, "instanceType").into_iter().next().unwrap_or_default(),
+                private_ip: tags(&item, "privateIpAddress").into_iter().next().unwrap_or_default(),
+                id,
+            });
+        }
+        out
+    }
+
+    /// Wait until the machines satisfy `check`.
+    async fn wait_machines(
+        &self,
+        what: &str,
+        runway: &RunwayProcess,
+        check: impl Fn(&[Machine]) -> bool,
+    ) -> Vec<Machine> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let machines = self.machines().await;
+            if check(&machines) {
+                return machines;
+            }
+            if Instant::now() > deadline {
+                panic!("{what}: the machines are {machines:#?}\nrunway log:\n{}", runway.log());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+fn running(machines: &[Machine]) -> Vec<&Machine> {
+    machines.iter().filter(|m| m.state == "running").collect()
+}
+
+/// GitLab's docker+machine example for AWS (docs/runner/configuration/runners_autoscale_aws,
+/// "The runners.machine section", gitlab-runner 19.4) as an administrator has it, with what
+/// this machine needs instead of AWS: moto's endpoint and loopback VPC, the sshd's port and
+/// user, the private address (moto's public ones are not on loopback), the Docker Engine's
+/// socket. No `[plugins.aws]`: the grant comes from the driver flags.
+fn docker_machine_config(setup: &Setup, moto: &Moto, docker: &dockerd::Dockerd, vpc: &str, subnet: &str) -> String {
+    format!(
+        r#"concurrent = 4
+check_interval = 1
+shutdown_timeout = 30
+
+[[runners]]
+  name = "gitlab-aws-autoscaler"
+  url = "{url}"
+  token = "{token}"
+  executor = "docker+machine"
+  limit = 3
+  [runners.docker]
+    image = "{image}"
+    host = "{host}"
+    pull_policy = ["if-not-present"]
+    network_mode = "host"
+    privileged = false
+    disable_cache = true
+  [runners.machine]
+    IdleCount = 1
+    IdleTime = 1800
+    MaxBuilds = 1
+    MachineDriver = "amazonec2"
+    MachineName = "gitlab-docker-machine-%s"
+    MachineOptions = [
+      "amazonec2-access-key=testing",
+      "amazonec2-secret-key=testing",
+      "amazonec2-region=us-east-1",
+      "amazonec2-vpc-id={vpc}",
+      "amazonec2-subnet-id={subnet}",
+      "amazonec2-zone=a",
+      "amazonec2-use-private-address=true",
+      "amazonec2-tags=runner-manager-name,gitlab-aws-autoscaler,gitlab,true,gitlab-runner-autoscale,true",
+      "amazonec2-security-group=docker-machine-scaler",
+      "amazonec2-instance-type=m4.2xlarge",
+      "amazonec2-ami=ami-12c6146b",
+      "amazonec2-endpoint={endpoint}",
+      "amazonec2-ssh-user={user}",
+      "amazonec2-ssh-port={port}",
+      "engine-registry-mirror=https://mirror.example",
+    ]
+    [[runners.machine.autoscaling]]
+      Periods = ["* * 9-17 * * mon-fri *"]
+      IdleCount = 50
+      IdleTime = 3600
+      Timezone = "UTC"
+"#,
+        url = setup.fake.url(),
+        token = setup.runner.token,
+        image = docker.job_image(),
+        host = docker.host(),
+        endpoint = moto.server.url(),
+        user = setup.sshd.user,
+        port = setup.sshd.port,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_docker_machine_config_launches_ec2_machines_and_runs_jobs_in_docker_on_them() {
+    let net = 24;
+    let docker = tokio::task::spawn_blocking(dockerd::shared).await.expect("daemon");
+    let (moto, vpc, subnet) = Moto::with_subnet(net).await;
+    let setup = Setup::new(net, &moto).await;
+    // The seed's period (IdleCount 50 on weekdays 9–17) must not apply now: pin it to a day
+    // that is not today, so the IdleCount of 1 outside the period holds.
+    let mut text = docker_machine_config(&setup, &moto, docker, &vpc, &subnet);
+    let today = chrono::Datelike::weekday(&chrono::Utc::now()).num_days_from_sunday() as usize;
+    let other = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"][(today + 3) % 7];
+    text = text.replace("* * 9-17 * * mon-fri *", &format!("* * * * * {other} *"));
+    std::fs::write(setup.dir.path().join("config.toml"), text).expect("config.toml");
+    let mut runway = setup.runway();
+    runway.start();
+
+    // IdleCount 1: one machine, launched as docker-machine's driver launches it.
+    let machines = moto.wait_machines("one idle machine", &runway, |m| running(m).len() == 1).await;
+    let first = running(&machines)[0].clone();
+    let name = first
+        .tags
+        .iter()
+        .find_map(|t| t.strip_prefix("Name="))
+        .unwrap_or_else(|| panic!("no Name tag: {first:?}"))
+        .to_string();
+    assert!(name.starts_with("runner-") && name.contains("-gitlab-docker-machine-"), "{name}");
+    assert!(!name.contains("%s"), "{name}");
+    for tag in ["runner-manager-name=gitlab-aws-autoscaler", "gitlab=true", "gitlab-runner-autoscale=true"] {
+        assert!(first.tags.contains(tag), "{tag} missing: {:?}", first.tags);
+    }
+    assert_eq!(first.instance_type, "m4.2xlarge");
+    assert!(first.private_ip.starts_with(&format!("127.0.{net}.")), "{first:?}");
+    let groups = moto
+        .call(
+            "ec2",
+            &[
+                ("Action", "DescribeSecurityGroups"),
+                ("Filter.1.Name", "group-name"),
+                ("Filter.1.Value.1", "docker-machine-scaler"),
+            ],
+        )
+        .await;
+    assert_eq!(tags(&groups, "vpcId"), [vpc.clone()], "the security group is created in the VPC:\n{groups}");
+    logged(&runway, &["MachineOptions engine-registry-mirror: not used by Runway (ignored)"]).await;
+
+    // A job runs in the job image, in Docker on the machine (reached over SSH).
+    let job = setup.fake.enqueue(setup.fake.job_payload(&JobSpec::new(
+        "group/project",
+        "build",
+        &["cat /etc/runway-image", "echo done"],
+    )));
+    let record = setup.finished(job, &runway).await;
+    let trace = record.trace_text();
+    assert_eq!(record.status, JobStatus::Success, "{trace}\nrunway log:\n{}", runway.log());
+    assert!(trace.lines().any(|l| l.trim() == "job"), "ran in the job image:\n{trace}");
+    let on = trace
+        .lines()
+        .find_map(|l| l.split("Connected to instance ").nth(1).and_then(|r| r.split_whitespace().next()))
+        .unwrap_or_else(|| panic!("no instance line:\n{trace}"))
+        .to_string();
+    assert!(machines.iter().any(|m| m.id == on), "ran on {on}, a docker+machine machine:\n{trace}");
+
+    // MaxBuilds 1: the machine that ran it is terminated, and IdleCount brings a new one.
+    let after = moto
+        .wait_machines("the used machine gone and a new idle one", &runway, |m| {
+            m.iter().any(|x| x.id == on && x.state == "terminated") && running(m).iter().any(|x| x.id != on)
+        })
+        .await;
+    assert_eq!(running(&after).len(), 1, "{after:#?}");
+
+    // A restarted manager adopts its idle machine instead of launching another.
+    let idle = running(&after)[0].id.clone();
+    quit(&mut runway).await;
+    let mut again = setup.runway();
+    again.start();
+    logged(&again, &["fleet provider ready"]).await;
+    let job = setup.fake.enqueue(setup.fake.job_payload(&JobSpec::new("group/project", "again", &["echo again"])));
+    let record = setup.finished(job, &again).await;
+    let trace = record.trace_text();
+    assert_eq!(record.status, JobStatus::Success, "{trace}");
+    assert!(trace.contains(&format!("Connected to instance {idle} over SSH")), "ran on the adopted {idle}:\n{trace}");
+    quit(&mut again).await;
 }

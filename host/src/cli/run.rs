@@ -531,7 +531,7 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
                 continue;
             }
         };
-        plugins.set_grants(next.config.plugins.clone()).await;
+        plugins.set_grants(next.grants()).await;
         match runner_settings(&next, &plugins, &system_id, &mut fleets, &stores, (&client, &metrics)).await {
             Ok(runners) => {
                 // The old manager stops requesting; its jobs finish in the background
@@ -564,7 +564,7 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
             }
             Err(e) => {
                 // Keep the old configuration whole: its grants too, not only its runners.
-                plugins.set_grants(loaded.config.plugins.clone()).await;
+                plugins.set_grants(loaded.grants()).await;
                 tracing::error!("config reload failed, keeping the running configuration: {e:#}");
             }
         }

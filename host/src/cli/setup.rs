@@ -75,7 +75,7 @@ pub(super) fn host_settings(loaded: &Loaded) -> HostSettings {
         plugins_dir: Some(loaded.plugins_dir()),
         cache_dir: Some(loaded.plugin_cache_dir()),
         state_dir: Some(loaded.state_dir()),
-        grants: loaded.config.plugins.clone(),
+        grants: loaded.grants(),
         builtins: builtin_plugins(),
         helper_image: Some(helper_image()),
         stage_output: StageOutput::LogFiles,

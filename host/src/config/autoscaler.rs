@@ -122,6 +122,10 @@ pub struct AutoscalerConfig {
     /// as in gitlab-runner).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instance_life_duration_buckets: Vec<f64>,
+    /// Set when this section was derived from a docker+machine runner's `[runners.machine]`
+    /// (never read from or written to the file).
+    #[serde(skip)]
+    pub docker_machine: Option<super::docker_machine::DockerMachine>,
 }
 
 /// Operation-time buckets when none are configured (seconds: a cloud VM's create, boot and
@@ -250,9 +254,14 @@ impl AutoscalerConfig {
         builtin_provider(&self.plugin).unwrap_or(&self.plugin)
     }
 
-    /// `plugin_config` as the JSON the plugin's `init` receives.
-    pub fn plugin_config_json(&self) -> String {
-        serde_json::to_string(&self.plugin_config).unwrap_or_else(|_| "{}".into())
+    /// `plugin_config` as the JSON the plugin's `init` receives from manager `manager` (its
+    /// system id; a docker+machine provider tags its machines with it).
+    pub fn plugin_config_json(&self, manager: &str) -> String {
+        let value = match &self.docker_machine {
+            Some(dm) => dm.plugin_config(manager),
+            None => serde_json::to_value(&self.plugin_config).unwrap_or_default(),
+        };
+        serde_json::to_string(&value).unwrap_or_else(|_| "{}".into())
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod autoscaler;
 pub mod cache;
+pub mod docker_machine;
 pub mod duration;
 pub mod edit;
 mod error;
@@ -41,8 +42,9 @@ pub use system_id::{router_id, short_token, system_id, token_digest};
 pub const EXECUTOR_SECTIONS: &[&str] = fidelity::RUNWAY_EXECUTOR_SECTIONS;
 
 /// Executors served by another executor's plugin: `executor = "docker-autoscaler"` is the
-/// `docker` plugin, configured by `[runners.docker]`, on the fleet of `[runners.autoscaler]`.
-pub const EXECUTOR_ALIASES: &[(&str, &str)] = &[("docker-autoscaler", "docker")];
+/// `docker` plugin, configured by `[runners.docker]`, on the fleet of `[runners.autoscaler]`;
+/// `"docker+machine"` the same on the fleet [`docker_machine`] derives from `[runners.machine]`.
+pub const EXECUTOR_ALIASES: &[(&str, &str)] = &[("docker-autoscaler", "docker"), ("docker+machine", "docker")];
 
 /// `[runners.*]` tables of older gitlab-runner releases: loaded with a warning, not an error.
 pub const GITLAB_RUNNER_SECTIONS: &[&str] = &["steps"];
@@ -387,6 +389,15 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// The plugins' grants: the `[plugins.NAME]` sections, and for a docker+machine provider
+    /// without one the grant its driver flags imply ([`docker_machine::implied_grants`]).
+    pub fn grants(&self) -> BTreeMap<String, PluginGrant> {
+        let fleets = self.config.runners.iter().filter_map(|r| r.autoscaler.as_ref());
+        let mut grants = self.config.plugins.clone();
+        grants.extend(docker_machine::implied_grants(fleets, &self.config.plugins));
+        grants
+    }
+
     /// Directory of the config file (base of relative defaults).
     pub fn dir(&self) -> PathBuf {
         self.path
@@ -574,6 +585,9 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
                 format!("runners[{i}].executor"),
                 "\"docker-autoscaler\" runs jobs on an autoscaled fleet: add a [runners.autoscaler] section".into(),
             ));
+        }
+        if purpose == Purpose::Run && runner.executor == "docker+machine" && runner.unusable.is_none() {
+            docker_machine::derive(runner, i, &err, &mut warnings);
         }
         if runner.request_concurrency == 0 {
             return Err(err(format!("runners[{i}].request_concurrency"), "must be at least 1".into()));

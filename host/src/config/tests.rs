@@ -156,7 +156,7 @@ executor = "instance"
         (Duration::from_secs(900), Duration::from_secs(60), Duration::from_secs(2))
     );
     assert_eq!((a.failure_threshold, a.shutdown_deletion_retries, a.reservation_throttling), (3, 3, true));
-    assert_eq!(a.plugin_config_json(), r#"{"hosts":["127.0.0.2","127.0.0.3"]}"#);
+    assert_eq!(a.plugin_config_json("s_1"), r#"{"hosts":["127.0.0.2","127.0.0.3"]}"#);
     assert_eq!(a.policies[0].periods, vec!["* * * * *"]);
     assert!(a.policies[0].preemptive() && !a.policies[1].preemptive());
     assert_eq!(a.policies[0].idle_time, Duration::from_secs(1200));

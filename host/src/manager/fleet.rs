@@ -261,7 +261,7 @@ impl Fleet {
             host,
             config.provider(),
             plugin_view(&defaults, &config.connector_config),
-            &config.plugin_config_json(),
+            &config.plugin_config_json(manager_id),
             PROVIDER_CALL_DEADLINE,
         )
         .await

@@ -31,6 +31,9 @@ impl std::fmt::Debug for Credentials {
 /// Where to look, from `plugin_config` and the granted environment.
 #[derive(Clone, Debug, Default)]
 pub struct Sources {
+    /// Keys given in the plugin's configuration (docker+machine's `amazonec2-access-key`):
+    /// used before any other source, as docker-machine uses its flags.
+    pub configured: Option<Credentials>,
     pub profile: Option<String>,
     pub config_file: Option<String>,
     pub credentials_file: Option<String>,
@@ -64,8 +67,11 @@ impl Sources {
         Ok(sections.get(&wanted).or_else(|| sections.get(&name)).cloned().unwrap_or_default())
     }
 
-    /// Resolve credentials: environment, shared files, then IMDSv2.
+    /// Resolve credentials: configured keys, environment, shared files, then IMDSv2.
     pub fn resolve(&self) -> Result<Credentials, String> {
+        if let Some(configured) = &self.configured {
+            return Ok(configured.clone());
+        }
         if let (Some(id), Some(secret)) = (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
             return Ok(Credentials {
                 access_key_id: id,

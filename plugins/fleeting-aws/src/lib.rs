@@ -19,10 +19,16 @@
 //!
 //! What must survive a reload (instances this plugin asked to terminate, the capacity
 //! back-off) is kept in `kv` under the group's identity.
+//!
+//! With `plugin_config.machine` (written by the host for `executor = "docker+machine"` with
+//! `MachineDriver = "amazonec2"`), the plugin manages individual EC2 instances as
+//! docker-machine's driver does instead of a group: see `machines`.
 
 mod api;
 mod credentials;
 mod instance_connect;
+mod machine_options;
+mod machines;
 mod xml;
 
 use std::collections::BTreeMap;
@@ -32,14 +38,20 @@ use runway_sdk::fleeting::*;
 use api::{CallError, Client, Service};
 use cloud_common::group_state::GroupState;
 use credentials::Sources;
+use machine_options::MachineOptions;
+use machines::{Ec2, MachineConfig, Machines};
 use xml::{AsgInstance, Ec2Instance, Group};
 
 /// `[runners.autoscaler.plugin_config]`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Config {
-    /// The Auto Scaling group.
+    /// The Auto Scaling group (not with `machine`).
+    #[serde(default)]
     name: String,
+    /// docker+machine's individual instances instead of a group.
+    #[serde(default)]
+    machine: Option<MachineConfig>,
     /// Its region (else `AWS_REGION`, `AWS_DEFAULT_REGION` or the profile's `region`).
     #[serde(default)]
     region: Option<String>,
@@ -79,6 +91,8 @@ struct AwsGroup {
     state: GroupState,
     /// Addresses and states from the last DescribeInstances.
     known: BTreeMap<String, Ec2Instance>,
+    /// docker+machine's individual instances instead of the group `name`.
+    machines: Option<Machines>,
 }
 
 fn env(key: &str) -> Option<String> {
@@ -167,6 +181,16 @@ impl AwsGroup {
         Ok(())
     }
 
+    /// Instances this plugin asked to terminate: their shutting down is no interruption.
+    fn remember_decreased(&mut self, accepted: &[String]) -> Result<(), ProviderError> {
+        if !accepted.is_empty() {
+            let mut decreased = self.state.ids(DECREASED)?;
+            decreased.extend(accepted.iter().cloned());
+            self.state.set_ids(DECREASED, &decreased)?;
+        }
+        Ok(())
+    }
+
     fn interruption_kind(instance: Option<&Ec2Instance>) -> InterruptionKind {
         match instance {
             Some(i) if i.lifecycle.as_deref() == Some("spot") => InterruptionKind::SpotReclaim,
@@ -187,12 +211,23 @@ impl AwsGroup {
 
 impl InstanceGroup for AwsGroup {
     fn init(connector: ConnectorConfig, plugin_config: &str) -> Result<(Self, ProviderInfo), ProviderError> {
-        let config: Config = serde_json::from_str(plugin_config)
+        let mut config: Config = serde_json::from_str(plugin_config)
             .map_err(|e| ProviderError::InvalidConfig(format!("plugin_config: {e}")))?;
-        if config.name.trim().is_empty() {
-            return Err(ProviderError::InvalidConfig("plugin_config.name (the Auto Scaling group) is empty".into()));
-        }
+        // docker+machine: the driver's flags choose the region, the endpoint and the keys.
+        let machine = match config.machine.take() {
+            Some(machine) => {
+                let options = MachineOptions::parse(&machine.options).map_err(ProviderError::InvalidConfig)?;
+                config.region = Some(options.region.clone());
+                config.endpoint = options.endpoint.clone().or(config.endpoint);
+                Some((machine, options))
+            }
+            None if config.name.trim().is_empty() => {
+                return Err(ProviderError::InvalidConfig("plugin_config.name (the Auto Scaling group) is empty".into()))
+            }
+            None => None,
+        };
         let sources = Sources {
+            configured: machine.as_ref().and_then(|(_, options)| options.credentials.clone()),
             profile: config.profile.clone(),
             config_file: config.config_file.clone(),
             credentials_file: config.credentials_file.clone(),
@@ -221,7 +256,22 @@ impl InstanceGroup for AwsGroup {
             connector,
             state: GroupState::new(format!("{region}/{}", config.name)),
             known: BTreeMap::new(),
+            machines: None,
         };
+        if let Some((machine, options)) = machine {
+            let mut api = Ec2 { client: &mut group.client, service: &group.ec2 };
+            let machines = Machines::init(machine, options, &mut api)?;
+            let info = ProviderInfo {
+                id: machines.id(&region),
+                // Machines are limited by the runner's `limit` and max_instances, not by EC2.
+                max_size: u32::MAX,
+                version: env!("CARGO_PKG_VERSION").into(),
+                capabilities: vec!["interruptions".into()],
+            };
+            group.state = GroupState::new(info.id.clone());
+            group.machines = Some(machines);
+            return Ok((group, info));
+        }
         let described = group.describe_group()?;
         let info = ProviderInfo {
             id: format!("aws/{region}/{}", config.name),
@@ -235,6 +285,12 @@ impl InstanceGroup for AwsGroup {
     }
 
     fn update(&mut self) -> Result<Vec<Instance>, ProviderError> {
+        if let Some(machines) = &self.machines {
+            let (instances, known) = machines.update(&mut Ec2 { client: &mut self.client, service: &self.ec2 })?;
+            self.known = known;
+            self.state.retain_ids(DECREASED, |id| self.known.contains_key(id))?;
+            return Ok(instances);
+        }
         let (group, listed) = self.listed()?;
         let instances: Vec<Instance> = listed
             .iter()
@@ -255,6 +311,16 @@ impl InstanceGroup for AwsGroup {
         if n == 0 {
             return Ok(0);
         }
+        if let Some(machines) = &self.machines {
+            let mut random = || {
+                let mut bytes = [0u8; 4];
+                // WASI's random source; a failure only makes the name less unique (the time
+                // is in it too).
+                let _ = getrandom::fill(&mut bytes);
+                bytes
+            };
+            return machines.increase(&mut Ec2 { client: &mut self.client, service: &self.ec2 }, n, &mut random);
+        }
         let now = cloud_common::now_unix();
         self.state.check_capacity(&format!("group {}", self.name))?;
         let group = self.describe_group()?;
@@ -272,6 +338,11 @@ impl InstanceGroup for AwsGroup {
     }
 
     fn decrease(&mut self, ids: Vec<String>) -> Result<Vec<String>, ProviderError> {
+        if let Some(machines) = &self.machines {
+            let accepted = machines.decrease(&mut Ec2 { client: &mut self.client, service: &self.ec2 }, ids)?;
+            self.remember_decreased(&accepted)?;
+            return Ok(accepted);
+        }
         let mut accepted = Vec::new();
         let mut first_error = None;
         for id in ids {
@@ -293,11 +364,7 @@ impl InstanceGroup for AwsGroup {
                 }
             }
         }
-        if !accepted.is_empty() {
-            let mut decreased = self.state.ids(DECREASED)?;
-            decreased.extend(accepted.iter().cloned());
-            self.state.set_ids(DECREASED, &decreased)?;
-        }
+        self.remember_decreased(&accepted)?;
         match first_error {
             Some(e) if accepted.is_empty() => Err(e),
             _ => Ok(accepted),
@@ -345,8 +412,16 @@ impl InstanceGroup for AwsGroup {
     }
 
     fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
-        let (_, listed) = self.listed()?;
         let decreased = self.state.ids(DECREASED)?;
+        if let Some(machines) = &self.machines {
+            let described = machines.describe(&mut Ec2 { client: &mut self.client, service: &self.ec2 })?;
+            return Ok(described
+                .iter()
+                .filter(|i| !decreased.contains(&i.id) && matches!(i.state.as_str(), "shutting-down" | "stopping"))
+                .map(|i| Interruption { id: i.id.clone(), kind: Self::interruption_kind(Some(i)), deadline: None })
+                .collect());
+        }
+        let (_, listed) = self.listed()?;
         Ok(listed
             .iter()
             .filter(|(asg, ec2)| {

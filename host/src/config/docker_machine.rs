@@ -1,0 +1,322 @@
+//! `executor = "docker+machine"`: gitlab-runner's Docker Machine executor, read as the docker
+//! executor on a fleet whose provider follows `[runners.machine] MachineDriver` — the fleet
+//! section gitlab-runner never had is derived here from `MachineDriver`, `MachineName` and the
+//! driver's connection flags in `MachineOptions`, so the file runs as it is. The policy keys
+//! (`IdleCount`, `MaxBuilds`, the periods, ...) stay in `[runners.machine]`, which the engine
+//! reads with docker+machine's semantics; the launch flags go to the provider plugin
+//! unparsed (it owns them, and warns about the ones it does not use).
+//!
+//! Owns: the derived `[runners.autoscaler]`, the grant a docker+machine provider is given when
+//! `[plugins.NAME]` is absent. Must not touch: the engine's mapping of the policy keys
+//! (`autoscaler::from_config`), the providers' reading of their flags.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::autoscaler::{AutoscalerConfig, MachineConfig};
+use super::fidelity::{ConfigWarning, WarningKind};
+use super::grant::PluginGrant;
+use super::{ConfigError, Invalid, RunnerConfig};
+
+/// docker-machine drivers Runway drives, with the built-in provider that launches their
+/// machines.
+pub const DRIVERS: [(&str, &str); 1] = [("amazonec2", "aws")];
+
+/// What the provider needs of `[runners.machine]` besides the policy: the driver, the machine
+/// name template (`runner-<short token>-<MachineName>`) and the driver flags.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DockerMachine {
+    /// `MachineDriver`.
+    pub driver: String,
+    /// `runner-<short token>-<MachineName>`, `%s` where the unique part goes.
+    pub name_template: String,
+    /// `MachineOptions`, as written.
+    pub options: Vec<String>,
+}
+
+impl DockerMachine {
+    /// The provider's `plugin_config` for manager `manager` (its system id): the machines it
+    /// launches are tagged with it, and a restarted manager finds them by it.
+    pub fn plugin_config(&self, manager: &str) -> serde_json::Value {
+        serde_json::json!({
+            "machine": { "name": self.name_template, "manager": manager, "options": self.options }
+        })
+    }
+
+    /// The value of flag `name` (`name=value`; a bare `name` is `"true"`), the last one given.
+    pub fn option(&self, name: &str) -> Option<&str> {
+        self.options.iter().rev().find_map(|o| {
+            let o = o.trim().trim_start_matches("--");
+            match o.split_once('=') {
+                Some((n, v)) if n.trim() == name => Some(v.trim()),
+                None if o == name => Some("true"),
+                _ => None,
+            }
+        })
+    }
+
+    fn flag(&self, name: &str) -> bool {
+        self.option(name).is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "false" | "0"))
+    }
+
+    /// The provider plugin for the driver.
+    pub fn provider(&self) -> Option<&'static str> {
+        DRIVERS.iter().find(|(driver, _)| *driver == self.driver).map(|(_, provider)| *provider)
+    }
+
+    /// The grant the provider gets when config.toml has no `[plugins.NAME]` for it: the
+    /// driver's API endpoint (`amazonec2-endpoint`, else EC2's and EC2 Instance Connect's in
+    /// `amazonec2-region`) and the variables docker-machine's driver reads credentials from.
+    pub fn implied_grant(&self) -> Result<PluginGrant, Invalid> {
+        let mut grant = PluginGrant::default();
+        match self.driver.as_str() {
+            "amazonec2" => {
+                grant.allow_hosts = match self.option("amazonec2-endpoint") {
+                    Some(endpoint) => vec![host_of(endpoint)?],
+                    None => {
+                        let region = self.option("amazonec2-region").unwrap_or("us-east-1");
+                        vec![
+                            format!("ec2.{region}.amazonaws.com:443"),
+                            format!("ec2-instance-connect.{region}.amazonaws.com:443"),
+                        ]
+                    }
+                };
+                grant.env = [
+                    "AWS_ACCESS_KEY_ID",
+                    "AWS_SECRET_ACCESS_KEY",
+                    "AWS_SESSION_TOKEN",
+                    "AWS_REGION",
+                    "AWS_DEFAULT_REGION",
+                ]
+                .map(String::from)
+                .to_vec();
+            }
+            other => return Err(Invalid(format!("MachineDriver {other:?} has no provider"))),
+        }
+        Ok(grant)
+    }
+}
+
+/// `host:port` of an endpoint URL (the port defaulted from the scheme).
+fn host_of(endpoint: &str) -> Result<String, Invalid> {
+    let url = reqwest::Url::parse(endpoint)
+        .map_err(|e| Invalid(format!("MachineOptions amazonec2-endpoint={endpoint}: {e}")))?;
+    match (url.host_str(), url.port_or_known_default()) {
+        (Some(host), Some(port)) => Ok(format!("{host}:{port}")),
+        _ => Err(Invalid(format!("MachineOptions amazonec2-endpoint={endpoint}: no host"))),
+    }
+}
+
+/// A machine name part as DNS allows it (RFC 1123: lowercase letters, digits and `-`), as
+/// gitlab-runner makes the runner's short description one.
+fn rfc1123(text: &str) -> String {
+    let name: String =
+        text.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    name.trim_matches('-').to_string()
+}
+
+/// The fleet of a docker+machine runner with token short form `short_token`: the built-in
+/// provider of `MachineDriver`, one job per machine, the connection from the driver's SSH
+/// flags (user, port, key file, private address).
+pub fn fleet(machine: &MachineConfig, short_token: &str) -> Result<AutoscalerConfig, Invalid> {
+    if machine.machine_driver.is_empty() {
+        return Err(Invalid("docker+machine needs MachineDriver in [runners.machine]".into()));
+    }
+    let dm = DockerMachine {
+        driver: machine.machine_driver.clone(),
+        name_template: format!("runner-{}-{}", rfc1123(short_token), machine.machine_name),
+        options: machine.machine_options.clone(),
+    };
+    let Some(provider) = dm.provider() else {
+        let drivers: Vec<&str> = DRIVERS.iter().map(|(d, _)| *d).collect();
+        return Err(Invalid(format!(
+            "MachineDriver {:?}: Runway launches machines with {}",
+            dm.driver,
+            drivers.join(", ")
+        )));
+    };
+    if !machine.machine_name.contains("%s") {
+        return Err(Invalid(format!(
+            "MachineName {:?} must contain %s (where each machine's unique part goes)",
+            machine.machine_name
+        )));
+    }
+    let mut fleet = AutoscalerConfig::deserialize(toml::Value::Table(toml::Table::new()))
+        .map_err(|e| Invalid(format!("the derived [runners.autoscaler]: {e}")))?;
+    fleet.plugin = provider.to_string();
+    fleet.capacity_per_instance = 1;
+    let c = &mut fleet.connector_config;
+    c.protocol = "ssh".into();
+    c.username = dm.option("amazonec2-ssh-user").unwrap_or("ubuntu").to_string();
+    c.protocol_port = match dm.option("amazonec2-ssh-port") {
+        Some(port) => {
+            port.parse().map_err(|_| Invalid(format!("MachineOptions amazonec2-ssh-port={port}: not a port")))?
+        }
+        None => 22,
+    };
+    c.key_path = dm.option("amazonec2-ssh-keypath").map(Into::into);
+    // A key of the machines' key pair is used as it is; without one, EC2 Instance Connect
+    // pushes a key for each connection.
+    c.use_static_credentials = c.key_path.is_some();
+    // docker-machine reaches a machine at its public address unless told otherwise.
+    c.use_external_addr = !(dm.flag("amazonec2-use-private-address") || dm.flag("amazonec2-private-address-only"));
+    dm.implied_grant()?;
+    fleet.docker_machine = Some(dm);
+    Ok(fleet)
+}
+
+/// The implied grants of docker+machine runners whose provider has no `[plugins.NAME]`
+/// section in `explicit`: one per provider, reaching every endpoint its runners name.
+pub fn implied_grants<'a>(
+    fleets: impl Iterator<Item = &'a AutoscalerConfig>,
+    explicit: &BTreeMap<String, PluginGrant>,
+) -> BTreeMap<String, PluginGrant> {
+    let mut implied: BTreeMap<String, PluginGrant> = BTreeMap::new();
+    for fleet in fleets {
+        let Some(dm) = &fleet.docker_machine else { continue };
+        if explicit.contains_key(&fleet.plugin) {
+            continue;
+        }
+        // A flag the grant cannot be made from refused the runner at load (see [`fleet`]).
+        let Ok(grant) = dm.implied_grant() else { continue };
+        match implied.get_mut(&fleet.plugin) {
+            Some(known) => {
+                for host in grant.allow_hosts {
+                    if !known.allow_hosts.contains(&host) {
+                        known.allow_hosts.push(host);
+                    }
+                }
+            }
+            None => {
+                implied.insert(fleet.plugin.clone(), grant);
+            }
+        }
+    }
+    implied
+}
+
+/// A docker+machine runner's fleet, derived from its `[runners.machine]`; a runner whose
+/// section cannot give one is left out with a warning naming the key.
+pub(super) fn derive(
+    runner: &mut RunnerConfig,
+    i: usize,
+    err: &dyn Fn(String, String) -> ConfigError,
+    warnings: &mut Vec<ConfigWarning>,
+) {
+    let short = super::short_token(&runner.resolved_token());
+    let derived = match &runner.machine {
+        Some(machine) => fleet(machine, &short).map_err(|e| e.0),
+        None => Err("docker+machine creates its machines from a [runners.machine] section".into()),
+    };
+    match derived {
+        Ok(fleet) => {
+            if runner.autoscaler.is_some() {
+                let problem = err(
+                    format!("runners[{i}].autoscaler"),
+                    "docker+machine's fleet is [runners.machine]'s: this section is ignored".into(),
+                );
+                warnings.push(ConfigWarning::new(WarningKind::Other, problem.to_string()));
+            }
+            runner.autoscaler = Some(fleet);
+        }
+        Err(message) => {
+            super::mark_unusable(runner, err(format!("runners[{i}].machine.MachineDriver"), message), warnings)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(options: &[&str]) -> MachineConfig {
+        MachineConfig {
+            machine_driver: "amazonec2".into(),
+            machine_name: "auto-scale-%s".into(),
+            machine_options: options.iter().map(|o| o.to_string()).collect(),
+            ..MachineConfig::default()
+        }
+    }
+
+    #[test]
+    fn an_amazonec2_machine_section_becomes_the_aws_provider_with_docker_machines_connection() {
+        let fleet =
+            fleet(&machine(&["amazonec2-region=eu-central-1", "amazonec2-ssh-user=admin"]), "Xy_12ab").expect("fleet");
+        assert_eq!((fleet.plugin.as_str(), fleet.capacity_per_instance), ("aws", 1));
+        let c = &fleet.connector_config;
+        assert_eq!((c.username.as_str(), c.protocol_port, c.use_external_addr), ("admin", 22, true));
+        assert!(!c.use_static_credentials && c.key_path.is_none(), "EC2 Instance Connect without a key pair");
+        let dm = fleet.docker_machine.as_ref().expect("docker machine");
+        assert_eq!(dm.name_template, "runner-xy-12ab-auto-scale-%s");
+        assert_eq!(
+            dm.plugin_config("s_1"),
+            serde_json::json!({"machine": {"name": "runner-xy-12ab-auto-scale-%s", "manager": "s_1",
+                "options": ["amazonec2-region=eu-central-1", "amazonec2-ssh-user=admin"]}})
+        );
+        let grant = dm.implied_grant().expect("grant");
+        assert_eq!(
+            grant.allow_hosts,
+            ["ec2.eu-central-1.amazonaws.com:443", "ec2-instance-connect.eu-central-1.amazonaws.com:443"]
+        );
+        assert!(grant.env.contains(&"AWS_SECRET_ACCESS_KEY".to_string()));
+    }
+
+    #[test]
+    fn key_pair_port_private_address_and_endpoint_flags_are_the_connections() {
+        let fleet = fleet(
+            &machine(&[
+                "amazonec2-keypair-name=ci",
+                "amazonec2-ssh-keypath=/etc/gitlab-runner/ci.pem",
+                "amazonec2-ssh-port=2222",
+                "amazonec2-use-private-address",
+                "amazonec2-endpoint=http://127.0.0.1:5000",
+            ]),
+            "t",
+        )
+        .expect("fleet");
+        let c = &fleet.connector_config;
+        assert_eq!(c.key_path.as_deref(), Some(std::path::Path::new("/etc/gitlab-runner/ci.pem")));
+        assert!(c.use_static_credentials);
+        assert_eq!((c.protocol_port, c.use_external_addr, c.username.as_str()), (2222, false, "ubuntu"));
+        let grant = fleet.docker_machine.as_ref().expect("dm").implied_grant().expect("grant");
+        assert_eq!(grant.allow_hosts, ["127.0.0.1:5000"]);
+        // `=false` turns a flag off.
+        let public = super::fleet(&machine(&["amazonec2-use-private-address=false"]), "t").expect("fleet");
+        assert!(public.connector_config.use_external_addr);
+    }
+
+    #[test]
+    fn drivers_runway_cannot_launch_and_names_without_a_placeholder_are_refused_by_name() {
+        let mut m = machine(&[]);
+        m.machine_driver = "virtualbox".into();
+        let e = fleet(&m, "t").expect_err("virtualbox");
+        assert!(e.0.contains("MachineDriver \"virtualbox\"") && e.0.contains("amazonec2"), "{}", e.0);
+        m.machine_driver = String::new();
+        assert!(fleet(&m, "t").expect_err("no driver").0.contains("MachineDriver"));
+        let mut m = machine(&[]);
+        m.machine_name = "fixed".into();
+        assert!(fleet(&m, "t").expect_err("no %s").0.contains("%s"));
+        let bad = machine(&["amazonec2-ssh-port=ssh"]);
+        assert!(fleet(&bad, "t").expect_err("port").0.contains("amazonec2-ssh-port=ssh"));
+    }
+
+    #[test]
+    fn an_explicit_plugins_section_wins_over_the_implied_grant() {
+        let a = fleet(&machine(&["amazonec2-region=eu-west-1"]), "a").expect("a");
+        let b = fleet(&machine(&["amazonec2-region=us-west-2"]), "b").expect("b");
+        let implied = implied_grants([&a, &b].into_iter(), &BTreeMap::new());
+        assert_eq!(implied.len(), 1);
+        assert_eq!(
+            implied["aws"].allow_hosts,
+            [
+                "ec2.eu-west-1.amazonaws.com:443",
+                "ec2-instance-connect.eu-west-1.amazonaws.com:443",
+                "ec2.us-west-2.amazonaws.com:443",
+                "ec2-instance-connect.us-west-2.amazonaws.com:443"
+            ]
+        );
+        let explicit = BTreeMap::from([("aws".to_string(), PluginGrant::default())]);
+        assert!(implied_grants([&a].into_iter(), &explicit).is_empty());
+    }
+}
