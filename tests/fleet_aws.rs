@@ -774,7 +774,7 @@ async fn a_docker_machine_config_launches_ec2_machines_and_runs_jobs_in_docker_o
             ],
         )
         .await;
-    assert_eq!(tags(&groups, "vpcId"), [vpc.clone()], "the security group is created in the VPC:\n{groups}");
+    assert_eq!(tags(&groups, "vpcId"), [vpc.as_str()], "the security group is created in the VPC:\n{groups}");
     logged(&runway, &["MachineOptions engine-registry-mirror: not used by Runway (ignored)"]).await;
 
     // A job runs in the job image, in Docker on the machine (reached over SSH).

@@ -98,6 +98,17 @@ impl DockerMachine {
     }
 }
 
+impl super::Loaded {
+    /// The plugins' grants: the `[plugins.NAME]` sections, and for a docker+machine provider
+    /// without one the grant its driver flags imply ([`implied_grants`]).
+    pub fn grants(&self) -> BTreeMap<String, PluginGrant> {
+        let fleets = self.config.runners.iter().filter_map(|r| r.autoscaler.as_ref());
+        let mut grants = self.config.plugins.clone();
+        grants.extend(implied_grants(fleets, &self.config.plugins));
+        grants
+    }
+}
+
 /// `host:port` of an endpoint URL (the port defaulted from the scheme).
 fn host_of(endpoint: &str) -> Result<String, Invalid> {
     let url = reqwest::Url::parse(endpoint)

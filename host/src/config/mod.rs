@@ -389,15 +389,6 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// The plugins' grants: the `[plugins.NAME]` sections, and for a docker+machine provider
-    /// without one the grant its driver flags imply ([`docker_machine::implied_grants`]).
-    pub fn grants(&self) -> BTreeMap<String, PluginGrant> {
-        let fleets = self.config.runners.iter().filter_map(|r| r.autoscaler.as_ref());
-        let mut grants = self.config.plugins.clone();
-        grants.extend(docker_machine::implied_grants(fleets, &self.config.plugins));
-        grants
-    }
-
     /// Directory of the config file (base of relative defaults).
     pub fn dir(&self) -> PathBuf {
         self.path

@@ -211,7 +211,7 @@ impl MachineOptions {
 /// warning; here it is an error, as the tag would be silently lost).
 fn tags(text: &str) -> Result<Vec<(String, String)>, String> {
     let parts: Vec<&str> = text.split(',').collect();
-    if parts.len() % 2 != 0 {
+    if !parts.len().is_multiple_of(2) {
         return Err(format!("MachineOptions amazonec2-tags={text}: not key,value pairs"));
     }
     Ok(parts.chunks(2).map(|kv| (kv[0].trim().to_string(), kv[1].trim().to_string())).collect())

@@ -307,7 +307,7 @@ impl Machines {
         for _ in 0..n {
             let name = machine_name(&self.template, cloud_common::now_unix(), random());
             let params = self.launch_params(&name);
-            match api.client.call(&api.service, "RunInstances", &params) {
+            match api.client.call(api.service, "RunInstances", &params) {
                 Ok(body) => {
                     launched += 1;
                     let id = first_text(&body, "instanceId").unwrap_or_default();
@@ -339,7 +339,7 @@ impl Machines {
         let mut accepted = Vec::new();
         let mut first_error = None;
         for id in ids {
-            match api.client.call(&api.service, "TerminateInstances", &[param("InstanceId.1", id.clone())]) {
+            match api.client.call(api.service, "TerminateInstances", &[param("InstanceId.1", id.clone())]) {
                 Ok(_) => accepted.push(id),
                 Err(e) if e.code() == Some("InvalidInstanceID.NotFound") => accepted.push(id),
                 Err(e) => {
