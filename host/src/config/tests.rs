@@ -440,9 +440,15 @@ fn machine_driver_keys_outside_docker_machine_and_reservation_throttling_are_war
     }
     assert_eq!(loaded.warnings.len(), want.len(), "{:#?}", loaded.warnings);
     assert_eq!(loaded.config.runners[0].autoscaler.as_ref().map(|a| a.provider()), Some("aws"));
-    // docker+machine reads them.
+    // docker+machine reads them (and derives its fleet from them: the [runners.autoscaler]
+    // section beside them is what it ignores, by name).
     let machine =
         text.replace("\"instance\"", "\"docker+machine\"").replace("    reservation_throttling = false\n", "");
     let loaded = parse_str(&machine).expect("loads");
-    assert!(loaded.warnings.is_empty(), "{:#?}", loaded.warnings);
+    assert_eq!(
+        loaded.warnings.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
+        ["/etc/runway/config.toml:6: runners[0].autoscaler: docker+machine's fleet is [runners.machine]'s: this section is ignored"]
+    );
+    let fleet = loaded.config.runners[0].autoscaler.as_ref().expect("derived");
+    assert!(fleet.docker_machine.is_some() && fleet.plugin == "aws");
 }
