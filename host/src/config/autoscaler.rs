@@ -125,7 +125,30 @@ pub struct AutoscalerConfig {
     /// Set when this section was derived from a docker+machine runner's `[runners.machine]`
     /// (never read from or written to the file).
     #[serde(skip)]
-    pub docker_machine: Option<super::docker_machine::DockerMachine>,
+    pub docker_machine: Option<DockerMachine>,
+}
+
+/// What a docker+machine runner's provider needs of `[runners.machine]` besides the policy
+/// (derived by `super::docker_machine`, which also reads the flags): the driver, the machine
+/// name template (`runner-<short token>-<MachineName>`) and the driver flags.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DockerMachine {
+    /// `MachineDriver`.
+    pub driver: String,
+    /// `runner-<short token>-<MachineName>`, `%s` where the unique part goes.
+    pub name_template: String,
+    /// `MachineOptions`, as written.
+    pub options: Vec<String>,
+}
+
+impl DockerMachine {
+    /// The provider's `plugin_config` for manager `manager` (its system id): the machines it
+    /// launches are tagged with it, and a restarted manager finds them by it.
+    pub fn plugin_config(&self, manager: &str) -> serde_json::Value {
+        serde_json::json!({
+            "machine": { "name": self.name_template, "manager": manager, "options": self.options }
+        })
+    }
 }
 
 /// Operation-time buckets when none are configured (seconds: a cloud VM's create, boot and

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::autoscaler::{AutoscalerConfig, MachineConfig};
+use super::autoscaler::{AutoscalerConfig, DockerMachine, MachineConfig};
 use super::fidelity::{ConfigWarning, WarningKind};
 use super::grant::PluginGrant;
 use super::{ConfigError, Invalid, RunnerConfig};
@@ -23,27 +23,9 @@ use super::{ConfigError, Invalid, RunnerConfig};
 /// machines.
 pub const DRIVERS: [(&str, &str); 1] = [("amazonec2", "aws")];
 
-/// What the provider needs of `[runners.machine]` besides the policy: the driver, the machine
-/// name template (`runner-<short token>-<MachineName>`) and the driver flags.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct DockerMachine {
-    /// `MachineDriver`.
-    pub driver: String,
-    /// `runner-<short token>-<MachineName>`, `%s` where the unique part goes.
-    pub name_template: String,
-    /// `MachineOptions`, as written.
-    pub options: Vec<String>,
-}
-
+/// Reading the driver flags (the data is [`DockerMachine`]'s, in `super::autoscaler`, which
+/// the derived fleet carries).
 impl DockerMachine {
-    /// The provider's `plugin_config` for manager `manager` (its system id): the machines it
-    /// launches are tagged with it, and a restarted manager finds them by it.
-    pub fn plugin_config(&self, manager: &str) -> serde_json::Value {
-        serde_json::json!({
-            "machine": { "name": self.name_template, "manager": manager, "options": self.options }
-        })
-    }
-
     /// The value of flag `name` (`name=value`; a bare `name` is `"true"`), the last one given.
     pub fn option(&self, name: &str) -> Option<&str> {
         self.options.iter().rev().find_map(|o| {
