@@ -495,8 +495,7 @@ idle_count = 1
 #[tokio::test(flavor = "multi_thread")]
 async fn the_s3_cache_is_shared_between_builds_directories_through_presigned_urls_only() {
     let moto = object_servers::Server::moto();
-    let started = reqwest::Client::new().post(moto.url() + "/moto-api/recorder/start-recording").send().await;
-    assert!(started.is_ok_and(|r| r.status().is_success()), "moto records requests");
+    moto.moto_start_recording().await;
     let status =
         reqwest::Client::new().put(format!("{}/fleet-cache", moto.url())).send().await.expect("bucket").status();
     assert!(status.is_success(), "create bucket: {status}");
@@ -544,21 +543,16 @@ async fn the_s3_cache_is_shared_between_builds_directories_through_presigned_url
     assert!(trace.contains("Uploading cache.zip to http://127.0.0.1"), "{trace}");
     assert!(trace.contains("X-Amz-Signature"), "pre-signed URLs in the commands: {trace}");
     assert!(!trace.contains(SECRET), "the secret key never reaches the job: {trace}");
-    let assumed = |roles: &serde_json::Value, role: &str| -> Vec<String> {
-        let list = roles["sts"]["AssumedRole"].as_array().cloned().unwrap_or_default();
-        list.iter()
+    let assumed = |roles: &[serde_json::Value], role: &str| -> Vec<String> {
+        roles
+            .iter()
             .filter(|r| r["role_arn"] == role)
             .filter_map(|r| r["access_key_id"].as_str().map(str::to_string))
             .collect()
     };
-    let roles: serde_json::Value = reqwest::get(format!("{}/moto-api/data.json", moto.url()))
-        .await
-        .expect("moto data")
-        .json()
-        .await
-        .expect("JSON");
+    let roles = moto.moto_assumed_roles().await;
     let keys = assumed(&roles, UPLOAD_ROLE);
-    assert_eq!(keys.len(), 1, "one AssumeRole for the upload: {roles}");
+    assert_eq!(keys.len(), 1, "one AssumeRole for the upload: {roles:?}");
     // The trace masks credentials in URLs (gitlab-runner's rule): moto's request recording
     // shows what the helper sent.
     let sent = s3_requests(&moto).await;
@@ -585,14 +579,9 @@ async fn the_s3_cache_is_shared_between_builds_directories_through_presigned_url
     let trace = hit.trace_text();
     assert!(trace.contains("RESTORED") && trace.contains("Successfully extracted cache"), "{trace}");
     assert!(!trace.contains(SECRET), "{trace}");
-    let roles: serde_json::Value = reqwest::get(format!("{}/moto-api/data.json", moto.url()))
-        .await
-        .expect("moto data")
-        .json()
-        .await
-        .expect("JSON");
+    let roles = moto.moto_assumed_roles().await;
     let keys = assumed(&roles, ROLE);
-    assert!(!keys.is_empty(), "RoleARN assumed: {roles}");
+    assert!(!keys.is_empty(), "RoleARN assumed: {roles:?}");
     let gets: Vec<String> = s3_requests(&moto).await.into_iter().filter(|(m, _)| m == "GET").map(|(_, u)| u).collect();
     assert!(
         gets.iter().any(|u| keys.iter().any(|k| u.contains(&format!("X-Amz-Credential={k}%2F")))),
@@ -602,15 +591,9 @@ async fn the_s3_cache_is_shared_between_builds_directories_through_presigned_url
 
 /// The method and URL of every pre-signed request moto received (its request recording).
 async fn s3_requests(moto: &object_servers::Server) -> Vec<(String, String)> {
-    let recording = reqwest::get(format!("{}/moto-api/recorder/download-recording", moto.url()))
+    moto.moto_recording()
         .await
-        .expect("recording")
-        .text()
-        .await
-        .expect("body");
-    recording
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .into_iter()
         .filter(|r| r["url"].as_str().is_some_and(|u| u.contains("X-Amz-Signature=")))
         .map(|r| {
             (r["method"].as_str().unwrap_or_default().to_string(), r["url"].as_str().unwrap_or_default().to_string())

@@ -483,29 +483,12 @@ async fn s3_bucket_location_is_asked_when_not_configured() {
     round_trip(&store, "runner/t/project/1/k").await;
 }
 
-/// moto's record of the roles it handed out (`/moto-api/data.json`): role ARN, session name,
-/// session policy, access key and session token of each `AssumeRole`.
-async fn assumed_roles(server: &Server) -> Vec<serde_json::Value> {
-    let data: serde_json::Value = reqwest::get(format!("{}/moto-api/data.json", server.url()))
-        .await
-        .expect("moto data")
-        .json()
-        .await
-        .expect("JSON");
-    data["sts"]["AssumedRole"].as_array().cloned().unwrap_or_default()
-}
-
 /// The `DurationSeconds` of every `AssumeRole` moto received (its request recording).
 async fn recorded_durations(server: &Server) -> Vec<String> {
-    let recording = reqwest::get(format!("{}/moto-api/recorder/download-recording", server.url()))
+    server
+        .moto_recording()
         .await
-        .expect("recording")
-        .text()
-        .await
-        .expect("body");
-    recording
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .into_iter()
         .filter_map(|r| r["body"].as_str().and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok()))
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .filter(|b| b.contains("Action=AssumeRole"))
@@ -527,8 +510,7 @@ fn query_value(url: &str, name: &str) -> Option<String> {
 #[tokio::test]
 async fn s3_role_arn_and_upload_role_arn_are_assumed_through_sts() {
     let server = Server::moto();
-    let started = reqwest::Client::new().post(server.url() + "/moto-api/recorder/start-recording").send().await;
-    assert!(started.is_ok_and(|r| r.status().is_success()), "moto records requests");
+    server.moto_start_recording().await;
     create_bucket(&server, "role-cache").await;
     let sts = server.url();
     let env = move |k: &str| (k == "AWS_ENDPOINT_URL_STS").then(|| sts.clone());
@@ -545,7 +527,7 @@ async fn s3_role_arn_and_upload_role_arn_are_assumed_through_sts() {
     let object = store.object_name("tok123", 7, "role-key").expect("name");
     let up = round_trip(&store, &object).await;
     let get = store.download(&object, Duration::from_secs(3600)).expect("download url");
-    let roles = assumed_roles(&server).await;
+    let roles = server.moto_assumed_roles().await;
     assert_eq!(roles.len(), 2, "one AssumeRole for downloads and HEAD, one for the upload: {roles:?}");
     for (url, action) in [(&get.url, "s3:GetObject"), (&up.url, "s3:PutObject")] {
         let key = query_value(url, "X-Amz-Credential").expect("credential");
@@ -578,7 +560,7 @@ async fn s3_role_arn_and_upload_role_arn_are_assumed_through_sts() {
     let get = store.download(&object, Duration::from_secs(3600)).expect("download url");
     assert!(query_value(&get.url, "X-Amz-Credential").is_some_and(|c| c.starts_with("AKIDRUNWAYTEST/")), "{}", get.url);
     assert_eq!(query_value(&get.url, "X-Amz-Security-Token"), None);
-    let roles = assumed_roles(&server).await;
+    let roles = server.moto_assumed_roles().await;
     assert_eq!(roles.len(), 3, "{roles:?}");
     assert_eq!(roles[2]["role_arn"], UPLOAD_ROLE);
     let key = query_value(&up.url, "X-Amz-Credential").expect("credential");

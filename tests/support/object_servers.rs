@@ -106,4 +106,30 @@ impl Server {
     pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
+
+    /// moto: record every request from now on (`/moto-api/recorder/start-recording`).
+    pub(crate) async fn moto_start_recording(&self) {
+        let started = reqwest::Client::new().post(self.url() + "/moto-api/recorder/start-recording").send().await;
+        assert!(started.is_ok_and(|r| r.status().is_success()), "moto records requests");
+    }
+
+    /// moto: the requests recorded since [`Server::moto_start_recording`], one JSON record each
+    /// (`method`, `url`, `headers`, `body`, `body_encoded`).
+    pub(crate) async fn moto_recording(&self) -> Vec<serde_json::Value> {
+        let url = format!("{}/moto-api/recorder/download-recording", self.url());
+        let text = reqwest::get(url).await.expect("recording").text().await.expect("recording body");
+        text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    }
+
+    /// moto: the roles its STS handed out (`/moto-api/data.json`): role ARN, session name,
+    /// session policy, access key and session token of each `AssumeRole`.
+    pub(crate) async fn moto_assumed_roles(&self) -> Vec<serde_json::Value> {
+        let data: serde_json::Value = reqwest::get(format!("{}/moto-api/data.json", self.url()))
+            .await
+            .expect("moto data")
+            .json()
+            .await
+            .expect("JSON");
+        data["sts"]["AssumedRole"].as_array().cloned().unwrap_or_default()
+    }
 }

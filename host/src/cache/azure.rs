@@ -34,15 +34,14 @@ fn sas_time(t: DateTime<Utc>) -> String {
 }
 
 impl BlobSas<'_> {
-    /// The string-to-sign of a service SAS (version 2020-12-06 and later, blob resource).
-    pub(crate) fn string_to_sign(&self) -> String {
+    /// A string-to-sign of version 2020-12-06 and later for this blob: the permissions,
+    /// times and canonicalized resource, then `signer` (what tells a service SAS from a user
+    /// delegation SAS), then the fields both end with.
+    fn string_to_sign_with(&self, signer: &[&str]) -> String {
         let resource = format!("/blob/{}/{}/{}", self.account, self.container, self.blob);
-        [
-            self.permissions,
-            &sas_time(self.start),
-            &sas_time(self.expiry),
-            &resource,
-            "", // signed identifier
+        let (start, expiry) = (sas_time(self.start), sas_time(self.expiry));
+        let head = [self.permissions, start.as_str(), expiry.as_str(), resource.as_str()];
+        let tail = [
             "", // signed IP
             self.protocol,
             SAS_VERSION,
@@ -54,22 +53,32 @@ impl BlobSas<'_> {
             "",  // rsce
             "",  // rscl
             "",  // rsct
-        ]
-        .join("\n")
+        ];
+        head.iter().chain(signer).chain(tail.iter()).copied().collect::<Vec<&str>>().join("\n")
     }
 
-    /// The SAS query string (without `?`), signed with the account key (its raw bytes).
-    pub(crate) fn query(&self, key: &[u8]) -> String {
-        let sig = hmac_base64(key, &self.string_to_sign());
-        encode(&[
+    /// The query parameters both kinds of SAS begin with.
+    fn query_head(&self) -> Vec<(&'static str, String)> {
+        vec![
             ("sv", SAS_VERSION.to_string()),
             ("st", sas_time(self.start)),
             ("se", sas_time(self.expiry)),
             ("sr", "b".to_string()),
             ("sp", self.permissions.to_string()),
             ("spr", self.protocol.to_string()),
-            ("sig", sig),
-        ])
+        ]
+    }
+
+    /// The string-to-sign of a service SAS (version 2020-12-06 and later, blob resource).
+    pub(crate) fn string_to_sign(&self) -> String {
+        self.string_to_sign_with(&[""]) // signed identifier
+    }
+
+    /// The SAS query string (without `?`), signed with the account key (its raw bytes).
+    pub(crate) fn query(&self, key: &[u8]) -> String {
+        let mut pairs = self.query_head();
+        pairs.push(("sig", hmac_base64(key, &self.string_to_sign())));
+        encode(&pairs)
     }
 
     /// The string-to-sign of a user delegation SAS (version 2020-12-06 and later, before
@@ -77,12 +86,7 @@ impl BlobSas<'_> {
     /// the key's `skoid`, `sktid`, `skt`, `ske`, `sks`, `skv` after the canonicalized resource,
     /// then the (unused) authorized/unauthorized object ids and correlation id.
     pub(crate) fn delegated_string_to_sign(&self, key: &UserDelegationKey) -> String {
-        let resource = format!("/blob/{}/{}/{}", self.account, self.container, self.blob);
-        [
-            self.permissions,
-            &sas_time(self.start),
-            &sas_time(self.expiry),
-            &resource,
+        self.string_to_sign_with(&[
             &key.object_id,
             &key.tenant_id,
             &key.start,
@@ -92,39 +96,22 @@ impl BlobSas<'_> {
             "", // signedAuthorizedUserObjectId
             "", // signedUnauthorizedUserObjectId
             "", // signedCorrelationId
-            "", // signed IP
-            self.protocol,
-            SAS_VERSION,
-            "b", // signed resource: a blob
-            "",  // snapshot time
-            "",  // encryption scope
-            "",  // rscc
-            "",  // rscd
-            "",  // rsce
-            "",  // rscl
-            "",  // rsct
-        ]
-        .join("\n")
+        ])
     }
 
     /// The user delegation SAS query string (without `?`), signed with `key`'s value.
     pub(crate) fn delegated_query(&self, key: &UserDelegationKey) -> String {
-        let sig = hmac_base64(&key.value, &self.delegated_string_to_sign(key));
-        encode(&[
-            ("sv", SAS_VERSION.to_string()),
-            ("st", sas_time(self.start)),
-            ("se", sas_time(self.expiry)),
-            ("sr", "b".to_string()),
-            ("sp", self.permissions.to_string()),
-            ("spr", self.protocol.to_string()),
+        let mut pairs = self.query_head();
+        pairs.extend([
             ("skoid", key.object_id.clone()),
             ("sktid", key.tenant_id.clone()),
             ("skt", key.start.clone()),
             ("ske", key.expiry.clone()),
             ("sks", key.service.clone()),
             ("skv", key.version.clone()),
-            ("sig", sig),
-        ])
+            ("sig", hmac_base64(&key.value, &self.delegated_string_to_sign(key))),
+        ]);
+        encode(&pairs)
     }
 }
 
