@@ -154,6 +154,37 @@ impl Autoscaler {
             .collect()
     }
 
+    /// Hold the restored acquisitions for the jobs that may resume (see
+    /// [`Taskscaler::hold_restored`]).
+    pub fn hold_restored(&self) {
+        self.lock().engine.hold_restored();
+    }
+
+    /// Restored keys still held for a job that has not resumed.
+    pub fn restored_keys(&self) -> Vec<String> {
+        self.lock().engine.restored_keys()
+    }
+
+    /// The resumed job of `key` takes its restored slot back.
+    pub fn reattach(&self, key: &str) -> Option<Acquisition> {
+        let result = self.lock().engine.reattach(key);
+        self.changed.notify_one();
+        result
+    }
+
+    /// Release the held restored keys `keep` rejects, as abandoned acquisitions.
+    pub fn abandon_restored(&self, keep: &dyn Fn(&str) -> bool) {
+        self.lock().engine.abandon_restored(keep);
+        self.changed.notify_one();
+    }
+
+    /// Rename a key (to its job's); `false` when `old` is unknown or `new` taken.
+    pub fn rekey(&self, old: &str, new: &str) -> bool {
+        let result = self.lock().engine.rekey(old, new);
+        self.changed.notify_one();
+        result
+    }
+
     /// State to persist (`state_storage`).
     pub fn snapshot(&self) -> EngineSnapshot {
         self.lock().engine.snapshot(self.clock.now())

@@ -629,6 +629,58 @@ fn snapshot_restore_adopts_instances_with_use_counts() {
 }
 
 #[test]
+fn held_restored_acquisitions_keep_their_instance_until_reattached_or_abandoned() {
+    let settings = AutoscalerSettings { max_use_count: 10, policies: vec![utc_policy(1, 60)], ..Default::default() };
+    let mut h = Harness::new(&settings, cloud(10.0));
+    h.step_until(Duration::from_secs(600), "ready", |h| h.metrics().slots_idle == 1);
+    assert!(h.reserve_and_acquire("fleet/1"));
+    assert!(h.engine.rekey("fleet/1", "fleet/job/7"), "renamed to its job's key");
+    assert!(!h.engine.rekey("fleet/1", "fleet/job/8"), "the old key is gone");
+    let on = h.instance_of("fleet/1").expect("acquired");
+    h.step_until(Duration::from_secs(600), "a second idle instance", |h| h.metrics().slots_idle == 1);
+    assert!(h.reserve_and_acquire("fleet/2"));
+    assert!(h.engine.rekey("fleet/2", "fleet/job/9"));
+    let other = h.instance_of("fleet/2").expect("acquired");
+    let saved = serde_json::to_string(&h.engine.snapshot(h.now())).expect("serialise");
+
+    // Restarted with both jobs in its snapshot; the store still has job 7 only.
+    let snapshot = serde_json::from_str(&saved).expect("deserialise");
+    h.engine = Taskscaler::restore(&settings, &snapshot, h.now()).expect("restore");
+    h.engine.hold_restored();
+    h.events.clear();
+    // Long past idle_time: held slots keep their instances, and are never handed out.
+    h.run_for(Duration::from_secs(600));
+    assert_eq!(h.metrics().slots_acquired, 2, "both held");
+    assert!(!h
+        .events
+        .iter()
+        .any(|e| matches!(e, EngineEvent::InstanceRemoved { instance, .. } if *instance == on || *instance == other)));
+    assert!(h.reserve_and_acquire("fleet/3"));
+    let third = h.instance_of("fleet/3").expect("acquired");
+    assert!(third != on && third != other, "a held slot is not handed out");
+    h.engine.release("fleet/3", h.now()).expect("release");
+
+    // Job 9 is in no store: its key is abandoned and its instance removed.
+    h.engine.abandon_restored(&|key| key == "fleet/job/7");
+    h.tick();
+    assert!(h
+        .events
+        .contains(&EngineEvent::AcquisitionsAbandoned { instance: other.clone(), keys: vec!["fleet/job/9".into()] }));
+    assert!(h
+        .events
+        .contains(&EngineEvent::InstanceRemoved { instance: other, reason: RemovalReason::AbandonedAcquisitions }));
+    assert_eq!(h.engine.restored_keys(), ["fleet/job/7"]);
+    // Job 7 resumes: its slot is its own again, released as any other.
+    let back = h.engine.reattach("fleet/job/7").expect("held");
+    assert_eq!(back.instance, on);
+    assert!(h.engine.reattach("fleet/job/7").is_none(), "once");
+    assert!(h.engine.reattach("fleet/job/9").is_none(), "abandoned");
+    h.run_for(Duration::from_secs(5));
+    h.engine.release("fleet/job/7", h.now()).expect("an ordinary acquisition");
+    assert!(h.engine.restored_keys().is_empty());
+}
+
+#[test]
 fn scale_throttle_limits_creation_rate() {
     let settings = AutoscalerSettings {
         policies: vec![utc_policy(0, 60)],

@@ -41,8 +41,8 @@ impl Fleets {
         loaded: &Loaded,
         plugins: &PluginHost,
         runner: &config::RunnerConfig,
-        short: &str,
-        system_id: &str,
+        (short, system_id): (&str, &str),
+        hold_restored: bool,
     ) -> anyhow::Result<Arc<Fleet>> {
         let Some(autoscaler) = &runner.autoscaler else {
             anyhow::bail!("runner {} has no [runners.autoscaler]", runner.name)
@@ -60,7 +60,8 @@ impl Fleets {
         }
         let storage = &autoscaler.state_storage;
         let state = fleet_state::state_file(storage.enabled, storage.dir.as_deref(), &loaded.dir(), &digest, short);
-        let fleet = Fleet::start(plugins, short, autoscaler, runner.machine.as_ref(), runner.limit, state, system_id)
+        let machine = runner.machine.as_ref();
+        let fleet = Fleet::start(plugins, short, autoscaler, machine, runner.limit, state, system_id, hold_restored)
             .await
             .map_err(|e| anyhow::anyhow!("{}: runner {:?}: {e}", loaded.path.display(), runner.name))?;
         fleet.set_runner_name(&runner.name);
@@ -141,8 +142,13 @@ pub(super) async fn runner_settings(
             continue;
         }
         let short = config::short_token(&runner.resolved_token());
+        let vars =
+            StorePathVariables { version: crate::buildinfo::VERSION, revision: crate::buildinfo::REVISION, tags: "" };
+        let store = runner.store_settings(&loaded.path, &vars)?;
+        // With a job store, the slots of jobs a killed manager ran stay held for their resumption.
+        let hold = store.backend.is_some();
         let fleet = match runner.autoscaler {
-            Some(_) => Some(fleets.get_or_start(loaded, plugins, runner, &short, system_id).await?),
+            Some(_) => Some(fleets.get_or_start(loaded, plugins, runner, (&short, system_id), hold).await?),
             None => None,
         };
         // The ssh executor's one host, connected per job like a fleet instance.
@@ -178,9 +184,6 @@ pub(super) async fn runner_settings(
             None => None,
         };
         let labels = setup::labels(&loaded.config, runner);
-        let vars =
-            StorePathVariables { version: crate::buildinfo::VERSION, revision: crate::buildinfo::REVISION, tags: "" };
-        let store = runner.store_settings(&loaded.path, &vars)?;
         let context = Arc::new(RunnerContext {
             store,
             stores: stores.clone(),

@@ -30,8 +30,9 @@ pub struct ConnectorDefaults {
 }
 
 /// What the provider reports about reaching one instance. Empty and zero values mean "use
-/// the configured default".
-#[derive(Clone, Debug, Default)]
+/// the configured default". Serialized, it is how a job resumed by another manager reaches
+/// the instance again (kept sealed in the job store: it may hold a key or password).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstanceConnectInfo {
     /// Instance id (for error messages).
     pub id: String,

@@ -49,6 +49,9 @@ pub struct ConnectedInstance {
     /// The login user's home directory there; relative builds and cache directories are
     /// resolved against it.
     pub home: Option<String>,
+    /// What reaches it again without its fleet's provider (the source's own encoding, kept
+    /// sealed with the job in the store): a manager that takes the job over reconnects with it.
+    pub reconnect: Option<String>,
 }
 
 /// Why the runner's helper could not be put on an instance (the job goes on with whatever
@@ -217,7 +220,7 @@ mod tests {
 
     #[test]
     fn relative_dirs_resolve_against_the_instance_home() {
-        let instance = ConnectedInstance { id: "i".into(), remote: Arc::new(Nothing), home: Some("/home/u".into()) };
+        let instance = ConnectedInstance { id: "i".into(), remote: Arc::new(Nothing), home: Some("/home/u".into()), reconnect: None };
         assert_eq!(instance.resolve_dir(Path::new("builds")), Path::new("/home/u/builds"));
         assert_eq!(instance.resolve_dir(Path::new("~/cache")), Path::new("/home/u/cache"));
         assert_eq!(instance.resolve_dir(Path::new("/srv/builds")), Path::new("/srv/builds"));

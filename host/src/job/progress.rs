@@ -7,7 +7,7 @@
 //! checkpoint inside [`Progress::read`]) sees the trace and the progress agree — a section is
 //! open in the trace exactly when the progress says its stage is running.
 //!
-//! Owns: [`JobProgress`] and [`Progress`]. Must not touch: stores, the trace's format, GitLab.
+//! Owns: [`JobProgress`] (with the [`StoredInstance`] a fleet job runs on) and [`Progress`]. Must not touch: stores, the trace's format, GitLab.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -44,6 +44,21 @@ pub struct JobProgress {
     /// token may have expired and a stage must see what the earlier ones saw.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<StoredSecret>,
+    /// The fleet instance the job runs on (`instance`, `docker-autoscaler`, `docker+machine`):
+    /// a resumed job reconnects to this one, never to another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<StoredInstance>,
+}
+
+/// The fleet instance of a stored job.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredInstance {
+    /// The provider's instance id.
+    pub id: String,
+    /// How the fleet reached it (opaque to jobs; sealed in the store with the rest): what a
+    /// manager whose own provider does not know the instance reconnects with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconnect: Option<String>,
 }
 
 /// One resolved secret in a job's progress.

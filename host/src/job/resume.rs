@@ -14,10 +14,14 @@
 use std::sync::Arc;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::progress::JobProgress;
 use super::stages::{run_stages, StageStart};
-use super::{conclude, prepare_request, unix_now, JobCleanup, JobControl, JobEnvironment, JobHooks, JobOutcome};
+use super::{
+    conclude, helper_on_instance, on_instance, prepare_request, unix_now, JobCleanup, JobControl, JobEnvironment,
+    JobHooks, JobOutcome,
+};
 use crate::executor::{resume, ExecutorSession, PrepareError};
 use crate::payload::JobResponse;
 use crate::script::{JobPlan, PlanError};
@@ -26,9 +30,10 @@ use crate::trace::{FailureReason, TraceLog, TraceSink};
 /// Why a stored job cannot go on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CannotResume {
-    /// Its executor ran it on an autoscaled instance.
-    #[error("jobs on autoscaled instances cannot be resumed yet")]
-    OnInstance,
+    /// It ran on a fleet instance and the runner has no way to it any more (no fleet, or the
+    /// instance cannot be reached).
+    #[error("reconnecting to its instance: {0}")]
+    Instance(String),
     /// The runner's settings no longer plan it.
     #[error("planning the job again: {0}")]
     Plan(#[from] PlanError),
@@ -111,16 +116,36 @@ async fn restore(
     trace: &Arc<dyn TraceSink>,
     stored: &JobProgress,
 ) -> Result<(JobPlan, ExecutorSession), CannotResume> {
-    if env.instance.is_some() {
-        return Err(CannotResume::OnInstance);
-    }
-    let plan = JobPlan::new(job, &env.settings)?;
     let executor = || env.executor.name().to_string();
     let Some(state) = stored.executor_state.as_deref() else {
         return Err(CannotResume::NoState { executor: executor() });
     };
+    // Back on the instance it ran on (its lease reconnects, never acquires), planned there as
+    // it was: the home's directories, the helper put there. Nothing goes to the trace.
+    let instance = match (&env.instance, &stored.instance) {
+        (Some(lease), _) => {
+            let quiet = crate::trace::MemorySink::default();
+            let connected = lease.connect(&quiet, &CancellationToken::new()).await;
+            Some(connected.map_err(|e| CannotResume::Instance(e.to_string()))?)
+        }
+        (None, Some(stored)) => {
+            return Err(CannotResume::Instance(format!("the runner has no fleet to reach instance {}", stored.id)))
+        }
+        (None, None) => None,
+    };
+    let settings = match &instance {
+        Some(instance) => {
+            let mut settings = on_instance(&env.settings, instance);
+            if !env.executor.features().image {
+                settings.runner_command = helper_on_instance(job, &settings, instance, &**trace).await;
+            }
+            settings
+        }
+        None => env.settings.clone(),
+    };
+    let plan = JobPlan::new(job, &settings)?;
     let request = prepare_request(job, env, &plan);
-    match resume(&env.executor, request, state, trace.clone(), None).await {
+    match resume(&env.executor, request, state, trace.clone(), instance.as_ref()).await {
         Ok(session) => Ok((plan, session)),
         Err(error) => Err(CannotResume::Restore { executor: executor(), error }),
     }

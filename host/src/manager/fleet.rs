@@ -11,7 +11,8 @@
 //! stops the fleet: it is logged, retried by the engine with back-off and reported through
 //! [`Fleet::provider_error`] and the metrics.
 //! With `state_storage` enabled the engine's snapshot is written under this manager's
-//! identity, so a restart adopts the instances (with their use counts) instead of deleting them.
+//! identity, so a restart adopts the instances (with their use counts) instead of deleting them,
+//! and `reattach` holds the slots of the jobs the job store resumes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -39,6 +40,9 @@ use crate::plugin::fleeting::{ConnectInfo, ConnectorConfig, InstanceState, Proto
 use crate::plugin::PluginHost;
 use crate::store::fleet_state;
 use crate::trace::{FailureReason, TraceLog, TraceSink};
+
+mod reattach;
+pub use reattach::Reattached;
 
 /// Longest a single provider call may take before the engine counts it as failed.
 const PROVIDER_CALL_DEADLINE: Duration = Duration::from_secs(60);
@@ -162,17 +166,28 @@ struct Connector {
 }
 
 impl Connector {
-    async fn spec(&self, instance: &str) -> Result<ConnectSpec, ReachError> {
+    /// The provider's answer for `instance`.
+    async fn info(&self, instance: &str) -> Result<InstanceConnectInfo, ReachError> {
         let info = self
             .provider
             .connect_info(instance)
             .await
             .map_err(|e| ReachError::ConnectInfo { instance: instance.to_string(), message: e.to_string() })?;
-        Ok(self.defaults.spec(&connect_info(info))?)
+        Ok(connect_info(info))
     }
 
-    async fn connect(&self, instance: &str) -> Result<SshSession, ReachError> {
-        Ok(SshSession::connect(&self.spec(instance).await?).await?)
+    async fn spec(&self, instance: &str) -> Result<ConnectSpec, ReachError> {
+        Ok(self.defaults.spec(&self.info(instance).await?)?)
+    }
+
+    /// A session on `instance`, and the connect info it was reached with.
+    async fn connect(&self, instance: &str) -> Result<(SshSession, InstanceConnectInfo), ReachError> {
+        let info = self.info(instance).await?;
+        Ok((self.connect_with(&info).await?, info))
+    }
+
+    async fn connect_with(&self, info: &InstanceConnectInfo) -> Result<SshSession, ReachError> {
+        Ok(SshSession::connect(&self.defaults.spec(info)?).await?)
     }
 
     /// `exit 0` over a fresh connection.
@@ -243,7 +258,9 @@ pub struct Fleet {
 
 impl Fleet {
     /// Start the fleet of a runner: the plugin, the engine (restored from `state_file` when it
-    /// was written by `manager_id`), its run loop, event handling and state saving.
+    /// was written by `manager_id`; with `hold_restored`, the runner has a job store and the
+    /// slots of the jobs it ran stay held for them), its run loop, event handling and state
+    /// saving.
     pub async fn start(
         host: &PluginHost,
         name: &str,
@@ -252,6 +269,7 @@ impl Fleet {
         runner_limit: usize,
         state_file: Option<PathBuf>,
         manager_id: &str,
+        hold_restored: bool,
     ) -> Result<Arc<Fleet>, FleetError> {
         let defaults = connector_defaults(&config.connector_config)?;
         if let Some(builtin) = builtin_provider(&config.plugin) {
@@ -293,6 +311,10 @@ impl Fleet {
             None => Autoscaler::new(&settings, Box::new(provider.clone()), clock),
         }
         .map_err(|e| FleetError::Settings(e.to_string()))?;
+        if hold_restored && saved.is_some() {
+            // A job store may resume the jobs the snapshot has on its instances.
+            scaler.hold_restored();
+        }
         let connector = Arc::new(Connector { provider, defaults });
         let fleet = Arc::new(Fleet {
             name: name.to_string(),
@@ -509,19 +531,23 @@ impl InstanceSource for Fleet {
         if let Ok(mut acquired) = self.acquired.lock() {
             acquired.insert(key.to_string(), acquisition.instance.clone());
         }
+        // On disk before the job can be stored as running there: a manager killed from now
+        // on finds the slot acquired when it restarts, and keeps it for the job.
+        self.save();
         trace.println(&format!(
             "Instance {} acquired (slot {}) after {:.1}s",
             acquisition.instance,
             acquisition.slot,
             started.elapsed().as_secs_f64()
         ));
-        let session = tokio::select! {
+        let (session, info) = tokio::select! {
             s = self.connector.connect(&acquisition.instance) => s.map_err(|e| InstanceError::Connect { instance: acquisition.instance.clone(), message: e.to_string() })?,
             _ = abort.cancelled() => return Err(InstanceError::AbortedConnecting),
         };
         let home = probe::remote_home(&session, self.connector.defaults.timeout).await;
         trace.println(&format!("Connected to instance {} over SSH", acquisition.instance));
-        Ok(ConnectedInstance { id: acquisition.instance, remote: Arc::new(session), home })
+        let reconnect = serde_json::to_string(&info).ok();
+        Ok(ConnectedInstance { id: acquisition.instance, remote: Arc::new(session), home, reconnect })
     }
 }
 

@@ -205,6 +205,7 @@ impl Runner {
             pending_keepalive: shared.settings.pending_keepalive,
             observer: shared.settings.observer.clone(),
             store: settings.store.clone(),
+            fleet: settings.fleet.clone(),
             stats: shared.stats.clone(),
             capacity: Capacity {
                 global: shared.global.clone(),

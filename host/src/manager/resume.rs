@@ -4,7 +4,9 @@
 //! heartbeat is older than `health_timeout` (its manager is gone; with Redis, another one), is
 //! claimed — exactly one manager wins it — and handed to `super::received::resume`, which
 //! takes the job up again where its last checkpoint left it (or fails, cancels or only cleans
-//! it up). A corrupt entry is logged and removed, and the manager goes on.
+//! it up). A corrupt entry is logged and removed, and the manager goes on. Each pass also tells
+//! the runner's fleet which jobs are stored, so the slots it held since a restart for jobs
+//! gone meanwhile are released.
 //!
 //! Owns: the store watcher. Must not touch: resuming one job (`super::received::resume`), how
 //! entries are saved (`super::persist`), polling.
@@ -51,7 +53,20 @@ async fn scan(
     // previous run's at once. A shared store's are someone's while their heartbeat is fresh.
     let exclusive = matches!(settings.backend, Some(Backend::File { .. }));
     let now = store.now().await?;
-    for listed in store.list().await? {
+    let listing = store.list().await?;
+    if let Some(fleet) = &runner.settings.fleet {
+        // Slots held since a restart for jobs no longer stored are given up; the others wait
+        // for their job (resumed below, or run by another live manager).
+        let stored = listing
+            .iter()
+            .filter_map(|l| match l {
+                Listed::Entry(meta) => i64::try_from(meta.job_id).ok(),
+                Listed::Corrupt { .. } => None,
+            })
+            .collect();
+        fleet.settle_restored(&stored);
+    }
+    for listed in listing {
         let meta = match listed {
             Listed::Entry(meta) => meta,
             Listed::Corrupt { job_id, location, error } => {

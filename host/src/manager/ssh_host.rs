@@ -110,6 +110,6 @@ impl InstanceSource for SshHost {
         };
         let home = probe::remote_home(&session, CONNECT_TIMEOUT).await;
         trace.println(&format!("Connected to {target}"));
-        Ok(ConnectedInstance { id: self.spec.host.clone(), remote: Arc::new(session), home })
+        Ok(ConnectedInstance { id: self.spec.host.clone(), remote: Arc::new(session), home, reconnect: None })
     }
 }

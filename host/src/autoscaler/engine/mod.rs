@@ -17,10 +17,11 @@
 //!
 //! This file holds the engine's state and its public calls; `scaling` holds what a tick does
 //! (provider polling, heartbeats, slot assignment, scale up/down, deletions), `keys` the table
-//! of job keys with its counts by state, and `types` the plain types the engine hands out
-//! (events, errors, metrics, snapshots).
+//! of job keys with its counts by state, `restored` the acquisitions a restarted manager holds
+//! for jobs it may resume, and `types` the plain types the engine hands out (events, errors,
+//! metrics, snapshots).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use super::clock::Moment;
@@ -30,6 +31,7 @@ use super::settings::{AutoscalerSettings, CompiledSettings, SettingsError};
 use super::throttle::TokenBucket;
 
 mod keys;
+mod restored;
 mod scaling;
 mod types;
 
@@ -153,6 +155,8 @@ pub struct Taskscaler {
     provider_failures: u32,
     /// The last provider error while `provider_failures > 0`.
     provider_error: Option<String>,
+    /// Restored acquisitions held for jobs that may resume (see `restored`).
+    restored: BTreeSet<String>,
 }
 
 impl Taskscaler {
@@ -182,6 +186,7 @@ impl Taskscaler {
             predictor,
             provider_failures: 0,
             provider_error: None,
+            restored: BTreeSet::new(),
         })
     }
 

@@ -344,7 +344,10 @@ impl Taskscaler {
             self.instances.keys().filter(|id| !seen.contains(id.as_str())).cloned().collect()
         };
         for id in missing {
-            let restored_unconfirmed = self.instances.get(&id).is_some_and(|i| i.awaiting_adoption.is_some());
+            // A restored instance the provider does not list is forgotten quietly, unless it
+            // holds restored acquisitions: the jobs resuming on it must learn it is gone.
+            let restored_unconfirmed =
+                self.instances.get(&id).is_some_and(|i| i.awaiting_adoption.is_some() && i.active() == 0);
             if !restored_unconfirmed {
                 self.instance_vanished(&id, now);
             }

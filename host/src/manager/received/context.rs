@@ -50,6 +50,8 @@ pub(crate) struct JobContext {
     pub(crate) observer: Arc<dyn Observer>,
     /// The runner's job store, when it has one.
     pub(crate) store: Option<RunnerStore>,
+    /// The runner's fleet, when it has one (a resumed job goes back to its instance there).
+    pub(crate) fleet: Option<Arc<Fleet>>,
     /// The manager's counters.
     pub(crate) stats: Arc<ManagerStats>,
     /// The capacity the job waits for.
@@ -220,9 +222,11 @@ impl Reservation {
         Reservation { fleet, key, open: true }
     }
 
-    /// The job runs in this slot: the fleet may abort it (its instance is going away) and
+    /// Job `job` runs in this slot (keyed by the job from now on, so a restarted manager
+    /// knows whose slot it was): the fleet may abort it (its instance is going away) and
     /// write to its trace; the job reaches the instance through the lease.
-    pub(crate) fn lease(&self, control: &JobControl, trace: &JobTrace) -> InstanceLease {
+    pub(crate) fn lease(&mut self, job: i64, control: &JobControl, trace: &JobTrace) -> InstanceLease {
+        self.key = self.fleet.assign(&self.key, job);
         self.fleet.track(&self.key, control.clone(), Arc::new(trace.clone()));
         InstanceLease { source: self.fleet.clone(), key: self.key.clone() }
     }

@@ -92,10 +92,11 @@ pub(crate) async fn run(ctx: JobContext, received: ReceivedJob, reservation: Opt
         env.settings.concurrent_id = concurrent_id;
         env.settings.concurrent_project_id = concurrent_project_id;
     }
-    if let Some(reservation) = &reservation {
+    let mut reservation = reservation;
+    if let Some(reservation) = &mut reservation {
         // On a fleet, the job runs on the reserved slot's instance (the runner's own lease, an
         // `ssh` executor's host, stays otherwise).
-        env.instance = Some(reservation.lease(&control, &trace));
+        env.instance = Some(reservation.lease(job.id, &control, &trace));
     }
     let received = Received::new(job.id, job.features.failure_reasons.clone(), side, Some(seat), reservation);
 

@@ -10,11 +10,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{unix_now, Ending, GitLabSide, JobContext, Received};
+use super::{unix_now, Ending, GitLabSide, JobContext, Received, Reservation};
 use crate::gitlab::api::{JobApi, JobState, JobUpdate, RemoteJobStatus, UpdateOutcome};
-use crate::job::progress::StoredSecret;
+use crate::executor::InstanceLease;
+use crate::job::progress::{StoredInstance, StoredSecret};
 use crate::job::resume::{abandon_job_until_cleanup, resume_job_until_cleanup, Resumed};
-use crate::job::{JobControl, NoHooks, Progress};
+use crate::job::{JobControl, JobEnvironment, NoHooks, Progress};
+use crate::manager::fleet::Reattached;
 use crate::manager::persist::{JobRecord, StoredBody};
 use crate::manager::ManagerStats;
 use crate::payload::JobResponse;
@@ -119,10 +121,11 @@ pub(crate) async fn resume(ctx: JobContext, entry: Entry) {
     );
     let side = GitLabSide::new(api, trace.clone(), control.clone(), ctx.retry(), ctx.job_upload())
         .stored_in(record, store.settings.health_interval);
-    let received = Received::new(job.id, job.features.failure_reasons.clone(), side, Some(seat), None);
-    let hooks = received.side();
-    let env = &ctx.env;
     let sink: Arc<dyn TraceSink> = Arc::new(trace.clone());
+    let (env, reservation) = on_its_instance(&ctx, &job, body.progress.instance.as_ref(), &control, &sink);
+    let received = Received::new(job.id, job.features.failure_reasons.clone(), side, Some(seat), reservation);
+    let hooks = received.side();
+    let env = &env;
     let age = unix_now().saturating_sub(entry.meta.created);
     let refusal = if entry.meta.resumes > store.settings.max_retries {
         Some((
@@ -184,4 +187,39 @@ pub(crate) async fn resume(ctx: JobContext, entry: Entry) {
     };
     stats.record_resume(result);
     received.end(Ending::Reported(outcome, Some(cleanup))).await;
+}
+
+/// The environment of a stored job that ran on fleet instance `stored`: a lease back to that
+/// instance (never another), and — when this manager held the job's slot across its restart —
+/// the slot, freed when the job ends. A job another manager ran reaches the instance without a
+/// slot here (its own manager's fleet holds it).
+fn on_its_instance(
+    ctx: &JobContext,
+    job: &JobResponse,
+    stored: Option<&StoredInstance>,
+    control: &JobControl,
+    trace: &Arc<dyn TraceSink>,
+) -> (JobEnvironment, Option<Reservation>) {
+    let mut env = ctx.env.clone();
+    let (Some(stored), Some(fleet)) = (stored, &ctx.fleet) else { return (env, None) };
+    let (key, reservation) = match fleet.reattach(job.id) {
+        Some((key, instance)) if instance == stored.id => {
+            fleet.track(&key, control.clone(), trace.clone());
+            (key.clone(), Some(Reservation::new(fleet.clone(), key)))
+        }
+        Some((key, instance)) => {
+            // Not the instance the job stored: free that slot, reach the job's own.
+            tracing::warn!(job = job.id, instance, stored = %stored.id, "the held slot is on another instance than the job's; releasing it");
+            let held = Reservation::new(fleet.clone(), key.clone());
+            tokio::spawn(held.finish(false));
+            (key, None)
+        }
+        None => {
+            tracing::info!(job = job.id, instance = %stored.id, "no slot held for the job here (another manager ran it); reconnecting to its instance");
+            (fleet.job_key(job.id), None)
+        }
+    };
+    let source = Reattached { fleet: fleet.clone(), instance: stored.id.clone(), stored: stored.reconnect.clone() };
+    env.instance = Some(InstanceLease { source: Arc::new(source), key });
+    (env, reservation)
 }
