@@ -4,14 +4,24 @@
 //! (stale, resumed too often, cancelled meanwhile, corrupt), which are failed and cleaned up
 //! while the manager keeps serving.
 //!
+//! Jobs on autoscaled instances (issue 30) survive the same: the `instance` and
+//! `docker-autoscaler` executors on a `static` fleet over real OpenSSH servers (the Docker
+//! Engine this binary starts behind them), the manager killed mid-stage and restarted, or a
+//! second manager on the same Redis taking the job over.
+//!
 //! Every job counts its side effects in files (one line per start of a stage script), so a
 //! stage that ran twice shows; its log must hold each numbered line exactly once, in order.
 
+#[path = "support/dockerd.rs"]
+mod dockerd;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 #[path = "support/runway_process.rs"]
 mod runway_process;
+#[path = "support/sshd.rs"]
+mod sshd;
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -511,4 +521,207 @@ async fn a_config_reload_does_not_resume_what_the_retiring_manager_still_runs() 
     assert_whole(&w, job, &effects, &[&manager]);
     assert!(manager.log().contains("reload"), "{}", manager.log());
     assert!(!manager.log().contains("resuming a stored job"), "{}", manager.log());
+}
+
+// ---- Jobs on fleet instances (issue 30). ----
+
+/// The fleet a manager's runner runs on: `static` hosts (each a real sshd) and, for
+/// `docker-autoscaler`, the engine reached through them.
+struct FleetSetup<'a> {
+    executor: &'a str,
+    hosts: Vec<String>,
+    user: String,
+    key: &'a sshd::ClientKey,
+    docker: Option<&'static dockerd::Dockerd>,
+    /// Bound into the job's containers (where the counting job records its starts).
+    effects: &'a Path,
+}
+
+impl World {
+    /// A manager named `name` whose runner runs `fleet`'s executor on its instances, one job
+    /// per instance, with the fleet state kept (the default) and `[runners.store]` `store`.
+    fn fleet_manager(&self, name: &str, fleet: &FleetSetup<'_>, store: &str) -> Manager {
+        let dir = self.root.path().join(name);
+        std::fs::create_dir_all(&dir).expect("manager dir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let hosts: Vec<String> = fleet.hosts.iter().map(|h| format!("{h:?}")).collect();
+        let docker = match fleet.docker {
+            Some(d) => format!("[plugins.docker]\nallow_docker = [\"{host}\", \"instance\"]\n\n", host = d.host()),
+            None => String::new(),
+        };
+        let docker_section = match fleet.docker {
+            Some(d) => format!(
+                "  [runners.docker]\n  host = \"{host}\"\n  image = \"{image}\"\n  pull_policy = [\"if-not-present\"]\n  volumes = [\"{effects}:{effects}\"]\n",
+                host = d.host(),
+                image = d.job_image(),
+                effects = fleet.effects.display()
+            ),
+            None => String::new(),
+        };
+        let config = format!(
+            r#"concurrent = 4
+check_interval = 1
+shutdown_timeout = 5
+listen_address = "127.0.0.1:{port}"
+
+{docker}[[runners]]
+name = "{name}"
+url = "{url}"
+token = "{token}"
+executor = "{executor}"
+builds_dir = "{builds}"
+cache_dir = "{cache}"
+{docker_section}  [runners.autoscaler]
+  plugin = "static"
+  capacity_per_instance = 1
+  max_instances = {max}
+  update_interval = "1s"
+  update_interval_when_expecting = "1s"
+  [runners.autoscaler.plugin_config]
+  hosts = [{hosts}]
+  [runners.autoscaler.connector_config]
+  username = "{user}"
+  key_path = "{key}"
+  timeout = "10s"
+  keepalive = "2s"
+  [[runners.autoscaler.policy]]
+  idle_count = 1
+  idle_time = "2s"
+  [runners.store]
+{store}
+"#,
+            url = self.fake.url(),
+            token = self.token,
+            executor = fleet.executor,
+            // Shared, as a runner's managers share their config.
+            builds = self.root.path().join("fleet-builds").display(),
+            cache = self.root.path().join("cache").display(),
+            max = fleet.hosts.len(),
+            hosts = hosts.join(", "),
+            user = fleet.user,
+            key = fleet.key.private_path.display(),
+        );
+        std::fs::write(dir.join("config.toml"), config).expect("config");
+        Manager { process: RunwayProcess::new(dir).env("RUNWAY_STORE_KEY", STORE_KEY).env_remove("DOCKER_HOST"), port }
+    }
+
+    /// The counting job, cloning nothing (a job container's network cannot reach the fake
+    /// GitLab; the instance's shell could, but both executors run the same job).
+    fn fleet_counting_job(&self, name: &str) -> (i64, PathBuf) {
+        let effects = self.root.path().join(format!("effects-{name}"));
+        std::fs::create_dir_all(&effects).expect("effects dir");
+        let step = format!("echo started >> {}/step", effects.display());
+        let count = format!("for i in $(seq 1 {LINES}); do echo \"line $i of {LINES}\"; sleep 0.1; done");
+        let after = format!("echo ran >> {}/after", effects.display());
+        let mut spec = JobSpec::new("group/project", name, &[&step, "echo \"the secret is $RESUME_SECRET\"", &count])
+            .variable("GIT_STRATEGY", "none");
+        spec = spec.after_script(&[&after]);
+        spec.masked_variables.push(("RESUME_SECRET".into(), SECRET.into()));
+        (self.fake.enqueue(self.fake.job_payload(&spec)), effects)
+    }
+}
+
+/// The instance a job connected to, from its trace.
+fn instance_in(trace: &str) -> Option<String> {
+    trace.lines().find_map(|l| l.split("Connected to instance ").nth(1)?.split_whitespace().next().map(str::to_string))
+}
+
+/// Kill `manager` once while `job` runs on its instance, run a second job while it is down
+/// and after its restart (it must go to the other instance: the first one's slot is held), and
+/// check the first job's whole log, and that no manager removed its instance meanwhile.
+async fn a_fleet_job_survives_kill_9(executor: &str, net: u8, docker: Option<&'static dockerd::Dockerd>) {
+    let w = world().await;
+    let key = sshd::ClientKey::generate();
+    let servers: Vec<sshd::SshServer> =
+        [1, 2].iter().map(|last| sshd::SshServer::start(Ipv4Addr::new(127, 0, net, *last), &key)).collect();
+    let (job, effects) = w.fleet_counting_job(executor);
+    let fleet = FleetSetup {
+        executor,
+        hosts: servers.iter().map(|s| s.host_entry()).collect(),
+        user: servers[0].user.clone(),
+        key: &key,
+        docker,
+        effects: &effects,
+    };
+    let mut manager = w.fleet_manager(executor, &fleet, "  health_interval = 1");
+    manager.start();
+    w.wait_line(job, 20).await;
+    let on = instance_in(&w.trace(job)).unwrap_or_else(|| panic!("no instance in the trace:\n{}", w.trace(job)));
+    assert_store_sealed(&manager);
+    manager.kill9();
+    let lines_at_kill = numbered_lines(&w.trace(job)).len();
+    // Another job while no manager runs, and the manager back: it gets the other instance.
+    let other = w.fake.enqueue(w.fake.job_payload(
+        &JobSpec::new("group/project", "meanwhile", &["echo meanwhile"]).variable("GIT_STRATEGY", "none"),
+    ));
+    manager.start();
+    let record = w.wait_for(other, "the second job", |j| j.final_state.is_some()).await;
+    let trace = record.trace_text();
+    assert_eq!(record.status, JobStatus::Success, "{trace}\n{}", manager.log());
+    let other_on = instance_in(&trace).unwrap_or_else(|| panic!("no instance:\n{trace}"));
+    assert_ne!(other_on, on, "the held instance was handed to another job:\n{}", manager.log());
+    w.wait_for(job, "success after the restart", |j| j.final_state.is_some()).await;
+    assert!(numbered_lines(&w.trace(job)).len() > lines_at_kill);
+    assert_whole(&w, job, &effects, &[&manager]);
+    let log = manager.log();
+    assert!(
+        !log.lines().any(|l| l.contains("removing instance") && l.contains(&on) && !l.contains("idle")),
+        "the job's instance {on} was removed while the job ran:\n{log}"
+    );
+    assert!(log.contains("resuming a stored job"), "{log}");
+    // Its slot is freed afterwards like any job's: the instance serves the next one.
+    let next = w.fake.enqueue(
+        w.fake.job_payload(&JobSpec::new("group/project", "next", &["echo next"]).variable("GIT_STRATEGY", "none")),
+    );
+    let record = w.wait_for(next, "a job after the resumed one", |j| j.final_state.is_some()).await;
+    assert_eq!(record.status, JobStatus::Success, "{}", record.trace_text());
+    drop(servers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_executor_job_survives_kill_9_on_its_instance() {
+    a_fleet_job_survives_kill_9("instance", 61, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_docker_autoscaler_job_survives_kill_9_on_its_instance() {
+    let docker = tokio::task::spawn_blocking(dockerd::shared).await.expect("daemon");
+    a_fleet_job_survives_kill_9("docker-autoscaler", 62, Some(docker)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_manager_on_redis_finishes_a_fleet_job_on_the_dead_ones_instance() {
+    let w = world().await;
+    let redis = RedisServer::start();
+    let store = format!(
+        "  name = \"redis\"\n  health_interval = 1\n  health_timeout = 3\n  [runners.store.redis]\n  url = \"{}\"",
+        redis.url()
+    );
+    let key = sshd::ClientKey::generate();
+    // Each manager has a fleet of its own (one host each): the survivor's provider does not
+    // know the dead one's instance, and reaches it with the connect info stored with the job.
+    let a_host = sshd::SshServer::start(Ipv4Addr::new(127, 0, 63, 1), &key);
+    let b_host = sshd::SshServer::start(Ipv4Addr::new(127, 0, 63, 2), &key);
+    let (job, effects) = w.fleet_counting_job("takeover");
+    let setup = |host: &sshd::SshServer| FleetSetup {
+        executor: "instance",
+        hosts: vec![host.host_entry()],
+        user: host.user.clone(),
+        key: &key,
+        docker: None,
+        effects: &effects,
+    };
+    let mut a = w.fleet_manager("fleet-a", &setup(&a_host), &store).on_own_machine("s_aaaaaaaaaaa1");
+    a.start();
+    w.wait_line(job, 10).await;
+    let on = instance_in(&w.trace(job)).expect("instance");
+    assert_eq!(on, a_host.host_entry(), "a ran it");
+    let mut b = w.fleet_manager("fleet-b", &setup(&b_host), &store).on_own_machine("s_bbbbbbbbbbb1");
+    b.start();
+    a.kill9();
+    w.wait_for(job, "success after takeover", |j| j.final_state.is_some()).await;
+    assert!(b.log().contains("taking over a job"), "{}", b.log());
+    assert!(b.log().contains("reconnecting with the stored connect info"), "{}", b.log());
+    assert_whole(&w, job, &effects, &[&a, &b]);
+    assert_redis_sealed(&redis).await;
 }

@@ -17,7 +17,7 @@ use crate::executor::ResolvedExecutor;
 use crate::gitlab::client::{ClientOptions, GitLabClient, RequestHook, RunnerCredentials};
 use crate::job::JobEnvironment;
 use crate::manager::capacity::Capacity;
-use crate::manager::fleet::Fleet;
+use crate::manager::fleet::{Fleet, FleetPersistence};
 use crate::manager::health::{PendingRunner, RunnerEntry, Unusable};
 use crate::manager::{identity, signals, ActiveJobs, Manager, ManagerSettings, RunnerSettings, RunnerStore, Shutdown};
 use crate::metrics::Metrics;
@@ -61,7 +61,8 @@ impl Fleets {
         let storage = &autoscaler.state_storage;
         let state = fleet_state::state_file(storage.enabled, storage.dir.as_deref(), &loaded.dir(), &digest, short);
         let machine = runner.machine.as_ref();
-        let fleet = Fleet::start(plugins, short, autoscaler, machine, runner.limit, state, system_id, hold_restored)
+        let persistence = FleetPersistence { state_file: state, manager_id: system_id, hold_restored };
+        let fleet = Fleet::start(plugins, short, autoscaler, machine, runner.limit, persistence)
             .await
             .map_err(|e| anyhow::anyhow!("{}: runner {:?}: {e}", loaded.path.display(), runner.name))?;
         fleet.set_runner_name(&runner.name);

@@ -220,7 +220,12 @@ mod tests {
 
     #[test]
     fn relative_dirs_resolve_against_the_instance_home() {
-        let instance = ConnectedInstance { id: "i".into(), remote: Arc::new(Nothing), home: Some("/home/u".into()), reconnect: None };
+        let instance = ConnectedInstance {
+            id: "i".into(),
+            remote: Arc::new(Nothing),
+            home: Some("/home/u".into()),
+            reconnect: None,
+        };
         assert_eq!(instance.resolve_dir(Path::new("builds")), Path::new("/home/u/builds"));
         assert_eq!(instance.resolve_dir(Path::new("~/cache")), Path::new("/home/u/cache"));
         assert_eq!(instance.resolve_dir(Path::new("/srv/builds")), Path::new("/srv/builds"));

@@ -359,9 +359,8 @@ async fn run_to_end(
         p.started = unix_now();
         p.executor_state = executor_state;
         p.secrets = secret_variables.iter().map(progress::StoredSecret::from).collect();
-        p.instance = instance
-            .as_ref()
-            .map(|i| progress::StoredInstance { id: i.id.clone(), reconnect: i.reconnect.clone() });
+        p.instance =
+            instance.as_ref().map(|i| progress::StoredInstance { id: i.id.clone(), reconnect: i.reconnect.clone() });
     }
     hooks.boundary(Boundary::Accepted).await;
     let start = StageStart { index: 0, running: false, outcome: JobOutcome::success(), started: Instant::now() };

@@ -256,21 +256,29 @@ pub struct Fleet {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
+/// Where a fleet keeps its state across restarts, and for whom.
+pub struct FleetPersistence<'a> {
+    /// The state file (`state_storage`); `None`: nothing is kept.
+    pub state_file: Option<PathBuf>,
+    /// The manager's `system_id`: a state file written by another manager is not adopted.
+    pub manager_id: &'a str,
+    /// The runner has a job store: the slots of the jobs a killed manager ran stay held for
+    /// their resumption (see `reattach`).
+    pub hold_restored: bool,
+}
+
 impl Fleet {
-    /// Start the fleet of a runner: the plugin, the engine (restored from `state_file` when it
-    /// was written by `manager_id`; with `hold_restored`, the runner has a job store and the
-    /// slots of the jobs it ran stay held for them), its run loop, event handling and state
-    /// saving.
+    /// Start the fleet of a runner: the plugin, the engine (restored from the state file when
+    /// this manager wrote it), its run loop, event handling and state saving.
     pub async fn start(
         host: &PluginHost,
         name: &str,
         config: &AutoscalerConfig,
         machine: Option<&MachineConfig>,
         runner_limit: usize,
-        state_file: Option<PathBuf>,
-        manager_id: &str,
-        hold_restored: bool,
+        persistence: FleetPersistence<'_>,
     ) -> Result<Arc<Fleet>, FleetError> {
+        let FleetPersistence { state_file, manager_id, hold_restored } = persistence;
         let defaults = connector_defaults(&config.connector_config)?;
         if let Some(builtin) = builtin_provider(&config.plugin) {
             tracing::info!(runner = name, plugin = %config.plugin, provider = builtin, "fleeting plugin {:?} is GitLab's: using Runway's built-in {builtin} provider", config.plugin);

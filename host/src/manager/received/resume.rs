@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{unix_now, Ending, GitLabSide, JobContext, Received, Reservation};
-use crate::gitlab::api::{JobApi, JobState, JobUpdate, RemoteJobStatus, UpdateOutcome};
 use crate::executor::InstanceLease;
+use crate::gitlab::api::{JobApi, JobState, JobUpdate, RemoteJobStatus, UpdateOutcome};
 use crate::job::progress::{StoredInstance, StoredSecret};
 use crate::job::resume::{abandon_job_until_cleanup, resume_job_until_cleanup, Resumed};
 use crate::job::{JobControl, JobEnvironment, NoHooks, Progress};
