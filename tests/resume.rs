@@ -725,3 +725,32 @@ async fn a_second_manager_on_redis_finishes_a_fleet_job_on_the_dead_ones_instanc
     assert_whole(&w, job, &effects, &[&a, &b]);
     assert_redis_sealed(&redis).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ssh_executor_job_survives_kill_9_on_its_host() {
+    let w = world().await;
+    let key = sshd::ClientKey::generate();
+    let host = sshd::SshServer::start(Ipv4Addr::new(127, 0, 64, 1), &key);
+    let known = w.root.path().join("known_hosts");
+    std::fs::write(&known, host.known_hosts_line()).expect("known_hosts");
+    let ssh = format!(
+        "executor = \"ssh\"\n[runners.ssh]\nhost = \"{}\"\nport = \"{}\"\nuser = \"{}\"\nidentity_file = \"{}\"\nknown_hosts_file = \"{}\"\n[runners.store]\n  health_interval = 1\n",
+        host.addr,
+        host.port,
+        host.user,
+        key.private_path.display(),
+        known.display()
+    );
+    let mut manager = w.manager("ssh", "");
+    let config = manager.process.dir().join("config.toml");
+    let text = std::fs::read_to_string(&config).expect("config");
+    let shell_runner = text.find("executor = \"shell\"").expect("runner");
+    std::fs::write(&config, format!("{}{ssh}", &text[..shell_runner])).expect("config");
+    manager.start();
+    let (job, effects) = w.fleet_counting_job("ssh");
+    w.wait_line(job, 1).await;
+    let store = manager.store_dir();
+    kill_at_random_moments(&w, &mut manager, job, 2, FileStoreSealed(&store)).await;
+    w.wait_for(job, "success", |j| j.final_state.is_some()).await;
+    assert_whole(&w, job, &effects, &[&manager]);
+}
