@@ -336,10 +336,7 @@ async fn file_store_job_survives_kill_9_at_random_moments() {
 async fn redis_store_job_survives_kill_9_at_random_moments() {
     let w = world().await;
     let redis = RedisServer::start();
-    let store = format!(
-        "  name = \"redis\"\n  health_interval = 1\n  health_timeout = 2\n  [runners.store.redis]\n  url = \"{}\"",
-        redis.url()
-    );
+    let store = redis_store(&redis, 2);
     let mut manager = w.manager("redis", &store);
     manager.start();
     let (job, effects) = w.counting_job("redis");
@@ -354,10 +351,7 @@ async fn redis_store_job_survives_kill_9_at_random_moments() {
 async fn two_managers_on_one_redis_the_live_one_finishes_the_dead_ones_job() {
     let w = world().await;
     let redis = RedisServer::start();
-    let store = format!(
-        "  name = \"redis\"\n  health_interval = 1\n  health_timeout = 3\n  [runners.store.redis]\n  url = \"{}\"",
-        redis.url()
-    );
+    let store = redis_store(&redis, 3);
     let mut a = w.manager("a", &store).on_own_machine("s_aaaaaaaaaaaa");
     let mut b = w.manager("b", &store).on_own_machine("s_bbbbbbbbbbbb");
     a.start();
@@ -387,6 +381,14 @@ async fn two_managers_on_one_redis_the_live_one_finishes_the_dead_ones_job() {
     dead.start();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_whole(&w, job, &effects, &[&*dead, &*live]);
+}
+
+/// `[runners.store]` lines for `redis`, heartbeat every second, taken over after `timeout` s.
+fn redis_store(redis: &RedisServer, timeout: u32) -> String {
+    format!(
+        "  name = \"redis\"\n  health_interval = 1\n  health_timeout = {timeout}\n  [runners.store.redis]\n  url = \"{}\"",
+        redis.url()
+    )
 }
 
 /// The `owner` of `job`'s entry in Redis.
@@ -693,10 +695,7 @@ async fn a_docker_autoscaler_job_survives_kill_9_on_its_instance() {
 async fn a_second_manager_on_redis_finishes_a_fleet_job_on_the_dead_ones_instance() {
     let w = world().await;
     let redis = RedisServer::start();
-    let store = format!(
-        "  name = \"redis\"\n  health_interval = 1\n  health_timeout = 3\n  [runners.store.redis]\n  url = \"{}\"",
-        redis.url()
-    );
+    let store = redis_store(&redis, 3);
     let key = sshd::ClientKey::generate();
     // Each manager has a fleet of its own (one host each): the survivor's provider does not
     // know the dead one's instance, and reaches it with the connect info stored with the job.
