@@ -674,7 +674,8 @@ fn running(machines: &[Machine]) -> Vec<&Machine> {
 /// this machine needs instead of AWS: moto's endpoint and loopback VPC, the sshd's port and
 /// user, the private address (moto's public ones are not on loopback), the Docker Engine's
 /// socket. No `[plugins.aws]`: the grant comes from the driver flags.
-fn docker_machine_config(setup: &Setup, moto: &Moto, docker: &dockerd::Dockerd, vpc: &str, subnet: &str) -> String {
+/// `docker` is the job image and the engine's `host`.
+fn docker_machine_config(setup: &Setup, moto: &Moto, docker: (&str, &str), vpc: &str, subnet: &str) -> String {
     format!(
         r#"concurrent = 4
 check_interval = 1
@@ -724,8 +725,8 @@ shutdown_timeout = 30
 "#,
         url = setup.fake.url(),
         token = setup.runner.token,
-        image = docker.job_image(),
-        host = docker.host(),
+        image = docker.0,
+        host = docker.1,
         endpoint = moto.server.url(),
         user = setup.sshd.user,
         port = setup.sshd.port,
@@ -740,7 +741,7 @@ async fn a_docker_machine_config_launches_ec2_machines_and_runs_jobs_in_docker_o
     let setup = Setup::new(net, &moto).await;
     // The seed's period (IdleCount 50 on weekdays 9–17) must not apply now: pin it to a day
     // that is not today, so the IdleCount of 1 outside the period holds.
-    let mut text = docker_machine_config(&setup, &moto, docker, &vpc, &subnet);
+    let mut text = docker_machine_config(&setup, &moto, (docker.job_image(), &docker.host()), &vpc, &subnet);
     let today = chrono::Datelike::weekday(&chrono::Utc::now()).num_days_from_sunday() as usize;
     let other = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"][(today + 3) % 7];
     text = text.replace("* * 9-17 * * mon-fri *", &format!("* * * * * {other} *"));
@@ -814,4 +815,85 @@ async fn a_docker_machine_config_launches_ec2_machines_and_runs_jobs_in_docker_o
     assert_eq!(record.status, JobStatus::Success, "{trace}");
     assert!(trace.contains(&format!("Connected to instance {idle} over SSH")), "ran on the adopted {idle}:\n{trace}");
     quit(&mut again).await;
+}
+
+/// A UTC time as EC2 writes it (`2026-11-28T13:20:05.000Z`, or `2026-11-28 13:20:05` in a
+/// state transition reason), to the second.
+fn ec2_time(text: &str) -> chrono::NaiveDateTime {
+    let head = text.get(..19).unwrap_or(text).replace('T', " ");
+    chrono::NaiveDateTime::parse_from_str(&head, "%Y-%m-%d %H:%M:%S").unwrap_or_else(|e| panic!("{text:?}: {e}"))
+}
+
+impl Moto {
+    /// When EC2 launched `id`, and when it was terminated (from the user-initiated state
+    /// transition reason) if it was.
+    async fn lifetime(&self, id: &str) -> (chrono::NaiveDateTime, Option<chrono::NaiveDateTime>) {
+        let body = self.call("ec2", &[("Action", "DescribeInstances"), ("InstanceId.1", id)]).await;
+        let launched = tags(&body, "launchTime").first().map(|t| ec2_time(t)).unwrap_or_else(|| panic!("{body}"));
+        let terminated = tags(&body, "reason").iter().find_map(|r| r.strip_prefix("User initiated (").map(ec2_time));
+        (launched, terminated)
+    }
+}
+
+/// The seed's `[[runners.machine.autoscaling]]` with periods of seconds: `IdleCount = 3` in
+/// the first 8 seconds of every 20 (seconds 0–7, 20–27, 40–47), the `[runners.machine]`
+/// `IdleCount = 1` with `IdleTime = 8` otherwise. The switch to 3 launches two more
+/// machines; when the period ends, the idle machines beyond one are terminated once idle for
+/// 8 seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_machine_periods_switch_the_idle_count_and_idle_machines_go_after_idle_time() {
+    const HIGH: &str = "0-7,20-27,40-47";
+    let in_high = |t: chrono::NaiveDateTime| chrono::Timelike::second(&t) % 20 < 8;
+    let idle_time = chrono::Duration::seconds(8);
+    let net = 25;
+    let (moto, vpc, subnet) = Moto::with_subnet(net).await;
+    let setup = Setup::new(net, &moto).await;
+    // No job runs here: the Docker Engine is never reached.
+    let text = docker_machine_config(&setup, &moto, ("alpine:3", "unix:///var/run/docker.sock"), &vpc, &subnet)
+        .replace("IdleTime = 1800\n    MaxBuilds = 1\n", "IdleTime = 8\n")
+        .replace("* * 9-17 * * mon-fri *", &format!("{HIGH} * * * * * *"))
+        .replace("IdleCount = 50", "IdleCount = 3");
+    assert!(text.contains("IdleTime = 8\n") && text.contains("IdleCount = 3\n"), "{text}");
+    std::fs::write(setup.dir.path().join("config.toml"), text).expect("config.toml");
+    let mut runway = setup.runway();
+    runway.start();
+
+    // Outside the period: IdleCount 1 (when the manager starts inside one, its three machines
+    // come down to one when it ends).
+    let base = moto.wait_machines("one idle machine", &runway, |m| running(m).len() == 1).await;
+    let base: BTreeSet<String> = running(&base).iter().map(|m| m.id.clone()).collect();
+
+    // The period starts: IdleCount 3 launches two more machines, while it applies.
+    let high = moto.wait_machines("IdleCount 3 in the period", &runway, |m| running(m).len() == 3).await;
+    let three: Vec<String> = running(&high).iter().map(|m| m.id.clone()).collect();
+    let extra: Vec<&String> = three.iter().filter(|id| !base.contains(*id)).collect();
+    assert_eq!(extra.len(), 2, "{high:#?}");
+    for id in &extra {
+        let (launched, _) = moto.lifetime(id).await;
+        assert!(in_high(launched), "{id} was launched at {launched}, outside the period");
+    }
+
+    // The period ends: back to IdleCount 1. The idle machines beyond it are terminated once
+    // idle for IdleTime (8 s, the value outside the period; the period's 3600 no longer
+    // applies), and EC2 shows them terminated.
+    let after = moto
+        .wait_machines("two machines terminated after the period", &runway, |m| {
+            m.iter().filter(|x| three.contains(&x.id) && x.state == "terminated").count() == 2
+        })
+        .await;
+    let kept: Vec<&Machine> = after.iter().filter(|m| three.contains(&m.id) && m.state == "running").collect();
+    assert_eq!(kept.len(), 1, "{after:#?}");
+    for id in three.iter().filter(|id| **id != kept[0].id) {
+        assert_eq!(moto.ec2_state(id).await, "terminated");
+        let (launched, terminated) = moto.lifetime(id).await;
+        let terminated = terminated.unwrap_or_else(|| panic!("{id}: no termination time"));
+        assert!(!in_high(terminated), "{id} was terminated at {terminated}, inside the period");
+        // Second-granular times: idle for IdleTime, give or take the rounding.
+        assert!(
+            terminated - launched >= idle_time - chrono::Duration::seconds(1),
+            "{id} was terminated at {terminated}, launched at {launched}: before IdleTime\n{}",
+            runway.log()
+        );
+    }
+    quit(&mut runway).await;
 }

@@ -911,6 +911,47 @@ fn semantics_no_matching_period_is_a_zero_policy_or_the_machine_defaults() {
     assert_eq!((legacy.idle_target(&p, 0), p.idle_time()), (3, Duration::from_secs(900)));
 }
 
+/// docker+machine periods have seconds (`sec min hour dom mon dow year`), and gitlab-runner
+/// looks at them whenever it checks its machines: a period that starts or ends within a minute
+/// changes the idle count then, not at the next minute boundary. Extra idle machines come when
+/// the higher `IdleCount` applies; when it ends, the idle machines beyond the lower count go
+/// once idle for the `IdleTime` in force then.
+#[test]
+fn semantics_docker_machine_periods_switch_on_the_second() {
+    let settings = AutoscalerSettings::legacy(LegacyMachineSettings {
+        idle_count: 1,
+        idle_time: Duration::from_secs(30),
+        autoscaling: vec![super::settings::LegacyPeriod {
+            periods: vec!["20-39 * * * * * *".into()],
+            timezone: Some("UTC".into()),
+            idle_count: 3,
+            idle_time: Duration::from_secs(3600),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    let at = |s: u64| TRACE_START.plus(Duration::from_secs(s));
+    let mut h = Harness::new(&settings, cloud(2.0));
+    h.step_until(Duration::from_secs(60), "one idle machine", |h| h.ready() == 1);
+    h.step_until(Duration::from_secs(60), "the period's idle count", |h| h.ready() == 3);
+    assert!((at(20)..at(30)).contains(&h.now()), "created from second 20 on, at {:?}", h.now().since(TRACE_START));
+    assert_eq!(h.provider.created_total, 3);
+
+    let removed = |h: &Harness| h.metrics().instances_removed_total.get(&RemovalReason::Idle).copied().unwrap_or(0);
+    h.step_until(Duration::from_secs(60), "a removal", |h| removed(h) > 0);
+    // The first machine, idle since second 2, is past the 30 s IdleTime when the period ends.
+    assert_eq!(h.now(), at(40), "the period ended at second 40");
+    assert_eq!(removed(&h), 1, "the extra machines became idle at second 22: not yet past IdleTime");
+    h.step_until(Duration::from_secs(60), "back to IdleCount", |h| removed(h) == 2);
+    assert!(
+        (at(52)..at(60)).contains(&h.now()),
+        "30 s after the extra machines became idle: {:?}",
+        h.now().since(TRACE_START)
+    );
+    h.run_for(Duration::from_secs(10));
+    assert_eq!((h.ready(), h.metrics().slots_idle, h.provider.created_total), (1, 1, 3), "one idle machine kept");
+}
+
 /// docker+machine `IdleScaleFactor` multiplies the machines running jobs only (`InUse`), never
 /// idle or creating ones, truncated (`int(...)`), capped by `IdleCount`, floored at
 /// `max(IdleCountMin, 1)`.

@@ -350,12 +350,37 @@ impl CompiledSettings {
     /// The policy in force at `now`: the last matching one. In taskscaler mode a default
     /// all-zero policy applies when none matches; in legacy mode the `[runners.machine]` values.
     pub fn active_policy(&self, now: Moment) -> ActivePolicy<'_> {
-        let index = self.policies.iter().rposition(|p| p.is_active(now));
-        match (index, self.mode) {
+        match (self.active_index(now), self.mode) {
             (Some(i), _) => ActivePolicy::Listed(&self.policies[i]),
             (None, Mode::LegacyMachine) => ActivePolicy::Listed(&self.policies[0]),
             (None, Mode::Taskscaler) => ActivePolicy::Fallback,
         }
+    }
+
+    /// The index of the last policy whose periods cover `now`.
+    fn active_index(&self, now: Moment) -> Option<usize> {
+        self.policies.iter().rposition(|p| p.is_active(now))
+    }
+
+    /// When the active policy must next be looked at after `now` (only meaningful with several
+    /// policies): the next minute boundary, as 5-field periods change only there; docker+machine
+    /// periods have seconds, so in legacy mode the first second before that boundary at which
+    /// another policy becomes active, as gitlab-runner evaluates them whenever it checks its
+    /// machines.
+    pub fn next_policy_check(&self, now: Moment) -> Moment {
+        let (second, minute) = (1_000, 60_000);
+        let next_minute = (now.0 / minute + 1) * minute;
+        if self.mode == Mode::LegacyMachine {
+            let current = self.active_index(now);
+            let mut at = (now.0 / second + 1) * second;
+            while at < next_minute {
+                if self.active_index(Moment(at)) != current {
+                    return Moment(at);
+                }
+                at += second;
+            }
+        }
+        Moment(next_minute)
     }
 
     /// The idle target in slots for `in_use` slots under `policy`.

@@ -522,8 +522,7 @@ impl Taskscaler {
             consider(first.plus(self.cfg.raw.pending_request_timeout));
         }
         if self.cfg.policies.len() > 1 {
-            let minute = 60_000;
-            consider(Moment((self.last_tick.0 / minute + 1) * minute));
+            consider(self.cfg.next_policy_check(self.last_tick));
         }
         t
     }
