@@ -1,6 +1,7 @@
 //! Cron period matching for idle policies. `[[runners.autoscaler.policy]] periods` are 5-field
 //! unix expressions (`min hour dom mon dow`); the legacy `[[runners.machine.autoscaling]]
-//! Periods` use 6 or 7 fields (`sec min hour dom mon dow [year]`). An expression describes a
+//! Periods` are read as gitlab-runner's cronexpr reads them: 7 fields (`sec min hour dom mon dow
+//! year`), or 6 (`min hour dom mon dow year`) and 5 (`min hour dom mon dow`) with the second 0. An expression describes a
 //! *time range*: a policy is active while the current wall time (in the policy's timezone)
 //! matches. Supports `*`, numbers, names (`jan`, `mon`), ranges `a-b`, steps `*/n`, `a-b/n`,
 //! `a/n` and lists; day-of-week 0 and 7 are Sunday; when both day-of-month and day-of-week are
@@ -121,7 +122,15 @@ pub enum CronError {
 impl CronPeriod {
     /// Parse an expression of the given dialect. Errors say which field is wrong.
     pub fn parse(expr: &str, dialect: CronDialect) -> Result<CronPeriod, CronError> {
-        let fields: Vec<&str> = expr.split_whitespace().collect();
+        let mut fields: Vec<&str> = expr.split_whitespace().collect();
+        if dialect == CronDialect::WithSeconds && matches!(fields.len(), 5 | 6) {
+            // gitlab-runner's cronexpr: without a seconds field the second is 0 (`min hour dom
+            // mon dow [year]`), the year any when it is left out too.
+            fields.insert(0, "0");
+            if fields.len() == 6 {
+                fields.push("*");
+            }
+        }
         let (second, rest, year) = match dialect {
             CronDialect::Unix => {
                 if fields.len() != 5 {
@@ -133,9 +142,10 @@ impl CronPeriod {
                 (None, &fields[..], None)
             }
             CronDialect::WithSeconds => {
-                if fields.len() != 6 && fields.len() != 7 {
+                if !(5..=7).contains(&fields.len()) {
                     return Err(CronError::Period(format!(
-                        "cron period {expr:?} must have 6 or 7 fields (sec min hour dom mon dow [year]), found {}",
+                        "cron period {expr:?} must have 7 fields (sec min hour dom mon dow year), or 6 or 5 \
+                         without the seconds (and the year), found {}",
                         fields.len()
                     )));
                 }
@@ -256,7 +266,15 @@ mod tests {
         let p = CronPeriod::parse("* * 9-17 * * mon-fri 2026", CronDialect::WithSeconds).expect("parses");
         assert!(p.matches(&utc(2026, 1, 5, 9, 0, 7)));
         assert!(!p.matches(&utc(2027, 1, 4, 9, 0, 7)), "other year");
-        assert!(CronPeriod::parse("* * * * *", CronDialect::WithSeconds).is_err());
+        assert!(CronPeriod::parse("* * * *", CronDialect::WithSeconds).is_err());
+        // cronexpr: six fields are `min hour dom mon dow year`, five `min hour dom mon dow`,
+        // both at second 0 — active only in each minute's first second, as in gitlab-runner.
+        let six = CronPeriod::parse("* 9-17 * * mon-fri 2026", CronDialect::WithSeconds).expect("parses");
+        assert!(six.matches(&utc(2026, 1, 5, 9, 30, 0)));
+        assert!(!six.matches(&utc(2026, 1, 5, 9, 30, 7)), "second 0 only");
+        assert!(!six.matches(&utc(2027, 1, 4, 9, 30, 0)), "the sixth field is the year");
+        let five = CronPeriod::parse("* 9-17 * * mon-fri", CronDialect::WithSeconds).expect("parses");
+        assert!(five.matches(&utc(2027, 1, 4, 9, 30, 0)) && !five.matches(&utc(2027, 1, 4, 9, 30, 1)));
     }
 
     #[test]

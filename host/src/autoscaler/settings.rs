@@ -281,7 +281,7 @@ fn compile_periods(periods: &[String], dialect: CronDialect) -> Result<Vec<CronP
     if periods.is_empty() {
         let all = match dialect {
             CronDialect::Unix => "* * * * *",
-            CronDialect::WithSeconds => "* * * * * *",
+            CronDialect::WithSeconds => "* * * * * * *",
         };
         return Ok(vec![CronPeriod::parse(all, dialect)?]);
     }
