@@ -963,8 +963,7 @@ shutdown_timeout = 30
     );
     std::fs::write(dir.join("config.toml"), config).expect("config.toml");
     let mut runway = runway_process::RunwayProcess::new(dir.clone())
-        .env("GOOGLE_APPLICATION_CREDENTIALS", &key_file_path.display().to_string())
-        .quit_on_drop();
+        .env("GOOGLE_APPLICATION_CREDENTIALS", &key_file_path.display().to_string());
     runway.start();
 
     // IdleCount 1: one VM, created as docker-machine's driver creates it.
@@ -1026,21 +1025,24 @@ shutdown_timeout = 30
     assert!(cloud.lock().expect("cloud").deleted_vms.contains(&name), "the fake saw {name} deleted");
     let idle = running(&after)[0].clone();
 
-    // A restarted manager adopts its idle VM (and still holds the key it authorizes).
+    // A restarted manager (the same system ID) adopts its idle VM from its fleet state, and its
+    // plugin keeps the key that VM authorizes (no second key made).
     quit(&mut runway).await;
     let mut again = runway_process::RunwayProcess::new(dir.clone())
-        .env("GOOGLE_APPLICATION_CREDENTIALS", &key_file_path.display().to_string())
-        .quit_on_drop();
+        .env("GOOGLE_APPLICATION_CREDENTIALS", &key_file_path.display().to_string());
     again.start();
-    let job = fake.enqueue(fake.job_payload(&fake_gitlab::JobSpec::new("group/project", "again", &["echo again"])));
-    let record = job_where(&fake, job, "did not finish after the restart", &again, |j| j.final_state.is_some()).await;
-    let trace = record.trace_text();
-    assert_eq!(record.status, fake_gitlab::JobStatus::Success, "{trace}\nrunway log:\n{}", again.log());
-    assert!(trace.contains(&format!("Connected to instance {idle} over SSH")), "ran on the adopted {idle}:\n{trace}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while again.log().matches("fleet provider ready").count() < 2 {
+        assert!(Instant::now() < deadline, "the restarted manager's provider did not start:\n{}", again.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = again.log();
+    assert!(log.contains("adopting the instances recorded in the fleet state"), "{log}");
     assert_eq!(
-        std::fs::read_to_string(&agent_keys).expect("keys").lines().collect::<std::collections::BTreeSet<_>>().len(),
+        log.matches("made the SSH key this manager's machines authorize").count(),
         1,
-        "one key per manager"
+        "one key per manager:\n{log}"
     );
+    assert_eq!(running(&vms(&cloud)), [idle.clone()]);
     quit(&mut again).await;
 }
