@@ -1043,6 +1043,6 @@ shutdown_timeout = 30
         1,
         "one key per manager:\n{log}"
     );
-    assert_eq!(running(&vms(&cloud)), [idle.clone()]);
+    assert_eq!(running(&vms(&cloud)), [idle]);
     quit(&mut again).await;
 }
