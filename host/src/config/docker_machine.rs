@@ -385,6 +385,21 @@ mod tests {
     }
 
     #[test]
+    fn google_runners_share_one_implied_grant_reaching_every_endpoint_and_a_section_wins() {
+        let a = fleet(&google(&["google-project=a", "google-endpoint=http://127.0.0.1:8086"]), "a").expect("a");
+        let b = fleet(&google(&["google-project=b"]), "b").expect("b");
+        let aws = fleet(&machine(&["amazonec2-region=eu-west-1"]), "c").expect("c");
+        let implied = implied_grants([&a, &b, &aws].into_iter(), &BTreeMap::new());
+        assert_eq!(implied.keys().collect::<Vec<_>>(), ["aws", "googlecompute"]);
+        let hosts = &implied["googlecompute"].allow_hosts;
+        for host in ["127.0.0.1:8086", "compute.googleapis.com:443"] {
+            assert!(hosts.contains(&host.to_string()), "{host} in {hosts:?}");
+        }
+        let explicit = BTreeMap::from([("googlecompute".to_string(), PluginGrant::default())]);
+        assert_eq!(implied_grants([&a, &aws].into_iter(), &explicit).keys().collect::<Vec<_>>(), ["aws"]);
+    }
+
+    #[test]
     fn drivers_runway_cannot_launch_and_names_without_a_placeholder_are_refused_by_name() {
         let mut m = machine(&[]);
         m.machine_driver = "virtualbox".into();
