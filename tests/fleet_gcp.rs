@@ -11,8 +11,16 @@
 //! preempted under a running job drains it (a log line in the job), and the job fails with
 //! `runner_system_failure` when the VM is gone.
 //!
+//! docker+machine with `MachineDriver = "google"` drives the fake's individual instances
+//! (projects get; instances insert, list with a label filter, get and delete; zone
+//! operations): the fake installs the `ssh-keys` metadata of the login user into the loopback
+//! sshd's authorized keys, as Google's guest agent does on a VM, so a job reaches Docker on its
+//! machine only with the key the plugin put there.
+//!
 //! Not run against the real Google Cloud.
 
+#[path = "support/dockerd.rs"]
+mod dockerd;
 #[path = "support/runway_process.rs"]
 mod runway_process;
 #[path = "support/sshd.rs"]
@@ -67,6 +75,28 @@ struct Cloud {
     throttle_next: bool,
     no_capacity: bool,
     log: Vec<String>,
+    /// docker+machine's individual VMs.
+    vms: Vec<Vm>,
+    /// Names of the VMs deleted (gone from the zone).
+    deleted_vms: Vec<String>,
+    /// instances.insert `requestId`s answered, with their operation.
+    requests: BTreeMap<String, Value>,
+    /// The VMs' guest agent: the `ssh-keys` of user `.0` go into file `.1` (the sshd's
+    /// authorized keys).
+    agent: Option<(String, std::path::PathBuf)>,
+}
+
+/// The third octet of the VMs' internal addresses (127.0.VM_NET.4 on).
+const VM_NET: u8 = 44;
+
+/// One VM made with instances.insert.
+#[derive(Clone, Debug)]
+struct Vm {
+    /// The insert request's body, as the VM was asked for.
+    request: Value,
+    index: u8,
+    status: String,
+    seen: u32,
 }
 
 type Shared = Arc<Mutex<Cloud>>;
@@ -170,6 +200,164 @@ async fn serve(State(cloud): State<Shared>, request: Request) -> Response {
     compute(&mut cloud, parts.method.as_str(), &path, &query, &parts.headers, &body)
 }
 
+/// A Compute Engine resource name (RFC 1035, at most 63 characters).
+fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && !name.ends_with('-')
+}
+
+/// A label value: lowercase letters, digits, `_`, `-`, at most 63 characters.
+fn valid_label(value: &str) -> bool {
+    value.len() <= 63 && value.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-')
+}
+
+/// The `(labels.KEY = "VALUE") (...)` expressions of an instances.list filter; `None` when it
+/// is not that form.
+fn label_filter(filter: &str) -> Option<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for expression in filter.split(')').map(str::trim).filter(|e| !e.is_empty()) {
+        let (key, value) = expression.strip_prefix('(')?.split_once('=')?;
+        let key = key.trim().strip_prefix("labels.")?.to_string();
+        let value = value.trim().strip_prefix('"')?.strip_suffix('"')?.to_string();
+        out.push((key, value));
+    }
+    Some(out)
+}
+
+impl Cloud {
+    fn vm_json(&self, vm: &Vm) -> Value {
+        let zone = format!("https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE}");
+        let mut nic = json!({
+            "network": vm.request["networkInterfaces"][0]["network"],
+            "networkIP": format!("127.0.{VM_NET}.{}", 4 + vm.index),
+        });
+        if let Some(access) = vm.request["networkInterfaces"][0]["accessConfigs"].as_array() {
+            let configs: Vec<Value> = access
+                .iter()
+                .map(|a| json!({"type": a["type"], "name": a["name"], "natIP": format!("127.0.{}.{}", VM_NET + 1, 4 + vm.index)}))
+                .collect();
+            nic["accessConfigs"] = json!(configs);
+        }
+        json!({
+            "kind": "compute#instance",
+            "id": format!("{}", 5000 + u32::from(vm.index)),
+            "name": vm.request["name"],
+            "status": vm.status,
+            "zone": zone,
+            "machineType": format!("{zone}/machineTypes/{}", vm.request["machineType"].as_str().unwrap_or("").rsplit('/').next().unwrap_or("")),
+            "labels": vm.request["labels"],
+            "tags": vm.request["tags"],
+            "metadata": {"kind": "compute#metadata", "fingerprint": "cHJvdmlkZWQ=", "items": vm.request["metadata"]["items"]},
+            "scheduling": vm.request["scheduling"],
+            "serviceAccounts": vm.request["serviceAccounts"],
+            "networkInterfaces": [nic],
+            "selfLink": format!("{zone}/instances/{}", vm.request["name"].as_str().unwrap_or(""))
+        })
+    }
+
+    /// instances.insert: the request checked as the API checks it, the VM provisioning, the
+    /// login user's `ssh-keys` installed as the guest agent installs them.
+    fn insert(&mut self, query: &BTreeMap<String, String>, body: &[u8]) -> Response {
+        if let Some(op) = query.get("requestId").and_then(|id| self.requests.get(id)) {
+            return axum::Json(op.clone()).into_response();
+        }
+        let request: Value = match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => {
+                return google_error(StatusCode::BAD_REQUEST, "parseError", &format!("Invalid JSON payload: {e}"))
+            }
+        };
+        let invalid = |field: &str| {
+            google_error(StatusCode::BAD_REQUEST, "invalid", &format!("Invalid value for field 'resource.{field}'"))
+        };
+        let name = request["name"].as_str().unwrap_or("").to_string();
+        if !valid_name(&name) {
+            return invalid("name");
+        }
+        if self.vms.iter().any(|v| v.request["name"] == name.as_str()) {
+            return google_error(
+                StatusCode::CONFLICT,
+                "alreadyExists",
+                &format!("The resource 'projects/{PROJECT}/zones/{ZONE}/instances/{name}' already exists"),
+            );
+        }
+        if !request["machineType"].as_str().is_some_and(|t| t.contains(&format!("zones/{ZONE}/machineTypes/"))) {
+            return invalid("machineType");
+        }
+        let disk = &request["disks"][0];
+        if disk["boot"] != true
+            || !disk["initializeParams"]["sourceImage"].as_str().is_some_and(|i| i.starts_with("projects/"))
+        {
+            return invalid("disks[0]");
+        }
+        if !request["networkInterfaces"][0]["network"].is_string() {
+            return invalid("networkInterfaces[0].network");
+        }
+        if !request["labels"].as_object().is_some_and(|l| l.values().all(|v| v.as_str().is_some_and(valid_label))) {
+            return invalid("labels");
+        }
+        if let Some((user, file)) = &self.agent {
+            let items = request["metadata"]["items"].as_array().cloned().unwrap_or_default();
+            let keys = items.iter().find(|i| i["key"] == "ssh-keys").and_then(|i| i["value"].as_str()).unwrap_or("");
+            for line in keys.lines() {
+                if let Some(key) = line.strip_prefix(&format!("{user}:")) {
+                    let mut text = std::fs::read_to_string(file).unwrap_or_default();
+                    text.push_str(&format!("{}\n", key.trim()));
+                    std::fs::write(file, text).expect("authorized keys");
+                }
+            }
+        }
+        let index = self.next;
+        self.next += 1;
+        self.vms.push(Vm { request, index, status: "PROVISIONING".into(), seen: 0 });
+        let op = self.operation("insert");
+        if let Some(id) = query.get("requestId") {
+            self.requests.insert(id.clone(), op.clone());
+        }
+        axum::Json(op).into_response()
+    }
+
+    /// instances.list: one listing moves every VM one step (provisioning → running,
+    /// stopping → gone).
+    fn list_vms(&mut self, query: &BTreeMap<String, String>) -> Response {
+        let Some(filter) = label_filter(query.get("filter").map(String::as_str).unwrap_or("")) else {
+            return google_error(StatusCode::BAD_REQUEST, "invalid", "Invalid value for field 'filter'");
+        };
+        for vm in &mut self.vms {
+            vm.seen += 1;
+        }
+        let gone: Vec<String> = self
+            .vms
+            .iter()
+            .filter(|v| v.status == "STOPPING" && v.seen > 1)
+            .map(|v| v.request["name"].as_str().unwrap_or("").to_string())
+            .collect();
+        self.deleted_vms.extend(gone);
+        self.vms.retain(|v| !(v.status == "STOPPING" && v.seen > 1));
+        for vm in &mut self.vms {
+            if vm.status == "PROVISIONING" && vm.seen > 1 {
+                vm.status = "RUNNING".into();
+            }
+        }
+        let items: Vec<Value> = self
+            .vms
+            .iter()
+            .filter(|v| filter.iter().all(|(k, value)| v.request["labels"][k] == value.as_str()))
+            .map(|v| self.vm_json(v))
+            .collect();
+        let mut answer =
+            json!({"kind": "compute#instanceList", "id": format!("projects/{PROJECT}/zones/{ZONE}/instances")});
+        if !items.is_empty() {
+            answer["items"] = json!(items);
+        }
+        axum::Json(answer).into_response()
+    }
+}
+
 fn compute(
     cloud: &mut Cloud,
     method: &str,
@@ -192,6 +380,9 @@ fn compute(
             "rateLimitExceeded",
             "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute'.",
         );
+    }
+    if method == "GET" && path == format!("/compute/v1/projects/{PROJECT}") {
+        return axum::Json(json!({"kind": "compute#project", "name": PROJECT, "id": "4242"})).into_response();
     }
     let zone = format!("/compute/v1/projects/{PROJECT}/zones/{ZONE}");
     let Some(rest) = path.strip_prefix(&zone) else {
@@ -269,6 +460,24 @@ fn compute(
                 StatusCode::NOT_FOUND,
                 "notFound",
                 &format!("The resource 'operations/{name}' was not found"),
+            ),
+        },
+        ("POST", ["instances"]) => cloud.insert(query, body),
+        ("GET", ["instances"]) => cloud.list_vms(query),
+        ("GET", ["instances", name]) if cloud.vms.iter().any(|v| v.request["name"] == *name) => {
+            let vm = cloud.vms.iter().find(|v| v.request["name"] == *name).cloned().expect("vm");
+            axum::Json(cloud.vm_json(&vm)).into_response()
+        }
+        ("DELETE", ["instances", name]) => match cloud.vms.iter_mut().find(|v| v.request["name"] == *name) {
+            Some(vm) => {
+                vm.status = "STOPPING".into();
+                vm.seen = 0;
+                axum::Json(cloud.operation("delete")).into_response()
+            }
+            None => google_error(
+                StatusCode::NOT_FOUND,
+                "notFound",
+                &format!("The resource 'projects/{PROJECT}/zones/{ZONE}/instances/{name}' was not found"),
             ),
         },
         ("GET", ["instances", name]) => {
@@ -626,4 +835,214 @@ idle_time = "1h"
     let record = job_where(&fake, next, "did not finish", &runway, |j| j.final_state.is_some()).await;
     assert_eq!(record.status, fake_gitlab::JobStatus::Success, "{}", record.trace_text());
     assert!(!record.trace_text().contains(&format!("Instance {instance} ")), "{}", record.trace_text());
+}
+
+/// The VMs the fake knows, as instances.get answers.
+fn vms(cloud: &Shared) -> Vec<Value> {
+    let cloud = cloud.lock().expect("cloud");
+    cloud.vms.iter().map(|v| cloud.vm_json(v)).collect()
+}
+
+/// Wait until `check` holds for the VMs; them.
+async fn wait_vms(
+    cloud: &Shared,
+    what: &str,
+    runway: &runway_process::RunwayProcess,
+    check: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let now = vms(cloud);
+        if check(&now) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "{what}: the VMs are {now:#?}\nrunway log:\n{}", runway.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn running(vms: &[Value]) -> Vec<String> {
+    vms.iter().filter(|v| v["status"] == "RUNNING").filter_map(|v| v["name"].as_str().map(str::to_string)).collect()
+}
+
+/// SIGQUIT `runway` and wait for it to exit.
+async fn quit(runway: &mut runway_process::RunwayProcess) {
+    let pid = runway.pid().expect("running") as i32;
+    // SAFETY: signalling and polling our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGQUIT);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) } != pid {
+        assert!(Instant::now() < deadline, "runway did not exit:\n{}", runway.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_docker_machine_config_with_the_google_driver_creates_vms_runs_a_job_in_docker_and_deletes_them() {
+    let docker = tokio::task::spawn_blocking(dockerd::shared).await.expect("daemon");
+    let root = tempfile::tempdir().expect("tempdir");
+    let (private, public) = rsa_key(root.path(), "sa");
+    let cloud = start_cloud(public).await;
+    let port = cloud.lock().expect("cloud").port;
+    // The key file docker-machine's driver finds through GOOGLE_APPLICATION_CREDENTIALS.
+    let creds = root.path().join("gcp");
+    std::fs::create_dir_all(&creds).expect("mkdir");
+    let key_file_path = creds.join("sa.json");
+    std::fs::write(&key_file_path, key_file(&private, port)).expect("key file");
+    // One sshd on the VMs' internal addresses. Its own key is one the runner never sees; the
+    // keys of the VMs' `ssh-keys` metadata reach it through the fake's guest agent.
+    let own = sshd::ClientKey::generate();
+    let agent_keys = root.path().join("agent-keys");
+    std::fs::write(&agent_keys, "").expect("agent keys");
+    let addrs: Vec<Ipv4Addr> = (4..20).map(|last| Ipv4Addr::new(127, 0, VM_NET, last)).collect();
+    let ssh_port = sshd::free_port(addrs[0]);
+    let extra = format!("AuthorizedKeysCommand /bin/cat {}\nAuthorizedKeysCommandUser root\n", agent_keys.display());
+    let ssh = sshd::SshServer::start_on_many_with(&addrs, ssh_port, &own, &extra);
+    cloud.lock().expect("cloud").agent = Some((ssh.user.clone(), agent_keys.clone()));
+    let fake = fake_gitlab::FakeGitLab::start_with(fake_gitlab::Config {
+        long_poll: Duration::from_secs(1),
+        trace_update_interval: 1,
+    })
+    .await;
+    let runner = fake.create_runner("gitlab-gcp-autoscaler");
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let dir = root.path().join("runway");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    // GitLab's docker+machine example with the google driver, with what this machine needs
+    // instead of Google: the fake's endpoint, sshd's user and port (not 22), the
+    // internal address (the NAT addresses are not on loopback), the Docker Engine's socket. No
+    // [plugins.googlecompute]: the grant comes from the driver flags and the key file.
+    let config = format!(
+        r#"concurrent = 4
+check_interval = 1
+shutdown_timeout = 30
+
+[[runners]]
+  name = "gitlab-gcp-autoscaler"
+  url = "{url}"
+  token = "{token}"
+  executor = "docker+machine"
+  limit = 3
+  [runners.docker]
+    image = "{image}"
+    host = "{host}"
+    pull_policy = ["if-not-present"]
+    network_mode = "host"
+    disable_cache = true
+  [runners.machine]
+    IdleCount = 1
+    IdleTime = 1800
+    MaxBuilds = 1
+    MachineDriver = "google"
+    MachineName = "gitlab-docker-machine-%s"
+    MachineOptions = [
+      "google-project={PROJECT}",
+      "google-zone={ZONE}",
+      "google-machine-type=n2-standard-2",
+      "google-machine-image=https://www.googleapis.com/compute/v1/projects/my-images/global/images/family/docker-host",
+      "google-disk-size=50",
+      "google-disk-type=pd-ssd",
+      "google-tags=gitlab-runner,ci",
+      "google-preemptible=true",
+      "google-use-internal-ip",
+      "google-username={user}",
+      "google-ssh-port={ssh_port}",
+      "google-endpoint=http://127.0.0.1:{port}",
+      "google-open-port=8080/tcp",
+      "engine-registry-mirror=https://mirror.example",
+    ]
+"#,
+        url = fake.url(),
+        token = runner.token,
+        image = docker.job_image(),
+        host = docker.host(),
+        user = ssh.user,
+    );
+    std::fs::write(dir.join("config.toml"), config).expect("config.toml");
+    let mut runway = runway_process::RunwayProcess::new(dir.clone())
+        .env("GOOGLE_APPLICATION_CREDENTIALS", &key_file_path.display().to_string());
+    runway.start();
+
+    // IdleCount 1: one VM, created as docker-machine's driver creates it.
+    let created = wait_vms(&cloud, "one idle VM", &runway, |v| running(v).len() == 1).await;
+    let first = created[0].clone();
+    let name = first["name"].as_str().expect("name").to_string();
+    assert!(name.starts_with("runner-") && name.contains("-gitlab-docker-machine-") && !name.contains("%s"), "{name}");
+    let request = cloud.lock().expect("cloud").vms[0].request.clone();
+    assert_eq!(request["machineType"], format!("zones/{ZONE}/machineTypes/n2-standard-2"));
+    let disk = &request["disks"][0]["initializeParams"];
+    assert_eq!(
+        (disk["sourceImage"].as_str(), disk["diskSizeGb"].as_str(), disk["diskType"].as_str()),
+        (
+            Some("projects/my-images/global/images/family/docker-host"),
+            Some("50"),
+            Some(format!("zones/{ZONE}/diskTypes/pd-ssd").as_str())
+        ),
+        "{request:#}"
+    );
+    assert_eq!(request["tags"]["items"], json!(["docker-machine", "gitlab-runner", "ci"]));
+    assert_eq!(request["scheduling"]["preemptible"], true);
+    assert_eq!(request["networkInterfaces"][0]["network"], format!("projects/{PROJECT}/global/networks/default"));
+    let items = request["metadata"]["items"].as_array().cloned().unwrap_or_default();
+    let meta = |key: &str| items.iter().find(|i| i["key"] == key).and_then(|i| i["value"].as_str()).map(str::to_string);
+    assert!(meta("runway-machine").is_some_and(|t| t.ends_with("-gitlab-docker-machine-%s")), "{items:?}");
+    let manager = meta("runway-manager").expect("the manager's identity in the metadata");
+    assert_eq!(request["labels"]["runway-manager"], manager.to_lowercase().as_str());
+    let ssh_keys = meta("ssh-keys").expect("ssh-keys");
+    let user = &ssh.user;
+    assert!(
+        ssh_keys.starts_with(&format!("{user}:ssh-ed25519 AAAA")) && ssh_keys.ends_with(&format!(" {user}")),
+        "{ssh_keys}"
+    );
+    for warned in [
+        "MachineOptions google-open-port: not used by Runway (ignored)",
+        "MachineOptions engine-registry-mirror: not used by Runway (ignored)",
+    ] {
+        assert!(runway.log().contains(warned), "{warned} not logged:\n{}", runway.log());
+    }
+
+    // A job runs in the job image, in Docker on the VM, reached over SSH with the key the
+    // plugin put in the VM's metadata.
+    let job = fake.enqueue(fake.job_payload(&fake_gitlab::JobSpec::new(
+        "group/project",
+        "build",
+        &["cat /etc/runway-image", "echo done"],
+    )));
+    let record = job_where(&fake, job, "did not finish", &runway, |j| j.final_state.is_some()).await;
+    let trace = record.trace_text();
+    assert_eq!(record.status, fake_gitlab::JobStatus::Success, "{trace}\nrunway log:\n{}", runway.log());
+    assert!(trace.lines().any(|l| l.trim() == "job"), "ran in the job image:\n{trace}");
+    assert!(trace.contains(&format!("Connected to instance {name} over SSH")), "ran on {name}:\n{trace}");
+
+    // MaxBuilds 1: the VM that ran it is deleted, and IdleCount brings a new one.
+    let after = wait_vms(&cloud, "the used VM deleted and a new idle one", &runway, |v| {
+        !v.iter().any(|x| x["name"] == name.as_str()) && running(v).len() == 1
+    })
+    .await;
+    assert!(cloud.lock().expect("cloud").deleted_vms.contains(&name), "the fake saw {name} deleted");
+    let idle = running(&after)[0].clone();
+
+    // A restarted manager (the same system ID) adopts its idle VM from its fleet state, and its
+    // plugin keeps the key that VM authorizes (no second key made).
+    quit(&mut runway).await;
+    let mut again = runway_process::RunwayProcess::new(dir.clone())
+        .env("GOOGLE_APPLICATION_CREDENTIALS", &key_file_path.display().to_string());
+    again.start();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while again.log().matches("fleet provider ready").count() < 2 {
+        assert!(Instant::now() < deadline, "the restarted manager's provider did not start:\n{}", again.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = again.log();
+    assert!(log.contains("adopting the instances recorded in the fleet state"), "{log}");
+    assert_eq!(
+        log.matches("made the SSH key this manager's machines authorize").count(),
+        1,
+        "one key per manager:\n{log}"
+    );
+    assert_eq!(running(&vms(&cloud)), [idle]);
+    quit(&mut again).await;
 }

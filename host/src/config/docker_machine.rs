@@ -21,7 +21,7 @@ use super::{ConfigError, Invalid, RunnerConfig};
 
 /// docker-machine drivers Runway drives, with the built-in provider that launches their
 /// machines.
-pub const DRIVERS: [(&str, &str); 1] = [("amazonec2", "aws")];
+pub const DRIVERS: [(&str, &str); 2] = [("amazonec2", "aws"), ("google", "googlecompute")];
 
 /// Reading the driver flags (the data is [`DockerMachine`]'s, in `super::autoscaler`, which
 /// the derived fleet carries).
@@ -49,13 +49,14 @@ impl DockerMachine {
 
     /// The grant the provider gets when config.toml has no `[plugins.NAME]` for it: the
     /// driver's API endpoint (`amazonec2-endpoint`, else EC2's and EC2 Instance Connect's in
-    /// `amazonec2-region`) and the variables docker-machine's driver reads credentials from.
+    /// `amazonec2-region`; `google-endpoint`, else Compute Engine's) and the credentials
+    /// docker-machine's driver reads (for `google`, see [`google_grant`]).
     pub fn implied_grant(&self) -> Result<PluginGrant, Invalid> {
         let mut grant = PluginGrant::default();
         match self.driver.as_str() {
             "amazonec2" => {
                 grant.allow_hosts = match self.option("amazonec2-endpoint") {
-                    Some(endpoint) => vec![host_of(endpoint)?],
+                    Some(endpoint) => vec![host_of("amazonec2-endpoint", endpoint)?],
                     None => {
                         let region = self.option("amazonec2-region").unwrap_or("us-east-1");
                         vec![
@@ -74,6 +75,10 @@ impl DockerMachine {
                 .map(String::from)
                 .to_vec();
             }
+            "google" => {
+                let credentials = std::env::var("GOOGLE_APPLICATION_CREDENTIALS").ok().filter(|v| !v.is_empty());
+                grant = google_grant(self, credentials.as_deref())?;
+            }
             other => return Err(Invalid(format!("MachineDriver {other:?} has no provider"))),
         }
         Ok(grant)
@@ -91,14 +96,48 @@ impl super::Loaded {
     }
 }
 
-/// `host:port` of an endpoint URL (the port defaulted from the scheme).
-fn host_of(endpoint: &str) -> Result<String, Invalid> {
-    let url = reqwest::Url::parse(endpoint)
-        .map_err(|e| Invalid(format!("MachineOptions amazonec2-endpoint={endpoint}: {e}")))?;
+/// `host:port` of an endpoint URL given as flag `flag` (the port defaulted from the scheme).
+fn host_of(flag: &str, endpoint: &str) -> Result<String, Invalid> {
+    let url = reqwest::Url::parse(endpoint).map_err(|e| Invalid(format!("MachineOptions {flag}={endpoint}: {e}")))?;
     match (url.host_str(), url.port_or_known_default()) {
         (Some(host), Some(port)) => Ok(format!("{host}:{port}")),
-        _ => Err(Invalid(format!("MachineOptions amazonec2-endpoint={endpoint}: no host"))),
+        _ => Err(Invalid(format!("MachineOptions {flag}={endpoint}: no host"))),
     }
+}
+
+/// The `google` driver's grant with `credentials` the value of `GOOGLE_APPLICATION_CREDENTIALS`
+/// (docker-machine's driver takes Google's default credentials: that key file, else the
+/// metadata server of the VM it runs on): Compute Engine (`google-endpoint`, Runway's flag
+/// for private endpoints and test servers, else `compute.googleapis.com`); with a key file,
+/// the variable, the key file's directory read-only at the same path (the plugin reads the
+/// file there) and its `token_uri`'s host (default `oauth2.googleapis.com`); without one, the
+/// metadata server.
+fn google_grant(dm: &DockerMachine, credentials: Option<&str>) -> Result<PluginGrant, Invalid> {
+    let mut grant = PluginGrant::default();
+    grant.allow_hosts.push(match dm.option("google-endpoint") {
+        Some(endpoint) => host_of("google-endpoint", endpoint)?,
+        None => "compute.googleapis.com:443".into(),
+    });
+    match credentials {
+        Some(path) => {
+            grant.env.push("GOOGLE_APPLICATION_CREDENTIALS".into());
+            if let Some(dir) = std::path::Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) {
+                grant.dirs.push(format!("{0}:{0}:ro", dir.display()));
+            }
+            // The key file names its token endpoint; an unreadable file is the plugin's
+            // error to report (at `init`, naming the file).
+            let token_uri = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+                .and_then(|key| key.get("token_uri").and_then(|u| u.as_str()).map(str::to_string));
+            grant.allow_hosts.push(match token_uri {
+                Some(uri) => host_of("GOOGLE_APPLICATION_CREDENTIALS token_uri", &uri)?,
+                None => "oauth2.googleapis.com:443".into(),
+            });
+        }
+        None => grant.allow_hosts.push("metadata.google.internal:80".into()),
+    }
+    Ok(grant)
 }
 
 /// A machine name part as DNS allows it (RFC 1123: lowercase letters, digits and `-`), as
@@ -141,19 +180,39 @@ pub fn fleet(machine: &MachineConfig, short_token: &str) -> Result<AutoscalerCon
     fleet.capacity_per_instance = 1;
     let c = &mut fleet.connector_config;
     c.protocol = "ssh".into();
-    c.username = dm.option("amazonec2-ssh-user").unwrap_or("ubuntu").to_string();
-    c.protocol_port = match dm.option("amazonec2-ssh-port") {
-        Some(port) => {
-            port.parse().map_err(|_| Invalid(format!("MachineOptions amazonec2-ssh-port={port}: not a port")))?
+    match dm.driver.as_str() {
+        "amazonec2" => {
+            c.username = dm.option("amazonec2-ssh-user").unwrap_or("ubuntu").to_string();
+            c.protocol_port = match dm.option("amazonec2-ssh-port") {
+                Some(port) => port
+                    .parse()
+                    .map_err(|_| Invalid(format!("MachineOptions amazonec2-ssh-port={port}: not a port")))?,
+                None => 22,
+            };
+            c.key_path = dm.option("amazonec2-ssh-keypath").map(Into::into);
+            // A key of the machines' key pair is used as it is; without one, EC2 Instance
+            // Connect pushes a key for each connection.
+            c.use_static_credentials = c.key_path.is_some();
+            // docker-machine reaches a machine at its public address unless told otherwise.
+            c.use_external_addr =
+                !(dm.flag("amazonec2-use-private-address") || dm.flag("amazonec2-private-address-only"));
         }
-        None => 22,
-    };
-    c.key_path = dm.option("amazonec2-ssh-keypath").map(Into::into);
-    // A key of the machines' key pair is used as it is; without one, EC2 Instance Connect
-    // pushes a key for each connection.
-    c.use_static_credentials = c.key_path.is_some();
-    // docker-machine reaches a machine at its public address unless told otherwise.
-    c.use_external_addr = !(dm.flag("amazonec2-use-private-address") || dm.flag("amazonec2-private-address-only"));
+        "google" => {
+            // The driver's user and port 22 (`google-ssh-port` is Runway's, for images whose
+            // sshd listens elsewhere); the key is the plugin's (one per manager, put in each
+            // machine's `ssh-keys` metadata and handed back with the address).
+            c.username = dm.option("google-username").unwrap_or("docker-user").to_string();
+            c.protocol_port = match dm.option("google-ssh-port") {
+                Some(port) => {
+                    port.parse().map_err(|_| Invalid(format!("MachineOptions google-ssh-port={port}: not a port")))?
+                }
+                None => 22,
+            };
+            c.use_static_credentials = true;
+            c.use_external_addr = !(dm.flag("google-use-internal-ip") || dm.flag("google-use-internal-ip-only"));
+        }
+        _ => {}
+    }
     dm.implied_grant()?;
     fleet.docker_machine = Some(dm);
     Ok(fleet)
@@ -277,6 +336,67 @@ mod tests {
         // `=false` turns a flag off.
         let public = super::fleet(&machine(&["amazonec2-use-private-address=false"]), "t").expect("fleet");
         assert!(public.connector_config.use_external_addr);
+    }
+
+    fn google(options: &[&str]) -> MachineConfig {
+        MachineConfig { machine_driver: "google".into(), ..machine(options) }
+    }
+
+    #[test]
+    fn a_google_machine_section_becomes_the_googlecompute_provider_with_docker_machines_connection() {
+        let fleet = fleet(&google(&["google-project=p", "google-zone=europe-west1-b"]), "t").expect("fleet");
+        assert_eq!((fleet.plugin.as_str(), fleet.capacity_per_instance), ("googlecompute", 1));
+        let c = &fleet.connector_config;
+        assert_eq!((c.username.as_str(), c.protocol_port, c.use_external_addr), ("docker-user", 22, true));
+        assert!(c.key_path.is_none(), "the plugin's key, not a file");
+        let dm = fleet.docker_machine.as_ref().expect("docker machine");
+        // Without a key file: the metadata server of the VM the runner runs on.
+        let grant = google_grant(dm, None).expect("grant");
+        assert_eq!(grant.allow_hosts, ["compute.googleapis.com:443", "metadata.google.internal:80"]);
+        assert!(grant.env.is_empty() && grant.dirs.is_empty());
+
+        let other = super::fleet(&google(&["google-ssh-port=2222"]), "t").expect("fleet");
+        assert_eq!(other.connector_config.protocol_port, 2222);
+        assert!(super::fleet(&google(&["google-ssh-port=ssh"]), "t").expect_err("port").0.contains("google-ssh-port"));
+        for internal in ["google-use-internal-ip", "google-use-internal-ip-only=true"] {
+            let fleet = super::fleet(&google(&["google-username=ci", internal]), "t").expect("fleet");
+            let c = &fleet.connector_config;
+            assert_eq!((c.username.as_str(), c.use_external_addr), ("ci", false), "{internal}");
+        }
+    }
+
+    #[test]
+    fn a_google_key_file_grants_its_variable_its_directory_and_its_token_endpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key = dir.path().join("sa.json");
+        std::fs::write(&key, r#"{"type": "service_account", "token_uri": "http://127.0.0.1:8085/token"}"#)
+            .expect("key file");
+        let fleet = fleet(&google(&["google-project=p", "google-endpoint=http://127.0.0.1:8086"]), "t").expect("fleet");
+        let dm = fleet.docker_machine.as_ref().expect("docker machine");
+        let grant = google_grant(dm, Some(&key.display().to_string())).expect("grant");
+        assert_eq!(grant.allow_hosts, ["127.0.0.1:8086", "127.0.0.1:8085"]);
+        assert_eq!(grant.env, ["GOOGLE_APPLICATION_CREDENTIALS"]);
+        assert_eq!(grant.dirs, [format!("{0}:{0}:ro", dir.path().display())]);
+        // A key file without token_uri (or not readable yet): Google's token endpoint.
+        let grant = google_grant(dm, Some("/nonexistent/sa.json")).expect("grant");
+        assert_eq!(grant.allow_hosts, ["127.0.0.1:8086", "oauth2.googleapis.com:443"]);
+        let bad = super::fleet(&google(&["google-endpoint=not a url"]), "t").expect_err("endpoint");
+        assert!(bad.0.contains("google-endpoint=not a url"), "{}", bad.0);
+    }
+
+    #[test]
+    fn google_runners_share_one_implied_grant_reaching_every_endpoint_and_a_section_wins() {
+        let a = fleet(&google(&["google-project=a", "google-endpoint=http://127.0.0.1:8086"]), "a").expect("a");
+        let b = fleet(&google(&["google-project=b"]), "b").expect("b");
+        let aws = fleet(&machine(&["amazonec2-region=eu-west-1"]), "c").expect("c");
+        let implied = implied_grants([&a, &b, &aws].into_iter(), &BTreeMap::new());
+        assert_eq!(implied.keys().collect::<Vec<_>>(), ["aws", "googlecompute"]);
+        let hosts = &implied["googlecompute"].allow_hosts;
+        for host in ["127.0.0.1:8086", "compute.googleapis.com:443"] {
+            assert!(hosts.contains(&host.to_string()), "{host} in {hosts:?}");
+        }
+        let explicit = BTreeMap::from([("googlecompute".to_string(), PluginGrant::default())]);
+        assert_eq!(implied_grants([&a, &aws].into_iter(), &explicit).keys().collect::<Vec<_>>(), ["aws"]);
     }
 
     #[test]

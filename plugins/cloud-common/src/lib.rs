@@ -3,7 +3,8 @@
 //! names in `allow_hosts`), retries with exponential back-off for throttling and transient
 //! failures, one authorized call to a JSON REST API and why it failed (`call`: the Azure and
 //! Google plugins'), the wall clock and sleeping, and what a plugin remembers about its group
-//! between calls (`group_state`).
+//! between calls (`group_state`), and the `docker+machine` modes' machine
+//! template and flag reading (`machine`).
 //!
 //! Owns: the transport, the retry policy and the remembered group state. Must not touch: any cloud's API shapes or
 //! credentials (each plugin's own).
@@ -11,6 +12,7 @@
 pub mod call;
 pub mod group_state;
 pub mod http;
+pub mod machine;
 pub mod retry;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -6,6 +6,8 @@
 //!
 //! Owns: parsing the flags. Must not touch: requests (`machines`), the Auto Scaling mode.
 
+use cloud_common::machine::{boolean, number, required};
+
 use crate::credentials::Credentials;
 
 /// What the driver flags ask for.
@@ -110,34 +112,13 @@ const READ_BY_THE_HOST: [&str; 3] = ["amazonec2-ssh-user", "amazonec2-ssh-keypat
 const NOT_USED_PREFIXES: [&str; 2] = ["engine-", "swarm"];
 const NOT_USED: [&str; 3] = ["amazonec2-retries", "amazonec2-insecure-transport", "amazonec2-block-duration-minutes"];
 
-fn boolean(name: &str, value: Option<&str>) -> Result<bool, String> {
-    match value.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("true") | Some("1") => Ok(true),
-        Some("false") | Some("0") => Ok(false),
-        Some(other) => Err(format!("MachineOptions {name}={other}: not a boolean")),
-    }
-}
-
-fn required<'a>(name: &str, value: Option<&'a str>) -> Result<&'a str, String> {
-    value.filter(|v| !v.is_empty()).ok_or_else(|| format!("MachineOptions {name}: needs a value ({name}=...)"))
-}
-
-fn number<T: std::str::FromStr>(name: &str, value: Option<&str>) -> Result<T, String> {
-    let text = required(name, value)?;
-    text.parse().map_err(|_| format!("MachineOptions {name}={text}: not a number"))
-}
-
 impl MachineOptions {
     /// Read `options` (each `flag=value`, or a bare boolean flag; a leading `--` is allowed).
     pub fn parse(options: &[String]) -> Result<MachineOptions, String> {
         let mut out = MachineOptions::default();
         let (mut key, mut secret, mut token) = (None, None, None);
         for option in options {
-            let option = option.trim().trim_start_matches("--");
-            let (name, value) = match option.split_once('=') {
-                Some((name, value)) => (name.trim(), Some(value.trim())),
-                None => (option, None),
-            };
+            let (name, value) = cloud_common::machine::split(option);
             let text = |v: Option<&str>| required(name, v).map(str::to_string);
             match name {
                 "" => continue,

@@ -24,6 +24,8 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use runway_sdk::fleeting::*;
 
+pub use cloud_common::machine::{machine_name, MachineConfig};
+
 use crate::api::{CallError, Client, Service};
 use crate::machine_options::MachineOptions;
 use crate::xml::{self, Ec2Instance};
@@ -45,19 +47,6 @@ const CAPACITY_CODES: [&str; 6] = [
 /// After a launch refused for capacity: when to ask again.
 const CAPACITY_RETRY_SECONDS: u32 = 60;
 
-/// `plugin_config.machine`, written by the host for `executor = "docker+machine"`.
-#[derive(serde::Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
-pub struct MachineConfig {
-    /// The name template: `runner-<short token>-<MachineName>`, `%s` where the unique part goes.
-    pub name: String,
-    /// The manager's identity (its system id).
-    pub manager: String,
-    /// `[runners.machine] MachineOptions`.
-    #[serde(default)]
-    pub options: Vec<String>,
-}
-
 /// The machines of one runner's template, launched by one manager.
 pub struct Machines {
     template: String,
@@ -67,17 +56,6 @@ pub struct Machines {
     security_group_ids: Vec<String>,
     subnet_id: String,
     user_data: Option<String>,
-}
-
-/// A machine's name: the template with `%s` filled as gitlab-runner fills it (its unix time and
-/// four random bytes in hex), or with that appended when the template has no `%s`.
-pub fn machine_name(template: &str, now: u64, random: [u8; 4]) -> String {
-    let unique = format!("{now}-{}", random.iter().map(|b| format!("{b:02x}")).collect::<String>());
-    if template.contains("%s") {
-        template.replacen("%s", &unique, 1)
-    } else {
-        format!("{template}-{unique}")
-    }
 }
 
 /// The EC2 API as the machine mode calls it.

@@ -12,15 +12,23 @@
 //! - `get-connect-info`: the instance's internal IP and its external (NAT) IP.
 //! - `interruptions`: instances preempted or stopped without the plugin asking (recreating,
 //!   stopping, terminated): `spot-reclaim` for preemptible and Spot VMs.
+//!
+//! With `plugin_config.machine` (written by the host for `executor = "docker+machine"` with
+//! `MachineDriver = "google"`), the plugin manages individual instances as docker-machine's
+//! driver does instead of a group: see `machines`.
 
 mod auth;
 mod compute;
+mod machine_options;
+mod machines;
 
 use cloud_common::group_state::GroupState;
 use runway_sdk::fleeting::*;
 use serde_json::{json, Value};
 
 use compute::Compute;
+use machine_options::MachineOptions;
+use machines::{MachineConfig, Machines};
 
 /// Group-state list of the instances this plugin asked to delete (their going away is no
 /// interruption).
@@ -30,10 +38,16 @@ const DELETED: &str = "deleted";
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Config {
+    #[serde(default)]
     project: String,
+    #[serde(default)]
     zone: String,
-    /// The managed instance group.
+    /// The managed instance group (not with `machine`).
+    #[serde(default)]
     name: String,
+    /// docker+machine's individual instances instead of a group.
+    #[serde(default)]
+    machine: Option<MachineConfig>,
     /// Service account key file (as the plugin sees it: a `dirs` grant).
     #[serde(default)]
     credentials_file: Option<String>,
@@ -54,6 +68,8 @@ struct GcpGroup {
     connector: ConnectorConfig,
     /// What it remembers between calls, under this group's identity.
     state: GroupState,
+    /// docker+machine's individual instances instead of the group `name`.
+    machines: Option<Machines>,
 }
 
 /// One managed instance.
@@ -125,6 +141,16 @@ impl GcpGroup {
         Ok(listed.iter().filter_map(managed_of).collect())
     }
 
+    /// deleteInstances (the target size goes down with them); the deletion goes on at Google
+    /// (an operation), update sees the instances go.
+    fn delete_from_group(&mut self, ids: Vec<String>) -> Result<Vec<String>, ProviderError> {
+        let instances: Vec<String> = ids.iter().map(|id| format!("zones/{}/instances/{id}", self.zone)).collect();
+        let body = json!({"instances": instances, "skipInstancesOnValidationError": true});
+        let url = self.group_url("/deleteInstances");
+        self.compute.send("POST", &url, Some(&body)).map_err(|e| e.into_provider("deleteInstances"))?;
+        Ok(ids)
+    }
+
     fn instance(&mut self, name: &str) -> Result<Value, ProviderError> {
         let url = format!("{}/instances/{}", self.zone_url, cloud_common::percent_encode(name));
         self.compute.send("GET", &url, None).map_err(|e| e.into_provider(&format!("instance {name}")))
@@ -133,8 +159,20 @@ impl GcpGroup {
 
 impl InstanceGroup for GcpGroup {
     fn init(connector: ConnectorConfig, plugin_config: &str) -> Result<(Self, ProviderInfo), ProviderError> {
-        let config: Config = serde_json::from_str(plugin_config)
+        let mut config: Config = serde_json::from_str(plugin_config)
             .map_err(|e| ProviderError::InvalidConfig(format!("plugin_config: {e}")))?;
+        // docker+machine: the driver's flags choose the project, the zone and the endpoint.
+        let machine = match config.machine.take() {
+            Some(machine) => {
+                let options = MachineOptions::parse(&machine.options).map_err(ProviderError::InvalidConfig)?;
+                config.project = options.project.clone();
+                config.zone = options.zone.clone();
+                config.name = machine.name.clone();
+                config.endpoint = options.endpoint.clone().or(config.endpoint);
+                Some((machine, options))
+            }
+            None => None,
+        };
         for (key, value) in [("project", &config.project), ("zone", &config.zone), ("name", &config.name)] {
             if value.trim().is_empty() {
                 return Err(ProviderError::InvalidConfig(format!("plugin_config.{key} is empty")));
@@ -156,8 +194,25 @@ impl InstanceGroup for GcpGroup {
             name: config.name.clone(),
             connector,
             state: GroupState::new(format!("{}/{}/{}", config.project, config.zone, config.name)),
+            machines: None,
         };
         group.compute.check_auth().map_err(|e| e.into_provider("authenticating"))?;
+        if let Some((machine, options)) = machine {
+            let id = Machines::id(&options, &machine.name);
+            group.state = GroupState::new(id.clone());
+            let user = group.connector.username.clone();
+            let machines = Machines::init(machine, options, &endpoint, &user, &mut group.compute, &group.state)?;
+            group.zone_url = machines.zone_url().to_string();
+            group.machines = Some(machines);
+            let info = ProviderInfo {
+                id,
+                // Machines are limited by the runner's `limit` and max_instances, not by Google.
+                max_size: u32::MAX,
+                version: env!("CARGO_PKG_VERSION").into(),
+                capabilities: vec!["interruptions".into()],
+            };
+            return Ok((group, info));
+        }
         group.group()?;
         let info = ProviderInfo {
             id: format!("googlecompute/{}/{}/{}", config.project, config.zone, config.name),
@@ -169,6 +224,14 @@ impl InstanceGroup for GcpGroup {
     }
 
     fn update(&mut self) -> Result<Vec<Instance>, ProviderError> {
+        if let Some(machines) = &self.machines {
+            let listed = machines.list(&mut self.compute)?;
+            self.state.retain_ids(DELETED, |id| listed.iter().any(|m| m.name == id))?;
+            return Ok(listed
+                .iter()
+                .map(|m| Instance { id: m.name.clone(), state: machines::machine_state(&m.status) })
+                .collect());
+        }
         let managed = self.managed()?;
         if let Some(m) = managed.iter().find(|m| state(m) == InstanceState::Timeout) {
             if !self.state.backing_off()? {
@@ -184,6 +247,15 @@ impl InstanceGroup for GcpGroup {
     fn increase(&mut self, n: u32) -> Result<u32, ProviderError> {
         if n == 0 {
             return Ok(0);
+        }
+        if let Some(machines) = &self.machines {
+            self.state.check_capacity(&format!("machines {}", self.name))?;
+            return machines.increase(&mut self.compute, n).inspect_err(|e| {
+                if let ProviderError::Capacity(c) = e {
+                    // Ask Google again only when the retry time is over.
+                    let _ = self.state.back_off(u64::from(c.retry_after_seconds), &c.message);
+                }
+            });
         }
         self.state.check_capacity(&format!("group {}", self.name))?;
         let group = self.group()?;
@@ -212,11 +284,10 @@ impl InstanceGroup for GcpGroup {
         if ids.is_empty() {
             return Ok(ids);
         }
-        let instances: Vec<String> = ids.iter().map(|id| format!("zones/{}/instances/{id}", self.zone)).collect();
-        let body = json!({"instances": instances, "skipInstancesOnValidationError": true});
-        let url = self.group_url("/deleteInstances");
-        // The deletion goes on at Google (an operation); update sees the instances go.
-        self.compute.send("POST", &url, Some(&body)).map_err(|e| e.into_provider("deleteInstances"))?;
+        let ids = match &self.machines {
+            Some(machines) => machines.decrease(&mut self.compute, ids)?,
+            None => self.delete_from_group(ids)?,
+        };
         let mut deleted = self.state.ids(DELETED)?;
         deleted.extend(ids.iter().cloned());
         self.state.set_ids(DELETED, &deleted)?;
@@ -231,11 +302,17 @@ impl InstanceGroup for GcpGroup {
         if internal.is_none() && external.is_none() {
             return Err(ProviderError::NotFound(format!("instance {id} has no address")));
         }
+        let mut connector = self.connector.clone();
+        if let Some(machines) = &self.machines {
+            // The manager's key, in every machine's `ssh-keys` metadata.
+            connector.key = Some(machines.private_key());
+            connector.password = None;
+        }
         Ok(ConnectInfo {
             id: id.to_string(),
             external_addr: external,
             internal_addr: internal,
-            connector: self.connector.clone(),
+            connector,
             expires_at: None,
         })
     }
@@ -249,8 +326,20 @@ impl InstanceGroup for GcpGroup {
     }
 
     fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
-        let managed = self.managed()?;
         let deleted = self.state.ids(DELETED)?;
+        if let Some(machines) = &self.machines {
+            let listed = machines.list(&mut self.compute)?;
+            return Ok(listed
+                .into_iter()
+                .filter(|m| machines::stopped(&m.status) && !deleted.contains(&m.name))
+                .map(|m| Interruption {
+                    kind: if m.preemptible { InterruptionKind::SpotReclaim } else { InterruptionKind::Maintenance },
+                    id: m.name,
+                    deadline: None,
+                })
+                .collect());
+        }
+        let managed = self.managed()?;
         let mut out = Vec::new();
         for m in managed {
             let lost = m.action == "RECREATING" || matches!(m.status.as_str(), "STOPPING" | "STOPPED" | "TERMINATED");
