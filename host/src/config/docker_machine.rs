@@ -21,7 +21,16 @@ use super::{ConfigError, Invalid, RunnerConfig};
 
 /// docker-machine drivers Runway drives, with the built-in provider that launches their
 /// machines.
-pub const DRIVERS: [(&str, &str); 1] = [("amazonec2", "aws")];
+pub const DRIVERS: [(&str, &str); 2] = [("amazonec2", "aws"), ("azure", "azure")];
+
+/// docker-machine's `azure-environment` names, with each cloud's Resource Manager and
+/// Microsoft Entra ID hosts.
+const AZURE_ENVIRONMENTS: [(&str, &str, &str); 4] = [
+    ("AzurePublicCloud", "management.azure.com:443", "login.microsoftonline.com:443"),
+    ("AzureUSGovernmentCloud", "management.usgovcloudapi.net:443", "login.microsoftonline.us:443"),
+    ("AzureChinaCloud", "management.chinacloudapi.cn:443", "login.chinacloudapi.cn:443"),
+    ("AzureGermanCloud", "management.microsoftazure.de:443", "login.microsoftonline.de:443"),
+];
 
 /// Reading the driver flags (the data is [`DockerMachine`]'s, in `super::autoscaler`, which
 /// the derived fleet carries).
@@ -48,14 +57,16 @@ impl DockerMachine {
     }
 
     /// The grant the provider gets when config.toml has no `[plugins.NAME]` for it: the
-    /// driver's API endpoint (`amazonec2-endpoint`, else EC2's and EC2 Instance Connect's in
-    /// `amazonec2-region`) and the variables docker-machine's driver reads credentials from.
+    /// driver's API endpoints (`amazonec2-endpoint`, else EC2's and EC2 Instance Connect's in
+    /// `amazonec2-region`; `azure-environment`'s Resource Manager, or Runway's `azure-endpoint`,
+    /// its Entra ID and the instance metadata service for a managed identity) and the
+    /// variables docker-machine's driver reads credentials from.
     pub fn implied_grant(&self) -> Result<PluginGrant, Invalid> {
         let mut grant = PluginGrant::default();
         match self.driver.as_str() {
             "amazonec2" => {
                 grant.allow_hosts = match self.option("amazonec2-endpoint") {
-                    Some(endpoint) => vec![host_of(endpoint)?],
+                    Some(endpoint) => vec![host_of("amazonec2-endpoint", endpoint)?],
                     None => {
                         let region = self.option("amazonec2-region").unwrap_or("us-east-1");
                         vec![
@@ -70,6 +81,32 @@ impl DockerMachine {
                     "AWS_SESSION_TOKEN",
                     "AWS_REGION",
                     "AWS_DEFAULT_REGION",
+                ]
+                .map(String::from)
+                .to_vec();
+            }
+            "azure" => {
+                let name = self.option("azure-environment").unwrap_or("AzurePublicCloud");
+                let Some((_, arm, login)) = AZURE_ENVIRONMENTS.iter().find(|(n, _, _)| *n == name) else {
+                    let names: Vec<&str> = AZURE_ENVIRONMENTS.iter().map(|(n, _, _)| *n).collect();
+                    return Err(Invalid(format!(
+                        "MachineOptions azure-environment={name}: not an Azure environment ({})",
+                        names.join(", ")
+                    )));
+                };
+                let arm = match self.option("azure-endpoint") {
+                    Some(endpoint) => host_of("azure-endpoint", endpoint)?,
+                    None => arm.to_string(),
+                };
+                let mut hosts = vec![arm, login.to_string(), "169.254.169.254:80".to_string()];
+                hosts.dedup();
+                grant.allow_hosts = hosts;
+                grant.env = [
+                    "AZURE_TENANT_ID",
+                    "AZURE_CLIENT_ID",
+                    "AZURE_CLIENT_SECRET",
+                    "AZURE_AUTHORITY_HOST",
+                    "AZURE_SUBSCRIPTION_ID",
                 ]
                 .map(String::from)
                 .to_vec();
@@ -91,13 +128,12 @@ impl super::Loaded {
     }
 }
 
-/// `host:port` of an endpoint URL (the port defaulted from the scheme).
-fn host_of(endpoint: &str) -> Result<String, Invalid> {
-    let url = reqwest::Url::parse(endpoint)
-        .map_err(|e| Invalid(format!("MachineOptions amazonec2-endpoint={endpoint}: {e}")))?;
+/// `host:port` of the endpoint URL of flag `flag` (the port defaulted from the scheme).
+fn host_of(flag: &str, endpoint: &str) -> Result<String, Invalid> {
+    let url = reqwest::Url::parse(endpoint).map_err(|e| Invalid(format!("MachineOptions {flag}={endpoint}: {e}")))?;
     match (url.host_str(), url.port_or_known_default()) {
         (Some(host), Some(port)) => Ok(format!("{host}:{port}")),
-        _ => Err(Invalid(format!("MachineOptions amazonec2-endpoint={endpoint}: no host"))),
+        _ => Err(Invalid(format!("MachineOptions {flag}={endpoint}: no host"))),
     }
 }
 
@@ -141,22 +177,46 @@ pub fn fleet(machine: &MachineConfig, short_token: &str) -> Result<AutoscalerCon
     fleet.capacity_per_instance = 1;
     let c = &mut fleet.connector_config;
     c.protocol = "ssh".into();
-    c.username = dm.option("amazonec2-ssh-user").unwrap_or("ubuntu").to_string();
-    c.protocol_port = match dm.option("amazonec2-ssh-port") {
-        Some(port) => {
-            port.parse().map_err(|_| Invalid(format!("MachineOptions amazonec2-ssh-port={port}: not a port")))?
+    match dm.driver.as_str() {
+        "azure" => {
+            c.username = dm.option("azure-ssh-user").unwrap_or("docker-user").to_string();
+            // The driver's machines listen on 22; `azure-ssh-port` is Runway's (images whose
+            // sshd listens elsewhere).
+            c.protocol_port = port(&dm, "azure-ssh-port")?;
+            // The plugin makes the manager's key, gives the machines its public half and hands
+            // the private half with each machine's connect info.
+            c.key_path = None;
+            c.use_static_credentials = true;
+            c.use_external_addr = !(dm.flag("azure-use-private-ip") || dm.flag("azure-no-public-ip"));
         }
-        None => 22,
-    };
-    c.key_path = dm.option("amazonec2-ssh-keypath").map(Into::into);
-    // A key of the machines' key pair is used as it is; without one, EC2 Instance Connect
-    // pushes a key for each connection.
-    c.use_static_credentials = c.key_path.is_some();
-    // docker-machine reaches a machine at its public address unless told otherwise.
-    c.use_external_addr = !(dm.flag("amazonec2-use-private-address") || dm.flag("amazonec2-private-address-only"));
+        _ => {
+            c.username = dm.option("amazonec2-ssh-user").unwrap_or("ubuntu").to_string();
+            c.protocol_port = match dm.option("amazonec2-ssh-port") {
+                Some(port) => port
+                    .parse()
+                    .map_err(|_| Invalid(format!("MachineOptions amazonec2-ssh-port={port}: not a port")))?,
+                None => 22,
+            };
+            c.key_path = dm.option("amazonec2-ssh-keypath").map(Into::into);
+            // A key of the machines' key pair is used as it is; without one, EC2 Instance Connect
+            // pushes a key for each connection.
+            c.use_static_credentials = c.key_path.is_some();
+            // docker-machine reaches a machine at its public address unless told otherwise.
+            c.use_external_addr =
+                !(dm.flag("amazonec2-use-private-address") || dm.flag("amazonec2-private-address-only"));
+        }
+    }
     dm.implied_grant()?;
     fleet.docker_machine = Some(dm);
     Ok(fleet)
+}
+
+/// The SSH port flag `flag` (default 22).
+fn port(dm: &DockerMachine, flag: &str) -> Result<u16, Invalid> {
+    match dm.option(flag) {
+        Some(port) => port.parse().map_err(|_| Invalid(format!("MachineOptions {flag}={port}: not a port"))),
+        None => Ok(22),
+    }
 }
 
 /// The implied grants of docker+machine runners whose provider has no `[plugins.NAME]`
@@ -311,5 +371,44 @@ mod tests {
         );
         let explicit = BTreeMap::from([("aws".to_string(), PluginGrant::default())]);
         assert!(implied_grants([&a].into_iter(), &explicit).is_empty());
+    }
+
+    fn azure(options: &[&str]) -> MachineConfig {
+        MachineConfig { machine_driver: "azure".into(), ..machine(options) }
+    }
+
+    #[test]
+    fn an_azure_machine_section_becomes_the_azure_provider_with_the_drivers_user_port_and_address() {
+        let fleet = fleet(&azure(&["azure-subscription-id=sub", "azure-location=westeurope"]), "t").expect("fleet");
+        assert_eq!((fleet.plugin.as_str(), fleet.capacity_per_instance), ("azure", 1));
+        let c = &fleet.connector_config;
+        assert_eq!((c.username.as_str(), c.protocol_port, c.use_external_addr), ("docker-user", 22, true));
+        assert!(c.use_static_credentials && c.key_path.is_none(), "the plugin's key, handed with the connect info");
+        let grant = fleet.docker_machine.as_ref().expect("dm").implied_grant().expect("grant");
+        assert_eq!(grant.allow_hosts, ["management.azure.com:443", "login.microsoftonline.com:443", "169.254.169.254:80"]);
+        assert!(grant.env.contains(&"AZURE_CLIENT_SECRET".to_string()) && grant.env.contains(&"AZURE_TENANT_ID".to_string()));
+
+        for private in [&["azure-use-private-ip"][..], &["azure-no-public-ip=true"]] {
+            let fleet = super::fleet(&azure(private), "t").expect("fleet");
+            assert!(!fleet.connector_config.use_external_addr, "{private:?}");
+        }
+        let fleet = super::fleet(
+            &azure(&["azure-ssh-user=ci", "azure-ssh-port=2222", "azure-environment=AzureChinaCloud"]),
+            "t",
+        )
+        .expect("fleet");
+        assert_eq!((fleet.connector_config.username.as_str(), fleet.connector_config.protocol_port), ("ci", 2222));
+        let grant = fleet.docker_machine.as_ref().expect("dm").implied_grant().expect("grant");
+        assert_eq!(grant.allow_hosts[..2], ["management.chinacloudapi.cn:443", "login.chinacloudapi.cn:443"]);
+        let grant = super::fleet(&azure(&["azure-endpoint=http://127.0.0.1:8443"]), "t")
+            .expect("fleet")
+            .docker_machine
+            .expect("dm")
+            .implied_grant()
+            .expect("grant");
+        assert_eq!(grant.allow_hosts[0], "127.0.0.1:8443");
+        let e = super::fleet(&azure(&["azure-environment=Mars"]), "t").expect_err("environment");
+        assert!(e.0.contains("azure-environment=Mars") && e.0.contains("AzureChinaCloud"), "{}", e.0);
+        assert!(super::fleet(&azure(&["azure-ssh-port=x"]), "t").expect_err("port").0.contains("azure-ssh-port=x"));
     }
 }
