@@ -385,8 +385,14 @@ mod tests {
         assert_eq!((c.username.as_str(), c.protocol_port, c.use_external_addr), ("docker-user", 22, true));
         assert!(c.use_static_credentials && c.key_path.is_none(), "the plugin's key, handed with the connect info");
         let grant = fleet.docker_machine.as_ref().expect("dm").implied_grant().expect("grant");
-        assert_eq!(grant.allow_hosts, ["management.azure.com:443", "login.microsoftonline.com:443", "169.254.169.254:80"]);
-        assert!(grant.env.contains(&"AZURE_CLIENT_SECRET".to_string()) && grant.env.contains(&"AZURE_TENANT_ID".to_string()));
+        assert_eq!(
+            grant.allow_hosts,
+            ["management.azure.com:443", "login.microsoftonline.com:443", "169.254.169.254:80"]
+        );
+        assert!(
+            grant.env.contains(&"AZURE_CLIENT_SECRET".to_string())
+                && grant.env.contains(&"AZURE_TENANT_ID".to_string())
+        );
 
         for private in [&["azure-use-private-ip"][..], &["azure-no-public-ip=true"]] {
             let fleet = super::fleet(&azure(private), "t").expect("fleet");

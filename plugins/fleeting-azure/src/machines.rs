@@ -204,6 +204,14 @@ impl Machines {
     fn put(arm: &mut Arm, path: &str, api: &str, body: &Value, what: &str) -> Result<Value, ProviderError> {
         let response = arm.send("PUT", &Self::url(path, api), Some(body)).map_err(|e| e.into_provider(what))?;
         let created: Value = serde_json::from_slice(&response.body).unwrap_or_default();
+        let tracked = response.header("azure-asyncoperation").is_some() || response.header("location").is_some();
+        if !tracked {
+            // Created synchronously (resource groups, availability sets): the body says how far.
+            return match created.pointer("/properties/provisioningState").and_then(|s| s.as_str()) {
+                None | Some("Succeeded") => Ok(created),
+                Some(state) => Err(ProviderError::Transient(format!("{what}: {state}; retrying later"))),
+            };
+        }
         match arm.follow(&response).map_err(|e| e.into_provider(what))? {
             Lro::Succeeded => Ok(created),
             Lro::Running => Err(ProviderError::Transient(format!("{what}: still being created; retrying later"))),
