@@ -551,16 +551,16 @@ mod machines {
             }
         }
 
-        /// The referenced resource must exist and be provisioned.
-        fn referenced(&self, id: Option<String>, by: &str) -> Result<(), Response> {
-            let Some(id) = id else { return Ok(()) };
+        /// The referenced resource must exist and be provisioned: ARM's refusal when not.
+        fn referenced(&self, id: Option<String>, by: &str) -> Option<Response> {
+            let id = id?;
             match self.resources.get(&id).and_then(|r| r.pointer("/properties/provisioningState")) {
-                None => Err(bad("InvalidResourceReference", format!("Resource {id} referenced by {by} was not found."))),
-                Some(state) if state != "Succeeded" => Err(bad(
+                None => Some(bad("InvalidResourceReference", format!("Resource {id} referenced by {by} was not found."))),
+                Some(state) if state != "Succeeded" => Some(bad(
                     "ReferencedResourceNotProvisioned",
                     format!("Cannot proceed with operation because resource {id} used by resource {by} is not in Succeeded state."),
                 )),
-                Some(_) => Ok(()),
+                Some(_) => None,
             }
         }
 
@@ -711,7 +711,7 @@ mod machines {
                             id_at(&config, "/publicIPAddress/id"),
                             id_at(&props, "/networkSecurityGroup/id"),
                         ] {
-                            if let Err(refused) = cloud.referenced(id, path) {
+                            if let Some(refused) = cloud.referenced(id, path) {
                                 return refused;
                             }
                         }
@@ -725,7 +725,7 @@ mod machines {
                             return bad("InvalidParameter", "networkProfile.networkInterfaces is required".into());
                         }
                         for id in [nic, id_at(&props, "/availabilitySet/id")] {
-                            if let Err(refused) = cloud.referenced(id, path) {
+                            if let Some(refused) = cloud.referenced(id, path) {
                                 return refused;
                             }
                         }
