@@ -417,4 +417,34 @@ mod tests {
         assert!(e.0.contains("azure-environment=Mars") && e.0.contains("AzureChinaCloud"), "{}", e.0);
         assert!(super::fleet(&azure(&["azure-ssh-port=x"]), "t").expect_err("port").0.contains("azure-ssh-port=x"));
     }
+
+    #[test]
+    fn an_azure_docker_machine_config_loads_with_its_implied_grant_or_is_left_out_by_name() {
+        let text = |options: &str| {
+            format!(
+                "concurrent = 1\n[[runners]]\n  url = \"https://x\"\n  token = \"t\"\n  executor = \"docker+machine\"\n  \
+                 [runners.machine]\n    MachineDriver = \"azure\"\n    MachineName = \"ci-%s\"\n    MachineOptions = [{options}]\n"
+            )
+        };
+        let path = std::path::Path::new("/etc/runway/config.toml");
+        let loaded =
+            super::super::parse(&text("\"azure-subscription-id=s\", \"azure-use-private-ip\""), path).expect("loads");
+        assert!(loaded.warnings.is_empty(), "{:#?}", loaded.warnings);
+        let runner = &loaded.config.runners[0];
+        assert!(runner.unusable.is_none());
+        let fleet = runner.autoscaler.as_ref().expect("derived");
+        assert_eq!((fleet.plugin.as_str(), fleet.connector_config.use_external_addr), ("azure", false));
+        let grants = loaded.grants();
+        assert_eq!(grants["azure"].allow_hosts[0], "management.azure.com:443");
+
+        let loaded = super::super::parse(&text("\"azure-environment=AzureStackCloud\""), path).expect("loads");
+        assert!(loaded.config.runners[0].unusable.is_some());
+        assert!(
+            loaded.warnings.iter().any(|w| w.to_string().contains("runners[0].machine.MachineDriver")
+                && w.to_string().contains("azure-environment=AzureStackCloud")),
+            "{:#?}",
+            loaded.warnings
+        );
+        assert!(!loaded.grants().contains_key("azure"));
+    }
 }
