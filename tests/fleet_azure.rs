@@ -6,11 +6,28 @@
 //! 429 with `Retry-After`), served on 127.0.0.1 by the test. The plugin runs sandboxed in the
 //! plugin host as `runway run` runs it, reaching the fake only because the grant names it.
 //!
+//! The docker+machine mode (`MachineDriver = "azure"`) runs as `runway run` runs it: the fake
+//! creates the VMs' resources (see `machines` below), its VM agent installs the key the plugin
+//! put in `osProfile` for one real `sshd` listening on the public addresses it hands out, and
+//! jobs from the fake GitLab run in Docker (the shared test daemon) reached over SSH.
+//!
 //! Not run against the real Azure.
+
+#[path = "support/dockerd.rs"]
+mod dockerd;
+#[path = "support/runway_process.rs"]
+mod runway_process;
+#[path = "support/sshd.rs"]
+mod sshd;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
+use runway_process::RunwayProcess;
+use sshd::{ClientKey, SshServer};
 
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -28,6 +45,8 @@ const RG: &str = "runners-rg";
 const SET: &str = "runners";
 const SECRET: &str = "s3cret";
 const API: &str = "2024-07-01";
+/// The subscription's tenant, found by the docker+machine mode from ARM's challenge.
+const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
 
 #[derive(Clone, Debug)]
 struct Vm {
@@ -39,10 +58,22 @@ struct Vm {
     ip: Ipv4Addr,
 }
 
-/// A long-running operation: polls left before it ends, and how it ends.
+/// A long-running operation: polls left before it ends, how it ends, and what its end does
+/// to a resource of the docker+machine resource group.
 struct Operation {
     polls_left: u32,
     error: Option<(String, String)>,
+    effect: Effect,
+}
+
+/// What ends with an operation.
+#[derive(Clone)]
+enum Effect {
+    None,
+    /// The resource (key: its lower-cased ID) is provisioned.
+    Provisioned(String),
+    /// The resource is gone.
+    Removed(String),
 }
 
 #[derive(Default)]
@@ -59,6 +90,15 @@ struct Cloud {
     /// Every request: method and path with query.
     log: Vec<String>,
     port: u16,
+    /// docker+machine's resources: lower-cased resource ID → the resource as ARM shows it.
+    resources: BTreeMap<String, Value>,
+    /// IDs of the resources deleted, in order.
+    deleted: Vec<String>,
+    /// Addresses handed out so far.
+    addresses: u8,
+    /// Where the VM agent installs the `osProfile` keys: one file per admin user, read by the
+    /// machines' sshd (`AuthorizedKeysCommand`).
+    keys_dir: Option<std::path::PathBuf>,
 }
 
 type Shared = Arc<Mutex<Cloud>>;
@@ -88,7 +128,7 @@ impl Cloud {
 
     fn operation(&mut self, error: Option<(String, String)>) -> String {
         let id = format!("op-{}", self.operations.len() + 1);
-        self.operations.insert(id.clone(), Operation { polls_left: 1, error });
+        self.operations.insert(id.clone(), Operation { polls_left: 1, error, effect: Effect::None });
         id
     }
 
@@ -168,7 +208,15 @@ fn arm(
     let mut cloud = cloud.lock().expect("cloud");
     let bearer = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     if !bearer.is_some_and(|t| cloud.tokens.iter().any(|k| k == t)) {
-        return arm_error(StatusCode::UNAUTHORIZED, "InvalidAuthenticationToken", "The access token is invalid.");
+        // ARM names the subscription's tenant in its challenge (how docker-machine finds it).
+        let mut response =
+            arm_error(StatusCode::UNAUTHORIZED, "InvalidAuthenticationToken", "The access token is invalid.");
+        let challenge = format!(
+            "Bearer authorization_uri=\"https://login.windows.net/{TENANT}\", error=\"invalid_token\", \
+             error_description=\"The authentication failed because of missing 'Authorization' header.\""
+        );
+        response.headers_mut().insert("www-authenticate", challenge.parse().expect("header"));
+        return response;
     }
     if !query.contains_key("api-version") {
         return arm_error(
@@ -194,7 +242,10 @@ fn arm(
                 _ => axum::Json(json!({"status": "InProgress"})).into_response(),
             };
         }
-        return match (&operation.error, query.get("kind").map(String::as_str)) {
+        let effect = std::mem::replace(&mut operation.effect, Effect::None);
+        let error = operation.error.clone();
+        cloud.finish(effect);
+        return match (error, query.get("kind").map(String::as_str)) {
             (None, Some("location")) => StatusCode::OK.into_response(),
             (None, _) => axum::Json(json!({"status": "Succeeded"})).into_response(),
             (Some((code, message)), _) => {
@@ -204,6 +255,9 @@ fn arm(
     }
     let prefix =
         format!("/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachineScaleSets/{SET}");
+    if !path.starts_with(&prefix) {
+        return machines::arm(&mut cloud, method, path, body);
+    }
     let Some(rest) = path.strip_prefix(&prefix) else {
         return arm_error(
             StatusCode::NOT_FOUND,
@@ -438,4 +492,509 @@ async fn a_scale_set_scales_out_and_in_reports_evictions_and_refuses_bad_credent
     let patches = cloud.lock().expect("cloud").log.iter().filter(|l| l.starts_with("PATCH ")).count();
     assert!(matches!(group.increase(1).await, Err(FleetingFailure::Provider(ProviderError::Capacity(_)))));
     assert_eq!(cloud.lock().expect("cloud").log.iter().filter(|l| l.starts_with("PATCH ")).count(), patches);
+}
+
+/// docker+machine's resources in the fake ARM (Resource Groups, Availability Sets, Virtual
+/// Networks and Subnets, Network Security Groups, Public IP Addresses, Network Interfaces,
+/// Virtual Machines — Create Or Update, Get, List, Delete, as the REST reference describes
+/// them): network resources are provisioned through an `Azure-AsyncOperation` (a resource
+/// referring to one not yet `Succeeded` is refused with `ReferencedResourceNotProvisioned`),
+/// deletions of resources in use are refused as ARM refuses them (`NicInUse`, ...), a VM is
+/// `Creating` until listed once, then its agent installs the `osProfile` SSH key for the admin
+/// user where the machines' sshd reads it.
+mod machines {
+    use super::*;
+
+    fn not_found(path: &str) -> Response {
+        arm_error(StatusCode::NOT_FOUND, "ResourceNotFound", &format!("The Resource '{path}' was not found."))
+    }
+
+    fn bad(code: &str, message: String) -> Response {
+        arm_error(StatusCode::BAD_REQUEST, code, &message)
+    }
+
+    fn id_at(value: &Value, pointer: &str) -> Option<String> {
+        value.pointer(pointer).and_then(|v| v.as_str()).map(str::to_ascii_lowercase)
+    }
+
+    impl Cloud {
+        pub(super) fn finish(&mut self, effect: Effect) {
+            match effect {
+                Effect::None => {}
+                Effect::Provisioned(key) if key.contains("/providers/microsoft.compute/virtualmachines/") => {
+                    self.provision_vm(&key)
+                }
+                Effect::Provisioned(key) => {
+                    if let Some(resource) = self.resources.get_mut(&key) {
+                        resource["properties"]["provisioningState"] = json!("Succeeded");
+                    }
+                }
+                Effect::Removed(key) => {
+                    if let Some(resource) = self.resources.remove(&key) {
+                        self.deleted.push(resource["id"].as_str().unwrap_or_default().to_string());
+                    }
+                }
+            }
+        }
+
+        /// A long-running operation ending with `effect`: its header and URL.
+        fn lro(&mut self, effect: Effect, location: bool) -> (&'static str, String) {
+            let op = self.operation(None);
+            if let Some(operation) = self.operations.get_mut(&op) {
+                operation.effect = effect;
+            }
+            let url = format!("{}/operations/{op}?api-version={API}", self.base());
+            if location {
+                ("location", format!("{url}&kind=location"))
+            } else {
+                ("azure-asyncoperation", url)
+            }
+        }
+
+        /// The referenced resource must exist and be provisioned: ARM's refusal when not.
+        fn referenced(&self, id: Option<String>, by: &str) -> Option<Response> {
+            let id = id?;
+            match self.resources.get(&id).and_then(|r| r.pointer("/properties/provisioningState")) {
+                None => Some(bad("InvalidResourceReference", format!("Resource {id} referenced by {by} was not found."))),
+                Some(state) if state != "Succeeded" => Some(bad(
+                    "ReferencedResourceNotProvisioned",
+                    format!("Cannot proceed with operation because resource {id} used by resource {by} is not in Succeeded state."),
+                )),
+                Some(_) => None,
+            }
+        }
+
+        /// The VM agent's provisioning: the admin user's key installed, the VM running.
+        fn provision_vm(&mut self, key: &str) {
+            let Some(vm) = self.resources.get_mut(key) else { return };
+            if vm.pointer("/properties/provisioningState") != Some(&json!("Creating")) {
+                return;
+            }
+            vm["properties"]["provisioningState"] = json!("Succeeded");
+            let user = vm.pointer("/properties/osProfile/adminUsername").and_then(|u| u.as_str()).unwrap_or("");
+            let keys: Vec<String> = vm
+                .pointer("/properties/osProfile/linuxConfiguration/ssh/publicKeys")
+                .and_then(|k| k.as_array())
+                .map(|k| k.iter().filter_map(|k| k.get("keyData")?.as_str().map(str::to_string)).collect())
+                .unwrap_or_default();
+            if let Some(dir) = &self.keys_dir {
+                use std::io::Write;
+                let mut file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(dir.join(user))
+                    .expect("authorized keys");
+                for line in keys {
+                    writeln!(file, "{}", line.trim()).expect("key");
+                }
+            }
+        }
+
+        fn users(&self, kind: &str, pointer: &str, id: &str) -> Option<String> {
+            self.resources.iter().find_map(|(key, r)| {
+                let uses = r.pointer(pointer).and_then(|v| v.as_array()).is_some_and(|refs| {
+                    refs.iter().any(|x| {
+                        id_at(x, "/id").as_deref() == Some(id)
+                            || id_at(x, "/properties/publicIPAddress/id").as_deref() == Some(id)
+                    })
+                }) || id_at(r, "/properties/networkSecurityGroup/id").as_deref() == Some(id);
+                (key.contains(kind) && uses).then(|| key.clone())
+            })
+        }
+    }
+
+    pub(super) fn arm(cloud: &mut Cloud, method: &Method, path: &str, body: &[u8]) -> Response {
+        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let key = path.to_ascii_lowercase();
+        if segments.len() < 4 || !segments[2].eq_ignore_ascii_case("resourceGroups") || segments[1] != SUB {
+            return not_found(path);
+        }
+        let group = format!("/subscriptions/{SUB}/resourcegroups/{}", segments[3].to_ascii_lowercase());
+        let request: Value = serde_json::from_slice(body).unwrap_or_default();
+        if segments.len() == 4 {
+            return match method.as_str() {
+                "GET" => match cloud.resources.get(&key) {
+                    Some(r) => axum::Json(r.clone()).into_response(),
+                    None => arm_error(
+                        StatusCode::NOT_FOUND,
+                        "ResourceGroupNotFound",
+                        &format!("Resource group '{}' could not be found.", segments[3]),
+                    ),
+                },
+                "PUT" => {
+                    let resource = json!({"id": path, "name": segments[3], "location": request["location"],
+                        "properties": {"provisioningState": "Succeeded"}});
+                    cloud.resources.insert(key, resource.clone());
+                    (StatusCode::CREATED, axum::Json(resource)).into_response()
+                }
+                _ => not_found(path),
+            };
+        }
+        if !cloud.resources.contains_key(&group) {
+            return arm_error(
+                StatusCode::NOT_FOUND,
+                "ResourceGroupNotFound",
+                &format!("Resource group '{}' could not be found.", segments[3]),
+            );
+        }
+        let kind = segments.get(6).map(|t| t.to_ascii_lowercase()).unwrap_or_default();
+        match (method.as_str(), &segments[4..]) {
+            ("GET", [_, _, "virtualMachines"]) => {
+                let prefix = format!("{group}/providers/microsoft.compute/virtualmachines/");
+                let vms: Vec<(String, Value)> = cloud
+                    .resources
+                    .iter()
+                    .filter(|(k, _)| k.strip_prefix(&prefix).is_some_and(|rest| !rest.contains('/')))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                // Time passes: a VM listed while creating is provisioned by the next list.
+                for (k, vm) in &vms {
+                    if vm.pointer("/properties/provisioningState") == Some(&json!("Creating")) {
+                        cloud.provision_vm(k);
+                    }
+                }
+                axum::Json(json!({"value": vms.into_iter().map(|(_, v)| v).collect::<Vec<_>>()})).into_response()
+            }
+            ("GET", [_, _, "virtualMachines", _, "instanceView"]) => {
+                let Some(vm) = cloud.resources.get(key.trim_end_matches("/instanceview")) else {
+                    return not_found(path);
+                };
+                let state = vm["properties"]["provisioningState"].as_str().unwrap_or("").to_ascii_lowercase();
+                let power = if state == "succeeded" { "running" } else { "starting" };
+                axum::Json(json!({"statuses": [{"code": format!("ProvisioningState/{state}")},
+                    {"code": format!("PowerState/{power}")}]}))
+                .into_response()
+            }
+            ("GET", _) => match cloud.resources.get(&key) {
+                Some(r) => axum::Json(r.clone()).into_response(),
+                None => not_found(path),
+            },
+            ("PUT", [_, _, _, name, rest @ ..]) => {
+                let name = rest.last().copied().unwrap_or(name);
+                let mut resource = request.clone();
+                resource["id"] = json!(path);
+                resource["name"] = json!(name);
+                if !resource["properties"].is_object() {
+                    resource["properties"] = json!({});
+                }
+                let props = resource["properties"].clone();
+                let nth = cloud.addresses;
+                match (kind.as_str(), rest) {
+                    ("availabilitysets", []) => {
+                        resource["properties"]["provisioningState"] = json!("Succeeded");
+                        cloud.resources.insert(key, resource.clone());
+                        return axum::Json(resource).into_response();
+                    }
+                    ("virtualnetworks", ["subnets", _]) => {
+                        let vnet = key.rsplitn(3, '/').nth(2).unwrap_or_default().to_string();
+                        if !cloud.resources.contains_key(&vnet) {
+                            return not_found(&vnet);
+                        }
+                    }
+                    ("virtualnetworks", []) | ("networksecuritygroups", []) => {}
+                    ("publicipaddresses", []) => {
+                        if resource.pointer("/sku/name") == Some(&json!("Standard"))
+                            && props["publicIPAllocationMethod"] != "Static"
+                        {
+                            return bad(
+                                "StandardSkuPublicIPAddressesMustBeStatic",
+                                format!("Standard sku publicIp {path} must be Static."),
+                            );
+                        }
+                        cloud.addresses += 1;
+                        resource["properties"]["ipAddress"] = json!(format!("127.0.31.{}", 4 + nth));
+                    }
+                    ("networkinterfaces", []) => {
+                        let config = props.pointer("/ipConfigurations/0/properties").cloned().unwrap_or_default();
+                        for id in [
+                            id_at(&config, "/subnet/id"),
+                            id_at(&config, "/publicIPAddress/id"),
+                            id_at(&props, "/networkSecurityGroup/id"),
+                        ] {
+                            if let Some(refused) = cloud.referenced(id, path) {
+                                return refused;
+                            }
+                        }
+                        cloud.addresses += 1;
+                        resource["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] =
+                            json!(format!("192.168.0.{}", 4 + nth));
+                    }
+                    ("virtualmachines", []) => {
+                        let nic = id_at(&props, "/networkProfile/networkInterfaces/0/id");
+                        if nic.is_none() {
+                            return bad("InvalidParameter", "networkProfile.networkInterfaces is required".into());
+                        }
+                        for id in [nic, id_at(&props, "/availabilitySet/id")] {
+                            if let Some(refused) = cloud.referenced(id, path) {
+                                return refused;
+                            }
+                        }
+                        let key_data = props.pointer("/osProfile/linuxConfiguration/ssh/publicKeys/0/keyData");
+                        if !key_data.and_then(|k| k.as_str()).is_some_and(|k| k.starts_with("ssh-")) {
+                            return bad(
+                                "InvalidParameter",
+                                "osProfile.linuxConfiguration.ssh.publicKeys needs an OpenSSH public key".into(),
+                            );
+                        }
+                        if props.pointer("/storageProfile/imageReference").is_none() {
+                            return bad("InvalidParameter", "storageProfile.imageReference is required".into());
+                        }
+                        resource["properties"]["provisioningState"] = json!("Creating");
+                        cloud.resources.insert(key.clone(), resource.clone());
+                        let (header, url) = cloud.lro(Effect::Provisioned(key), false);
+                        let mut response = (StatusCode::CREATED, axum::Json(resource)).into_response();
+                        response.headers_mut().insert(header, url.parse().expect("header"));
+                        return response;
+                    }
+                    _ => return not_found(path),
+                }
+                resource["properties"]["provisioningState"] = json!("Updating");
+                cloud.resources.insert(key.clone(), resource.clone());
+                let (header, url) = cloud.lro(Effect::Provisioned(key), false);
+                let mut response = (StatusCode::CREATED, axum::Json(resource)).into_response();
+                response.headers_mut().insert(header, url.parse().expect("header"));
+                response
+            }
+            ("DELETE", _) => {
+                if !cloud.resources.contains_key(&key) {
+                    return StatusCode::NO_CONTENT.into_response();
+                }
+                let in_use = match kind.as_str() {
+                    "networkinterfaces" => cloud
+                        .users("virtualmachines", "/properties/networkProfile/networkInterfaces", &key)
+                        .map(|by| ("NicInUse", by)),
+                    "publicipaddresses" => cloud
+                        .users("networkinterfaces", "/properties/ipConfigurations", &key)
+                        .map(|by| ("PublicIPAddressCannotBeDeleted", by)),
+                    "networksecuritygroups" => cloud
+                        .users("networkinterfaces", "/properties/none", &key)
+                        .map(|by| ("InUseNetworkSecurityGroupCannotBeDeleted", by)),
+                    _ => None,
+                };
+                if let Some((code, by)) = in_use {
+                    return bad(code, format!("{path} is used by existing resource {by}."));
+                }
+                let vm = kind == "virtualmachines";
+                if vm {
+                    cloud.resources.get_mut(&key).expect("vm")["properties"]["provisioningState"] = json!("Deleting");
+                }
+                let (header, url) = cloud.lro(Effect::Removed(key), !vm);
+                let mut response = StatusCode::ACCEPTED.into_response();
+                response.headers_mut().insert(header, url.parse().expect("header"));
+                response
+            }
+            _ => not_found(path),
+        }
+    }
+}
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// The docker+machine VMs (name, provisioning state) and the IDs of the deleted resources.
+fn machine_vms(cloud: &Shared) -> (Vec<(String, String)>, Vec<String>) {
+    let cloud = cloud.lock().expect("cloud");
+    let vms = cloud
+        .resources
+        .values()
+        .filter(|r| r["id"].as_str().is_some_and(|id| id.contains("/virtualMachines/")))
+        .map(|r| {
+            let state = r["properties"]["provisioningState"].as_str().unwrap_or_default().to_string();
+            (r["name"].as_str().unwrap_or_default().to_string(), state)
+        })
+        .collect();
+    (vms, cloud.deleted.clone())
+}
+
+/// Wait until the fake's docker+machine VMs satisfy `check`.
+async fn wait_vms(
+    cloud: &Shared,
+    what: &str,
+    runway: &RunwayProcess,
+    check: impl Fn(&[(String, String)], &[String]) -> bool,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (vms, deleted) = machine_vms(cloud);
+        if check(&vms, &deleted) {
+            return (vms, deleted);
+        }
+        assert!(Instant::now() < deadline, "{what}: VMs {vms:?}, deleted {deleted:?}\nrunway log:\n{}", runway.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn finished(fake: &FakeGitLab, job: i64, runway: &RunwayProcess) -> JobRecord {
+    match fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await {
+        Some(record) => record,
+        None => panic!(
+            "job {job} did not finish; trace:\n{}\nrunway log:\n{}",
+            fake.job(job).map(|j| j.trace_text()).unwrap_or_default(),
+            runway.log()
+        ),
+    }
+}
+
+/// SIGQUIT `runway` and wait for it to exit.
+async fn quit(runway: &mut RunwayProcess) {
+    let pid = runway.pid().expect("running") as i32;
+    // SAFETY: signalling and polling our own child.
+    unsafe { libc::kill(pid, libc::SIGQUIT) };
+    let deadline = Instant::now() + WAIT;
+    while unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) } != pid {
+        assert!(Instant::now() < deadline, "runway did not exit:\n{}", runway.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Wait until `runway`'s log holds `part`.
+async fn logged(runway: &RunwayProcess, part: &str) {
+    let deadline = Instant::now() + WAIT;
+    while !runway.log().contains(part) {
+        assert!(Instant::now() < deadline, "{part:?} not logged:\n{}", runway.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_docker_machine_config_creates_azure_vms_runs_a_job_on_one_and_deletes_it() {
+    let docker = tokio::task::spawn_blocking(dockerd::shared).await.expect("daemon");
+    let cloud = start_cloud().await;
+    let base = cloud.lock().expect("cloud").base();
+    // The VM agent installs the osProfile keys here; the machines' sshd reads them for the
+    // user logging in (its own authorized_keys holds a key the runner never sees).
+    let keys = tempfile::tempdir().expect("keys dir");
+    cloud.lock().expect("cloud").keys_dir = Some(keys.path().to_path_buf());
+    let addrs: Vec<Ipv4Addr> = (4..15).map(|last| Ipv4Addr::new(127, 0, 31, last)).collect();
+    let extra =
+        format!("AuthorizedKeysCommand /usr/bin/cat {}/%u\nAuthorizedKeysCommandUser root\n", keys.path().display());
+    let sshd = SshServer::start_on_many_with(&addrs, sshd::free_port(addrs[0]), &ClientKey::generate(), &extra);
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+            .await;
+    let runner = fake.create_runner("azure-machines");
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let dir = tempfile::tempdir().expect("config dir");
+    // A docker+machine runner on the azure driver as an administrator has it, with what this
+    // machine needs instead of Azure: the fake's endpoint, the sshd's user and port, the
+    // Docker Engine's socket. No [plugins.azure]: the grant comes from the driver flags; no
+    // AZURE_TENANT_ID: the tenant is found from the subscription.
+    let config = format!(
+        r#"concurrent = 2
+check_interval = 1
+shutdown_timeout = 30
+
+[[runners]]
+  name = "gitlab-azure-autoscaler"
+  url = "{url}"
+  token = "{token}"
+  executor = "docker+machine"
+  limit = 2
+  [runners.docker]
+    image = "{image}"
+    host = "{host}"
+    pull_policy = ["if-not-present"]
+    network_mode = "host"
+    disable_cache = true
+  [runners.machine]
+    IdleCount = 1
+    IdleTime = 1800
+    MaxBuilds = 1
+    MachineDriver = "azure"
+    MachineName = "gitlab-docker-machine-%s"
+    MachineOptions = [
+      "azure-subscription-id={SUB}",
+      "azure-client-id=client-1",
+      "azure-client-secret={SECRET}",
+      "azure-location=westeurope",
+      "azure-resource-group=runner-machines",
+      "azure-size=Standard_D2s_v5",
+      "azure-image=canonical:ubuntu-24_04-lts:server:latest",
+      "azure-open-port=8080",
+      "azure-docker-port=2376",
+      "azure-ssh-user={user}",
+      "azure-ssh-port={port}",
+      "azure-endpoint={base}",
+    ]
+"#,
+        url = fake.url(),
+        token = runner.token,
+        image = docker.job_image(),
+        host = docker.host(),
+        user = sshd.user,
+        port = sshd.port,
+    );
+    std::fs::write(dir.path().join("config.toml"), config).expect("config.toml");
+    let mut first = RunwayProcess::new(dir.path().to_path_buf())
+        .env("AZURE_AUTHORITY_HOST", &base)
+        .env_remove("AZURE_TENANT_ID")
+        .env_remove("AZURE_CLIENT_ID")
+        .env_remove("AZURE_CLIENT_SECRET")
+        .env_remove("AZURE_SUBSCRIPTION_ID");
+    first.start();
+
+    // IdleCount 1: one VM, created as the driver creates it, running once its agent is done.
+    let (vms, _) = wait_vms(&cloud, "one idle machine", &first, |vms, _| {
+        vms.len() == 1 && vms.iter().all(|(_, state)| state == "Succeeded")
+    })
+    .await;
+    let name = vms[0].0.clone();
+    assert!(name.starts_with("runner-") && name.contains("-gitlab-docker-machine-") && !name.contains("%s"), "{name}");
+    {
+        let cloud = cloud.lock().expect("cloud");
+        let group = format!("/subscriptions/{SUB}/resourcegroups/runner-machines");
+        let get = |path: &str| cloud.resources.get(&format!("{group}{path}").to_ascii_lowercase()).cloned();
+        let vm = get(&format!("/providers/Microsoft.Compute/virtualMachines/{name}")).expect("vm");
+        assert_eq!(vm["properties"]["hardwareProfile"]["vmSize"], "Standard_D2s_v5");
+        assert_eq!(vm["location"], "westeurope");
+        assert!(
+            vm["tags"]["runway-machine"].as_str().is_some_and(|t| t.ends_with("-gitlab-docker-machine-%s")),
+            "{vm}"
+        );
+        assert_eq!(vm["properties"]["osProfile"]["adminUsername"], sshd.user.as_str());
+        let nsg = get(&format!("/providers/Microsoft.Network/networkSecurityGroups/{name}-firewall")).expect("nsg");
+        let ports: Vec<&str> = nsg["properties"]["securityRules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .filter_map(|r| r["properties"]["destinationPortRange"].as_str())
+            .collect();
+        assert_eq!(ports, [sshd.port.to_string().as_str(), "8080"], "SSH and the open port, no Docker port");
+        for made in [
+            format!("/providers/Microsoft.Network/publicIPAddresses/{name}-ip"),
+            format!("/providers/Microsoft.Network/networkInterfaces/{name}-nic"),
+            "/providers/Microsoft.Compute/availabilitySets/docker-machine".to_string(),
+            "/providers/Microsoft.Network/virtualNetworks/docker-machine-vnet/subnets/docker-machine".to_string(),
+        ] {
+            assert!(get(&made).is_some(), "{made} was not created");
+        }
+        let token = format!("POST /{TENANT}/oauth2/v2.0/token");
+        assert!(cloud.log.iter().any(|l| l.starts_with(&token)), "the tenant was found: {:?}", cloud.log);
+    }
+    logged(&first, "MachineOptions azure-docker-port: not used by Runway (ignored)").await;
+    let log = first.log();
+    assert!(!log.contains("fleet provider failed to start"), "the provider started at once:\n{log}");
+
+    // A job runs in the job image, in Docker on the machine, reached over SSH with the key the
+    // plugin gave the VM.
+    let job = fake.enqueue(fake.job_payload(&JobSpec::new("group/project", "build", &["cat /etc/runway-image"])));
+    let record = finished(&fake, job, &first).await;
+    let trace = record.trace_text();
+    assert_eq!(record.status, JobStatus::Success, "{trace}\nrunway log:\n{}", first.log());
+    assert!(trace.lines().any(|l| l.trim() == "job"), "ran in the job image:\n{trace}");
+    assert!(trace.contains(&format!("Connected to instance {name} ")), "ran on {name}:\n{trace}");
+
+    // MaxBuilds 1: the VM is deleted, then its interface, address and security group; IdleCount
+    // brings a new one.
+    let (vms, deleted) = wait_vms(&cloud, "the used machine deleted and a new one idle", &first, |vms, deleted| {
+        deleted.iter().any(|d| d.ends_with(&format!("/networkSecurityGroups/{name}-firewall")))
+            && vms.iter().any(|(n, state)| *n != name && state == "Succeeded")
+    })
+    .await;
+    let gone: Vec<&str> =
+        deleted.iter().filter(|d| d.contains(&name)).map(|d| d.rsplit('/').next().unwrap_or("")).collect();
+    assert_eq!(gone, [name.clone(), format!("{name}-nic"), format!("{name}-ip"), format!("{name}-firewall")]);
+    assert_eq!(vms.len(), 1, "{vms:?}");
+
+    quit(&mut first).await;
 }

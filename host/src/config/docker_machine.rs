@@ -21,7 +21,16 @@ use super::{ConfigError, Invalid, RunnerConfig};
 
 /// docker-machine drivers Runway drives, with the built-in provider that launches their
 /// machines.
-pub const DRIVERS: [(&str, &str); 2] = [("amazonec2", "aws"), ("google", "googlecompute")];
+pub const DRIVERS: [(&str, &str); 3] = [("amazonec2", "aws"), ("google", "googlecompute"), ("azure", "azure")];
+
+/// docker-machine's `azure-environment` names, with each cloud's Resource Manager and
+/// Microsoft Entra ID hosts.
+const AZURE_ENVIRONMENTS: [(&str, &str, &str); 4] = [
+    ("AzurePublicCloud", "management.azure.com:443", "login.microsoftonline.com:443"),
+    ("AzureUSGovernmentCloud", "management.usgovcloudapi.net:443", "login.microsoftonline.us:443"),
+    ("AzureChinaCloud", "management.chinacloudapi.cn:443", "login.chinacloudapi.cn:443"),
+    ("AzureGermanCloud", "management.microsoftazure.de:443", "login.microsoftonline.de:443"),
+];
 
 /// Reading the driver flags (the data is [`DockerMachine`]'s, in `super::autoscaler`, which
 /// the derived fleet carries).
@@ -48,9 +57,11 @@ impl DockerMachine {
     }
 
     /// The grant the provider gets when config.toml has no `[plugins.NAME]` for it: the
-    /// driver's API endpoint (`amazonec2-endpoint`, else EC2's and EC2 Instance Connect's in
-    /// `amazonec2-region`; `google-endpoint`, else Compute Engine's) and the credentials
-    /// docker-machine's driver reads (for `google`, see [`google_grant`]).
+    /// driver's API endpoints (`amazonec2-endpoint`, else EC2's and EC2 Instance Connect's in
+    /// `amazonec2-region`; `google-endpoint`, else Compute Engine's; `azure-environment`'s
+    /// Resource Manager, or Runway's `azure-endpoint`, its Entra ID and the instance metadata
+    /// service for a managed identity) and the credentials docker-machine's driver reads (for
+    /// `google`, see [`google_grant`]).
     pub fn implied_grant(&self) -> Result<PluginGrant, Invalid> {
         let mut grant = PluginGrant::default();
         match self.driver.as_str() {
@@ -78,6 +89,32 @@ impl DockerMachine {
             "google" => {
                 let credentials = std::env::var("GOOGLE_APPLICATION_CREDENTIALS").ok().filter(|v| !v.is_empty());
                 grant = google_grant(self, credentials.as_deref())?;
+            }
+            "azure" => {
+                let name = self.option("azure-environment").unwrap_or("AzurePublicCloud");
+                let Some((_, arm, login)) = AZURE_ENVIRONMENTS.iter().find(|(n, _, _)| *n == name) else {
+                    let names: Vec<&str> = AZURE_ENVIRONMENTS.iter().map(|(n, _, _)| *n).collect();
+                    return Err(Invalid(format!(
+                        "MachineOptions azure-environment={name}: not an Azure environment ({})",
+                        names.join(", ")
+                    )));
+                };
+                let arm = match self.option("azure-endpoint") {
+                    Some(endpoint) => host_of("azure-endpoint", endpoint)?,
+                    None => arm.to_string(),
+                };
+                let mut hosts = vec![arm, login.to_string(), "169.254.169.254:80".to_string()];
+                hosts.dedup();
+                grant.allow_hosts = hosts;
+                grant.env = [
+                    "AZURE_TENANT_ID",
+                    "AZURE_CLIENT_ID",
+                    "AZURE_CLIENT_SECRET",
+                    "AZURE_AUTHORITY_HOST",
+                    "AZURE_SUBSCRIPTION_ID",
+                ]
+                .map(String::from)
+                .to_vec();
             }
             other => return Err(Invalid(format!("MachineDriver {other:?} has no provider"))),
         }
@@ -183,12 +220,7 @@ pub fn fleet(machine: &MachineConfig, short_token: &str) -> Result<AutoscalerCon
     match dm.driver.as_str() {
         "amazonec2" => {
             c.username = dm.option("amazonec2-ssh-user").unwrap_or("ubuntu").to_string();
-            c.protocol_port = match dm.option("amazonec2-ssh-port") {
-                Some(port) => port
-                    .parse()
-                    .map_err(|_| Invalid(format!("MachineOptions amazonec2-ssh-port={port}: not a port")))?,
-                None => 22,
-            };
+            c.protocol_port = port(&dm, "amazonec2-ssh-port")?;
             c.key_path = dm.option("amazonec2-ssh-keypath").map(Into::into);
             // A key of the machines' key pair is used as it is; without one, EC2 Instance
             // Connect pushes a key for each connection.
@@ -202,20 +234,35 @@ pub fn fleet(machine: &MachineConfig, short_token: &str) -> Result<AutoscalerCon
             // sshd listens elsewhere); the key is the plugin's (one per manager, put in each
             // machine's `ssh-keys` metadata and handed back with the address).
             c.username = dm.option("google-username").unwrap_or("docker-user").to_string();
-            c.protocol_port = match dm.option("google-ssh-port") {
-                Some(port) => {
-                    port.parse().map_err(|_| Invalid(format!("MachineOptions google-ssh-port={port}: not a port")))?
-                }
-                None => 22,
-            };
+            c.protocol_port = port(&dm, "google-ssh-port")?;
             c.use_static_credentials = true;
             c.use_external_addr = !(dm.flag("google-use-internal-ip") || dm.flag("google-use-internal-ip-only"));
         }
+        "azure" => {
+            c.username = dm.option("azure-ssh-user").unwrap_or("docker-user").to_string();
+            // The driver's machines listen on 22; `azure-ssh-port` is Runway's (images whose
+            // sshd listens elsewhere).
+            c.protocol_port = port(&dm, "azure-ssh-port")?;
+            // The plugin makes the manager's key, gives the machines its public half and hands
+            // the private half with each machine's connect info.
+            c.key_path = None;
+            c.use_static_credentials = true;
+            c.use_external_addr = !(dm.flag("azure-use-private-ip") || dm.flag("azure-no-public-ip"));
+        }
+        // `provider()` answered: the driver is one of DRIVERS.
         _ => {}
     }
     dm.implied_grant()?;
     fleet.docker_machine = Some(dm);
     Ok(fleet)
+}
+
+/// The SSH port flag `flag` (default 22).
+fn port(dm: &DockerMachine, flag: &str) -> Result<u16, Invalid> {
+    match dm.option(flag) {
+        Some(port) => port.parse().map_err(|_| Invalid(format!("MachineOptions {flag}={port}: not a port"))),
+        None => Ok(22),
+    }
 }
 
 /// The implied grants of docker+machine runners whose provider has no `[plugins.NAME]`
@@ -431,5 +478,80 @@ mod tests {
         );
         let explicit = BTreeMap::from([("aws".to_string(), PluginGrant::default())]);
         assert!(implied_grants([&a].into_iter(), &explicit).is_empty());
+    }
+
+    fn azure(options: &[&str]) -> MachineConfig {
+        MachineConfig { machine_driver: "azure".into(), ..machine(options) }
+    }
+
+    #[test]
+    fn an_azure_machine_section_becomes_the_azure_provider_with_the_drivers_user_port_and_address() {
+        let fleet = fleet(&azure(&["azure-subscription-id=sub", "azure-location=westeurope"]), "t").expect("fleet");
+        assert_eq!((fleet.plugin.as_str(), fleet.capacity_per_instance), ("azure", 1));
+        let c = &fleet.connector_config;
+        assert_eq!((c.username.as_str(), c.protocol_port, c.use_external_addr), ("docker-user", 22, true));
+        assert!(c.use_static_credentials && c.key_path.is_none(), "the plugin's key, handed with the connect info");
+        let grant = fleet.docker_machine.as_ref().expect("dm").implied_grant().expect("grant");
+        assert_eq!(
+            grant.allow_hosts,
+            ["management.azure.com:443", "login.microsoftonline.com:443", "169.254.169.254:80"]
+        );
+        assert!(
+            grant.env.contains(&"AZURE_CLIENT_SECRET".to_string())
+                && grant.env.contains(&"AZURE_TENANT_ID".to_string())
+        );
+
+        for private in [&["azure-use-private-ip"][..], &["azure-no-public-ip=true"]] {
+            let fleet = super::fleet(&azure(private), "t").expect("fleet");
+            assert!(!fleet.connector_config.use_external_addr, "{private:?}");
+        }
+        let fleet = super::fleet(
+            &azure(&["azure-ssh-user=ci", "azure-ssh-port=2222", "azure-environment=AzureChinaCloud"]),
+            "t",
+        )
+        .expect("fleet");
+        assert_eq!((fleet.connector_config.username.as_str(), fleet.connector_config.protocol_port), ("ci", 2222));
+        let grant = fleet.docker_machine.as_ref().expect("dm").implied_grant().expect("grant");
+        assert_eq!(grant.allow_hosts[..2], ["management.chinacloudapi.cn:443", "login.chinacloudapi.cn:443"]);
+        let grant = super::fleet(&azure(&["azure-endpoint=http://127.0.0.1:8443"]), "t")
+            .expect("fleet")
+            .docker_machine
+            .expect("dm")
+            .implied_grant()
+            .expect("grant");
+        assert_eq!(grant.allow_hosts[0], "127.0.0.1:8443");
+        let e = super::fleet(&azure(&["azure-environment=Mars"]), "t").expect_err("environment");
+        assert!(e.0.contains("azure-environment=Mars") && e.0.contains("AzureChinaCloud"), "{}", e.0);
+        assert!(super::fleet(&azure(&["azure-ssh-port=x"]), "t").expect_err("port").0.contains("azure-ssh-port=x"));
+    }
+
+    #[test]
+    fn an_azure_docker_machine_config_loads_with_its_implied_grant_or_is_left_out_by_name() {
+        let text = |options: &str| {
+            format!(
+                "concurrent = 1\n[[runners]]\n  url = \"https://x\"\n  token = \"t\"\n  executor = \"docker+machine\"\n  \
+                 [runners.machine]\n    MachineDriver = \"azure\"\n    MachineName = \"ci-%s\"\n    MachineOptions = [{options}]\n"
+            )
+        };
+        let path = std::path::Path::new("/etc/runway/config.toml");
+        let loaded =
+            super::super::parse(&text("\"azure-subscription-id=s\", \"azure-use-private-ip\""), path).expect("loads");
+        assert!(loaded.warnings.is_empty(), "{:#?}", loaded.warnings);
+        let runner = &loaded.config.runners[0];
+        assert!(runner.unusable.is_none());
+        let fleet = runner.autoscaler.as_ref().expect("derived");
+        assert_eq!((fleet.plugin.as_str(), fleet.connector_config.use_external_addr), ("azure", false));
+        let grants = loaded.grants();
+        assert_eq!(grants["azure"].allow_hosts[0], "management.azure.com:443");
+
+        let loaded = super::super::parse(&text("\"azure-environment=AzureStackCloud\""), path).expect("loads");
+        assert!(loaded.config.runners[0].unusable.is_some());
+        assert!(
+            loaded.warnings.iter().any(|w| w.to_string().contains("runners[0].machine.MachineDriver")
+                && w.to_string().contains("azure-environment=AzureStackCloud")),
+            "{:#?}",
+            loaded.warnings
+        );
+        assert!(!loaded.grants().contains_key("azure"));
     }
 }

@@ -5,6 +5,11 @@
 //! only when `169.254.169.254` is in `allow_hosts`; `AZURE_CLIENT_ID` picks a user-assigned
 //! identity). Tokens are refreshed five minutes before they expire.
 //!
+//! The docker+machine mode may name the service principal itself (docker-machine's
+//! `azure-client-id` / `azure-client-secret`) and the environment's authority; without
+//! `AZURE_TENANT_ID` the tenant is found as docker-machine finds it: from the
+//! `WWW-Authenticate` header of an unauthenticated Get Subscription.
+//!
 //! Owns: getting and caching tokens. Must not touch: ARM calls.
 
 use cloud_common::http::{self, Request};
@@ -29,6 +34,14 @@ pub struct Auth {
     /// `https://management.azure.com/` (the token audience).
     resource: String,
     token: Option<Token>,
+    /// The authority when `AZURE_AUTHORITY_HOST` is not granted.
+    authority: String,
+    /// A service principal named in the configuration (id, secret), before the environment's.
+    principal: Option<(String, String)>,
+    /// Where to find the tenant when `AZURE_TENANT_ID` is not granted (a subscription's URL).
+    tenant_lookup: Option<String>,
+    /// The tenant found there.
+    tenant: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -59,7 +72,49 @@ fn number(v: &Option<serde_json::Value>) -> Option<u64> {
 impl Auth {
     /// Tokens for `resource`.
     pub fn new(resource: &str) -> Auth {
-        Auth { resource: resource.to_string(), token: None }
+        Auth {
+            resource: resource.to_string(),
+            token: None,
+            authority: "https://login.microsoftonline.com".into(),
+            principal: None,
+            tenant_lookup: None,
+            tenant: None,
+        }
+    }
+
+    /// Tokens for `resource` from `authority`, with the service principal `principal` when
+    /// given; the tenant, unless granted, from the subscription at `subscription_url`.
+    pub fn for_machines(
+        resource: &str,
+        authority: &str,
+        principal: Option<(String, String)>,
+        subscription_url: String,
+    ) -> Auth {
+        Auth {
+            authority: authority.to_string(),
+            principal,
+            tenant_lookup: Some(subscription_url),
+            ..Auth::new(resource)
+        }
+    }
+
+    /// The tenant: `AZURE_TENANT_ID`, else the one the subscription's ARM answer names.
+    fn tenant(&mut self) -> Result<Option<String>, AuthError> {
+        if let Some(tenant) = env("AZURE_TENANT_ID").or_else(|| self.tenant.clone()) {
+            return Ok(Some(tenant));
+        }
+        let Some(url) = self.tenant_lookup.clone() else { return Ok(None) };
+        let response = http::send(&Request::new("GET", url.clone()))
+            .map_err(|e| AuthError(format!("finding the tenant of the subscription ({url}): {e}")))?;
+        let header = response.header("www-authenticate").unwrap_or_default();
+        let tenant = tenant_of(header).ok_or_else(|| {
+            AuthError(format!(
+                "finding the tenant of the subscription: {url} answered HTTP {} without a tenant in WWW-Authenticate                  ({header:?}); grant AZURE_TENANT_ID",
+                response.status
+            ))
+        })?;
+        self.tenant = Some(tenant.clone());
+        Ok(Some(tenant))
     }
 
     /// Drop the cached token (the server refused it).
@@ -73,8 +128,10 @@ impl Auth {
         if let Some(token) = self.token.as_ref().filter(|t| t.expires_at > now + 300) {
             return Ok(token.value.clone());
         }
-        let token = match (env("AZURE_TENANT_ID"), env("AZURE_CLIENT_ID"), env("AZURE_CLIENT_SECRET")) {
-            (Some(tenant), Some(client), Some(secret)) => self.client_secret(&tenant, &client, &secret)?,
+        let principal = self.principal.clone().or_else(|| env("AZURE_CLIENT_ID").zip(env("AZURE_CLIENT_SECRET")));
+        let tenant = if principal.is_some() { self.tenant()? } else { None };
+        let token = match (tenant, principal) {
+            (Some(tenant), Some((client, secret))) => self.client_secret(&tenant, &client, &secret)?,
             _ => self.managed_identity().map_err(|e| {
                 AuthError(format!(
                     "no Azure credentials: AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET are not all granted, and the managed identity failed: {}",
@@ -106,7 +163,7 @@ impl Auth {
     }
 
     fn client_secret(&self, tenant: &str, client: &str, secret: &str) -> Result<Token, AuthError> {
-        let authority = env("AZURE_AUTHORITY_HOST").unwrap_or_else(|| "https://login.microsoftonline.com".into());
+        let authority = env("AZURE_AUTHORITY_HOST").unwrap_or_else(|| self.authority.clone());
         let url = format!("{}/{tenant}/oauth2/v2.0/token", authority.trim_end_matches('/'));
         let scope = format!("{}/.default", self.resource.trim_end_matches('/'));
         let body = cloud_common::form_encode(&[
@@ -136,4 +193,12 @@ impl Auth {
             .map_err(|e| AuthError(format!("managed identity: {e}")))?;
         self.answer(response, "the managed identity")
     }
+}
+
+/// The tenant in an ARM `WWW-Authenticate` header
+/// (`Bearer authorization_uri="https://login.windows.net/<tenant>", error=...`).
+fn tenant_of(header: &str) -> Option<String> {
+    let uri = header.split("authorization_uri=\"").nth(1)?.split('"').next()?;
+    let tenant = uri.trim_end_matches('/').rsplit('/').next()?;
+    (!tenant.is_empty() && tenant.chars().all(|c| c.is_ascii_hexdigit() || c == '-')).then(|| tenant.to_string())
 }

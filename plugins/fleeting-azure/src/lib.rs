@@ -12,9 +12,15 @@
 //! - `decrease`: `POST .../delete` with the instance IDs (the capacity goes down with them).
 //! - `get-connect-info`: the VM's primary NIC's private address and, when it has one, its
 //!   public address.
+//!
+//! With `plugin_config.machine` (written by the host for `executor = "docker+machine"` with
+//! `MachineDriver = "azure"`), the plugin manages individual virtual machines as
+//! docker-machine's driver does instead of a scale set: see `machines`.
 
 mod arm;
 mod auth;
+mod machine_options;
+mod machines;
 
 use cloud_common::group_state::GroupState;
 use runway_sdk::fleeting::*;
@@ -22,6 +28,8 @@ use serde_json::{json, Value};
 
 use arm::{Arm, CallError, Lro};
 use auth::Auth;
+use machine_options::MachineOptions;
+use machines::{MachineConfig, Machines};
 
 /// Group-state list of the instances this plugin asked to delete (their going away is no
 /// interruption).
@@ -31,10 +39,16 @@ const DELETED: &str = "deleted";
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Config {
+    #[serde(default)]
     subscription_id: String,
+    #[serde(default)]
     resource_group_name: String,
     /// The scale set.
+    #[serde(default)]
     name: String,
+    /// docker+machine's individual VMs instead of a scale set.
+    #[serde(default)]
+    machine: Option<MachineConfig>,
     /// Azure Resource Manager endpoint (default the public cloud's).
     #[serde(default)]
     endpoint: Option<String>,
@@ -56,6 +70,8 @@ struct AzureGroup {
     connector: ConnectorConfig,
     /// What it remembers between calls, under this group's identity.
     state: GroupState,
+    /// docker+machine's individual VMs instead of the scale set `name`.
+    machines: Option<Machines>,
 }
 
 /// One VM of the scale set as listed.
@@ -124,10 +140,57 @@ impl AzureGroup {
     }
 }
 
+impl AzureGroup {
+    /// docker+machine's mode: the driver's flags choose the subscription, the endpoints and
+    /// the service principal.
+    fn init_machines(
+        connector: ConnectorConfig,
+        machine: MachineConfig,
+    ) -> Result<(Self, ProviderInfo), ProviderError> {
+        let env = |key: &str| std::env::var(key).ok().filter(|v| !v.is_empty());
+        let options = MachineOptions::parse(&machine.options, &env).map_err(ProviderError::InvalidConfig)?;
+        let endpoint = options.resource_manager();
+        cloud_common::http::parse_url(&endpoint)
+            .map_err(|e| ProviderError::InvalidConfig(format!("MachineOptions azure-endpoint: {e}")))?;
+        let subscription_url = format!(
+            "{endpoint}/subscriptions/{}?api-version=2022-12-01",
+            cloud_common::percent_encode(&options.subscription_id)
+        );
+        let auth = Auth::for_machines(
+            &format!("{endpoint}/"),
+            options.environment.authority(),
+            options.client.clone(),
+            subscription_url,
+        );
+        let mut arm = Arm::new(auth);
+        let machines = Machines::init(machine, options, &mut arm)?;
+        let info = ProviderInfo {
+            id: machines.id(),
+            // Machines are limited by the runner's `limit` and max_instances, not by Azure.
+            max_size: u32::MAX,
+            version: env!("CARGO_PKG_VERSION").into(),
+            capabilities: vec!["interruptions".into()],
+        };
+        let group = AzureGroup {
+            arm,
+            base: String::new(),
+            endpoint,
+            name: info.id.clone(),
+            connector,
+            state: machines.state.clone(),
+            machines: Some(machines),
+        };
+        Ok((group, info))
+    }
+}
+
 impl InstanceGroup for AzureGroup {
     fn init(connector: ConnectorConfig, plugin_config: &str) -> Result<(Self, ProviderInfo), ProviderError> {
-        let config: Config = serde_json::from_str(plugin_config)
+        let mut config: Config = serde_json::from_str(plugin_config)
             .map_err(|e| ProviderError::InvalidConfig(format!("plugin_config: {e}")))?;
+        if let Some(machine) = config.machine.take() {
+            return Self::init_machines(connector, machine);
+        }
         for (key, value) in [
             ("subscription_id", &config.subscription_id),
             ("resource_group_name", &config.resource_group_name),
@@ -157,6 +220,7 @@ impl InstanceGroup for AzureGroup {
                 "{}/{}/{}",
                 config.subscription_id, config.resource_group_name, config.name
             )),
+            machines: None,
         };
         let set = group.scale_set()?;
         if set.pointer("/properties/orchestrationMode").and_then(|m| m.as_str()) == Some("Flexible") {
@@ -175,6 +239,9 @@ impl InstanceGroup for AzureGroup {
     }
 
     fn update(&mut self) -> Result<Vec<Instance>, ProviderError> {
+        if let Some(machines) = &self.machines {
+            return machines.update(&mut self.arm);
+        }
         let vms = self.vms()?;
         self.state.retain_ids(DELETED, |id| vms.iter().any(|v| v.id == id))?;
         Ok(vms.iter().map(|vm| Instance { id: vm.id.clone(), state: state(vm) }).collect())
@@ -183,6 +250,9 @@ impl InstanceGroup for AzureGroup {
     fn increase(&mut self, n: u32) -> Result<u32, ProviderError> {
         if n == 0 {
             return Ok(0);
+        }
+        if let Some(machines) = &self.machines {
+            return machines.increase(&mut self.arm, n);
         }
         self.state.check_capacity(&format!("scale set {}", self.name))?;
         let set = self.scale_set()?;
@@ -224,6 +294,9 @@ impl InstanceGroup for AzureGroup {
         if ids.is_empty() {
             return Ok(ids);
         }
+        if let Some(machines) = &self.machines {
+            return machines.decrease(&mut self.arm, ids);
+        }
         let url = self.url("/delete", COMPUTE_API);
         // The deletion goes on at Azure (a long-running operation); update sees the VMs go.
         self.arm.send("POST", &url, Some(&json!({"instanceIds": ids}))).map_err(|e| e.into_provider("deleting VMs"))?;
@@ -234,6 +307,15 @@ impl InstanceGroup for AzureGroup {
     }
 
     fn connect_info(&mut self, id: &str) -> Result<ConnectInfo, ProviderError> {
+        if let Some(machines) = &self.machines {
+            let (internal_addr, external_addr) = machines.addresses(&mut self.arm, id)?;
+            let mut connector = self.connector.clone();
+            // The manager's key, which every machine was created with.
+            connector.key = Some(machines.private_key());
+            connector.password = None;
+            connector.use_static_credentials = true;
+            return Ok(ConnectInfo { id: id.to_string(), external_addr, internal_addr, connector, expires_at: None });
+        }
         let url =
             self.url(&format!("/virtualMachines/{}/networkInterfaces", cloud_common::percent_encode(id)), NETWORK_API);
         let nics = self.arm.list(&url).map_err(|e| e.into_provider(&format!("network interfaces of VM {id}")))?;
@@ -274,6 +356,9 @@ impl InstanceGroup for AzureGroup {
     }
 
     fn heartbeat(&mut self, id: &str) -> Result<(), ProviderError> {
+        if let Some(machines) = &self.machines {
+            return machines.heartbeat(&mut self.arm, id);
+        }
         let url = self.url(&format!("/virtualMachines/{}/instanceView", cloud_common::percent_encode(id)), COMPUTE_API);
         let view = self.arm.get(&url).map_err(|e| e.into_provider(&format!("VM {id}")))?;
         let running = view
@@ -288,6 +373,9 @@ impl InstanceGroup for AzureGroup {
     }
 
     fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {
+        if let Some(machines) = &self.machines {
+            return machines.interruptions(&mut self.arm);
+        }
         let vms = self.vms()?;
         let deleted = self.state.ids(DELETED)?;
         Ok(vms
