@@ -28,8 +28,9 @@ use serde_json::{json, Value};
 
 use arm::{Arm, CallError, Lro};
 use auth::Auth;
+use cloud_common::machine::MachineConfig;
 use machine_options::MachineOptions;
-use machines::{MachineConfig, Machines};
+use machines::Machines;
 
 /// Group-state list of the instances this plugin asked to delete (their going away is no
 /// interruption).

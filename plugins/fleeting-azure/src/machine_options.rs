@@ -7,6 +7,8 @@
 //! Owns: parsing the flags and the Azure environments' endpoints. Must not touch: requests
 //! (`machines`), the scale set mode.
 
+use cloud_common::machine::{boolean, required, split};
+
 /// What the driver flags ask for.
 #[derive(Debug, Clone)]
 pub struct MachineOptions {
@@ -109,18 +111,6 @@ const READ_BY_THE_HOST: [&str; 1] = ["azure-use-private-ip"];
 const NOT_USED_PREFIXES: [&str; 2] = ["engine-", "swarm"];
 const NOT_USED: [&str; 3] = ["azure-docker-port", "azure-private-ip-address", "azure-dns"];
 
-fn boolean(name: &str, value: Option<&str>) -> Result<bool, String> {
-    match value.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("true") | Some("1") => Ok(true),
-        Some("false") | Some("0") => Ok(false),
-        Some(other) => Err(format!("MachineOptions {name}={other}: not a boolean")),
-    }
-}
-
-fn required<'a>(name: &str, value: Option<&'a str>) -> Result<&'a str, String> {
-    value.filter(|v| !v.is_empty()).ok_or_else(|| format!("MachineOptions {name}: needs a value ({name}=...)"))
-}
-
 impl MachineOptions {
     /// Read `options` (each `flag=value`, or a bare boolean flag; a leading `--` is allowed);
     /// `env` gives the variables the driver falls back to (the granted environment).
@@ -149,11 +139,7 @@ impl MachineOptions {
         };
         let (mut client_id, mut client_secret, mut subscription) = (None, None, None);
         for option in options {
-            let option = option.trim().trim_start_matches("--");
-            let (name, value) = match option.split_once('=') {
-                Some((name, value)) => (name.trim(), Some(value.trim())),
-                None => (option, None),
-            };
+            let (name, value) = split(option);
             let text = |v: Option<&str>| required(name, v).map(str::to_string);
             match name {
                 "" => continue,

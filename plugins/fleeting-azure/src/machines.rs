@@ -24,6 +24,7 @@
 
 use base64::Engine as _;
 use cloud_common::group_state::GroupState;
+use cloud_common::machine::{machine_name, MachineConfig};
 use runway_sdk::fleeting::*;
 use serde_json::{json, Value};
 use ssh_key::private::{Ed25519Keypair, KeypairData};
@@ -47,19 +48,6 @@ const KEY: &str = "ssh-key";
 const DELETED: &str = "deleted";
 const CLEANUP: &str = "cleanup";
 
-/// `plugin_config.machine`, written by the host for `executor = "docker+machine"`.
-#[derive(serde::Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
-pub struct MachineConfig {
-    /// The name template: `runner-<short token>-<MachineName>`, `%s` where the unique part goes.
-    pub name: String,
-    /// The manager's identity (its system id).
-    pub manager: String,
-    /// `[runners.machine] MachineOptions`.
-    #[serde(default)]
-    pub options: Vec<String>,
-}
-
 /// The machines of one runner's template, created by one manager.
 pub struct Machines {
     template: String,
@@ -74,17 +62,6 @@ pub struct Machines {
     private_pem: Vec<u8>,
     public_key: String,
     pub state: GroupState,
-}
-
-/// A machine's name: the template with `%s` filled as gitlab-runner fills it (its unix time and
-/// four random bytes in hex).
-pub fn machine_name(template: &str, now: u64, random: [u8; 4]) -> String {
-    let unique = format!("{now}-{}", random.iter().map(|b| format!("{b:02x}")).collect::<String>());
-    if template.contains("%s") {
-        template.replacen("%s", &unique, 1)
-    } else {
-        format!("{template}-{unique}")
-    }
 }
 
 /// Fleeting's state of a VM from its provisioning state.
