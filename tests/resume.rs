@@ -733,7 +733,8 @@ async fn an_ssh_executor_job_survives_kill_9_on_its_host() {
     let known = w.root.path().join("known_hosts");
     std::fs::write(&known, host.known_hosts_line()).expect("known_hosts");
     let ssh = format!(
-        "executor = \"ssh\"\n[runners.ssh]\nhost = \"{}\"\nport = \"{}\"\nuser = \"{}\"\nidentity_file = \"{}\"\nknown_hosts_file = \"{}\"\n[runners.store]\n  health_interval = 1\n",
+        "executor = \"ssh\"\nbuilds_dir = \"{}\"\n[runners.ssh]\nhost = \"{}\"\nport = \"{}\"\nuser = \"{}\"\nidentity_file = \"{}\"\nknown_hosts_file = \"{}\"\n[runners.store]\n  health_interval = 1\n",
+        w.root.path().join("ssh-builds").display(),
         host.addr,
         host.port,
         host.user,

@@ -1,6 +1,6 @@
 //! The environment of a job on a machine reached over the host's SSH connector: the
 //! `instance` executor's (an autoscaled fleet's instance) and the `ssh` executor's (one
-//! configured host). The stage directory is `<builds_dir>/.runway-stages/<job id>/`, made
+//! configured host). The stage directory is `<builds_dir>/.runway-stages/<job id>-<nonce>/`, made
 //! over the connection; `cleanup` stops whatever stage still runs, then removes it.
 //!
 //! Owns: prepare, resume, run and cleanup of such a job. Must not touch: the executors'
@@ -42,7 +42,11 @@ impl RemoteEnvironment {
     /// when the job has no machine.
     pub fn prepare(job: Job, login: bool, label: &str, no_instance: &'static str) -> Result<Self, ExecutorError> {
         check_shell(&job.shell, label)?;
-        let stages_dir = format!("{}/.runway-stages/{}", job.builds_dir.trim_end_matches('/'), job.id);
+        // A directory of this environment's own (as the shell executor's): the stage files an
+        // earlier job with this id left (a manager killed before its cleanup, a GitLab whose
+        // job ids started over) are never taken for this job's after a resume.
+        let nonce = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), job.id) as u32;
+        let stages_dir = format!("{}/.runway-stages/{}-{nonce:08x}", job.builds_dir.trim_end_matches('/'), job.id);
         let mkdir = format!("mkdir -p {} {}", quote(&job.builds_dir), quote(&stages_dir));
         let status = remote::run(&mkdir, None).map_err(|e| remote_error(e, no_instance))?;
         if status.code != 0 {
