@@ -7,7 +7,8 @@
 //! checkpoint inside [`Progress::read`]) sees the trace and the progress agree — a section is
 //! open in the trace exactly when the progress says its stage is running.
 //!
-//! Owns: [`JobProgress`] (with the [`StoredInstance`] a fleet job runs on) and [`Progress`]. Must not touch: stores, the trace's format, GitLab.
+//! Owns: [`JobProgress`] (with the [`StoredInstance`] a fleet job runs on) and [`Progress`].
+//! Must not touch: stores, the trace's format, GitLab.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

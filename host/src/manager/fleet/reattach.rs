@@ -68,11 +68,6 @@ impl Fleet {
         }
     }
 
-    /// Slots still held for stored jobs.
-    pub fn held_slots(&self) -> usize {
-        self.scaler.restored_keys().len()
-    }
-
     /// Connect to `instance` again: as the provider says (fresh credentials), or, when the
     /// provider does not know it, with `stored` (the connect info the job was started with).
     async fn reconnect(&self, instance: &str, stored: Option<&str>) -> Result<ConnectedInstance, InstanceError> {
