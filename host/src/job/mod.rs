@@ -311,14 +311,7 @@ async fn run_to_end(
     let plan = match (plan, &instance) {
         // Relative directories live in the instance's home, and the helper is the copy put
         // there: plan on the instance.
-        (_, Some(instance)) => {
-            let mut settings = on_instance(&env.settings, instance);
-            // Image executors run the helper in their helper image, not on the instance.
-            if !env.executor.features().image {
-                settings.runner_command = helper_on_instance(job, &settings, instance, &*trace).await;
-            }
-            plan_job(job, &settings, &*trace)
-        }
+        (_, Some(instance)) => plan_job(job, &on_instance(job, env, instance, &*trace).await, &*trace),
         (Some(plan), None) => Ok(plan),
         (None, None) => plan_job(job, &env.settings, &*trace),
     };
@@ -453,12 +446,23 @@ async fn helper_on_instance(
     }
 }
 
-/// The script settings on a connected instance: relative builds and cache directories
-/// resolved against the login user's home.
-fn on_instance(settings: &ScriptSettings, instance: &ConnectedInstance) -> ScriptSettings {
+/// The script settings of `job` on a connected instance: relative builds and cache
+/// directories resolved against the login user's home and, for executors without a helper
+/// image (which run the helper there, not on the instance), the helper put on the instance.
+async fn on_instance(
+    job: &JobResponse,
+    env: &JobEnvironment,
+    instance: &ConnectedInstance,
+    trace: &dyn TraceSink,
+) -> ScriptSettings {
+    let settings = &env.settings;
     let builds_dir = instance.resolve_dir(&settings.builds_dir);
     let cache_dir = instance.resolve_dir(&settings.cache_dir);
-    ScriptSettings { builds_dir, cache_dir, ..settings.clone() }
+    let mut settings = ScriptSettings { builds_dir, cache_dir, ..settings.clone() };
+    if !env.executor.features().image {
+        settings.runner_command = helper_on_instance(job, &settings, instance, trace).await;
+    }
+    settings
 }
 
 #[cfg(test)]

@@ -19,8 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::progress::JobProgress;
 use super::stages::{run_stages, StageStart};
 use super::{
-    conclude, helper_on_instance, on_instance, prepare_request, unix_now, JobCleanup, JobControl, JobEnvironment,
-    JobHooks, JobOutcome,
+    conclude, on_instance, prepare_request, unix_now, JobCleanup, JobControl, JobEnvironment, JobHooks, JobOutcome,
 };
 use crate::executor::{resume, ExecutorSession, PrepareError};
 use crate::payload::JobResponse;
@@ -134,13 +133,7 @@ async fn restore(
         (None, None) => None,
     };
     let settings = match &instance {
-        Some(instance) => {
-            let mut settings = on_instance(&env.settings, instance);
-            if !env.executor.features().image {
-                settings.runner_command = helper_on_instance(job, &settings, instance, &**trace).await;
-            }
-            settings
-        }
+        Some(instance) => on_instance(job, env, instance, &**trace).await,
         None => env.settings.clone(),
     };
     let plan = JobPlan::new(job, &settings)?;
