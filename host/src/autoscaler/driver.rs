@@ -172,10 +172,11 @@ impl Autoscaler {
         result
     }
 
-    /// Release the held restored keys `keep` rejects, as abandoned acquisitions.
-    pub fn abandon_restored(&self, keep: &dyn Fn(&str) -> bool) {
-        self.lock().engine.abandon_restored(keep);
+    /// Release the held restored keys `keep` rejects, as abandoned acquisitions; how many.
+    pub fn abandon_restored(&self, keep: &dyn Fn(&str) -> bool) -> usize {
+        let released = self.lock().engine.abandon_restored(keep);
         self.changed.notify_one();
+        released
     }
 
     /// Rename a key (to its job's); `false` when `old` is unknown or `new` taken.

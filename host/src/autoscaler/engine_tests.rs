@@ -661,7 +661,7 @@ fn held_restored_acquisitions_keep_their_instance_until_reattached_or_abandoned(
     h.engine.release("fleet/3", h.now()).expect("release");
 
     // Job 9 is in no store: its key is abandoned and its instance removed.
-    h.engine.abandon_restored(&|key| key == "fleet/job/7");
+    assert_eq!(h.engine.abandon_restored(&|key| key == "fleet/job/7"), 1, "job 9's slot released");
     h.tick();
     assert!(h
         .events

@@ -190,6 +190,14 @@ impl Connector {
         Ok(SshSession::connect(&self.defaults.spec(info)?).await?)
     }
 
+    /// Instance `id` as a job sees it through `session`, reached with `info`: its home
+    /// directory, and `info` kept for a manager that reconnects without this provider.
+    async fn connected(&self, id: String, session: SshSession, info: &InstanceConnectInfo) -> ConnectedInstance {
+        let home = probe::remote_home(&session, self.defaults.timeout).await;
+        let reconnect = serde_json::to_string(info).ok();
+        ConnectedInstance { id, remote: Arc::new(session), home, reconnect }
+    }
+
     /// `exit 0` over a fresh connection.
     async fn probe(&self, instance: &str) -> Result<(), ReachError> {
         Ok(probe::probe(&self.spec(instance).await?).await?)
@@ -552,10 +560,9 @@ impl InstanceSource for Fleet {
             s = self.connector.connect(&acquisition.instance) => s.map_err(|e| InstanceError::Connect { instance: acquisition.instance.clone(), message: e.to_string() })?,
             _ = abort.cancelled() => return Err(InstanceError::AbortedConnecting),
         };
-        let home = probe::remote_home(&session, self.connector.defaults.timeout).await;
-        trace.println(&format!("Connected to instance {} over SSH", acquisition.instance));
-        let reconnect = serde_json::to_string(&info).ok();
-        Ok(ConnectedInstance { id: acquisition.instance, remote: Arc::new(session), home, reconnect })
+        let connected = self.connector.connected(acquisition.instance, session, &info).await;
+        trace.println(&format!("Connected to instance {} over SSH", connected.id));
+        Ok(connected)
     }
 }
 

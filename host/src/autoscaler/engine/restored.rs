@@ -59,9 +59,11 @@ impl Taskscaler {
 
     /// Release the held restored keys `keep` rejects (their job is in no store any more),
     /// as abandoned acquisitions: [`EngineEvent::AcquisitionsAbandoned`], and the instance
-    /// removed unless `keep_instance_with_acquisitions` (then each counts as a use).
-    pub fn abandon_restored(&mut self, keep: &dyn Fn(&str) -> bool) {
+    /// removed unless `keep_instance_with_acquisitions` (then each counts as a use). Returns
+    /// how many were released.
+    pub fn abandon_restored(&mut self, keep: &dyn Fn(&str) -> bool) -> usize {
         let abandoned: Vec<String> = self.restored.iter().filter(|k| !keep(k)).cloned().collect();
+        let mut released = 0;
         let mut by_instance: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for key in abandoned {
             self.restored.remove(&key);
@@ -72,6 +74,7 @@ impl Taskscaler {
                     }
                 }
                 by_instance.entry(a.instance).or_default().push(key);
+                released += 1;
             }
         }
         let keep_instance = self.cfg.raw.keep_instance_with_acquisitions;
@@ -86,6 +89,7 @@ impl Taskscaler {
             }
         }
         self.dirty = true;
+        released
     }
 
     /// Rename the key of a reservation or acquisition (to its job's, once the job is known).

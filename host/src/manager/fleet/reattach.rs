@@ -16,7 +16,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use super::{probe, Fleet};
+use super::Fleet;
 use crate::connector::InstanceConnectInfo;
 use crate::executor::{ConnectedInstance, InstanceError, InstanceSource};
 use crate::trace::TraceSink;
@@ -60,11 +60,10 @@ impl Fleet {
     /// job resumes, or another live manager runs it).
     pub fn settle_restored(&self, stored: &HashSet<i64>) {
         let keep = |key: &str| self.job_of(key).is_some_and(|job| stored.contains(&job));
-        let before = self.scaler.restored_keys().len();
-        self.scaler.abandon_restored(&keep);
-        let after = self.scaler.restored_keys().len();
-        if after < before {
-            tracing::info!(runner = %self.name, released = before - after, held = after, "slots of jobs no longer stored released");
+        let released = self.scaler.abandon_restored(&keep);
+        if released > 0 {
+            let held = self.scaler.restored_keys().len();
+            tracing::info!(runner = %self.name, released, held, "slots of jobs no longer stored released");
         }
     }
 
@@ -82,9 +81,7 @@ impl Fleet {
             (Err(e), None) => return Err(failed(e.to_string())),
         };
         let session = self.connector.connect_with(&info).await.map_err(|e| failed(e.to_string()))?;
-        let home = probe::remote_home(&session, self.connector.defaults.timeout).await;
-        let reconnect = serde_json::to_string(&info).ok();
-        Ok(ConnectedInstance { id: instance.to_string(), remote: Arc::new(session), home, reconnect })
+        Ok(self.connector.connected(instance.to_string(), session, &info).await)
     }
 }
 
