@@ -503,6 +503,19 @@ fn compute(
     }
 }
 
+/// A fake GitLab with runner `name` and the project its jobs clone.
+async fn gitlab(name: &str) -> (fake_gitlab::FakeGitLab, fake_gitlab::CreatedRunner) {
+    let fake = fake_gitlab::FakeGitLab::start_with(fake_gitlab::Config {
+        long_poll: Duration::from_secs(1),
+        trace_update_interval: 1,
+    })
+    .await;
+    let runner = fake.create_runner(name);
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    (fake, runner)
+}
+
 async fn start_cloud(public_key: Vec<u8>) -> Shared {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
@@ -725,14 +738,7 @@ async fn a_preempted_vm_is_drained_under_its_job_which_fails_as_a_system_failure
     let addrs: Vec<Ipv4Addr> = (4..8).map(|last| Ipv4Addr::new(127, 0, 40, last)).collect();
     let ssh_port = sshd::free_port(addrs[0]);
     let ssh = sshd::SshServer::start_on_many(&addrs, ssh_port, &key);
-    let fake = fake_gitlab::FakeGitLab::start_with(fake_gitlab::Config {
-        long_poll: Duration::from_secs(1),
-        trace_update_interval: 1,
-    })
-    .await;
-    let runner = fake.create_runner("gcp-fleet");
-    fake.create_repo("group/project");
-    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let (fake, runner) = gitlab("gcp-fleet").await;
     let dir = root.path().join("runway");
     std::fs::create_dir_all(&dir).expect("mkdir");
     let config = format!(
@@ -901,14 +907,7 @@ async fn a_docker_machine_config_with_the_google_driver_creates_vms_runs_a_job_i
     let extra = format!("AuthorizedKeysCommand /bin/cat {}\nAuthorizedKeysCommandUser root\n", agent_keys.display());
     let ssh = sshd::SshServer::start_on_many_with(&addrs, ssh_port, &own, &extra);
     cloud.lock().expect("cloud").agent = Some((ssh.user.clone(), agent_keys.clone()));
-    let fake = fake_gitlab::FakeGitLab::start_with(fake_gitlab::Config {
-        long_poll: Duration::from_secs(1),
-        trace_update_interval: 1,
-    })
-    .await;
-    let runner = fake.create_runner("gitlab-gcp-autoscaler");
-    fake.create_repo("group/project");
-    fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+    let (fake, runner) = gitlab("gitlab-gcp-autoscaler").await;
     let dir = root.path().join("runway");
     std::fs::create_dir_all(&dir).expect("mkdir");
     // GitLab's docker+machine example with the google driver, with what this machine needs

@@ -99,6 +99,14 @@ fn vm_of(value: &Value, set_spot: bool) -> Option<Vm> {
 }
 
 /// Fleeting's state of a VM.
+/// Does a VM's instance view say it is running (`PowerState/running`)?
+pub(crate) fn powered_on(instance_view: &Value) -> bool {
+    instance_view
+        .get("statuses")
+        .and_then(|s| s.as_array())
+        .is_some_and(|s| s.iter().any(|s| s.get("code").and_then(|c| c.as_str()) == Some("PowerState/running")))
+}
+
 fn state(vm: &Vm) -> InstanceState {
     match (vm.provisioning.as_str(), vm.power.as_deref()) {
         ("Deleting", _) => InstanceState::Deleting,
@@ -362,11 +370,7 @@ impl InstanceGroup for AzureGroup {
         }
         let url = self.url(&format!("/virtualMachines/{}/instanceView", cloud_common::percent_encode(id)), COMPUTE_API);
         let view = self.arm.get(&url).map_err(|e| e.into_provider(&format!("VM {id}")))?;
-        let running = view
-            .get("statuses")
-            .and_then(|s| s.as_array())
-            .is_some_and(|s| s.iter().any(|s| s.get("code").and_then(|c| c.as_str()) == Some("PowerState/running")));
-        if running {
+        if powered_on(&view) {
             Ok(())
         } else {
             Err(ProviderError::NotFound(format!("VM {id} is not running")))

@@ -488,11 +488,7 @@ impl Machines {
         let path = format!("{}/instanceView", self.resource("Microsoft.Compute/virtualMachines", id));
         let view = Self::find(arm, &path, COMPUTE_API, &format!("VM {id}"))?
             .ok_or_else(|| ProviderError::NotFound(format!("machine {id}")))?;
-        let running = view
-            .get("statuses")
-            .and_then(|s| s.as_array())
-            .is_some_and(|s| s.iter().any(|s| s.get("code").and_then(|c| c.as_str()) == Some("PowerState/running")));
-        if running {
+        if crate::powered_on(&view) {
             Ok(())
         } else {
             Err(ProviderError::NotFound(format!("machine {id} is not running")))
