@@ -3,7 +3,7 @@
 //! returns a WIT error value, never a trap, for anything the guest can cause.
 //!
 //! Each capability owns its state — a `*Ctx` ([`log::LogCtx`], [`kv::KvCtx`],
-//! [`process::ProcessCtx`], [`remote::RemoteCtx`], [`docker::DockerCtx`], [`http::HttpPolicy`]) — and implements its
+//! [`process::ProcessCtx`], [`remote::RemoteCtx`], [`docker::DockerCtx`], [`kube::KubeCtx`], [`http::HttpPolicy`]) — and implements its
 //! WIT `Host` trait on its own view type: the `*Ctx` itself, or a `*View` that adds the call's
 //! [`call::CallContext`] and [`call::CallBudget`]. The plugin host's store data composes the
 //! contexts and links each interface by projection (`add_to_linker::<_, HasX>(l, |s| s.x())`),
@@ -18,6 +18,7 @@ pub mod files;
 pub mod http;
 pub mod job;
 pub mod job_config;
+pub mod kube;
 pub mod kv;
 pub mod log;
 pub mod process;

@@ -1,7 +1,7 @@
 //! What a plugin may do: the `[plugins.NAME]` section of config.toml.
 //!
 //! Nothing is ambient. A plugin without a section gets the defaults below: no process,
-//! no Docker engine, no HTTP, no environment, no filesystem, 64 MiB of memory and 30 s of wasm time per call,
+//! no Docker engine, no Kubernetes cluster, no HTTP, no environment, no filesystem, 64 MiB of memory and 30 s of wasm time per call,
 //! 1024 kv keys holding at most 4 MiB, and 20 log lines per second (bursts of 100).
 
 use std::path::PathBuf;
@@ -32,6 +32,11 @@ pub struct PluginGrant {
     /// `tcp://host:port`, `instance` (the engine on a job's fleet instance) or `*`.
     #[serde(default, deserialize_with = "docker_endpoints")]
     pub allow_docker: Vec<String>,
+    /// May the plugin reach Kubernetes API servers (the `kube` capability), with the
+    /// credentials `[runners.kubernetes]`, the in-cluster service account or the kubeconfig
+    /// give? The host holds them; the plugin never sees them.
+    #[serde(default)]
+    pub allow_kubernetes: bool,
     /// Host directories preopened for the plugin, as `host_path` or `host_path:guest_path`,
     /// read-write unless followed by `:ro` (e.g. `/etc/runway/aws:/aws:ro`).
     #[serde(default)]
@@ -159,6 +164,7 @@ impl Default for PluginGrant {
             env: Vec::new(),
             allow_process: false,
             allow_docker: Vec::new(),
+            allow_kubernetes: false,
             dirs: Vec::new(),
             memory_mb: default_memory_mb(),
             call_timeout: default_call_timeout(),

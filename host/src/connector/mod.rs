@@ -14,7 +14,8 @@
 //! `instance_ready_command`, health probes and the `$HOME` lookup. [`docker`] carries the Docker
 //! Engine API for the container executors, locally or through a session's unix socket forwarding;
 //! [`rootfs`] makes root filesystem tars from this machine's files (Runway's helper image, test
-//! images) for `docker import`.
+//! images) for `docker import`. [`kube`] carries the Kubernetes API for the kubernetes executor
+//! (REST, watches, and stages run detached in a pod's containers over `pods/exec`).
 //!
 //! `connector` imports only `stop` and `trace`: never plugin, capability or WIT types; the
 //! manager converts the fleeting plugin's records into [`InstanceConnectInfo`].
@@ -26,6 +27,7 @@
 pub mod detached;
 pub mod direct;
 pub mod docker;
+pub mod kube;
 pub mod local;
 pub mod probe;
 pub mod process;

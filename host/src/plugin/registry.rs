@@ -316,6 +316,10 @@ impl Registry {
                 // The first-party docker executor exists to drive the engines its runners name.
                 Ok(PluginGrant { allow_docker: vec!["*".into()], ..PluginGrant::default() })
             }
+            None if *source == PluginSource::Builtin && meta.name == "kubernetes" => {
+                // The first-party kubernetes executor exists to drive the clusters its runners name.
+                Ok(PluginGrant { allow_kubernetes: true, ..PluginGrant::default() })
+            }
             None => Ok(PluginGrant::default()),
         }
     }

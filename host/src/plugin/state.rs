@@ -17,6 +17,7 @@ use crate::bindings::{executor, fleeting};
 use crate::capability::docker::{DockerCtx, DockerPolicy, DockerView, HasDocker, HelperImageSource};
 use crate::capability::http::HttpPolicy;
 use crate::capability::job::{HasJob, JobView};
+use crate::capability::kube::{HasKube, KubeCtx, KubeView};
 use crate::capability::kv::{KvCtx, KvStore};
 use crate::capability::log::{LogCtx, LogLimiter};
 use crate::capability::process::{HasProcess, ProcessCtx, ProcessView};
@@ -43,6 +44,7 @@ pub struct PluginState {
     process: ProcessCtx,
     remote: RemoteCtx,
     docker: DockerCtx,
+    kube: KubeCtx,
     stderr: StderrTail,
 }
 
@@ -108,6 +110,7 @@ impl PluginState {
             process: ProcessCtx::new(plugin, grant.allow_process, max_buffer),
             remote: RemoteCtx::new(max_buffer, grant.allow_process, stage_output),
             docker: DockerCtx::new(docker, max_buffer, helper_image),
+            kube: KubeCtx::new(grant.allow_kubernetes, max_buffer),
             grant,
             wasi: wasi.build(),
             http,
@@ -148,6 +151,11 @@ impl PluginState {
         DockerView { ctx: &self.docker, call: &self.call, budget: &self.budget, table: &mut self.table }
     }
 
+    /// The `kube` capability as the current call sees it.
+    fn kube(&mut self) -> KubeView<'_> {
+        KubeView { ctx: &self.kube, call: &self.call, budget: &self.budget, table: &mut self.table }
+    }
+
     /// The `job` capability as the current call sees it.
     fn job(&mut self) -> JobView<'_> {
         JobView { call: &self.call }
@@ -185,6 +193,7 @@ pub(crate) fn add_executor_imports(linker: &mut Linker<PluginState>) -> wasmtime
     executor::runway::host0_3_0::supervisor::add_to_linker::<_, HasProcess>(linker, PluginState::process)?;
     executor::runway::host0_3_0::job_config::add_to_linker::<_, HasJob>(linker, PluginState::job)?;
     executor::runway::host0_4_0::files::add_to_linker::<_, HasRemote>(linker, PluginState::remote)?;
+    executor::runway::host0_5_0::kube::add_to_linker::<_, HasKube>(linker, PluginState::kube)?;
     exec::types::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
     Ok(())
 }

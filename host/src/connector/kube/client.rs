@@ -1,0 +1,248 @@
+//! REST calls and watch streams to one Kubernetes API server ([`KubeClient`]), over reqwest with
+//! the [`Endpoint`]'s TLS configuration and bearer token. A watch ([`WatchStream`]) runs in a
+//! task of its own that reconnects from the last `resourceVersion` it saw when the server ends
+//! the stream (watches time out by design), and stops after an `ERROR` event such as
+//! `410 Gone`, which the caller answers by listing again.
+//!
+//! Owns: the HTTP side of the connection. Must not touch: exec streams (`exec`), WIT types.
+
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use tokio::sync::mpsc;
+
+use super::config::{self, ClusterSettings, Endpoint};
+use super::KubeError;
+use crate::stop::StopSignal;
+
+/// How long a connection to the API server may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a REST call may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Reconnections of a watch in a row that may fail before the watch fails.
+const WATCH_RETRIES: u32 = 5;
+
+/// A connection to one API server.
+#[derive(Clone, Debug)]
+pub struct KubeClient {
+    endpoint: Endpoint,
+    http: reqwest::Client,
+}
+
+/// What `User-Agent` says.
+fn user_agent() -> String {
+    format!("runway/{} (kubernetes executor)", env!("CARGO_PKG_VERSION"))
+}
+
+impl KubeClient {
+    /// Resolve `settings` in the runner's environment and check the server answers `/version`.
+    pub async fn connect(settings: &ClusterSettings, stop: &StopSignal) -> Result<KubeClient, KubeError> {
+        let endpoint = config::resolve(settings, &config::Environment::process())?;
+        let client = KubeClient::new(endpoint)?;
+        let (status, body) = client.request("GET", "/version", None, None, 64 << 10, stop).await?;
+        if status >= 400 {
+            return Err(KubeError::from_status(status, &body));
+        }
+        Ok(client)
+    }
+
+    /// A client for a resolved endpoint (no call made yet).
+    pub fn new(endpoint: Endpoint) -> Result<KubeClient, KubeError> {
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls((*endpoint.tls).clone())
+            .connect_timeout(CONNECT_TIMEOUT)
+            .user_agent(user_agent())
+            .build()
+            .map_err(|e| KubeError::Config(format!("HTTP client: {e}")))?;
+        Ok(KubeClient { endpoint, http })
+    }
+
+    /// The resolved endpoint.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    fn builder(&self, method: &str, path: &str) -> Result<reqwest::RequestBuilder, KubeError> {
+        let method = reqwest::Method::from_bytes(method.as_bytes())
+            .map_err(|_| KubeError::Other(format!("{method:?} is not an HTTP method")))?;
+        if !path.starts_with('/') {
+            return Err(KubeError::Other(format!("{path:?}: an API path starts with /")));
+        }
+        let mut builder = self.http.request(method, format!("{}{path}", self.endpoint.server));
+        if let Some(token) = &self.endpoint.token {
+            builder = builder.bearer_auth(token);
+        }
+        Ok(builder.header("Accept", "application/json"))
+    }
+
+    /// One REST call; any HTTP status is an answer. The body is cut at `max` bytes with
+    /// [`KubeError::TooLarge`].
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+        content_type: Option<&str>,
+        max: usize,
+        stop: &StopSignal,
+    ) -> Result<(u16, Vec<u8>), KubeError> {
+        let mut builder = self.builder(method, path)?.timeout(REQUEST_TIMEOUT);
+        if let Some(body) = body {
+            builder = builder.header("Content-Type", content_type.unwrap_or("application/json")).body(body);
+        }
+        let call = async {
+            let response = builder.send().await.map_err(|e| connection_error(&self.endpoint.server, &e))?;
+            let status = response.status().as_u16();
+            let mut stream = response.bytes_stream();
+            let mut out = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| connection_error(&self.endpoint.server, &e))?;
+                if out.len() + chunk.len() > max {
+                    return Err(KubeError::TooLarge(u32::try_from(max).unwrap_or(u32::MAX)));
+                }
+                out.extend_from_slice(&chunk);
+            }
+            Ok((status, out))
+        };
+        tokio::select! {
+            result = call => result,
+            () = stop.stopped() => Err(KubeError::Canceled),
+        }
+    }
+
+    /// Watch the collection at `path` (its query kept; `watch=1` and `allowWatchBookmarks`
+    /// added) from `resource_version`.
+    pub fn watch(&self, path: &str, resource_version: &str) -> Result<WatchStream, KubeError> {
+        if !path.starts_with('/') {
+            return Err(KubeError::Other(format!("{path:?}: an API path starts with /")));
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let task = tokio::spawn(run_watch(self.clone(), path.to_string(), resource_version.to_string(), tx));
+        Ok(WatchStream { rx, task })
+    }
+}
+
+/// A connection failure, named by the server it was for.
+fn connection_error(server: &str, error: &reqwest::Error) -> KubeError {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    KubeError::Connection(format!("Kubernetes API server {server}: {text}"))
+}
+
+/// An open watch: events as the server sent them, one JSON object each.
+pub struct WatchStream {
+    rx: mpsc::Receiver<Result<String, KubeError>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl WatchStream {
+    /// The next event, `None` when `timeout` passed without one. After an `ERROR` event or an
+    /// error the stream has ended and returns [`KubeError::Other`].
+    pub async fn next(&mut self, timeout: Duration, stop: &StopSignal) -> Result<Option<String>, KubeError> {
+        tokio::select! {
+            event = self.rx.recv() => match event {
+                Some(result) => result.map(Some),
+                None => Err(KubeError::Other("the watch has ended: watch again".into())),
+            },
+            () = tokio::time::sleep(timeout) => Ok(None),
+            () = stop.stopped() => Err(KubeError::Canceled),
+        }
+    }
+}
+
+/// The resource version of a watch event's object, if it has one.
+fn event_version(event: &serde_json::Value) -> Option<String> {
+    event["object"]["metadata"]["resourceVersion"].as_str().filter(|v| !v.is_empty()).map(str::to_string)
+}
+
+/// The watch task: connect, forward every line, reconnect from the last version seen.
+async fn run_watch(
+    client: KubeClient,
+    path: String,
+    mut version: String,
+    tx: mpsc::Sender<Result<String, KubeError>>,
+) {
+    let mut failures = 0;
+    loop {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let mut url = format!("{path}{sep}watch=1&allowWatchBookmarks=true");
+        if !version.is_empty() {
+            url.push_str(&format!("&resourceVersion={}", version));
+        }
+        let outcome = async {
+            let response = client
+                .builder("GET", &url)?
+                .send()
+                .await
+                .map_err(|e| connection_error(&client.endpoint.server, &e))?;
+            let status = response.status().as_u16();
+            if status >= 400 {
+                let body = response.bytes().await.unwrap_or_default();
+                return Err(KubeError::from_status(status, &body));
+            }
+            Ok(response)
+        }
+        .await;
+        let response = match outcome {
+            Ok(response) => response,
+            Err(e @ KubeError::Api { status: 400..=499, .. }) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+            Err(e) => {
+                failures += 1;
+                if failures > WATCH_RETRIES {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200 << failures.min(5))).await;
+                continue;
+            }
+        };
+        let mut stream = response.bytes_stream();
+        let mut buffer = Vec::new();
+        let mut clean = true;
+        while let Some(chunk) = stream.next().await {
+            let Ok(chunk) = chunk else {
+                clean = false;
+                break;
+            };
+            failures = 0;
+            buffer.extend_from_slice(&chunk);
+            while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buffer.drain(..=end).collect();
+                let text = String::from_utf8_lossy(&line).trim().to_string();
+                if text.is_empty() {
+                    continue;
+                }
+                let event: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                let is_error = event["type"].as_str() == Some("ERROR");
+                if !is_error {
+                    if let Some(v) = event_version(&event) {
+                        version = v;
+                    }
+                }
+                if tx.send(Ok(text)).await.is_err() || is_error {
+                    return;
+                }
+            }
+        }
+        if !clean {
+            failures += 1;
+            if failures > WATCH_RETRIES {
+                let _ = tx.send(Err(KubeError::Connection("the watch stream kept failing".into()))).await;
+                return;
+            }
+        }
+    }
+}
