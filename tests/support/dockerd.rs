@@ -46,7 +46,7 @@ pub(crate) const SERVICE_PORT: u16 = 7777;
 pub(crate) const JOB_PROGRAMS: &[&str] = &[
     "cat", "cp", "mv", "rm", "mkdir", "rmdir", "ls", "chmod", "ln", "touch", "dirname", "basename", "env", "sleep",
     "head", "tail", "sort", "wc", "tr", "cut", "date", "id", "mktemp", "printf", "test", "[", "true", "false", "seq",
-    "yes", "grep", "sed", "nc", "stat", "uname", "find", "xargs", "tee", "timeout",
+    "yes", "grep", "sed", "nc", "stat", "uname", "find", "xargs", "tee", "timeout", "setsid",
 ];
 
 /// One running `dockerd`.

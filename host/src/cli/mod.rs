@@ -122,12 +122,39 @@ pub enum Command {
     Restart(service::ServiceArgs),
     /// Say whether the systemd service runs (exit 0 only when it does).
     Status(service::ServiceArgs),
+    /// Write Runway's helper image (built from this machine's files) as a root filesystem tar
+    /// for `docker import`, and print the reference to import it as: how the helper image
+    /// reaches a cluster's registry for the kubernetes executor (`helper_image`).
+    HelperImage(HelperImageArgs),
     /// Inspect executor and fleeting plugins.
     Plugins {
         /// `list` or `check FILE`.
         #[command(subcommand)]
         command: plugins::PluginsCommand,
     },
+}
+
+/// `runway helper-image`.
+#[derive(clap::Args, Debug)]
+pub struct HelperImageArgs {
+    /// Where to write the tar (`-`: standard output).
+    #[arg(long, short = 'o')]
+    pub output: PathBuf,
+}
+
+/// Write the helper image's root filesystem tar to `args.output`; print its reference.
+fn helper_image(args: &HelperImageArgs) -> anyhow::Result<ExitCode> {
+    let helper = crate::connector::rootfs::helper_rootfs()?;
+    if args.output.as_os_str() == "-" {
+        use std::io::Write as _;
+        std::io::stdout().lock().write_all(&helper.rootfs.tar)?;
+        eprintln!("{}", helper.reference);
+    } else {
+        std::fs::write(&args.output, &helper.rootfs.tar)
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", args.output.display()))?;
+        println!("{}", helper.reference);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Sub-verbs of `runway simulate`.
@@ -338,6 +365,7 @@ pub fn main() -> ExitCode {
             Command::Stop(args) => Ok(service::control("stop", &args)?),
             Command::Restart(args) => Ok(service::control("restart", &args)?),
             Command::Status(args) => Ok(service::status(&args)?),
+            Command::HelperImage(args) => helper_image(&args),
             Command::Plugins { command } => plugins::run(command, explicit_config.as_deref()).await,
             Command::Store { command } => store::run(command, &config_path).await,
             Command::ArtifactsUploader(args) => Ok(crate::helper::artifacts::upload(args).await),

@@ -68,7 +68,7 @@ const GITLAB_RUNNER_KEYS: &str = include_str!("gitlab_runner_keys.txt");
 
 /// Executor sections Runway has an executor for: handed to that executor's plugin as JSON
 /// (the plugin reads, checks and warns about their keys).
-pub const RUNWAY_EXECUTOR_SECTIONS: &[&str] = &["shell", "docker", "ssh", "custom", "instance"];
+pub const RUNWAY_EXECUTOR_SECTIONS: &[&str] = &["shell", "docker", "ssh", "custom", "instance", "kubernetes"];
 
 /// gitlab-runner keys Runway honours that other parts of Runway read outside the typed model
 /// (the git and user settings of the scripts), so they are never warned about here.

@@ -339,7 +339,7 @@ fn the_store_section_parses_saves_and_maps_onto_store_settings() {
 
 #[test]
 fn a_gitlab_runner_config_loads_and_names_every_key_runway_does_not_support() {
-    let text = "concurrent = 2\nsentry_dsn = \"https://sentry\"\nconnection_max_age = \"15m\"\n[session_server]\n  listen_address = \"[::]:8093\"\n[[runners]]\n  name = \"k8s\"\n  url = \"https://gitlab.example.com\"\n  id = 7\n  token = \"glrt-abc\"\n  token_obtained_at = 2026-01-01T00:00:00Z\n  token_expires_at = 0001-01-01T00:00:00Z\n  executor = \"shell\"\n  proxy_exec = true\n  clean_git_config = false\n  [runners.custom_build_dir]\n    enabled = true\n  [runners.cache]\n    Type = \"s3\"\n    [runners.cache.s3]\n      BucketName = \"b\"\n      DualStack = true\n  [runners.kubernetes]\n    image = \"alpine\"\n  [runners.docker]\n    image = \"alpine\"\n  [runners.machine]\n    IdleCount = 1\n    OffPeakPeriods = [\"* * * * * sat,sun *\"]\n";
+    let text = "concurrent = 2\nsentry_dsn = \"https://sentry\"\nconnection_max_age = \"15m\"\n[session_server]\n  listen_address = \"[::]:8093\"\n[[runners]]\n  name = \"k8s\"\n  url = \"https://gitlab.example.com\"\n  id = 7\n  token = \"glrt-abc\"\n  token_obtained_at = 2026-01-01T00:00:00Z\n  token_expires_at = 0001-01-01T00:00:00Z\n  executor = \"shell\"\n  proxy_exec = true\n  clean_git_config = false\n  [runners.custom_build_dir]\n    enabled = true\n  [runners.cache]\n    Type = \"s3\"\n    [runners.cache.s3]\n      BucketName = \"b\"\n      DualStack = true\n  [runners.parallels]\n    base_name = \"vm\"\n  [runners.docker]\n    image = \"alpine\"\n  [runners.machine]\n    IdleCount = 1\n    OffPeakPeriods = [\"* * * * * sat,sun *\"]\n";
     let loaded = parse_str(text).expect("a gitlab-runner config loads");
     let runner = &loaded.config.runners[0];
     assert_eq!(runner.token_obtained_at, Some("2026-01-01T00:00:00Z".parse().expect("time")));
@@ -351,7 +351,7 @@ fn a_gitlab_runner_config_loads_and_names_every_key_runway_does_not_support() {
         "/etc/runway/config.toml:29: runners.0.machine.OffPeakPeriods: not supported by Runway (ignored)",
         "/etc/runway/config.toml:14: runners[0].proxy_exec: not supported by Runway (ignored)",
         "/etc/runway/config.toml:16: runners[0].custom_build_dir: not supported by Runway (ignored)",
-        "/etc/runway/config.toml:23: runners[0].kubernetes: not supported by Runway (ignored)",
+        "/etc/runway/config.toml:23: runners[0].parallels: not supported by Runway (ignored)",
     ];
     for w in want {
         assert!(loaded.warnings.iter().any(|got| got == w), "missing {w:?} in {:#?}", loaded.warnings);
@@ -359,7 +359,7 @@ fn a_gitlab_runner_config_loads_and_names_every_key_runway_does_not_support() {
     assert_eq!(loaded.warnings.len(), want.len(), "{:#?}", loaded.warnings);
     // Runway's executors' sections go to their plugins; other executors' sections go nowhere.
     assert_eq!(runner.executor_config_json(), "{}");
-    assert!(runner.sections.contains_key("docker") && !runner.sections.contains_key("kubernetes"));
+    assert!(runner.sections.contains_key("docker") && !runner.sections.contains_key("parallels"));
 }
 
 #[test]

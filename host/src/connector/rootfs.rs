@@ -672,6 +672,8 @@ const HELPER_PROGRAMS: &[&str] = &[
     "timeout",
     "sha256sum",
     "sync",
+    // Stages run detached in a pod's helper container (the kubernetes executor).
+    "setsid",
 ];
 
 /// Directories of the helper image when this machine has them: the CA certificates. (The git

@@ -92,10 +92,10 @@ impl ResolvedExecutor {
             image: has(Features::IMAGE),
             services: has(Features::SERVICES),
             shared: has(Features::SHARED),
-            // The built-in docker plugin (`docker`, `docker-autoscaler`) runs the predefined
-            // stages in Runway's helper image, which carries the runner's binary; any other
-            // executor running jobs in images has no helper there.
-            helper: !has(Features::IMAGE) || self.info.name == "docker",
+            // The built-in docker plugin (`docker`, `docker-autoscaler`) and the kubernetes one
+            // run the predefined stages in Runway's helper image, which carries the runner's
+            // binary; any other executor running jobs in images has no helper there.
+            helper: !has(Features::IMAGE) || matches!(self.info.name.as_str(), "docker" | "kubernetes"),
         }
     }
 }

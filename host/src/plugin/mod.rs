@@ -245,6 +245,12 @@ pub fn describe_grant(grant: &PluginGrant) -> String {
     if grant.allow_process {
         parts.push("process".to_string());
     }
+    if !grant.allow_docker.is_empty() {
+        parts.push(format!("docker:{}", grant.allow_docker.join(",")));
+    }
+    if grant.allow_kubernetes {
+        parts.push("kubernetes".to_string());
+    }
     if !grant.allow_hosts.is_empty() {
         parts.push(format!("http:{}", grant.allow_hosts.join(",")));
     }

@@ -215,6 +215,12 @@ pub fn volume_body(name: &str, labels: &BTreeMap<String, String>) -> Value {
 /// The command of a stage container: run [`SCRIPT_PATH`] with bash if the image has it, else
 /// with sh (GitLab's shell detection), the script on standard input.
 pub fn stage_command() -> Vec<String> {
+    vec!["sh".into(), "-c".into(), detect_shell(&format!(" < {SCRIPT_PATH}"))]
+}
+
+/// A POSIX `sh` line that `exec`s the first shell the image has, bash before sh (GitLab's
+/// shell detection), with `redirect` after it (`" < /path"`, or empty to keep standard input).
+pub fn detect_shell(redirect: &str) -> String {
     let mut script = String::new();
     let shells = [
         "/usr/local/bin/bash",
@@ -227,10 +233,10 @@ pub fn stage_command() -> Vec<String> {
     ];
     for (i, shell) in shells.iter().enumerate() {
         let keyword = if i == 0 { "if" } else { "elif" };
-        script.push_str(&format!("{keyword} [ -x {shell} ]; then exec {shell} < {SCRIPT_PATH}; "));
+        script.push_str(&format!("{keyword} [ -x {shell} ]; then exec {shell}{redirect}; "));
     }
     script.push_str("else echo shell not found >&2; exit 1; fi");
-    vec!["sh".into(), "-c".into(), script]
+    script
 }
 
 /// The command and environment of a health-check container: bash tries to open a TCP

@@ -78,6 +78,16 @@ impl StageFiles {
     /// an existing log means a previous runner started it; otherwise nothing is checked.
     /// `error` maps the host's error of that check.
     pub fn next(&self, name: &str, error: impl Fn(RemoteError) -> ExecutorError) -> Result<StageFile, ExecutorError> {
+        self.next_checked(name, |log| remote::exists(log).map_err(error))
+    }
+
+    /// [`StageFiles::next`] on a machine the `remote` capability does not reach (a pod's
+    /// container): `exists` tells whether a log file exists there.
+    pub fn next_checked(
+        &self,
+        name: &str,
+        exists: impl FnOnce(&str) -> Result<bool, ExecutorError>,
+    ) -> Result<StageFile, ExecutorError> {
         let mut index = self.started.get();
         if self.resumed && index > 0 && self.last.borrow().as_deref() == Some(name) {
             index -= 1;
@@ -86,7 +96,7 @@ impl StageFiles {
         *self.last.borrow_mut() = Some(name.to_string());
         let base = format!("{}/{index:02}-{name}", self.stages_dir);
         let (log, exit) = (format!("{base}.log"), format!("{base}.exit"));
-        let started = self.resumed && remote::exists(&log).map_err(error)?;
+        let started = self.resumed && exists(&log)?;
         Ok(StageFile { log, exit, started })
     }
 

@@ -1,0 +1,299 @@
+//! The kubernetes executor (GitLab's Kubernetes executor, attach strategy) as a WebAssembly
+//! component: each job runs in a pod of its own on a Kubernetes cluster reached through the
+//! host's `kube` capability (the host resolves the cluster, holds the credentials, carries the
+//! API calls and streams the pod's output into the job log).
+//!
+//! `prepare` reads `[runners.kubernetes]` and the job's `KUBERNETES_*` overwrites, connects,
+//! creates a Secret for the job's registry credentials, creates the pod (`build` in the job's
+//! image, `helper` in the helper image, `svc-N` for services) and waits until it runs
+//! ([`wait`]). `run` starts each stage's script detached in the pod — predefined stages in
+//! `helper`, the job's own in `build` — with its output in a log file on a volume of the pod,
+//! and follows that log into the job trace: the stage outlives a lost stream or a dead runner,
+//! and `resume` attaches to it again. `cleanup` deletes the pod and the job's Secrets.
+//!
+//! The decisions that need no API server (config keys, overwrites, names, labels, the Pod and
+//! Secret objects, the saved state) live in the `kube-logic` crate, tested natively.
+
+use std::hash::BuildHasher;
+
+use kube_logic::config::{self, KubeConfig};
+use kube_logic::names::{self, JobMeta, BUILD_CONTAINER, HELPER_CONTAINER};
+use kube_logic::overwrites::{self, Overwrites};
+use kube_logic::pod::{self, ImageInput, PodInputs};
+use kube_logic::secret::{self, RegistryCredential};
+use kube_logic::state::{Connection, State};
+use remote_stages::{check_shell, working_dir, StageFiles};
+use runway_sdk::executor::*;
+use runway_sdk::kube::{Cluster, ClusterConfig, KubeError, Target};
+use runway_sdk::remote::quote;
+use runway_sdk::trace;
+
+mod api;
+mod wait;
+
+use api::{executor_error, Api};
+
+/// Where the stages' scripts, logs and exit codes live in `build` and `helper` (an emptyDir).
+const STAGES_DIR: &str = "/runway/stages";
+
+struct Kubernetes;
+
+/// What `state` saves: the pod and its connection (`kube-logic`'s), the stages started so far,
+/// and where they run.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Saved {
+    #[serde(flatten)]
+    state: State,
+    #[serde(flatten)]
+    stages: StageFiles,
+    project_dir: String,
+    shell: String,
+}
+
+/// One job's pod.
+pub struct KubeEnv {
+    api: Api,
+    saved: Saved,
+}
+
+fn parse_config(json: &str) -> Result<config::Parsed, ExecutorError> {
+    config::parse(json).map_err(ExecutorError::InvalidConfig)
+}
+
+/// The job's variables as `(key, value)`, in GitLab's order.
+fn variables(details: Option<&runway_sdk::job::JobDetails>) -> Vec<(String, String)> {
+    details.map(|d| d.variables.iter().map(|v| (v.key.clone(), v.value.clone())).collect()).unwrap_or_default()
+}
+
+fn variable<'a>(variables: &'a [(String, String)], key: &str) -> &'a str {
+    variables.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).unwrap_or_default()
+}
+
+fn image_input(image: &runway_sdk::job::ImageDetails) -> ImageInput {
+    ImageInput {
+        name: image.name.clone(),
+        entrypoint: image.entrypoint.clone(),
+        command: image.command.clone(),
+        aliases: image.aliases.clone(),
+        variables: image.variables.iter().map(|v| (v.key.clone(), v.value.clone())).collect(),
+        pull_policies: image.pull_policies.clone(),
+    }
+}
+
+/// How to reach the cluster: the config's keys, the job's bearer token when allowed.
+fn cluster_config(config: &KubeConfig, overwrites: &Overwrites) -> ClusterConfig {
+    let token = if overwrites.bearer_token.is_empty() { &config.bearer_token } else { &overwrites.bearer_token };
+    ClusterConfig {
+        host: config.host.clone(),
+        bearer_token: token.clone(),
+        cert_file: config.cert_file.clone(),
+        key_file: config.key_file.clone(),
+        ca_file: config.ca_file.clone(),
+        context: config.context.clone(),
+    }
+}
+
+fn connect(config: &ClusterConfig) -> Result<Api, ExecutorError> {
+    let cluster = Cluster::connect(config).map_err(|e| executor_error(e, "connecting to the Kubernetes API"))?;
+    Ok(Api::new(cluster))
+}
+
+impl Executor for Kubernetes {
+    type Environment = KubeEnv;
+
+    fn info(config: &str) -> Result<ProviderInfo, ExecutorError> {
+        let parsed = parse_config(config)?;
+        for warning in &parsed.warnings {
+            runway_sdk::log::warn(warning);
+        }
+        Ok(ProviderInfo {
+            name: "kubernetes".into(),
+            default_shell: "bash".into(),
+            // Not `shared`: every job has its own pod and build volume.
+            features: Features::VARIABLES | Features::IMAGE | Features::SERVICES,
+            default_builds_dir: "/builds".into(),
+            default_cache_dir: "/cache".into(),
+        })
+    }
+
+    fn prepare(job: Job) -> Result<KubeEnv, ExecutorError> {
+        let config = parse_config(&job.config)?.config;
+        check_shell(&job.shell, "kubernetes")?;
+        let details = runway_sdk::job::current();
+        let vars = variables(details.as_ref());
+        let overwrites = overwrites::resolve(&config, &vars).map_err(ExecutorError::InvalidConfig)?;
+        for note in &overwrites.notes {
+            trace::write_str(&format!("{note}\n"));
+        }
+        let api = connect(&cluster_config(&config, &overwrites))?;
+        trace::write_str(&format!("Using Kubernetes executor with {} ...\n", api.cluster.source()));
+        let namespace = overwrites.namespace.clone();
+        trace::write_str(&format!("Using Kubernetes namespace: {namespace}\n"));
+        let random = std::collections::hash_map::RandomState::new().hash_one(job.id);
+        let meta = JobMeta {
+            job_id: job.id,
+            project_id: variable(&vars, "CI_PROJECT_ID").parse().unwrap_or_default(),
+            project_path: job.project_path.clone(),
+            short_token: variable(&vars, "CI_RUNNER_SHORT_TOKEN").to_string(),
+            runner_name: variable(&vars, "CI_RUNNER_DESCRIPTION").to_string(),
+            concurrent: variable(&vars, "CI_CONCURRENT_PROJECT_ID").parse().unwrap_or_default(),
+        };
+        let state = State {
+            connection: Connection {
+                host: config.host.clone(),
+                context: config.context.clone(),
+                ca_file: config.ca_file.clone(),
+                cert_file: config.cert_file.clone(),
+                key_file: config.key_file.clone(),
+                token_from_job: !overwrites.bearer_token.is_empty(),
+                ..Connection::default()
+            },
+            job_id: job.id,
+            namespace: namespace.clone(),
+            pod: names::pod_name(&meta, random),
+            secrets: Vec::new(),
+            builds_dir: job.builds_dir.clone(),
+            stages_dir: STAGES_DIR.to_string(),
+            cleanup_grace_period_seconds: config.cleanup_grace_period_seconds,
+        };
+        let saved = Saved {
+            state,
+            stages: StageFiles::new(STAGES_DIR.to_string()),
+            project_dir: job.project_dir.clone(),
+            shell: job.shell.clone(),
+        };
+        let mut env = KubeEnv { api, saved };
+        let image = details.as_ref().and_then(|d| d.image.as_ref()).map(image_input).unwrap_or_default();
+        let services: Vec<ImageInput> = details.as_ref().map(|d| d.services.iter().map(image_input).collect()).unwrap_or_default();
+        let credentials: Vec<RegistryCredential> = details
+            .as_ref()
+            .map(|d| {
+                d.credentials
+                    .iter()
+                    .map(|c| RegistryCredential {
+                        registry: c.url.clone(),
+                        username: c.username.clone(),
+                        password: c.password.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let public: Vec<(String, String)> = details
+            .as_ref()
+            .map(|d| d.variables.iter().filter(|v| v.public && !v.file).map(|v| (v.key.clone(), v.value.clone())).collect())
+            .unwrap_or_default();
+        let mut inputs = PodInputs {
+            meta,
+            random,
+            image,
+            helper_image: String::new(),
+            services,
+            builds_dir: job.builds_dir.clone(),
+            cache_dir: job.cache_dir.clone(),
+            stages_dir: STAGES_DIR.to_string(),
+            shell: job.shell.clone(),
+            variables: public,
+            image_pull_secrets: Vec::new(),
+            pull_attempt: 0,
+        };
+        match env.setup(&config, &overwrites, &mut inputs, &credentials) {
+            Ok(()) => Ok(env),
+            Err(e) => {
+                env.cleanup();
+                Err(e)
+            }
+        }
+    }
+
+    fn resume(job: Job, state: String) -> Result<KubeEnv, ExecutorError> {
+        let config = parse_config(&job.config)?.config;
+        let mut saved: Saved = serde_json::from_str(&state)
+            .map_err(|e| ExecutorError::Other(format!("unreadable kubernetes executor state: {e}")))?;
+        saved.stages.mark_resumed();
+        let vars = variables(runway_sdk::job::current().as_ref());
+        let overwrites = overwrites::resolve(&config, &vars).map_err(ExecutorError::InvalidConfig)?;
+        trace::write_str(&format!("Resuming Kubernetes executor on pod {}/{} ...\n", saved.state.namespace, saved.state.pod));
+        let api = connect(&cluster_config(&config, &overwrites))?;
+        Ok(KubeEnv { api, saved })
+    }
+}
+
+impl KubeEnv {
+    /// The Secret, the pod, and waiting for it; on error the caller cleans up.
+    fn setup(
+        &mut self,
+        config: &KubeConfig,
+        overwrites: &Overwrites,
+        inputs: &mut PodInputs,
+        credentials: &[RegistryCredential],
+    ) -> Result<(), ExecutorError> {
+        let namespace = self.saved.state.namespace.clone();
+        if config.helper_image.trim().is_empty() {
+            return Err(ExecutorError::InvalidConfig(
+                "[runners.kubernetes] helper_image is required: push Runway's helper image (`runway helper-image -o helper.tar`, then `docker import` and `docker push`) to a registry the cluster pulls from, and name it here".into(),
+            ));
+        }
+        let labels = names::job_labels(&inputs.meta, &inputs.variables);
+        let secret_name = names::secret_name(&inputs.meta, inputs.random);
+        if let Some(object) = secret::registry_secret(&secret_name, &namespace, &labels, credentials) {
+            self.api.create(&format!("/api/v1/namespaces/{namespace}/secrets"), &object, "the registry credentials' secret")?;
+            self.saved.state.secrets.push(secret_name.clone());
+            inputs.image_pull_secrets.push(secret_name);
+        }
+        let object = pod::build(config, overwrites, inputs).map_err(ExecutorError::InvalidConfig)?;
+        self.saved.state.pod = object["metadata"]["name"].as_str().unwrap_or(&self.saved.state.pod).to_string();
+        self.api.create(&format!("/api/v1/namespaces/{namespace}/pods"), &object, "the job's pod")?;
+        wait::running(&self.api, &namespace, &self.saved.state.pod, config)
+    }
+
+    fn target(&self, container: &str) -> Target {
+        Target {
+            namespace: self.saved.state.namespace.clone(),
+            pod: self.saved.state.pod.clone(),
+            container: container.to_string(),
+        }
+    }
+}
+
+impl Environment for KubeEnv {
+    fn run(&self, stage: StageScript) -> Result<ExitStatus, ExecutorError> {
+        let container = if stage.predefined { HELPER_CONTAINER } else { BUILD_CONTAINER };
+        let target = self.target(container);
+        let what = format!("stage {} (pod {} container {container})", stage.name, self.saved.state.pod);
+        let error = |e: KubeError| executor_error(e, &what);
+        let files = self.saved.stages.next_checked(&stage.name, |log| {
+            let probe = self.api.cluster.run_captured(&target, &format!("[ -e {} ]", quote(log)), None, 64).map_err(error)?;
+            Ok(probe.status.code == 0)
+        })?;
+        if !files.started {
+            let cwd = working_dir(&stage.name, &self.saved.project_dir, &self.saved.state.builds_dir);
+            let command = format!("cd {} && {}", quote(cwd), docker_logic::spec::detect_shell(""));
+            self.api
+                .cluster
+                .start_detached(&target, &command, stage.script.as_bytes(), &files.log, &files.exit)
+                .map_err(error)?;
+        }
+        let status = self.api.cluster.attach(&target, &files.log, &files.exit, 0).map_err(error)?;
+        Ok(ExitStatus { code: status.code })
+    }
+
+    fn cleanup(&self) {
+        let state = &self.saved.state;
+        let grace = state.cleanup_grace_period_seconds.map(|g| format!("?gracePeriodSeconds={g}")).unwrap_or_default();
+        let ns = &state.namespace;
+        self.api.delete(&format!("/api/v1/namespaces/{ns}/pods/{}{grace}", state.pod), "the job's pod");
+        for secret in &state.secrets {
+            self.api.delete(&format!("/api/v1/namespaces/{ns}/secrets/{secret}"), "the job's secret");
+        }
+    }
+
+    fn state(&self) -> Option<String> {
+        serde_json::to_string(&self.saved).ok()
+    }
+}
+
+runway_sdk::export_executor!(
+    Kubernetes,
+    name: "kubernetes",
+    description: "runs each job in a pod on a Kubernetes cluster (GitLab's kubernetes executor, attach strategy)"
+);
