@@ -27,7 +27,13 @@ impl Cluster {
         self.inner.request(method, path, body, None)
     }
     /// One REST call with a body of another type (`application/merge-patch+json`, ...).
-    pub fn request_with(&self, method: &str, path: &str, body: &[u8], content_type: &str) -> Result<Response, KubeError> {
+    pub fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        content_type: &str,
+    ) -> Result<Response, KubeError> {
         self.inner.request(method, path, Some(body), Some(content_type))
     }
     /// Watch the collection at `path` (with its query) from `resource_version` (empty: the
@@ -58,7 +64,13 @@ impl Cluster {
         self.inner.start_detached(target, command, stdin, log_path, exit_path)
     }
     /// Follow a detached command into the job log from `offset` until it ends; its status.
-    pub fn attach(&self, target: &Target, log_path: &str, exit_path: &str, offset: u64) -> Result<ExitStatus, KubeError> {
+    pub fn attach(
+        &self,
+        target: &Target,
+        log_path: &str,
+        exit_path: &str,
+        offset: u64,
+    ) -> Result<ExitStatus, KubeError> {
         self.inner.attach(target, log_path, exit_path, offset)
     }
 }

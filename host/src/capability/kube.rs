@@ -230,8 +230,7 @@ impl HostCluster for KubeView<'_> {
         let shell = self.shell(&cluster, &target)?;
         let trace: Arc<dyn TraceSink> = self.call.trace.clone().unwrap_or_else(|| Arc::new(Discard));
         let stop = self.call.stop.clone();
-        let result =
-            self.budget.in_host(detached::attach(&shell, &log_path, &exit_path, offset, &*trace, &stop)).await;
+        let result = self.budget.in_host(detached::attach(&shell, &log_path, &exit_path, offset, &*trace, &stop)).await;
         Ok(result
             .map(|status| ExitStatus { code: status.code, signal: status.signal })
             .map_err(|e| wit_error(kube_error(e))))
@@ -245,7 +244,11 @@ impl HostCluster for KubeView<'_> {
 }
 
 impl HostWatch for KubeView<'_> {
-    async fn next(&mut self, watch: Resource<Watch>, timeout_ms: u32) -> wasmtime::Result<Result<Option<String>, KubeError>> {
+    async fn next(
+        &mut self,
+        watch: Resource<Watch>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<Option<String>, KubeError>> {
         let handle: Resource<WatchHandle> = Resource::new_borrow(watch.rep());
         let stop = self.call.stop.clone();
         let budget = self.budget;

@@ -52,6 +52,7 @@ pub fn builtin_plugins() -> Vec<(&'static str, &'static [u8])> {
         ("executor-docker.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_docker.wasm"))),
         ("executor-custom.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_custom.wasm"))),
         ("executor-ssh.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_ssh.wasm"))),
+        ("executor-kubernetes.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/executor_kubernetes.wasm"))),
         ("fleeting-static.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_static.wasm"))),
         ("fleeting-aws.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_aws.wasm"))),
         ("fleeting-azure.wasm", include_bytes!(concat!(env!("RUNWAY_GUEST_DIR"), "/fleeting_azure.wasm"))),

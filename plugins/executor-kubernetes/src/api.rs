@@ -41,7 +41,10 @@ impl Api {
     /// `POST` `object` to the collection at `path`; the created object.
     pub fn create(&self, path: &str, object: &Value, what: &str) -> Result<Value, ExecutorError> {
         let body = serde_json::to_vec(object).map_err(|e| ExecutorError::Other(format!("{what}: {e}")))?;
-        let response = self.cluster.request("POST", path, Some(&body)).map_err(|e| executor_error(e, &format!("creating {what}")))?;
+        let response = self
+            .cluster
+            .request("POST", path, Some(&body))
+            .map_err(|e| executor_error(e, &format!("creating {what}")))?;
         if response.status >= 300 {
             return Err(status_error(response.status, &response.body, &format!("creating {what}")));
         }
@@ -50,7 +53,8 @@ impl Api {
 
     /// `GET` the object at `path`; `None` when it does not exist.
     pub fn get(&self, path: &str, what: &str) -> Result<Option<Value>, ExecutorError> {
-        let response = self.cluster.request("GET", path, None).map_err(|e| executor_error(e, &format!("reading {what}")))?;
+        let response =
+            self.cluster.request("GET", path, None).map_err(|e| executor_error(e, &format!("reading {what}")))?;
         match response.status {
             404 => Ok(None),
             s if s >= 300 => Err(status_error(s, &response.body, &format!("reading {what}"))),

@@ -164,7 +164,8 @@ impl Executor for Kubernetes {
         };
         let mut env = KubeEnv { api, saved };
         let image = details.as_ref().and_then(|d| d.image.as_ref()).map(image_input).unwrap_or_default();
-        let services: Vec<ImageInput> = details.as_ref().map(|d| d.services.iter().map(image_input).collect()).unwrap_or_default();
+        let services: Vec<ImageInput> =
+            details.as_ref().map(|d| d.services.iter().map(image_input).collect()).unwrap_or_default();
         let credentials: Vec<RegistryCredential> = details
             .as_ref()
             .map(|d| {
@@ -180,7 +181,9 @@ impl Executor for Kubernetes {
             .unwrap_or_default();
         let public: Vec<(String, String)> = details
             .as_ref()
-            .map(|d| d.variables.iter().filter(|v| v.public && !v.file).map(|v| (v.key.clone(), v.value.clone())).collect())
+            .map(|d| {
+                d.variables.iter().filter(|v| v.public && !v.file).map(|v| (v.key.clone(), v.value.clone())).collect()
+            })
             .unwrap_or_default();
         let mut inputs = PodInputs {
             meta,
@@ -212,7 +215,10 @@ impl Executor for Kubernetes {
         saved.stages.mark_resumed();
         let vars = variables(runway_sdk::job::current().as_ref());
         let overwrites = overwrites::resolve(&config, &vars).map_err(ExecutorError::InvalidConfig)?;
-        trace::write_str(&format!("Resuming Kubernetes executor on pod {}/{} ...\n", saved.state.namespace, saved.state.pod));
+        trace::write_str(&format!(
+            "Resuming Kubernetes executor on pod {}/{} ...\n",
+            saved.state.namespace, saved.state.pod
+        ));
         let api = connect(&cluster_config(&config, &overwrites))?;
         Ok(KubeEnv { api, saved })
     }
@@ -236,7 +242,11 @@ impl KubeEnv {
         let labels = names::job_labels(&inputs.meta, &inputs.variables);
         let secret_name = names::secret_name(&inputs.meta, inputs.random);
         if let Some(object) = secret::registry_secret(&secret_name, &namespace, &labels, credentials) {
-            self.api.create(&format!("/api/v1/namespaces/{namespace}/secrets"), &object, "the registry credentials' secret")?;
+            self.api.create(
+                &format!("/api/v1/namespaces/{namespace}/secrets"),
+                &object,
+                "the registry credentials' secret",
+            )?;
             self.saved.state.secrets.push(secret_name.clone());
             inputs.image_pull_secrets.push(secret_name);
         }
@@ -262,7 +272,8 @@ impl Environment for KubeEnv {
         let what = format!("stage {} (pod {} container {container})", stage.name, self.saved.state.pod);
         let error = |e: KubeError| executor_error(e, &what);
         let files = self.saved.stages.next_checked(&stage.name, |log| {
-            let probe = self.api.cluster.run_captured(&target, &format!("[ -e {} ]", quote(log)), None, 64).map_err(error)?;
+            let probe =
+                self.api.cluster.run_captured(&target, &format!("[ -e {} ]", quote(log)), None, 64).map_err(error)?;
             Ok(probe.status.code == 0)
         })?;
         if !files.started {

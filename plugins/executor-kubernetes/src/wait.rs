@@ -59,7 +59,10 @@ fn phase(pod: &Value) -> Phase {
                 let image = container["image"].as_str().unwrap_or_default();
                 return Phase::Failed(format!("container {name:?} (image {image}): {reason}: {message}"));
             }
-            waiting.push(format!("\t{name}: {reason}{}", if message.is_empty() { String::new() } else { format!(" ({message})") }));
+            waiting.push(format!(
+                "\t{name}: {reason}{}",
+                if message.is_empty() { String::new() } else { format!(" ({message})") }
+            ));
         }
     }
     match phase {
@@ -149,7 +152,8 @@ pub fn running(api: &Api, namespace: &str, pod: &str, config: &KubeConfig) -> Re
         let now = Instant::now();
         if now >= deadline {
             let events = show_events(api, namespace, pod, &mut shown);
-            let mut text = format!("timed out waiting for pod {namespace}/{pod} to start after {}s: {last}", config.poll_timeout);
+            let mut text =
+                format!("timed out waiting for pod {namespace}/{pod} to start after {}s: {last}", config.poll_timeout);
             if !events.is_empty() {
                 text.push_str(&format!("\n{}", events.join("\n")));
             }

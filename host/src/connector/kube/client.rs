@@ -166,12 +166,7 @@ fn event_version(event: &serde_json::Value) -> Option<String> {
 }
 
 /// The watch task: connect, forward every line, reconnect from the last version seen.
-async fn run_watch(
-    client: KubeClient,
-    path: String,
-    mut version: String,
-    tx: mpsc::Sender<Result<String, KubeError>>,
-) {
+async fn run_watch(client: KubeClient, path: String, mut version: String, tx: mpsc::Sender<Result<String, KubeError>>) {
     let mut failures = 0;
     loop {
         let sep = if path.contains('?') { '&' } else { '?' };
@@ -180,11 +175,8 @@ async fn run_watch(
             url.push_str(&format!("&resourceVersion={}", version));
         }
         let outcome = async {
-            let response = client
-                .builder("GET", &url)?
-                .send()
-                .await
-                .map_err(|e| connection_error(&client.endpoint.server, &e))?;
+            let response =
+                client.builder("GET", &url)?.send().await.map_err(|e| connection_error(&client.endpoint.server, &e))?;
             let status = response.status().as_u16();
             if status >= 400 {
                 let body = response.bytes().await.unwrap_or_default();

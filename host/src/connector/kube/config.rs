@@ -111,10 +111,7 @@ fn explicit(settings: &ClusterSettings) -> Result<Endpoint, KubeError> {
     };
     let client = match settings.cert_file.as_str() {
         "" => None,
-        cert => Some((
-            read_file("cert_file", Path::new(cert))?,
-            read_file("key_file", Path::new(&settings.key_file))?,
-        )),
+        cert => Some((read_file("cert_file", Path::new(cert))?, read_file("key_file", Path::new(&settings.key_file))?)),
     };
     let token = Some(settings.bearer_token.trim().to_string()).filter(|t| !t.is_empty());
     Ok(Endpoint { tls: tls_config(&roots, client.as_ref())?, token, source: format!("host {server}"), server })
@@ -284,8 +281,8 @@ fn kubeconfig(settings: &ClusterSettings, env: &Environment<'_>) -> Result<Endpo
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(config_error(format!("kubeconfig {}: {e}", path.display()))),
         };
-        let parsed: KubeconfigFile = serde_yaml::from_str(&text)
-            .map_err(|e| config_error(format!("kubeconfig {}: {e}", path.display())))?;
+        let parsed: KubeconfigFile =
+            serde_yaml::from_str(&text).map_err(|e| config_error(format!("kubeconfig {}: {e}", path.display())))?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         files.push((path, dir, parsed));
     }
@@ -295,9 +292,10 @@ fn kubeconfig(settings: &ClusterSettings, env: &Environment<'_>) -> Result<Endpo
         ));
     }
     let context_name = if settings.context.is_empty() {
-        files.iter().find_map(|(_, _, f)| f.current_context.clone().filter(|c| !c.is_empty())).ok_or_else(|| {
-            config_error("kubeconfig: no current-context set (set context in [runners.kubernetes])")
-        })?
+        files
+            .iter()
+            .find_map(|(_, _, f)| f.current_context.clone().filter(|c| !c.is_empty()))
+            .ok_or_else(|| config_error("kubeconfig: no current-context set (set context in [runners.kubernetes])"))?
     } else {
         settings.context.clone()
     };
@@ -306,12 +304,13 @@ fn kubeconfig(settings: &ClusterSettings, env: &Environment<'_>) -> Result<Endpo
     let cluster = first(&files, |f| &f.clusters, &context.value.cluster).ok_or_else(|| {
         config_error(format!("kubeconfig: cluster {:?} of context {context_name:?} not found", context.value.cluster))
     })?;
-    let user = match context.value.user.as_str() {
-        "" => None,
-        name => Some(first(&files, |f| &f.users, name).ok_or_else(|| {
-            config_error(format!("kubeconfig: user {name:?} of context {context_name:?} not found"))
-        })?),
-    };
+    let user =
+        match context.value.user.as_str() {
+            "" => None,
+            name => Some(first(&files, |f| &f.users, name).ok_or_else(|| {
+                config_error(format!("kubeconfig: user {name:?} of context {context_name:?} not found"))
+            })?),
+        };
     let server = normalize_server(&cluster.value.server)?;
     if cluster.value.insecure_skip_tls_verify {
         return Err(config_error(format!(
@@ -336,9 +335,9 @@ fn kubeconfig(settings: &ClusterSettings, env: &Environment<'_>) -> Result<Endpo
         }
         token = match (&u.token, &u.token_file) {
             (Some(t), _) => Some(t.trim().to_string()),
-            (None, Some(file)) => Some(
-                String::from_utf8_lossy(&read_file("tokenFile", &user.dir.join(file))?).trim().to_string(),
-            ),
+            (None, Some(file)) => {
+                Some(String::from_utf8_lossy(&read_file("tokenFile", &user.dir.join(file))?).trim().to_string())
+            }
             (None, None) => None,
         };
         let cert = match (&u.client_certificate_data, &u.client_certificate) {
@@ -412,7 +411,7 @@ mod tests {
         assert_eq!((e.server.as_str(), e.token.as_deref()), ("https://127.0.0.1:6443", Some("tok")));
         let bad = ClusterSettings { cert_file: "/c.pem".into(), ..settings };
         let err = resolve(&bad, &env(&none, dir.path(), dir.path())).expect_err("no key").to_string();
-        assert!(err.contains("key file must be specified"), "{err}");
+        assert!(err.contains("must be specified when using file based auth"), "{err}");
     }
 
     #[test]

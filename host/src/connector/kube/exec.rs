@@ -76,17 +76,23 @@ impl KubeClient {
         let url = url::Url::parse(&endpoint.server).map_err(|e| KubeError::Other(format!("server URL: {e}")))?;
         let host = url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();
         let port = url.port_or_known_default().unwrap_or(443);
-        let fail = |e: &dyn std::fmt::Display| KubeError::Connection(format!("Kubernetes API server {}: {e}", endpoint.server));
-        let tcp = tokio::time::timeout(std::time::Duration::from_secs(10), tokio::net::TcpStream::connect((host.as_str(), port)))
-            .await
-            .map_err(|_| fail(&"connect timed out"))?
-            .map_err(|e| fail(&e))?;
+        let fail = |e: &dyn std::fmt::Display| {
+            KubeError::Connection(format!("Kubernetes API server {}: {e}", endpoint.server))
+        };
+        let tcp = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            tokio::net::TcpStream::connect((host.as_str(), port)),
+        )
+        .await
+        .map_err(|_| fail(&"connect timed out"))?
+        .map_err(|e| fail(&e))?;
         let _ = tcp.set_nodelay(true);
         if url.scheme() == "http" {
             return Ok(Box::new(tcp));
         }
         let name = ServerName::try_from(host.clone()).map_err(|e| fail(&e))?;
-        let tls = tokio_rustls::TlsConnector::from(endpoint.tls.clone()).connect(name, tcp).await.map_err(|e| fail(&e))?;
+        let tls =
+            tokio_rustls::TlsConnector::from(endpoint.tls.clone()).connect(name, tcp).await.map_err(|e| fail(&e))?;
         Ok(Box::new(tls))
     }
 
