@@ -41,12 +41,14 @@ pub struct ExecArgs {
     /// The pipeline file (default: .gitlab-ci.yml in the project directory).
     #[arg(long)]
     pub file: Option<PathBuf>,
-    /// Executor plugin to run the jobs with (`shell`, or `docker`: each job in its `image:`
-    /// with its `services:`, on the engine `DOCKER_HOST` names, else the default socket).
+    /// Executor plugin to run the jobs with (`shell`; `docker`: each job in its `image:`
+    /// with its `services:`, on the engine `DOCKER_HOST` names, else the default socket;
+    /// `kubernetes`: each job in a pod on the cluster of `[runners.kubernetes]` or the
+    /// kubeconfig, the project mounted from the node, so a cluster on this machine).
     /// Default: the executor of the first `[[runners]]` of `--config`, else `shell`.
     #[arg(long)]
     pub executor: Option<String>,
-    /// With `--executor docker`: the image of jobs that name none.
+    /// With `--executor docker` or `kubernetes`: the image of jobs that name none.
     #[arg(long, value_name = "IMAGE")]
     pub docker_image: Option<String>,
     /// Project directory (default: the current directory).
@@ -116,20 +118,31 @@ impl Layout {
             .filter(|r| r.executor_plugin() == executor)
             .and_then(|r| serde_json::from_str::<serde_json::Value>(&r.executor_config_json()).ok())
             .filter(serde_json::Value::is_object);
-        if executor == "docker" {
+        if executor == "docker" || executor == "kubernetes" {
             let name =
                 run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "project".into());
             let project_dir = PathBuf::from("/builds").join(&name);
             // Local images are the point of a local run: pull only what is missing.
             let mut config = configured.unwrap_or_else(|| serde_json::json!({ "pull_policy": ["if-not-present"] }));
-            let binds = [
-                format!("{}:{}", run_dir.display(), project_dir.display()),
-                format!("{}:{CONTAINER_ARTIFACTS_DIR}", artifacts_root.display()),
-            ]
-            .map(serde_json::Value::String);
-            match config.get_mut("volumes").and_then(serde_json::Value::as_array_mut) {
-                Some(volumes) => volumes.extend(binds),
-                None => config["volumes"] = serde_json::Value::Array(binds.to_vec()),
+            let mounts = [(run_dir, project_dir.as_path()), (artifacts_root, Path::new(CONTAINER_ARTIFACTS_DIR))];
+            if executor == "docker" {
+                let binds =
+                    mounts.map(|(from, to)| serde_json::Value::String(format!("{}:{}", from.display(), to.display())));
+                match config.get_mut("volumes").and_then(serde_json::Value::as_array_mut) {
+                    Some(volumes) => volumes.extend(binds),
+                    None => config["volumes"] = serde_json::Value::Array(binds.to_vec()),
+                }
+            } else {
+                // The pod mounts them from the node: a cluster whose node sees this machine's
+                // files (a local cluster), as `docker` binds them from the engine's machine.
+                let volumes = mounts.iter().zip(["runway-project", "runway-artifacts"]).map(|((from, to), name)| {
+                    serde_json::json!({ "name": name, "host_path": from.display().to_string(), "mount_path": to.display().to_string() })
+                });
+                let list = &mut config["volumes"]["host_path"];
+                match list.as_array_mut() {
+                    Some(existing) => existing.extend(volumes),
+                    None => *list = serde_json::Value::Array(volumes.collect()),
+                }
             }
             if let Some(image) = &args.docker_image {
                 config["image"] = serde_json::Value::String(image.clone());
@@ -242,7 +255,7 @@ pub(super) async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result
     let run_dir = scratch.as_ref().map(|t| t.path().to_path_buf()).unwrap_or_else(|| project_dir.clone());
     // Artifacts of local runs stay in the project, one directory per job, for dependants.
     let artifacts_root = project_dir.join(".runway").join("artifacts");
-    if executor_name == "docker" {
+    if executor_name == "docker" || executor_name == "kubernetes" {
         // Bind-mounted into the containers: it must exist (and be the user's, not the engine's).
         std::fs::create_dir_all(&artifacts_root).map_err(|e| anyhow::anyhow!("{}: {e}", artifacts_root.display()))?;
     }
