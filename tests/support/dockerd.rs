@@ -58,6 +58,7 @@ pub(crate) struct Dockerd {
     /// Imports run one at a time, and each image once.
     imported: Mutex<BTreeSet<String>>,
     registry: OnceLock<Registry>,
+    auth_registry: OnceLock<Registry>,
 }
 
 static SHARED: OnceLock<Dockerd> = OnceLock::new();
@@ -235,6 +236,7 @@ impl Dockerd {
             socket,
             imported: Mutex::default(),
             registry: OnceLock::new(),
+            auth_registry: OnceLock::new(),
         };
         daemon.wait_ready();
         daemon
@@ -374,6 +376,14 @@ impl Dockerd {
         self.registry.get_or_init(|| Registry::start(&self.dir.join("registry")))
     }
 
+    /// A second registry on the same storage as [`Dockerd::registry`] that asks for
+    /// [`AUTH_USER`]/[`AUTH_PASSWORD`] (htpasswd): what the local registry holds can be pulled
+    /// from it only with those credentials.
+    pub(crate) fn auth_registry(&self) -> &Registry {
+        self.registry();
+        self.auth_registry.get_or_init(|| Registry::start_with(&self.dir.join("auth-registry"), Some(&self.dir.join("registry"))))
+    }
+
     /// Push `image` to the local registry as `name` (`repo:tag`), then remove the local
     /// reference, so a job naming the returned reference has to pull it.
     pub(crate) fn push_to_registry(&self, image: &str, name: &str) -> String {
@@ -432,7 +442,7 @@ impl Dockerd {
 
     /// Stop the daemon by PID (SIGTERM, then SIGKILL), undo its mounts, remove its directory.
     pub(crate) fn shutdown(&self) {
-        if let Some(registry) = self.registry.get() {
+        for registry in [self.registry.get(), self.auth_registry.get()].into_iter().flatten() {
             registry.stop();
         }
         let child = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -479,6 +489,11 @@ pub(crate) fn job_rootfs(marker: &str, programs: &[&str]) -> RootfsBuilder {
     rootfs
 }
 
+/// The user [`Dockerd::auth_registry`] asks for.
+pub(crate) const AUTH_USER: &str = "runway-puller";
+/// Its password.
+pub(crate) const AUTH_PASSWORD: &str = "pull-secret-password";
+
 /// Debian's `docker-registry` on 127.0.0.1:<free port>, with its own storage and config.
 pub(crate) struct Registry {
     dir: PathBuf,
@@ -489,15 +504,35 @@ pub(crate) struct Registry {
 impl Registry {
     /// Start a registry keeping its data under `dir`.
     pub(crate) fn start(dir: &Path) -> Registry {
+        Registry::start_with(dir, None)
+    }
+
+    /// Start a registry with its config and log under `dir`; with `shared`, one that serves the
+    /// storage of the registry under `shared` and asks for [`AUTH_USER`]/[`AUTH_PASSWORD`].
+    pub(crate) fn start_with(dir: &Path, shared: Option<&Path>) -> Registry {
         std::fs::create_dir_all(dir.join("storage")).expect("registry dir");
+        let storage = shared.unwrap_or(dir).join("storage");
+        let auth = match shared {
+            None => String::new(),
+            Some(_) => {
+                let hash = Command::new("python3")
+                    .args(["-W", "ignore", "-c", &format!("import crypt; print(crypt.crypt({AUTH_PASSWORD:?}, crypt.mksalt(crypt.METHOD_BLOWFISH)))")])
+                    .output()
+                    .expect("python3 makes the bcrypt hash");
+                let hash = String::from_utf8_lossy(&hash.stdout).trim().to_string();
+                assert!(hash.starts_with("$2"), "bcrypt hash: {hash:?}");
+                std::fs::write(dir.join("htpasswd"), format!("{AUTH_USER}:{hash}\n")).expect("htpasswd");
+                format!("auth:\n  htpasswd:\n    realm: runway-test\n    path: {}\n", dir.join("htpasswd").display())
+            }
+        };
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
         let config = dir.join("config.yml");
         std::fs::write(
             &config,
             format!(
                 "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\nstorage:\n  filesystem:\n    \
-                 rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                dir.join("storage").display()
+                 rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
+                storage.display()
             ),
         )
         .expect("registry config");
@@ -518,7 +553,8 @@ impl Registry {
                     s.write_all(b"GET /v2/ HTTP/1.0\r\n\r\n")?;
                     let mut answer = String::new();
                     s.read_to_string(&mut answer)?;
-                    Ok(answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"))
+                    let status = answer.split(' ').nth(1).unwrap_or_default();
+                    Ok(status == "200" || (shared.is_some() && status == "401"))
                 })
                 .unwrap_or(false);
             if ok {

@@ -1,0 +1,455 @@
+//! The `kubernetes` executor end to end (issue 31): `runway run` as a real process takes jobs
+//! from the fake GitLab and runs each in a pod on `fake-kube` (tests/fake-kube: a Kubernetes
+//! API server and kubelet on the shared test dockerd, started by PID; its pods share the node's
+//! network, the fake's stand-in for a CNI, so the helper reaches the fake GitLab on 127.0.0.1).
+//!
+//! Runway's helper image is written by `runway helper-image` and `docker import`ed into the
+//! engine, as an administrator would push it to the cluster's registry. Every test works in a
+//! namespace of its own, and checks that no pod, secret or container is left after its jobs;
+//! every object Runway sent is checked against the official Kubernetes models
+//! (tests/support/kube_models.py, PyPI `kubernetes`).
+
+#[path = "support/dockerd.rs"]
+mod dockerd;
+#[path = "support/fake_kube.rs"]
+mod fake_kube;
+#[path = "support/runway_process.rs"]
+mod runway_process;
+#[path = "support/wait.rs"]
+mod wait;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicI64, AtomicU16, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
+use fake_kube::FakeKube;
+use runway_process::RunwayProcess;
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(180);
+
+/// Job ids of each test start here, apart from other tests'.
+static NEXT_BASE: AtomicI64 = AtomicI64::new(0);
+/// Service ports: pods share the node's network, so every service of every test listens on
+/// its own port.
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+fn job_id_base() -> i64 {
+    300_000 + (std::process::id() as i64 % 1000) * 10_000 + NEXT_BASE.fetch_add(100, Ordering::SeqCst)
+}
+
+fn service_port() -> u16 {
+    20_000 + (std::process::id() % 200) as u16 * 100 + NEXT_PORT.fetch_add(1, Ordering::SeqCst)
+}
+
+/// Runway's helper image in the engine the kubelet pulls from (`runway helper-image`, then
+/// `docker import`): its reference.
+fn helper_image(kube: &FakeKube) -> &'static str {
+    static HELPER: OnceLock<String> = OnceLock::new();
+    HELPER.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tar = dir.path().join("helper.tar");
+        let out = Command::new(env!("CARGO_BIN_EXE_runway"))
+            .args(["helper-image", "--output"])
+            .arg(&tar)
+            .output()
+            .expect("runway helper-image runs");
+        assert!(out.status.success(), "runway helper-image: {}", String::from_utf8_lossy(&out.stderr));
+        let reference = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let imported = kube
+            .docker
+            .docker_cmd()
+            .arg("import")
+            .arg(&tar)
+            .arg(&reference)
+            .output()
+            .expect("docker import runs");
+        assert!(imported.status.success(), "docker import: {}", String::from_utf8_lossy(&imported.stderr));
+        reference
+    })
+}
+
+/// A fake GitLab with a project and a runner, the shared fake-kube, a namespace.
+struct World {
+    fake: FakeGitLab,
+    token: String,
+    root: tempfile::TempDir,
+    kube: &'static FakeKube,
+    namespace: String,
+}
+
+async fn world(name: &str) -> World {
+    let kube = tokio::task::spawn_blocking(fake_kube::shared).await.expect("fake-kube");
+    let namespace = tokio::task::block_in_place(|| {
+        helper_image(kube);
+        kube.docker.service_image();
+        kube.namespace(name)
+    });
+    let fake =
+        FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+            .await;
+    fake.set_next_job_id(job_id_base());
+    let runner = fake.create_runner("kubernetes test");
+    fake.create_repo("group/project");
+    fake.commit_files("group/project", "main", &[("README.md", "hello from the repository\n")], "first");
+    World { fake, token: runner.token, root: tempfile::tempdir().expect("tempdir"), kube, namespace }
+}
+
+impl World {
+    /// A manager whose runner runs jobs on fake-kube in the world's namespace; `kubernetes`
+    /// lines go into `[runners.kubernetes]`, `tail` after it.
+    fn manager(&self, name: &str, kubernetes: &str, tail: &str) -> RunwayProcess {
+        let dir = self.root.path().join(name);
+        std::fs::create_dir_all(&dir).expect("manager dir");
+        let ca = dir.join("kube-ca.pem");
+        std::fs::write(&ca, &self.kube.ca_pem).expect("CA file");
+        let config = format!(
+            r#"concurrent = 4
+check_interval = 1
+shutdown_timeout = 5
+
+[[runners]]
+name = "{name}"
+url = "{url}"
+token = "{token}"
+executor = "kubernetes"
+  [runners.kubernetes]
+  host = "{server}"
+  bearer_token = "{kube_token}"
+  ca_file = "{ca}"
+  namespace = "{namespace}"
+  image = "{image}"
+  helper_image = "{helper}"
+  pull_policy = "if-not-present"
+  poll_interval = 1
+  poll_timeout = 60
+{kubernetes}
+{tail}
+"#,
+            url = self.fake.url(),
+            token = self.token,
+            server = self.kube.server,
+            kube_token = self.kube.token,
+            ca = ca.display(),
+            namespace = self.namespace,
+            image = self.kube.docker.job_image(),
+            helper = helper_image(self.kube),
+        );
+        std::fs::write(dir.join("config.toml"), config).expect("config");
+        RunwayProcess::new(dir).quit_on_drop()
+    }
+
+    fn job(&self, name: &str, script: &[&str]) -> JobSpec {
+        JobSpec::new("group/project", name, script)
+    }
+
+    fn enqueue(&self, spec: JobSpec, edit: impl FnOnce(&mut Value)) -> i64 {
+        let mut payload = self.fake.job_payload(&spec);
+        edit(&mut payload);
+        self.fake.enqueue(payload)
+    }
+
+    async fn wait_for(&self, job: i64, what: &str, manager: &RunwayProcess, f: impl Fn(&JobRecord) -> bool) -> JobRecord {
+        match self.fake.wait_for_job_state(job, f, WAIT).await {
+            Some(record) => record,
+            None => panic!(
+                "job {job}: {what} did not happen; trace:\n{}\nrunway log:\n{}\nfake-kube log (tail):\n{}",
+                self.fake.job(job).map(|j| j.trace_text()).unwrap_or_default(),
+                manager.log(),
+                tail(&self.kube.log(), 60)
+            ),
+        }
+    }
+
+    async fn finished(&self, job: i64, manager: &RunwayProcess) -> JobRecord {
+        self.wait_for(job, "the final update", manager, |j| j.final_state.is_some()).await
+    }
+
+    /// Pods and secrets left in the namespace, and containers fake-kube made for its pods.
+    fn leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        for kind in ["pods", "secrets"] {
+            let (status, list) = self.kube.call_blocking("GET", &format!("/api/v1/namespaces/{}/{kind}", self.namespace), None);
+            assert_eq!(status, 200, "{list}");
+            for item in list["items"].as_array().into_iter().flatten() {
+                left.push(format!("{kind}/{}", item["metadata"]["name"].as_str().unwrap_or_default()));
+            }
+        }
+        left.extend(self.kube.containers_of_namespace(&self.namespace));
+        left
+    }
+
+    /// Wait until the namespace holds nothing of the jobs (deletion takes the grace period).
+    async fn assert_nothing_left(&self, manager: &RunwayProcess) {
+        let mut last = Vec::new();
+        for _ in 0..600 {
+            last = tokio::task::block_in_place(|| self.leftovers());
+            if last.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("left after the jobs: {last:?}\nrunway log:\n{}\nfake-kube log:\n{}", manager.log(), tail(&self.kube.log(), 40));
+    }
+
+    /// Every object the runner sent to the API in this namespace, checked against the
+    /// official Kubernetes models.
+    fn assert_objects_pass_the_models(&self) {
+        let sent = self.kube.objects_sent(&self.namespace);
+        assert!(!sent.is_empty(), "no object was sent in namespace {}", self.namespace);
+        let checked = self.kube.check_models(&sent);
+        assert!(checked.status.success(), "the official models refuse what Runway sent:\n{}{}", String::from_utf8_lossy(&checked.stdout), String::from_utf8_lossy(&checked.stderr));
+    }
+
+    /// The pod spec the runner created for `job` (from what fake-kube received).
+    fn pod_sent_for(&self, job: i64) -> Value {
+        self.kube
+            .objects_sent(&self.namespace)
+            .into_iter()
+            .find(|o| o["kind"] == "Pod" && o["metadata"]["labels"].as_object().is_some_and(|l| l.values().any(|v| v == &json!(job.to_string()))))
+            .unwrap_or_else(|| panic!("no pod of job {job} was sent"))
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn assert_state(record: &JobRecord, want: JobStatus, manager: &RunwayProcess) {
+    assert_eq!(record.status, want, "trace:\n{}\nrunway log:\n{}", record.trace_text(), manager.log());
+}
+
+fn service(image: &str, alias: &str, port: u16) -> Value {
+    json!({ "name": image, "alias": alias, "entrypoint": null, "command": ["nc", "-lk", port.to_string()] })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_runs_in_a_pod_with_two_services_reachable_by_alias_and_nothing_is_left() {
+    let w = world("pod").await;
+    let mut manager = w.manager("pod", "", "");
+    manager.start();
+    let (a, b) = (service_port(), service_port());
+    let script = format!(
+        "cat README.md && cat /etc/runway-image && nc -z -w 5 svc-a {a} && nc -z -w 5 svc-b {b} && echo both-services-reachable"
+    );
+    let image = w.kube.docker.service_image();
+    let job = w.enqueue(w.job("pod", &[&script]), |p| {
+        p["services"] = json!([service(image, "svc-a", a), service(image, "svc-b", b)]);
+    });
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("hello from the repository"), "the helper cloned the project: {trace}");
+    assert!(trace.contains("both-services-reachable"), "{trace}");
+    assert!(trace.contains(&format!("Using Kubernetes namespace: {}", w.namespace)), "{trace}");
+    w.assert_nothing_left(&manager).await;
+    w.assert_objects_pass_the_models();
+    let pod = w.pod_sent_for(job);
+    let containers: Vec<&str> = pod["spec"]["containers"].as_array().expect("containers").iter().filter_map(|c| c["name"].as_str()).collect();
+    assert_eq!(containers, ["build", "helper", "svc-0", "svc-1"], "{pod:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifacts_a_cache_and_a_dependency_pass_between_jobs() {
+    let w = world("artifacts").await;
+    let cache_dir = w.root.path().join("node-cache");
+    std::fs::create_dir_all(&cache_dir).expect("cache dir");
+    let volume = format!(
+        "  [[runners.kubernetes.volumes.host_path]]\n  name = \"cache\"\n  host_path = \"{}\"\n  mount_path = \"/cache\"",
+        cache_dir.display()
+    );
+    let mut manager = w.manager("artifacts", &volume, "");
+    manager.start();
+    let first = w.job("build", &["mkdir -p out vendor", "echo built-by-the-first-job > out/result.txt", "echo cached-by-the-first-job > vendor/lib.txt"])
+        .artifacts(json!({ "paths": ["out/"] }))
+        .cache(json!({ "key": "deps", "paths": ["vendor/"] }));
+    let first = w.enqueue(first, |_| {});
+    let record = w.finished(first, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    assert!(!w.fake.artifacts(first).is_empty(), "artifacts were uploaded: {}", record.trace_text());
+    let second = w.job("test", &["cat out/result.txt", "cat vendor/lib.txt"]).dependency(first).cache(json!({ "key": "deps", "paths": ["vendor/"], "policy": "pull" }));
+    let second = w.enqueue(second, |_| {});
+    let record = w.finished(second, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("built-by-the-first-job"), "the dependency's artifacts: {trace}");
+    assert!(trace.contains("cached-by-the-first-job"), "the cache: {trace}");
+    w.assert_nothing_left(&manager).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overwrites_within_the_limits_are_honoured_and_beyond_them_refused() {
+    let w = world("overwrites").await;
+    let limits = "  cpu_limit = \"1\"\n  cpu_limit_overwrite_max_allowed = \"2\"\n  memory_request_overwrite_max_allowed = \"1Gi\"\n  pod_labels_overwrite_allowed = \"team.*\"";
+    let mut manager = w.manager("overwrites", limits, "");
+    manager.start();
+    let within = w
+        .job("within", &["echo within-the-limits"])
+        .variable("GIT_STRATEGY", "none")
+        .variable("KUBERNETES_CPU_LIMIT", "1500m")
+        .variable("KUBERNETES_MEMORY_REQUEST", "256Mi")
+        .variable("KUBERNETES_POD_LABELS_1", "team=runners");
+    let within = w.enqueue(within, |_| {});
+    let record = w.finished(within, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let pod = w.pod_sent_for(within);
+    let build = pod["spec"]["containers"].as_array().expect("containers").iter().find(|c| c["name"] == "build").expect("build").clone();
+    assert_eq!(build["resources"]["limits"]["cpu"], "1500m", "{pod:#}");
+    assert_eq!(build["resources"]["requests"]["memory"], "256Mi", "{pod:#}");
+    assert_eq!(pod["metadata"]["labels"]["team"], "runners", "{pod:#}");
+
+    let beyond = w.job("beyond", &["echo must-not-run"]).variable("GIT_STRATEGY", "none").variable("KUBERNETES_CPU_LIMIT", "3");
+    let beyond = w.enqueue(beyond, |_| {});
+    let record = w.finished(beyond, &manager).await;
+    assert_state(&record, JobStatus::Failed, &manager);
+    let trace = record.trace_text();
+    assert!(!trace.contains("must-not-run\n"), "{trace}");
+    assert!(trace.contains("KUBERNETES_CPU_LIMIT") || trace.contains("cpu_limit_overwrite_max_allowed"), "the refusal names the overwrite: {trace}");
+    assert!(w.kube.objects_sent(&w.namespace).iter().all(|o| o["metadata"]["labels"].as_object().is_none_or(|l| !l.values().any(|v| v == &json!(beyond.to_string())))), "no pod was created for the refused job");
+    w.assert_nothing_left(&manager).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_timeout_delete_the_pod() {
+    let w = world("cancel").await;
+    let mut manager = w.manager("cancel", "", "");
+    manager.start();
+    let job = w.enqueue(w.job("cancel", &["echo started-the-long-stage", "sleep 300"]).variable("GIT_STRATEGY", "none"), |_| {});
+    w.wait_for(job, "the stage starting", &manager, |j| j.trace_text().contains("started-the-long-stage")).await;
+    assert!(!tokio::task::block_in_place(|| w.leftovers()).is_empty(), "the job's pod runs");
+    w.fake.cancel(job);
+    let record = w.wait_for(job, "the cancel", &manager, |j| j.status.is_final()).await;
+    assert_state(&record, JobStatus::Canceled, &manager);
+    w.assert_nothing_left(&manager).await;
+
+    let mut spec = w.job("timeout", &["echo started-sleeping", "sleep 300"]).variable("GIT_STRATEGY", "none");
+    spec.timeout = 8;
+    let job = w.enqueue(spec, |_| {});
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Failed, &manager);
+    assert_eq!(record.failure_reason.as_deref(), Some("job_execution_timeout"), "{}", record.trace_text());
+    w.assert_nothing_left(&manager).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_that_cannot_be_pulled_fails_with_the_kubelets_reason() {
+    let w = world("pull").await;
+    let mut manager = w.manager("pull", "", "");
+    manager.start();
+    let mut spec = w.job("pull", &["echo must-not-run"]).variable("GIT_STRATEGY", "none");
+    spec.image = Some("127.0.0.1:1/runway-test/missing:1".into());
+    let job = w.enqueue(spec, |_| {});
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Failed, &manager);
+    assert_eq!(record.failure_reason.as_deref(), Some("runner_system_failure"), "{}", record.trace_text());
+    let trace = record.trace_text();
+    assert!(trace.contains("ErrImagePull") || trace.contains("ImagePullBackOff"), "{trace}");
+    w.assert_nothing_left(&manager).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_never_schedules_fails_after_poll_timeout_with_its_events() {
+    let w = world("unschedulable").await;
+    w.kube.keep_unschedulable(&w.namespace, 600);
+    let mut manager = w.manager("unschedulable", "  poll_timeout = 4", "");
+    manager.start();
+    let job = w.enqueue(w.job("never", &["echo must-not-run"]).variable("GIT_STRATEGY", "none"), |_| {});
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Failed, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("timed out waiting for pod"), "{trace}");
+    assert!(trace.contains("FailedScheduling"), "the pod's events are in the trace: {trace}");
+    assert!(trace.contains("Unschedulable"), "{trace}");
+    w.assert_nothing_left(&manager).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forbidden_api_fails_the_job_with_the_servers_message() {
+    let w = world("forbidden").await;
+    let token = w.kube.add_token("runway-readonly", &["get", "list", "watch"], &["pods"], &w.namespace);
+    let mut manager = w.manager("forbidden", "", "");
+    let config = std::fs::read_to_string(manager.dir().join("config.toml")).expect("config");
+    std::fs::write(manager.dir().join("config.toml"), config.replace(&w.kube.token, &token)).expect("config");
+    manager.start();
+    let job = w.enqueue(w.job("forbidden", &["echo must-not-run"]).variable("GIT_STRATEGY", "none"), |_| {});
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Failed, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("forbidden") && trace.contains("cannot create resource \"pods\""), "{trace}");
+    w.assert_nothing_left(&manager).await;
+}
+
+/// `runway exec --executor kubernetes` on the cluster of a kubeconfig: the project is mounted
+/// from the node (fake-kube's node is this machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runway_exec_runs_a_local_job_on_the_cluster_of_a_kubeconfig() {
+    let w = world("exec").await;
+    let project = w.root.path().join("local-project");
+    std::fs::create_dir_all(&project).expect("project");
+    std::fs::write(project.join(".gitlab-ci.yml"), "hello:\n  script:\n    - cat greeting.txt\n    - cat /etc/runway-image\n").expect("ci file");
+    std::fs::write(project.join("greeting.txt"), "greetings-from-the-local-project\n").expect("file");
+    let config = w.root.path().join("exec-config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[runners]]\nname = \"local\"\nurl = \"https://gitlab.invalid\"\ntoken = \"x\"\nexecutor = \"kubernetes\"\n  [runners.kubernetes]\n  namespace = \"{ns}\"\n  image = \"{image}\"\n  helper_image = \"{helper}\"\n  pull_policy = \"if-not-present\"\n  poll_interval = 1\n",
+            ns = w.namespace,
+            image = w.kube.docker.job_image(),
+            helper = helper_image(w.kube),
+        ),
+    )
+    .expect("config");
+    let out = tokio::task::block_in_place(|| {
+        Command::new(env!("CARGO_BIN_EXE_runway"))
+            .args(["exec", "--executor", "kubernetes", "--config"])
+            .arg(&config)
+            .arg("hello")
+            .current_dir(&project)
+            .env("KUBECONFIG", &w.kube.kubeconfig)
+            .env("HOME", w.root.path())
+            .env("RUNWAY_PLUGIN_CACHE_DIR", std::env::var("RUNWAY_PLUGIN_CACHE_DIR").unwrap_or_default())
+            .output()
+            .expect("runway exec runs")
+    });
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}\nfake-kube log:\n{}", tail(&w.kube.log(), 40));
+    assert!(text.contains("greetings-from-the-local-project"), "{text}");
+    assert!(text.contains(&format!("kubeconfig {}", w.kube.kubeconfig.display())), "the kubeconfig was used: {text}");
+    assert!(Path::new(&project).join("greeting.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jobs_registry_credentials_become_an_image_pull_secret_the_kubelet_uses() {
+    let w = world("pull-secret").await;
+    let (image, registry) = tokio::task::block_in_place(|| {
+        let docker = w.kube.docker;
+        let pushed = docker.push_to_registry(docker.job_image(), &format!("pulls/secret-{}:1", std::process::id()));
+        let registry = docker.auth_registry().address();
+        (pushed.replacen(&docker.registry().address(), &registry, 1), registry)
+    });
+    let mut manager = w.manager("pull-secret", "", "");
+    manager.start();
+    let mut spec = w.job("private", &["echo pulled-with-the-secret"]).variable("GIT_STRATEGY", "none");
+    spec.image = Some(image.clone());
+    let job = w.enqueue(spec, |p| {
+        p["credentials"] = json!([{
+            "type": "registry", "url": registry, "username": dockerd::AUTH_USER, "password": dockerd::AUTH_PASSWORD
+        }]);
+    });
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    assert!(record.trace_text().contains("pulled-with-the-secret"), "{}", record.trace_text());
+    let pod = w.pod_sent_for(job);
+    let secret = pod["spec"]["imagePullSecrets"][0]["name"].as_str().expect("an image pull secret").to_string();
+    let sent = w.kube.objects_sent(&w.namespace);
+    let object = sent.iter().find(|o| o["kind"] == "Secret" && o["metadata"]["name"] == secret.as_str()).expect("the secret was created");
+    assert_eq!(object["type"], "kubernetes.io/dockerconfigjson", "{object:#}");
+    let log = w.kube.docker.auth_registry().log();
+    assert!(log.contains(dockerd::AUTH_USER), "the registry saw the credentials:\n{log}");
+    w.assert_nothing_left(&manager).await;
+    w.assert_objects_pass_the_models();
+}
