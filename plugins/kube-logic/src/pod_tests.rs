@@ -390,6 +390,15 @@ fn lifecycle_hooks_apply_to_every_container() {
 }
 
 #[test]
+fn configured_services_expand_name_and_alias() {
+    let mut i = inputs();
+    i.variables.extend(vars(&[("PG", "16"), ("ALIAS", "db")]));
+    let config = parse(r#"{"services": [{"name": "postgres:$PG", "alias": "$ALIAS"}]}"#).unwrap().config;
+    let services = services(&config, &i);
+    assert_eq!((services[0].name.as_str(), services[0].aliases.clone()), ("postgres:16", vec!["db".to_string()]));
+}
+
+#[test]
 fn dns1123_subdomains() {
     for ok in ["a", "db", "tutum-wordpress", "a.b-c.d", "x1"] {
         assert!(is_dns1123_subdomain(ok), "{ok}");
