@@ -77,14 +77,15 @@ pub fn keep_alive_command(shell: &str) -> Vec<String> {
     }
 }
 
-/// The images of a job: the build image and every service, `$VARS` expanded, config services first.
+/// The job's services, config services first, image names (and the config's aliases) `$VARS` expanded.
 pub fn services(config: &KubeConfig, inputs: &PodInputs) -> Vec<ImageInput> {
     let expand = expander(&inputs.variables);
+    // gitlab-runner expands the name and alias of configured services per job.
     let configured = config.services.iter().map(|s| ImageInput {
         name: s.name.clone(),
         entrypoint: s.entrypoint.clone(),
         command: s.command.clone(),
-        aliases: s.aliases.clone(),
+        aliases: s.aliases.iter().flat_map(|a| docker_logic::config::split_aliases(&expand(a))).collect(),
         variables: s.variables.clone(),
         pull_policies: Vec::new(),
     });
