@@ -15,8 +15,6 @@ mod dockerd;
 mod fake_kube;
 #[path = "support/runway_process.rs"]
 mod runway_process;
-#[path = "support/wait.rs"]
-mod wait;
 
 use std::path::Path;
 use std::process::Command;
