@@ -231,9 +231,11 @@ async fn a_job_runs_in_a_pod_with_two_services_reachable_by_alias_and_nothing_is
     let mut manager = w.manager("pod", "", "");
     manager.start();
     let (a, b) = (service_port(), service_port());
-    let script = format!(
-        "cat README.md && cat /etc/runway-image && nc -z -w 5 svc-a {a} && nc -z -w 5 svc-b {b} && echo both-services-reachable"
-    );
+    // A service listens a moment after its container starts: try for up to ten seconds.
+    let reach = |alias: &str, port: u16| {
+        format!("for i in $(seq 100); do nc -z -w 1 {alias} {port} && break; sleep 0.1; done; nc -z -w 1 {alias} {port}")
+    };
+    let script = format!("cat README.md && {} && {} && echo both-services-reachable", reach("svc-a", a), reach("svc-b", b));
     let image = w.kube.docker.service_image();
     let job = w.enqueue(w.job("pod", &[&script]), |p| {
         p["services"] = json!([service(image, "svc-a", a), service(image, "svc-b", b)]);

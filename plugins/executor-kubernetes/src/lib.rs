@@ -126,7 +126,7 @@ impl Executor for Kubernetes {
             trace::write_str(&format!("{note}\n"));
         }
         let api = connect(&cluster_config(&config, &overwrites))?;
-        trace::write_str(&format!("Using Kubernetes executor with {} ...\n", api.cluster.source()));
+        trace::write_str(&format!("Using Kubernetes cluster of {}\n", api.cluster.source()));
         let namespace = overwrites.namespace.clone();
         trace::write_str(&format!("Using Kubernetes namespace: {namespace}\n"));
         let random = std::collections::hash_map::RandomState::new().hash_one(job.id);
@@ -252,7 +252,10 @@ impl KubeEnv {
         }
         let object = pod::build(config, overwrites, inputs).map_err(ExecutorError::InvalidConfig)?;
         self.saved.state.pod = object["metadata"]["name"].as_str().unwrap_or(&self.saved.state.pod).to_string();
+        let image = object["spec"]["containers"][0]["image"].as_str().unwrap_or_default().to_string();
+        trace::write_str(&format!("Using Kubernetes executor with image {image} ...\n"));
         self.api.create(&format!("/api/v1/namespaces/{namespace}/pods"), &object, "the job's pod")?;
+        trace::write_str(&format!("Created pod {namespace}/{}\n", self.saved.state.pod));
         wait::running(&self.api, &namespace, &self.saved.state.pod, config)
     }
 
