@@ -232,7 +232,9 @@ impl FakeKube {
     /// A namespace of the test's own (`<name>-<pid>`).
     pub(crate) fn namespace(&self, name: &str) -> String {
         let ns = format!("{name}-{}", std::process::id());
-        self.kubectl_ok(&["create", "namespace", &ns]);
+        let body = json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": ns } });
+        let (status, answer) = self.call_blocking("POST", "/api/v1/namespaces", Some(body));
+        assert!(status == 201 || status == 200, "creating namespace {ns}: {status} {answer}");
         ns
     }
 
