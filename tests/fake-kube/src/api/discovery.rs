@@ -1,0 +1,105 @@
+//! Discovery and OpenAPI: `/version`, `/api`, `/apis`, `/api/v1`, the authorization group,
+//! `/openapi/v3` (an index and the `api/v1` document, with the PATCH operations' GVK and
+//! `fieldValidation` parameter kubectl looks for before it leaves validation to the server),
+//! `/healthz`, `/livez`, `/readyz`. `/openapi/v2` is not served (404), which kubectl 1.37
+//! tolerates.
+
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use crate::resources;
+use crate::status::ApiError;
+
+/// The Kubernetes version fake-kube answers as.
+pub(crate) const VERSION: &str = "v1.37.0";
+
+fn ok(value: Value) -> Result<Response, ApiError> {
+    Ok(axum::Json(value).into_response())
+}
+
+pub(super) fn handle(path: &str, headers: &HeaderMap) -> Result<Response, ApiError> {
+    let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1").to_string();
+    match path.trim_end_matches('/') {
+        "/version" => ok(json!({
+            "major": "1",
+            "minor": "37",
+            "emulationMajor": "1",
+            "emulationMinor": "37",
+            "gitVersion": VERSION,
+            "gitCommit": "0000000000000000000000000000000000000000",
+            "gitTreeState": "clean",
+            "buildDate": "2026-11-01T00:00:00Z",
+            "goVersion": "go1.25.0",
+            "compiler": "gc",
+            "platform": "linux/amd64"
+        })),
+        "/api" => ok(json!({
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}]
+        })),
+        "/api/v1" => ok(resources::core_resource_list()),
+        "/apis" => ok(resources::group_list()),
+        "/apis/authorization.k8s.io" => ok(resources::authorization_group()),
+        "/apis/authorization.k8s.io/v1" => ok(resources::authorization_resource_list()),
+        "/openapi/v3" => ok(json!({"paths": {
+            "api/v1": {"serverRelativeURL": "/openapi/v3/api/v1?hash=FAKEKUBE1"},
+            "api": {"serverRelativeURL": "/openapi/v3/api?hash=FAKEKUBE1"},
+        }})),
+        "/openapi/v3/api/v1" => ok(openapi_core()),
+        "/openapi/v3/api" => {
+            ok(json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": VERSION}, "paths": {}}))
+        }
+        "/healthz" | "/livez" | "/readyz" => Ok("ok".into_response()),
+        _ => Err(ApiError::new(404, "NotFound", "the server could not find the requested resource")),
+    }
+}
+
+/// The `api/v1` OpenAPI v3 document: for each resource, its collection and object paths
+/// with their operations, GVK extensions and the `fieldValidation` parameter.
+fn openapi_core() -> Value {
+    let mut paths = serde_json::Map::new();
+    for r in resources::ALL {
+        let gvk = json!({"group": "", "version": "v1", "kind": r.kind});
+        let param =
+            |name: &str| json!({"name": name, "in": "query", "schema": {"type": "string", "uniqueItems": true}});
+        let op = |action: &str, id: &str, with_validation: bool| {
+            let mut parameters = vec![param("dryRun"), param("fieldManager")];
+            if with_validation {
+                parameters.push(param("fieldValidation"));
+            }
+            json!({
+                "operationId": format!("{id}{}", r.kind),
+                "x-kubernetes-action": action,
+                "x-kubernetes-group-version-kind": gvk,
+                "parameters": parameters,
+                "responses": {"200": {"description": "OK"}}
+            })
+        };
+        let (collection, object) = if r.namespaced {
+            (
+                format!("/api/v1/namespaces/{{namespace}}/{}", r.plural),
+                format!("/api/v1/namespaces/{{namespace}}/{}/{{name}}", r.plural),
+            )
+        } else {
+            (format!("/api/v1/{}", r.plural), format!("/api/v1/{}/{{name}}", r.plural))
+        };
+        paths.insert(collection, json!({"get": op("list", "list", false), "post": op("post", "create", true)}));
+        paths.insert(
+            object,
+            json!({
+                "get": op("get", "read", false),
+                "put": op("put", "replace", true),
+                "patch": op("patch", "patch", true),
+                "delete": op("delete", "delete", false)
+            }),
+        );
+    }
+    json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": VERSION},
+        "paths": paths,
+        "components": {"schemas": {}}
+    })
+}
