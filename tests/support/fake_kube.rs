@@ -290,6 +290,7 @@ impl FakeKube {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/support/kube_models.py");
         let mut child = Command::new("python3")
             .arg(script)
+            .arg("-")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
