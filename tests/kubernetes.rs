@@ -510,3 +510,21 @@ async fn the_jobs_registry_credentials_become_an_image_pull_secret_the_kubelet_u
     w.assert_nothing_left(&manager).await;
     w.assert_objects_pass_the_models();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_api_server_fails_the_job_with_a_system_failure() {
+    let w = world("unreachable").await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let mut manager = w.manager("unreachable", "", "");
+    let config = std::fs::read_to_string(manager.dir().join("config.toml")).expect("config");
+    let config = config.replace(&w.kube.server, &format!("https://127.0.0.1:{closed}"));
+    std::fs::write(manager.dir().join("config.toml"), config).expect("config");
+    manager.start();
+    let job = w.enqueue(w.job("unreachable", &["echo must-not-run"]).variable("GIT_STRATEGY", "none"), |_| {});
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Failed, &manager);
+    assert_eq!(record.failure_reason.as_deref(), Some("runner_system_failure"), "{}", record.trace_text());
+    let trace = record.trace_text();
+    assert!(trace.contains(&format!("Kubernetes API server https://127.0.0.1:{closed}")), "{trace}");
+    assert!(!trace.contains("must-not-run\n"), "{trace}");
+}
