@@ -309,6 +309,7 @@ async fn artifacts_a_cache_and_a_dependency_pass_between_jobs() {
     assert!(trace.contains("built-by-the-first-job"), "the dependency's artifacts: {trace}");
     assert!(trace.contains("cached-by-the-first-job"), "the cache: {trace}");
     w.assert_nothing_left(&manager).await;
+    w.assert_objects_pass_the_models();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -356,6 +357,7 @@ async fn overwrites_within_the_limits_are_honoured_and_beyond_them_refused() {
         "no pod was created for the refused job"
     );
     w.assert_nothing_left(&manager).await;
+    w.assert_objects_pass_the_models();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
