@@ -530,3 +530,30 @@ async fn an_unreachable_api_server_fails_the_job_with_a_system_failure() {
     assert!(trace.contains(&format!("Kubernetes API server https://127.0.0.1:{closed}")), "{trace}");
     assert!(!trace.contains("must-not-run\n"), "{trace}");
 }
+
+/// The attach strategy's promise: a stage's output and exit code live in the pod, so a manager
+/// SIGKILLed mid-stage is restarted and follows the stage on from where GitLab's log ends
+/// (the file job store is on by default): every line once, in order, the job successful, the
+/// pod deleted after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_survives_kill_9_of_its_manager_mid_stage() {
+    let w = world("resume").await;
+    let mut manager = w.manager("resume", "", "");
+    manager.start();
+    let script = "for i in $(seq 1 120); do echo \"line $i of 120\"; sleep 0.05; done";
+    let job = w.enqueue(w.job("resume", &[script]).variable("GIT_STRATEGY", "none"), |_| {});
+    w.wait_for(job, "line 20", &manager, |j| j.trace_text().contains("line 20 of 120")).await;
+    manager.kill9();
+    manager.start();
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let trace = record.trace_text();
+    let lines: Vec<u32> = trace
+        .lines()
+        .filter_map(|l| l.strip_prefix("line ").and_then(|rest| rest.strip_suffix(" of 120")))
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    assert_eq!(lines, (1..=120).collect::<Vec<u32>>(), "every line once, in order:\n{trace}");
+    assert!(manager.log().contains("resuming a stored job"), "{}", manager.log());
+    w.assert_nothing_left(&manager).await;
+}

