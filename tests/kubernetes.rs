@@ -557,3 +557,30 @@ async fn a_job_survives_kill_9_of_its_manager_mid_stage() {
     assert!(manager.log().contains("resuming a stored job"), "{}", manager.log());
     w.assert_nothing_left(&manager).await;
 }
+
+/// gitlab-runner's pull policy fallback: the job's `pull_policy: [never, if-not-present]` fails
+/// with `never` (the image is only in the registry), and a second pod pulls it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_pull_tries_the_next_pull_policy_in_a_new_pod() {
+    let w = world("pull-fallback").await;
+    let image = tokio::task::block_in_place(|| {
+        let docker = w.kube.docker;
+        docker.push_to_registry(docker.job_image(), &format!("pulls/fallback-{}:1", std::process::id()))
+    });
+    let mut manager = w.manager("pull-fallback", "  allowed_pull_policies = [\"never\", \"if-not-present\"]", "");
+    manager.start();
+    let job =
+        w.enqueue(w.job("fallback", &["echo pulled-on-the-second-attempt"]).variable("GIT_STRATEGY", "none"), |p| {
+            p["image"] = json!({ "name": image, "pull_policy": ["never", "if-not-present"] });
+        });
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("ErrImageNeverPull") && trace.contains("trying the next pull policy"), "{trace}");
+    assert!(trace.contains("pulled-on-the-second-attempt"), "{trace}");
+    let pods: Vec<Value> = w.kube.objects_sent(&w.namespace).into_iter().filter(|o| o["kind"] == "Pod").collect();
+    let policies: Vec<&str> =
+        pods.iter().filter_map(|p| p["spec"]["containers"][0]["imagePullPolicy"].as_str()).collect();
+    assert_eq!(policies, ["Never", "IfNotPresent"], "one pod per policy");
+    w.assert_nothing_left(&manager).await;
+}

@@ -20,6 +20,7 @@ use kube_logic::config::{self, KubeConfig};
 use kube_logic::names::{self, JobMeta, BUILD_CONTAINER, HELPER_CONTAINER};
 use kube_logic::overwrites::{self, Overwrites};
 use kube_logic::pod::{self, ImageInput, PodInputs};
+use kube_logic::pull;
 use kube_logic::secret::{self, RegistryCredential};
 use kube_logic::state::{Connection, State};
 use remote_stages::{check_shell, working_dir, StageFiles};
@@ -249,13 +250,40 @@ impl KubeEnv {
             self.saved.state.secrets.push(secret_name.clone());
             inputs.image_pull_secrets.push(secret_name);
         }
-        let object = pod::build(config, overwrites, inputs).map_err(ExecutorError::InvalidConfig)?;
-        self.saved.state.pod = object["metadata"]["name"].as_str().unwrap_or(&self.saved.state.pod).to_string();
-        let image = object["spec"]["containers"][0]["image"].as_str().unwrap_or_default().to_string();
-        trace::write_str(&format!("Using Kubernetes executor with image {image} ...\n"));
-        self.api.create(&format!("/api/v1/namespaces/{namespace}/pods"), &object, "the job's pod")?;
-        trace::write_str(&format!("Created pod {namespace}/{}\n", self.saved.state.pod));
-        wait::running(&self.api, &namespace, &self.saved.state.pod, config)
+        // One pod attempt per pull policy (gitlab-runner's fallback): a failed pull with
+        // another policy left deletes the pod and tries the next.
+        let attempts = pull::effective(config, BUILD_CONTAINER, &inputs.image.pull_policies)
+            .map_err(ExecutorError::InvalidConfig)?
+            .len()
+            .max(1);
+        let first = inputs.random;
+        for attempt in 0..attempts {
+            inputs.pull_attempt = attempt;
+            inputs.random = first.wrapping_add(attempt as u64);
+            let object = pod::build(config, overwrites, inputs).map_err(ExecutorError::InvalidConfig)?;
+            self.saved.state.pod = object["metadata"]["name"].as_str().unwrap_or(&self.saved.state.pod).to_string();
+            let image = object["spec"]["containers"][0]["image"].as_str().unwrap_or_default().to_string();
+            trace::write_str(&format!("Using Kubernetes executor with image {image} ...\n"));
+            self.api.create(&format!("/api/v1/namespaces/{namespace}/pods"), &object, "the job's pod")?;
+            trace::write_str(&format!("Created pod {namespace}/{}\n", self.saved.state.pod));
+            match wait::running(&self.api, &namespace, &self.saved.state.pod, config) {
+                Ok(()) => return Ok(()),
+                Err(wait::NotRunning::Pull(reason)) if attempt + 1 < attempts => {
+                    trace::write_str(&format!("WARNING: {reason}: trying the next pull policy\n"));
+                    self.delete_pod();
+                }
+                Err(wait::NotRunning::Pull(reason)) => return Err(ExecutorError::Other(reason)),
+                Err(wait::NotRunning::Failed(e)) => return Err(e),
+            }
+        }
+        Err(ExecutorError::Other("no pod attempt left".into()))
+    }
+
+    /// Delete the job's pod (best effort), with the configured grace period.
+    fn delete_pod(&self) {
+        let state = &self.saved.state;
+        let grace = state.cleanup_grace_period_seconds.map(|g| format!("?gracePeriodSeconds={g}")).unwrap_or_default();
+        self.api.delete(&format!("/api/v1/namespaces/{}/pods/{}{grace}", state.namespace, state.pod), "the job's pod");
     }
 
     fn target(&self, container: &str) -> Target {
@@ -291,10 +319,9 @@ impl Environment for KubeEnv {
     }
 
     fn cleanup(&self) {
+        self.delete_pod();
         let state = &self.saved.state;
-        let grace = state.cleanup_grace_period_seconds.map(|g| format!("?gracePeriodSeconds={g}")).unwrap_or_default();
         let ns = &state.namespace;
-        self.api.delete(&format!("/api/v1/namespaces/{ns}/pods/{}{grace}", state.pod), "the job's pod");
         for secret in &state.secrets {
             self.api.delete(&format!("/api/v1/namespaces/{ns}/secrets/{secret}"), "the job's secret");
         }

@@ -27,6 +27,23 @@ const FATAL_WAITING: &[&str] = &[
     "CreateContainerError",
 ];
 
+/// Why the pod did not come to run.
+pub enum NotRunning {
+    /// An image could not be pulled (the kubelet's reason): another pull policy may help.
+    Pull(String),
+    /// Anything else: the job fails.
+    Failed(ExecutorError),
+}
+
+impl From<ExecutorError> for NotRunning {
+    fn from(error: ExecutorError) -> Self {
+        NotRunning::Failed(error)
+    }
+}
+
+/// Waiting reasons of a failed pull.
+const PULL_FAILURES: &[&str] = &["ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"];
+
 /// Where the pod is.
 enum Phase {
     /// `build` and `helper` run.
@@ -35,6 +52,8 @@ enum Phase {
     Pending(String),
     /// It will never run (the reason).
     Failed(String),
+    /// An image cannot be pulled (the reason).
+    Pull(String),
 }
 
 /// The statuses of the pod's containers, init containers first.
@@ -57,7 +76,8 @@ fn phase(pod: &Value) -> Phase {
             let message = state["waiting"]["message"].as_str().unwrap_or_default();
             if FATAL_WAITING.contains(&reason) {
                 let image = container["image"].as_str().unwrap_or_default();
-                return Phase::Failed(format!("container {name:?} (image {image}): {reason}: {message}"));
+                let text = format!("container {name:?} (image {image}): {reason}: {message}");
+                return if PULL_FAILURES.contains(&reason) { Phase::Pull(text) } else { Phase::Failed(text) };
             }
             waiting.push(format!(
                 "\t{name}: {reason}{}",
@@ -138,7 +158,7 @@ fn show_events(api: &Api, namespace: &str, pod: &str, shown: &mut BTreeSet<Strin
 }
 
 /// Wait until the pod `namespace/pod` runs `build` and `helper`.
-pub fn running(api: &Api, namespace: &str, pod: &str, config: &KubeConfig) -> Result<(), ExecutorError> {
+pub fn running(api: &Api, namespace: &str, pod: &str, config: &KubeConfig) -> Result<(), NotRunning> {
     let deadline = Instant::now() + Duration::from_secs(config.poll_timeout.max(1));
     let interval = Duration::from_secs(config.poll_interval.max(1));
     let selector = query_escape(&format!("metadata.name={pod}"));
@@ -157,7 +177,7 @@ pub fn running(api: &Api, namespace: &str, pod: &str, config: &KubeConfig) -> Re
             if !events.is_empty() {
                 text.push_str(&format!("\n{}", events.join("\n")));
             }
-            return Err(ExecutorError::Other(text));
+            return Err(ExecutorError::Other(text).into());
         }
         if now >= next_report {
             trace::write_str(&format!("Waiting for pod {namespace}/{pod} to be running, {last}\n"));
@@ -175,7 +195,7 @@ pub fn running(api: &Api, namespace: &str, pod: &str, config: &KubeConfig) -> Re
                 continue;
             }
             Some("DELETED") => {
-                return Err(ExecutorError::Other(format!("pod {namespace}/{pod} was deleted before it ran")));
+                return Err(ExecutorError::Other(format!("pod {namespace}/{pod} was deleted before it ran")).into());
             }
             Some("BOOKMARK") | None => continue,
             Some(_) => {}
@@ -184,7 +204,11 @@ pub fn running(api: &Api, namespace: &str, pod: &str, config: &KubeConfig) -> Re
             Phase::Ready => return Ok(()),
             Phase::Failed(reason) => {
                 show_events(api, namespace, pod, &mut shown);
-                return Err(ExecutorError::Other(format!("pod {namespace}/{pod} will not run: {reason}")));
+                return Err(ExecutorError::Other(format!("pod {namespace}/{pod} will not run: {reason}")).into());
+            }
+            Phase::Pull(reason) => {
+                show_events(api, namespace, pod, &mut shown);
+                return Err(NotRunning::Pull(format!("pod {namespace}/{pod} will not run: {reason}")));
             }
             Phase::Pending(now_waiting) => last = now_waiting,
         }
