@@ -584,3 +584,37 @@ async fn a_failed_pull_tries_the_next_pull_policy_in_a_new_pod() {
     assert_eq!(policies, ["Never", "IfNotPresent"], "one pod per policy");
     w.assert_nothing_left(&manager).await;
 }
+
+/// Transient API failures are retried: 429 (with `Retry-After`) on creating the pod,
+/// `etcdserver: request timed out` on reading its events, 503 on deleting it; the job goes on
+/// to success and nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_api_failures_are_retried() {
+    let w = world("faults").await;
+    let pods = format!("^/api/v1/namespaces/{}/pods", w.namespace);
+    tokio::task::block_in_place(|| {
+        w.kube.fail_next("POST", &format!("{pods}$"), 2, 429, false);
+        w.kube.fail_next("GET", &format!("^/api/v1/namespaces/{}/events\\?", w.namespace), 2, 500, true);
+        w.kube.fail_next("DELETE", &format!("{pods}/[^/]+$"), 1, 503, false);
+    });
+    let mut manager = w.manager("faults", "", "");
+    manager.start();
+    let job = w.enqueue(w.job("faults", &["echo through-the-faults"]).variable("GIT_STRATEGY", "none"), |_| {});
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    assert!(record.trace_text().contains("through-the-faults"), "{}", record.trace_text());
+    w.assert_nothing_left(&manager).await;
+    // Every injected failure was met by the runner (none is left for these calls).
+    tokio::task::block_in_place(|| {
+        let events = format!("/api/v1/namespaces/{}/events?fieldSelector=involvedObject.name%3Dx", w.namespace);
+        assert_eq!(w.kube.call_blocking("GET", &events, None).0, 200);
+        assert_eq!(
+            w.kube.call_blocking("DELETE", &format!("/api/v1/namespaces/{}/pods/none", w.namespace), None).0,
+            404
+        );
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "canary"}, "spec": {"containers": [{"name": "c", "image": w.kube.docker.job_image()}]}});
+        let path = format!("/api/v1/namespaces/{}/pods", w.namespace);
+        assert_eq!(w.kube.call_blocking("POST", &path, Some(pod)).0, 201);
+        w.kube.call_blocking("DELETE", &format!("{path}/canary?gracePeriodSeconds=0"), None);
+    });
+}

@@ -334,3 +334,13 @@ pub(crate) fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
+
+impl FakeKube {
+    /// Answer the next `count` calls of `method` to paths matching the regex `path` with
+    /// `status` (`etcd`: a 500 saying `etcdserver: request timed out`; 429 with `Retry-After: 1`).
+    pub(crate) fn fail_next(&self, method: &str, path: &str, count: u64, status: u16, etcd: bool) {
+        let body = json!({ "method": method, "path": path, "count": count, "status": status, "etcdTimeout": etcd });
+        let (code, answer) = self.call_blocking("POST", "/fake-kube/failures", Some(body));
+        assert_eq!(code, 200, "{answer}");
+    }
+}

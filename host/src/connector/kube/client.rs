@@ -76,7 +76,10 @@ impl KubeClient {
     }
 
     /// One REST call; any HTTP status is an answer. The body is cut at `max` bytes with
-    /// [`KubeError::TooLarge`].
+    /// [`KubeError::TooLarge`]. Transient failures are retried with backoff ([`retry_after`]):
+    /// a call the server did not take (429, honouring `Retry-After`; a refused connection) in
+    /// any case, a failed one (5xx, `etcdserver: request timed out`, a dropped connection) only
+    /// when repeating it is harmless (GET, HEAD, PUT, DELETE).
     pub async fn request(
         &self,
         method: &str,
@@ -86,6 +89,30 @@ impl KubeClient {
         max: usize,
         stop: &StopSignal,
     ) -> Result<(u16, Vec<u8>), KubeError> {
+        let idempotent = matches!(method, "GET" | "HEAD" | "PUT" | "DELETE");
+        let mut attempt = 0;
+        loop {
+            let result = self.request_once(method, path, body.clone(), content_type, max, stop).await;
+            attempt += 1;
+            let Some(wait) = retry_after(&result, idempotent, attempt) else { return result.map(|(s, b, _)| (s, b)) };
+            tracing::debug!(method, path, attempt, ?wait, "retrying a Kubernetes API call");
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = stop.stopped() => return Err(KubeError::Canceled),
+            }
+        }
+    }
+
+    /// One attempt: status, body, and the `Retry-After` seconds of the answer.
+    async fn request_once(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+        content_type: Option<&str>,
+        max: usize,
+        stop: &StopSignal,
+    ) -> Result<(u16, Vec<u8>, Option<u64>), KubeError> {
         let mut builder = self.builder(method, path)?.timeout(REQUEST_TIMEOUT);
         if let Some(body) = body {
             builder = builder.header("Content-Type", content_type.unwrap_or("application/json")).body(body);
@@ -93,6 +120,11 @@ impl KubeClient {
         let call = async {
             let response = builder.send().await.map_err(|e| connection_error(&self.endpoint.server, &e))?;
             let status = response.status().as_u16();
+            let retry = response
+                .headers()
+                .get("Retry-After")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok());
             let mut stream = response.bytes_stream();
             let mut out = Vec::new();
             while let Some(chunk) = stream.next().await {
@@ -102,7 +134,7 @@ impl KubeClient {
                 }
                 out.extend_from_slice(&chunk);
             }
-            Ok((status, out))
+            Ok((status, out, retry))
         };
         tokio::select! {
             result = call => result,
@@ -119,6 +151,32 @@ impl KubeClient {
         let (tx, rx) = mpsc::channel(64);
         let task = tokio::spawn(run_watch(self.clone(), path.to_string(), resource_version.to_string(), tx));
         Ok(WatchStream { rx, task })
+    }
+}
+
+/// Attempts of one REST call before its last answer is taken.
+const ATTEMPTS: u32 = 6;
+
+/// How long to wait before attempt `attempt + 1` of a call that got `result`, or `None` when
+/// the result stands: 429 (the server did not take the call; its `Retry-After`, at most 10 s)
+/// and a refused connection always; 5xx and other connection failures only for `idempotent`
+/// calls. Backoff 0.2 s doubling to 3.2 s.
+fn retry_after(
+    result: &Result<(u16, Vec<u8>, Option<u64>), KubeError>,
+    idempotent: bool,
+    attempt: u32,
+) -> Option<Duration> {
+    if attempt >= ATTEMPTS {
+        return None;
+    }
+    let backoff = Duration::from_millis(200 << (attempt - 1).min(4));
+    match result {
+        Ok((429, _, after)) => Some(after.map(|s| Duration::from_secs(s.min(10))).unwrap_or(backoff)),
+        Ok((500..=599, _, after)) if idempotent => {
+            Some(after.map(|s| Duration::from_secs(s.min(10))).unwrap_or(backoff))
+        }
+        Err(KubeError::Connection(m)) if idempotent || m.contains("Connection refused") => Some(backoff),
+        _ => None,
     }
 }
 
@@ -236,5 +294,25 @@ async fn run_watch(client: KubeClient, path: String, mut version: String, tx: mp
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_is_safe_to_repeat_is_retried() {
+        let answer = |status: u16, after: Option<u64>| Ok((status, Vec::new(), after));
+        assert_eq!(retry_after(&answer(429, Some(2)), false, 1), Some(Duration::from_secs(2)), "429: never taken");
+        assert_eq!(retry_after(&answer(500, None), true, 1), Some(Duration::from_millis(200)));
+        assert_eq!(retry_after(&answer(500, None), true, 3), Some(Duration::from_millis(800)));
+        assert_eq!(retry_after(&answer(500, None), false, 1), None, "a POST that failed may have been done");
+        assert_eq!(retry_after(&answer(404, None), true, 1), None);
+        assert_eq!(retry_after(&answer(503, None), true, ATTEMPTS), None, "the last attempt stands");
+        let refused = Err(KubeError::Connection("x: Connection refused (os error 111)".into()));
+        assert!(retry_after(&refused, false, 1).is_some(), "a refused connection sent nothing");
+        let dropped = Err(KubeError::Connection("x: connection reset".into()));
+        assert!(retry_after(&dropped, false, 1).is_none() && retry_after(&dropped, true, 1).is_some());
     }
 }
