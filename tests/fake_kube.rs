@@ -317,3 +317,167 @@ fn exec_with_stdin_and_exit_codes_and_localhost_between_containers() {
         kube.kubectl_ok(&["logs", "-n", &ns, "shell", "-c", "svc"]).contains("over-localhost")
     });
 }
+
+/// `kubectl get … -w` in the background: what it printed so far.
+struct Watcher {
+    child: Child,
+    output: std::sync::Arc<Mutex<String>>,
+}
+
+impl Watcher {
+    fn start(kube: &Kube, args: &[&str]) -> Watcher {
+        let mut child =
+            kube.kubectl_cmd().args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("kubectl -w");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let output = std::sync::Arc::new(Mutex::new(String::new()));
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buffer = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        Watcher { child, output }
+    }
+
+    fn text(&self) -> String {
+        self.output.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The cells of each line of kubectl's table output.
+fn rows(output: &str) -> Vec<Vec<String>> {
+    output
+        .lines()
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .filter(|r: &Vec<String>| !r.is_empty())
+        .collect()
+}
+
+#[test]
+fn apply_twice_watch_the_phases_follow_the_log_and_delete_with_wait() {
+    let kube = kube();
+    let ns = kube.namespace("apply");
+    let watch = Watcher::start(kube, &["get", "pods", "-n", &ns, "-w"]);
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: job\n  labels:\n    app: job\nspec:\n  restartPolicy: Never\n  \
+         containers:\n  - name: main\n    image: {}\n    command: [sh, -c, 'echo first; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo second']\n",
+        dockerd::JOB_IMAGE
+    );
+    let file = manifest(kube, &format!("{ns}-job.yaml"), &yaml);
+    let file = file.to_str().unwrap();
+    assert_eq!(kube.kubectl_ok(&["apply", "-n", &ns, "-f", file]).trim(), "pod/job created");
+    assert_eq!(kube.kubectl_ok(&["apply", "-n", &ns, "-f", file]).trim(), "pod/job unchanged");
+
+    // kubectl wait (a watch with a field selector), then logs -f until the container ends.
+    let out = kube.kubectl_ok(&["wait", "-n", &ns, "--for=condition=Ready", "pod/job", "--timeout=60s"]);
+    assert_eq!(out.trim(), "pod/job condition met");
+    let follow = Watcher::start(kube, &["logs", "-f", "-n", &ns, "job"]);
+    wait::until_blocking("logs -f prints the first line", LIMIT, || follow.text() == "first\n");
+    kube.kubectl_ok(&["exec", "-n", &ns, "job", "--", "touch", "/tmp/go"]);
+    wait::until_blocking("logs -f follows to the second line", LIMIT, || follow.text() == "first\nsecond\n");
+
+    wait::until_blocking("kubectl get -w shows Completed", LIMIT, || watch.text().contains("Completed"));
+    let seen = rows(&watch.text());
+    assert_eq!(seen[0], ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], "{}", watch.text());
+    let statuses: Vec<&str> = seen[1..].iter().map(|r| r[2].as_str()).collect();
+    assert!(
+        statuses.iter().all(|s| ["Pending", "ContainerCreating", "Running", "Completed"].contains(s)),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&"Running"), "{}", watch.text());
+    assert!(seen[1..].iter().all(|r| r[0] == "job"));
+    assert!(seen.iter().any(|r| r[1] == "1/1" && r[2] == "Running"), "{}", watch.text());
+
+    let listed = rows(&kube.kubectl_ok(&["get", "pods", "-n", &ns]));
+    assert_eq!(listed[0], ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]);
+    assert_eq!(listed[1][..4], ["job", "0/1", "Completed", "0"]);
+    assert_eq!(listed.len(), 2);
+    // Selectors reach the server.
+    assert_eq!(kube.kubectl_ok(&["get", "pods", "-n", &ns, "-l", "app=other", "-o", "name"]), "");
+    assert_eq!(
+        kube.kubectl_ok(&["get", "pods", "-n", &ns, "--field-selector", "status.phase=Succeeded", "-o", "name"]),
+        "pod/job\n"
+    );
+
+    let uid = kube.pod(&ns, "job")["metadata"]["uid"].as_str().unwrap().to_string();
+    assert!(!kube.containers_of(&uid).is_empty());
+    let out = kube.kubectl_ok(&["delete", "pod", "job", "-n", &ns, "--wait"]);
+    assert!(out.starts_with("pod \"job\" deleted"), "{out}");
+    let out = kube.kubectl(&["get", "pod", "job", "-n", &ns]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out).1.trim(), "Error from server (NotFound): pods \"job\" not found");
+    assert!(kube.containers_of(&uid).is_empty(), "containers left: {:?}", kube.containers_of(&uid));
+
+    // The events of the pod, as the kubelet and the scheduler wrote them.
+    let events =
+        kube.kubectl_ok(&["get", "events", "-n", &ns, "--field-selector", "involvedObject.name=job", "-o", "json"]);
+    let events: Value = serde_json::from_str(&events).unwrap();
+    let reasons: Vec<&str> =
+        events["items"].as_array().unwrap().iter().map(|e| e["reason"].as_str().unwrap()).collect();
+    for reason in ["Scheduled", "Pulled", "Created", "Started"] {
+        assert!(reasons.contains(&reason), "{reason} missing from {reasons:?}");
+    }
+}
+
+#[test]
+fn attach_sends_stdin_to_the_container_and_prints_its_output() {
+    let kube = kube();
+    let ns = kube.namespace("attach");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "echo"}, "spec": {"restartPolicy": "Never",
+        "containers": [{"name": "cat", "image": dockerd::JOB_IMAGE, "command": ["cat"], "stdin": true, "stdinOnce": true}]}});
+    let file = manifest(kube, &format!("{ns}-echo.json"), &pod.to_string());
+    kube.kubectl_ok(&["apply", "-n", &ns, "-f", file.to_str().unwrap()]);
+    kube.wait_pod(&ns, "echo", "running", running);
+    let out = kube.kubectl_in(&["attach", "-i", "-n", &ns, "echo", "-c", "cat"], b"ping over attach\n");
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("ping over attach\n"), "{stdout}{stderr}");
+    // stdinOnce: closing stdin ended cat, so the pod completes.
+    let pod = kube.wait_pod(&ns, "echo", "Succeeded", |p| p["status"]["phase"] == "Succeeded");
+    assert_eq!(pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"], "Completed");
+    kube.kubectl_ok(&["delete", "namespace", &ns, "--wait"]);
+}
+
+#[test]
+fn auth_can_i_and_forbidden_calls_with_a_limited_token() {
+    let kube = kube();
+    let ns = kube.namespace("auth");
+    let rules = json!({"token": "ci-token-0123456789", "user": "ci",
+        "rules": [{"verbs": ["get", "list", "watch"], "resources": ["pods"], "namespaces": [ns]}]});
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (status, _) = rt.block_on(kube.call("POST", "/fake-kube/tokens", Some(rules)));
+    assert_eq!(status, 200);
+    let as_ci = |args: &[&str]| {
+        let mut all = vec!["--token", "ci-token-0123456789"];
+        all.extend_from_slice(args);
+        kube.kubectl(&all)
+    };
+    let out = as_ci(&["auth", "can-i", "list", "pods", "-n", &ns]);
+    assert_eq!((out.status.code(), text(&out).0.trim().to_string()), (Some(0), "yes".to_string()));
+    let out = as_ci(&["auth", "can-i", "create", "pods", "-n", &ns]);
+    assert_eq!((out.status.code(), text(&out).0.trim().to_string()), (Some(1), "no".to_string()));
+    let out = as_ci(&["auth", "can-i", "list", "pods", "-n", "default"]);
+    assert_eq!(text(&out).0.trim(), "no");
+
+    assert_eq!(text(&as_ci(&["get", "pods", "-n", &ns])).1.trim(), format!("No resources found in {ns} namespace."));
+    let out = as_ci(&["create", "configmap", "c", "-n", &ns, "--from-literal=a=b"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out).1.trim(),
+        format!("error: failed to create configmap: configmaps is forbidden: User \"ci\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"{ns}\"")
+    );
+    let out = kube.kubectl(&["--token", "not-a-token", "get", "pods"]);
+    assert!(text(&out).1.contains("error: You must be logged in to the server (Unauthorized)"), "{}", text(&out).1);
+}

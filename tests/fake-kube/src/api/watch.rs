@@ -1,7 +1,8 @@
 //! Watch streams (`?watch=1`): newline-delimited `{"type": …, "object": …}` events over a
 //! chunked answer, from `resourceVersion` (replayed from the store's window; `410 Expired`
 //! as an ERROR event when older), with label/field selectors, `allowWatchBookmarks`
-//! (BOOKMARK events), `timeoutSeconds`, Table objects when asked, and the fault knob that cuts
+//! (BOOKMARK events), `sendInitialEvents` (watch-list: ADDED events, then the
+//! `k8s.io/initial-events-end` bookmark), `timeoutSeconds`, Table objects when asked, and the fault knob that cuts
 //! every open watch.
 
 use std::time::Duration;
@@ -27,7 +28,10 @@ fn line(kind: &str, object: &Value) -> Bytes {
 pub(super) fn serve(app: Shared, target: Target, query: Query, accept: &str) -> Result<Response, ApiError> {
     let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or(""))?;
     let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or(""))?;
-    let from = match query.get("resourceVersion") {
+    // `sendInitialEvents=true` (client-go's watch-list): the current objects as ADDED, then a
+    // BOOKMARK annotated `k8s.io/initial-events-end`.
+    let initial_events = query.flag("sendInitialEvents");
+    let from = match query.get("resourceVersion").filter(|_| !initial_events) {
         None | Some("") | Some("0") => None,
         Some(v) => Some(v.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {v}")))?),
     };
@@ -69,6 +73,14 @@ pub(super) fn serve(app: Shared, target: Target, query: Query, accept: &str) -> 
         let mut last = start.current;
         for change in start.backlog.iter().filter(|c| selects(c)) {
             if tx.send(Ok(render(change))).await.is_err() {
+                return;
+            }
+        }
+        if initial_events {
+            let bookmark = json!({"kind": resource.kind, "apiVersion": "v1", "metadata": {
+                "resourceVersion": start.current.to_string(),
+                "annotations": {"k8s.io/initial-events-end": "true"}}});
+            if tx.send(Ok(line("BOOKMARK", &bookmark))).await.is_err() {
                 return;
             }
         }
