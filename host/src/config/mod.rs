@@ -18,6 +18,7 @@ pub mod instance;
 pub mod limits;
 mod lines;
 pub mod router;
+pub mod session_server;
 pub mod ssh;
 pub mod store;
 mod system_id;
@@ -92,6 +93,9 @@ pub struct Config {
     /// `[plugins.NAME]` sandbox grants.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plugins: BTreeMap<String, PluginGrant>,
+    /// `[session_server]`: the interactive web terminal's HTTPS server.
+    #[serde(default, skip_serializing_if = "session_server::SessionServerConfig::is_unset")]
+    pub session_server: session_server::SessionServerConfig,
     /// `[[runners]]` entries.
     #[serde(default)]
     pub runners: Vec<RunnerConfig>,
