@@ -56,6 +56,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // The job's `secrets:` read from secret stores (Vault, OpenBao, AWS, GCP, Azure); AWS's
     // requests are signed with the cache's SigV4 signer.
     ("secrets", &["payload", "cache"]),
+    // The web terminal's session server: HTTPS, sessions, the terminal pump, the local pty.
+    ("session", &["config"]),
     // One job's lifecycle over the executor boundary.
     ("job", &["executor", "script", "secrets", "trace", "payload", "stop", "buildinfo"]),
     // The taskscaler engine, its simulator, the provider over a fleeting plugin.
@@ -79,6 +81,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "payload",
             "plugin",
             "script",
+            "session",
             "stop",
             "store",
             "trace",

@@ -7,8 +7,8 @@ use std::time::Duration;
 use fake_gitlab::{Config, Endpoint as FakeEndpoint, FakeGitLab, InjectedResponse, JobSpec, JobStatus};
 use runway::gitlab::api::{JobApi, JobState, JobUpdate, PatchOutcome, RemoteJobStatus, UpdateOutcome};
 use runway::gitlab::client::{
-    ApiError, ClientOptions, Endpoint, FeaturesInfo, GitLabClient, JobClient, RegisterParams, RequestJobResult,
-    RunnerCredentials, VersionInfo,
+    ApiError, ClientOptions, Endpoint, FeaturesInfo, GitLabClient, JobClient, JobSessionInfo, RegisterParams,
+    RequestJobResult, RunnerCredentials, VersionInfo,
 };
 use runway::gitlab::retry::RetryPolicy;
 
@@ -174,6 +174,35 @@ async fn request_job_echoes_last_update_through_the_long_poll() {
     // Asking with the new value long-polls and times out: again at once, never a hot loop
     // because each such answer took the server's full wait.
     assert!(matches!(client.request_job(&creds, &info()).await, RequestJobResult::PollAgain));
+}
+
+/// The web terminal's `session` rides on the job request, and GitLab keeps it with the job it
+/// hands out (what Workhorse later reads to reach the runner).
+#[tokio::test]
+async fn the_job_requests_session_is_kept_with_the_job() {
+    let fake = fake(Duration::ZERO).await;
+    let (client, _) = client();
+    let runner = fake.create_runner("r");
+    let creds = creds(&fake, &runner.token);
+    let job_id = fake.enqueue(fake.job_payload(&JobSpec::new("g/p", "build", &["echo hi"])));
+    let session = JobSessionInfo {
+        url: "https://127.0.0.1:8093/session/0123456789abcdef0123456789abcdef".into(),
+        certificate: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
+        authorization: "fedcba9876543210fedcba9876543210".into(),
+    };
+    let result = client.request_job_with_session(&creds, &info(), Some(&session)).await;
+    assert!(matches!(result, RequestJobResult::Job(_)), "{result:?}");
+    let kept = fake.job(job_id).expect("job").runner_session.expect("session kept");
+    assert_eq!(
+        kept,
+        serde_json::json!({"url": session.url, "certificate": session.certificate, "authorization": session.authorization})
+    );
+    // Without a session server, no `session` at all.
+    let other = fake.enqueue(fake.job_payload(&JobSpec::new("g/p", "build", &["echo hi"])));
+    assert!(matches!(client.request_job(&creds, &info()).await, RequestJobResult::Job(_)));
+    assert_eq!(fake.job(other).expect("job").runner_session, None);
+    let sent = fake.requests_to("POST", "/api/v4/jobs/request").pop().expect("logged").json().expect("json");
+    assert!(sent.get("session").is_none(), "{sent}");
 }
 
 #[tokio::test]

@@ -26,6 +26,7 @@ pub mod plugin;
 pub mod router;
 pub mod script;
 pub mod secrets;
+pub mod session;
 pub mod stop;
 pub mod store;
 pub mod trace;

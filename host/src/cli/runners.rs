@@ -111,6 +111,7 @@ fn new_config() -> Config {
         user: None,
         labels: Default::default(),
         plugins: Default::default(),
+        session_server: Default::default(),
         runners: Vec::new(),
     }
 }

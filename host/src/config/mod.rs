@@ -18,6 +18,7 @@ pub mod instance;
 pub mod limits;
 mod lines;
 pub mod router;
+pub mod session_server;
 pub mod ssh;
 pub mod store;
 mod system_id;
@@ -92,6 +93,9 @@ pub struct Config {
     /// `[plugins.NAME]` sandbox grants.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plugins: BTreeMap<String, PluginGrant>,
+    /// `[session_server]`: the interactive web terminal's HTTPS server.
+    #[serde(default, skip_serializing_if = "session_server::SessionServerConfig::is_unset")]
+    pub session_server: session_server::SessionServerConfig,
     /// `[[runners]]` entries.
     #[serde(default)]
     pub runners: Vec<RunnerConfig>,
@@ -517,6 +521,9 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
         for (i, e) in missing_connection_keys(text, path, &config) {
             mark_unusable(&mut config.runners[i], e, &mut warnings);
         }
+    }
+    if config.session_server.listen_address.is_some() {
+        warnings.extend(fidelity::warning(path, line_of_key(text, "session_server"), "session_server"));
     }
     if config.connection_max_age.is_some() {
         warnings.extend(fidelity::warning(path, line_of_key(text, "connection_max_age"), "connection_max_age"));

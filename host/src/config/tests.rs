@@ -97,6 +97,7 @@ fn save_round_trips_with_mode_0600() {
         user: None,
         labels: BTreeMap::new(),
         plugins: BTreeMap::from([("shell".to_string(), PluginGrant { allow_process: true, ..PluginGrant::default() })]),
+        session_server: Default::default(),
         runners: vec![runner],
     };
     save(&path, &config).expect("save");
@@ -341,6 +342,7 @@ fn the_store_section_parses_saves_and_maps_onto_store_settings() {
 fn a_gitlab_runner_config_loads_and_names_every_key_runway_does_not_support() {
     let text = "concurrent = 2\nsentry_dsn = \"https://sentry\"\nconnection_max_age = \"15m\"\n[session_server]\n  listen_address = \"[::]:8093\"\n[[runners]]\n  name = \"k8s\"\n  url = \"https://gitlab.example.com\"\n  id = 7\n  token = \"glrt-abc\"\n  token_obtained_at = 2026-01-01T00:00:00Z\n  token_expires_at = 0001-01-01T00:00:00Z\n  executor = \"shell\"\n  proxy_exec = true\n  clean_git_config = false\n  [runners.custom_build_dir]\n    enabled = true\n  [runners.cache]\n    Type = \"s3\"\n    [runners.cache.s3]\n      BucketName = \"b\"\n      DualStack = true\n  [runners.parallels]\n    base_name = \"vm\"\n  [runners.docker]\n    image = \"alpine\"\n  [runners.machine]\n    IdleCount = 1\n    OffPeakPeriods = [\"* * * * * sat,sun *\"]\n";
     let loaded = parse_str(text).expect("a gitlab-runner config loads");
+    assert_eq!(loaded.config.session_server.listen_address.as_deref(), Some("[::]:8093"));
     let runner = &loaded.config.runners[0];
     assert_eq!(runner.token_obtained_at, Some("2026-01-01T00:00:00Z".parse().expect("time")));
     assert_eq!(runner.token_expires_at, None, "Go's zero time is no expiry");

@@ -525,6 +525,7 @@ async fn request_job_inner(shared: &Shared, req: &Incoming) -> Response {
                 job.status = JobStatus::Running;
             }
             job.handed_out = Some(job.status);
+            job.runner_session = body.get("session").filter(|s| s.is_object()).cloned();
             let mut payload = job.payload.clone();
             let job_token = job.token.clone();
             fill_dependencies(&mut payload, &s.jobs, &job_token);

@@ -199,6 +199,9 @@ pub struct JobRecord {
     /// The status the job was handed out in: `Pending` under two-phase commit (until the
     /// runner accepts it), `Running` otherwise; `None` before a runner took it.
     pub handed_out: Option<JobStatus>,
+    /// The `session` (`url`, `certificate`, `authorization`) of the job request the job was
+    /// handed out to, as GitLab keeps it (`Ci::BuildRunnerSession`) for the job's terminal.
+    pub runner_session: Option<serde_json::Value>,
     /// The payload as enqueued (before `id` and token were filled in), for a retry.
     template: serde_json::Value,
     /// Last handout or runner ping while waiting for acceptance (two-phase commit).
@@ -397,6 +400,7 @@ impl Inner {
                 reported_statuses: Vec::new(),
                 retried_as: None,
                 handed_out: None,
+                runner_session: None,
                 template,
                 awaiting_ack_since: None,
                 trace_reset_armed: false,

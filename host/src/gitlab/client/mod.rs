@@ -44,7 +44,7 @@ pub use info::{
     ConfigInfo, FeaturesInfo, RegisterParams, ResetTokenResponse, RunnerCredentials, RunnerDetails, VersionInfo,
 };
 pub use job::JobClient;
-pub use request::{BadJob, ReceivedJob, RequestJobResult, UnhealthyRequest};
+pub use request::{BadJob, JobSessionInfo, ReceivedJob, RequestJobResult, UnhealthyRequest};
 pub use setup::ClientOptions;
 
 /// Which API call a request belongs to (for metrics and error messages).

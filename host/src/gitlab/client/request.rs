@@ -23,6 +23,19 @@ pub struct ReceivedJob {
     pub declinable: bool,
 }
 
+/// The `session` of a job request (gitlab-runner's `SessionInfo`): where GitLab Workhorse
+/// reaches the runner's session server for this job's terminal, the certificate it pins and the
+/// `Authorization` value it sends. GitLab keeps it with the job it hands out.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct JobSessionInfo {
+    /// `https://<advertise address>/session/<id>`.
+    pub url: String,
+    /// The session server's certificate, PEM.
+    pub certificate: String,
+    /// The exact `Authorization` header value.
+    pub authorization: String,
+}
+
 /// Request header a runner sends to say it declines jobs it cannot prepare, and response
 /// header a Runway router answers a job with to say it takes declines. GitLab ignores the
 /// header, so the runner sends it everywhere and declines only when the answer has it.
@@ -100,6 +113,17 @@ impl GitLabClient {
         creds: &RunnerCredentials,
         info: &(impl serde::Serialize + Sync),
     ) -> RequestJobResult {
+        self.request_job_with_session(creds, info, None).await
+    }
+
+    /// [`GitLabClient::request_job`] with the job's `session` (sent as gitlab-runner sends it
+    /// when its session server runs).
+    pub async fn request_job_with_session(
+        &self,
+        creds: &RunnerCredentials,
+        info: &(impl serde::Serialize + Sync),
+        session: Option<&JobSessionInfo>,
+    ) -> RequestJobResult {
         let endpoint = super::Endpoint::RequestJob;
         let base = match api_base_url(&creds.url) {
             Ok(b) => b,
@@ -112,6 +136,9 @@ impl GitLabClient {
         let mut body = json!({ "token": creds.token, "info": info });
         if !creds.system_id.is_empty() {
             body["system_id"] = creds.system_id.clone().into();
+        }
+        if let Some(session) = session {
+            body["session"] = json!(session);
         }
         let sent_last_update = self.stored_last_update(&base, &creds.token);
         if let Some(last_update) = &sent_last_update {
