@@ -53,6 +53,21 @@ fn exec_with_stdin_and_exit_codes_and_localhost_between_containers() {
     assert!(stderr.contains("err\n"), "{stderr}");
     assert!(stderr.contains("command terminated with exit code 3"), "{stderr}");
 
+    // A cut drops an open exec stream: kubectl fails instead of hanging.
+    let mut long = kube.kubectl_cmd();
+    let mut long = long
+        .args(["exec", "-n", &ns, "shell", "-c", "main", "--", "sleep", "300"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    wait::until_blocking("the exec stream is cut", LIMIT, || {
+        block(kube.call("POST", "/fake-kube/cut-streams", None)).1["cut"].as_u64().unwrap_or(0) > 0
+    });
+    let status = long.wait().unwrap();
+    assert!(!status.success());
+    assert!(started.elapsed() < Duration::from_secs(200));
+
     // The containers of a pod share its network namespace: the service's nc hears main.
     let port = dockerd::SERVICE_PORT.to_string();
     kube.kubectl_ok(&[
