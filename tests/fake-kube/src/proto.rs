@@ -91,6 +91,9 @@ const ACCESS_REVIEW: &[Field] = &[
     ),
 ];
 
+/// A field read: its number, its varint value, its bytes (length-delimited).
+type WireField<'a> = (u32, u64, &'a [u8]);
+
 struct Reader<'a> {
     data: &'a [u8],
     at: usize,
@@ -115,7 +118,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The next field: number, wire type, and its varint or bytes.
-    fn field(&mut self) -> Result<Option<(u32, u64, &'a [u8])>, ApiError> {
+    fn field(&mut self) -> Result<Option<WireField<'a>>, ApiError> {
         if self.at >= self.data.len() {
             return Ok(None);
         }
@@ -168,6 +171,15 @@ fn message(bytes: &[u8], schema: &[Field]) -> Result<Value, ApiError> {
     while let Some((number, varint, data)) = reader.field()? {
         let Some((_, name, kind)) = schema.iter().find(|(n, _, _)| *n == number) else { continue };
         let name = name.to_string();
+        // The apiserver's Go types emit every scalar; empty and zero mean unset in JSON.
+        let empty = match kind {
+            Kind::Str | Kind::Bytes | Kind::Time => data.is_empty(),
+            Kind::Int => varint == 0,
+            _ => false,
+        };
+        if empty {
+            continue;
+        }
         match kind {
             Kind::Str => {
                 out.insert(name, text(data));
@@ -182,7 +194,7 @@ fn message(bytes: &[u8], schema: &[Field]) -> Result<Value, ApiError> {
                 out.insert(name, json!(varint != 0));
             }
             Kind::Time => {
-                let seconds = message(data, &[(1, "s", Kind::Int)])?["s"].as_i64().unwrap_or(0);
+                let Some(seconds) = message(data, &[(1, "s", Kind::Int)])?["s"].as_i64() else { continue };
                 let time = chrono::DateTime::from_timestamp(seconds, 0).unwrap_or_default();
                 out.insert(name, json!(time.format("%Y-%m-%dT%H:%M:%SZ").to_string()));
             }
@@ -190,15 +202,21 @@ fn message(bytes: &[u8], schema: &[Field]) -> Result<Value, ApiError> {
                 out.insert(name, message(data, inner)?);
             }
             Kind::RepeatedStr => {
-                out.entry(name).or_insert_with(|| json!([])).as_array_mut().map(|a| a.push(text(data)));
+                if let Some(items) = out.entry(name).or_insert_with(|| json!([])).as_array_mut() {
+                    items.push(text(data));
+                }
             }
             Kind::RepeatedMsg(inner) => {
                 let item = message(data, inner)?;
-                out.entry(name).or_insert_with(|| json!([])).as_array_mut().map(|a| a.push(item));
+                if let Some(items) = out.entry(name).or_insert_with(|| json!([])).as_array_mut() {
+                    items.push(item);
+                }
             }
             Kind::MapStr | Kind::MapBytes => {
                 let (key, value) = map_entry(data, matches!(kind, Kind::MapBytes))?;
-                out.entry(name).or_insert_with(|| json!({})).as_object_mut().map(|m| m.insert(key, value));
+                if let Some(map) = out.entry(name).or_insert_with(|| json!({})).as_object_mut() {
+                    map.insert(key, value);
+                }
             }
         }
     }

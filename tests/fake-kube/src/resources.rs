@@ -61,7 +61,6 @@ pub(crate) fn core_resource_list() -> Value {
     resources.push(sub("pods/exec", "PodExecOptions", &["create", "get"]));
     resources.push(sub("pods/log", "Pod", &["get"]));
     resources.push(sub("pods/status", "Pod", &["get", "patch", "update"]));
-    resources.push(sub("pods/eviction", "Eviction", &["create"]));
     json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": resources})
 }
 

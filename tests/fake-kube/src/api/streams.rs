@@ -254,11 +254,7 @@ async fn bridge(
                 _ => continue,
             };
             match data.first() {
-                Some(0) if data.len() > 1 => {
-                    if writer.write_all(&data[1..]).await.is_err() {
-                        break;
-                    }
-                }
+                Some(0) if data.len() > 1 && writer.write_all(&data[1..]).await.is_err() => break,
                 Some(4) => {
                     if let Ok(size) = serde_json::from_slice::<Value>(&data[1..]) {
                         let (w, h) = (size["Width"].as_u64().unwrap_or(80), size["Height"].as_u64().unwrap_or(24));

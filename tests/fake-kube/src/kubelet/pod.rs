@@ -64,6 +64,9 @@ impl CState {
     }
 }
 
+/// A condition: status, reason, message, last transition time.
+pub(super) type Condition = (bool, Option<String>, Option<String>, String);
+
 /// What the worker knows of its pod.
 pub(super) struct PodState {
     pub(super) pod: Value,
@@ -73,7 +76,7 @@ pub(super) struct PodState {
     pub(super) reason: Option<String>,
     pub(super) message: Option<String>,
     /// Condition type → (status, reason, message, last transition).
-    pub(super) conditions: BTreeMap<&'static str, (bool, Option<String>, Option<String>, String)>,
+    pub(super) conditions: BTreeMap<&'static str, Condition>,
     pub(super) start_time: Option<String>,
 }
 
