@@ -29,6 +29,20 @@ pub struct CallContext {
     pub reconfigure: Option<Arc<dyn Reconfigure>>,
 }
 
+impl CallContext {
+    /// The job log; outside a job (no log: an executor's cleanup, metadata) output is dropped.
+    pub fn trace_or_discard(&self) -> Arc<dyn TraceSink> {
+        self.trace.clone().unwrap_or_else(|| Arc::new(Discard))
+    }
+}
+
+/// Where output goes when a call has no job log.
+struct Discard;
+
+impl TraceSink for Discard {
+    fn write(&self, _: &[u8]) {}
+}
+
 /// Wasm execution time allowed per call. Time spent inside host capabilities that wait on
 /// the outside world (a running job script, a remote command) does not count; everything
 /// else — guest code, and a guest blocked in WASI polls — does.

@@ -13,7 +13,6 @@
 //! stores (the plugin host projects its store data onto a [`KubeView`]), connections (the
 //! connector owns them).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use wasmtime::component::{HasData, Resource, ResourceTable};
@@ -23,10 +22,10 @@ use crate::bindings::executor::runway::host0_5_0::kube::{
     ApiError, Cluster, ClusterConfig, Host, HostCluster, HostWatch, KubeError, Response, Target, Watch,
 };
 use crate::capability::call::{CallBudget, CallContext};
+use crate::capability::remote::wit_status;
 use crate::connector::detached;
 use crate::connector::kube::exec::{kube_error, ContainerRef};
 use crate::connector::kube::{self as connector, ClusterSettings, KubeClient, PodShell, WatchStream};
-use crate::trace::TraceSink;
 
 /// Most bytes `run-captured` keeps, whatever the plugin asks.
 const MAX_CAPTURE: usize = 1 << 20;
@@ -88,13 +87,6 @@ fn wit_error(error: connector::KubeError) -> KubeError {
 
 fn container(target: &Target) -> ContainerRef {
     ContainerRef { namespace: target.namespace.clone(), pod: target.pod.clone(), container: target.container.clone() }
-}
-
-/// Where output goes when a call has no job log (an executor's cleanup outside a job).
-struct Discard;
-
-impl TraceSink for Discard {
-    fn write(&self, _: &[u8]) {}
 }
 
 impl KubeView<'_> {
@@ -193,9 +185,8 @@ impl HostCluster for KubeView<'_> {
             Ok((code, mut stdout)) => {
                 let truncated = stdout.len() > limit;
                 stdout.truncate(limit);
-                let status = crate::connector::ExitStatus::from_code(code);
                 Ok(Output {
-                    status: ExitStatus { code: status.code, signal: status.signal },
+                    status: wit_status(crate::connector::ExitStatus::from_code(code)),
                     stdout,
                     stderr: Vec::new(),
                     truncated,
@@ -228,12 +219,10 @@ impl HostCluster for KubeView<'_> {
         offset: u64,
     ) -> wasmtime::Result<Result<ExitStatus, KubeError>> {
         let shell = self.shell(&cluster, &target)?;
-        let trace: Arc<dyn TraceSink> = self.call.trace.clone().unwrap_or_else(|| Arc::new(Discard));
+        let trace = self.call.trace_or_discard();
         let stop = self.call.stop.clone();
         let result = self.budget.in_host(detached::attach(&shell, &log_path, &exit_path, offset, &*trace, &stop)).await;
-        Ok(result
-            .map(|status| ExitStatus { code: status.code, signal: status.signal })
-            .map_err(|e| wit_error(kube_error(e))))
+        Ok(result.map(wit_status).map_err(|e| wit_error(kube_error(e))))
     }
 
     async fn drop(&mut self, cluster: Resource<Cluster>) -> wasmtime::Result<()> {

@@ -84,15 +84,8 @@ impl RemoteView<'_> {
 
     /// The job log; outside a job (no log), output is dropped.
     fn trace(&self) -> Arc<dyn TraceSink> {
-        self.call.trace.clone().unwrap_or_else(|| Arc::new(Discard))
+        self.call.trace_or_discard()
     }
-}
-
-/// Where output goes when a call has no job log (an executor's cleanup outside a job).
-struct Discard;
-
-impl TraceSink for Discard {
-    fn write(&self, _: &[u8]) {}
 }
 
 impl Host for RemoteView<'_> {
