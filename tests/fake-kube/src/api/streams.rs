@@ -233,7 +233,27 @@ async fn bridge(
             Ok((io, Some(exec), flags.tty))
         }
     };
-    let (io, exec, tty) = match started.await {
+    // The engine can leave an attach to a container that stops around it hanging, before or
+    // after the hijack (the exit lands before the attach is registered). The kubelet's attach
+    // ends with the container, so a watcher tells when the engine has the container stopped.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let watcher = attach.then(|| {
+        let (docker, container) = (docker.clone(), container.clone());
+        tokio::spawn(async move {
+            let _ = docker.wait(&container).await;
+            let _ = stop_tx.send(true);
+        })
+    });
+    let _abort = AbortOnDrop(watcher);
+    let started = tokio::select! {
+        started = started => started,
+        () = stopped(stop_rx.clone(), STOP_GRACE) => {
+            let _ = ws_tx.send(frame(3, exit_status(&command, None).to_string().as_bytes())).await;
+            let _ = ws_tx.send(normal_close()).await;
+            return;
+        }
+    };
+    let (io, exec, tty) = match started {
         Ok(started) => started,
         Err(e) => {
             let status = json!({"metadata": {}, "status": "Failure", "message": format!("Internal error occurred: error executing command in container: {e}"), "reason": "InternalError", "code": 500});
@@ -273,8 +293,26 @@ async fn bridge(
     let output = async {
         let mut buffer = Vec::new();
         let mut chunk = vec![0u8; 32 * 1024];
+        let mut exited = std::pin::pin!(stopped(stop_rx, std::time::Duration::ZERO));
+        let mut gone = false;
         loop {
-            let n = match reader.read(&mut chunk).await {
+            // Once the container is stopped, the output is drained until it has been quiet for
+            // STOP_GRACE, then the stream ends.
+            let read = if gone {
+                match tokio::time::timeout(STOP_GRACE, reader.read(&mut chunk)).await {
+                    Ok(read) => read,
+                    Err(_) => break,
+                }
+            } else {
+                tokio::select! {
+                    read = reader.read(&mut chunk) => read,
+                    () = &mut exited => {
+                        gone = true;
+                        continue;
+                    }
+                }
+            };
+            let n = match read {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
@@ -322,6 +360,28 @@ async fn bridge(
     let status = exit_status(&command, code);
     let _ = ws_tx.send(frame(3, status.to_string().as_bytes())).await;
     let _ = ws_tx.send(normal_close()).await;
+}
+
+/// How long an attach stream may stay quiet after its container stopped before it is ended.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Resolves `grace` after the watcher reports the container stopped; never without a watcher.
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>, grace: std::time::Duration) {
+    if stop.wait_for(|stopped| *stopped).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+    tokio::time::sleep(grace).await;
+}
+
+/// Aborts the container watcher when the stream ends.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
 }
 
 /// A close frame with 1000 (normal closure): clients read it as the end of every stream.
