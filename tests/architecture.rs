@@ -115,6 +115,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "plugin",
             "router",
             "script",
+            "session",
             "stop",
             "store",
             "trace",

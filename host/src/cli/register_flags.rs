@@ -180,39 +180,7 @@ pub(crate) fn go_bool(text: &str) -> Option<bool> {
     }
 }
 
-/// Go's `time.Duration.String()` for a non-negative duration.
-pub(crate) fn go_duration(d: std::time::Duration) -> String {
-    let nanos = d.as_nanos();
-    if nanos == 0 {
-        return "0s".into();
-    }
-    let trim = |whole: u128, frac: u128, digits: usize| {
-        let frac = format!("{frac:0digits$}");
-        let frac = frac.trim_end_matches('0');
-        if frac.is_empty() {
-            whole.to_string()
-        } else {
-            format!("{whole}.{frac}")
-        }
-    };
-    if nanos < 1_000 {
-        return format!("{nanos}ns");
-    }
-    if nanos < 1_000_000 {
-        return format!("{}µs", trim(nanos / 1_000, nanos % 1_000, 3));
-    }
-    if nanos < 1_000_000_000 {
-        return format!("{}ms", trim(nanos / 1_000_000, nanos % 1_000_000, 6));
-    }
-    let secs = nanos / 1_000_000_000;
-    let (h, m, s) = (secs / 3600, (secs % 3600) / 60, secs % 60);
-    let s = format!("{}s", trim(s, nanos % 1_000_000_000, 9));
-    match (h, m) {
-        (0, 0) => s,
-        (0, m) => format!("{m}m{s}"),
-        (h, m) => format!("{h}h{m}m{s}"),
-    }
-}
+use crate::config::duration::go_string as go_duration;
 
 fn scalar(spec: &FlagSpec, flag: &str, text: &str) -> Result<Value, FlagError> {
     let err = |message: String| FlagError { flag: flag.to_string(), message };

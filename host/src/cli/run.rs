@@ -23,6 +23,7 @@ use crate::manager::{identity, signals, ActiveJobs, Manager, ManagerSettings, Ru
 use crate::metrics::Metrics;
 use crate::plugin::PluginHost;
 use crate::script::ScriptSettings;
+use crate::session::SessionServer;
 use crate::store::fleet_state;
 use crate::store::jobs::seal::StoreKey;
 use crate::store::jobs::{JobStore, JobStoreError, StoreSettings};
@@ -354,8 +355,9 @@ impl RunnerContext {
     }
 }
 
-fn manager_settings(loaded: &Loaded, metrics: &Metrics) -> ManagerSettings {
+fn manager_settings(loaded: &Loaded, metrics: &Metrics, sessions: Option<Arc<SessionServer>>) -> ManagerSettings {
     ManagerSettings {
+        session_server: sessions,
         observer: Arc::new(metrics.clone()),
         concurrent: loaded.config.concurrent,
         check_interval: loaded.check_interval(),
@@ -462,6 +464,9 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
         None => None,
     };
 
+    // The web terminal's session server lives as long as the process; a reload keeps it.
+    let sessions = SessionServer::start(&loaded.config.session_server).await?.map(Arc::new);
+
     let shutdown = Shutdown::default();
     let (reload_tx, mut reload_rx) = tokio::sync::mpsc::unbounded_channel();
     signals::install(shutdown.clone(), reload_tx.clone())?;
@@ -478,7 +483,7 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
     let mut current = {
         let runners = runner_settings(&loaded, &plugins, &system_id, &mut fleets, &stores, (&client, &metrics)).await?;
         let manager = Manager::with_entries(
-            manager_settings(&loaded, &metrics),
+            manager_settings(&loaded, &metrics, sessions.clone()),
             runners,
             client.clone(),
             generation.clone(),
@@ -527,6 +532,9 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
                 if next.config.listen_address != loaded.config.listen_address {
                     tracing::warn!("changes to `listen_address` take effect after a restart");
                 }
+                if next.config.session_server != loaded.config.session_server {
+                    tracing::warn!("changes to `[session_server]` take effect after a restart");
+                }
                 next
             }
             Err(e) => {
@@ -544,7 +552,7 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
                 old.graceful.cancel();
                 retiring.push((old, current));
                 let manager = Manager::with_entries(
-                    manager_settings(&next, &metrics),
+                    manager_settings(&next, &metrics, sessions.clone()),
                     runners,
                     client.clone(),
                     generation.clone(),

@@ -1,5 +1,6 @@
 //! Durations in config.toml, in one place: Go-style strings (`"30s"`, `"1m30s"`, `"500ms"`)
-//! or bare integers (seconds), and the serde adapter that reads either.
+//! or bare integers (seconds), the serde adapter that reads either, and Go's
+//! `Duration.String()` for writing them back and for log lines gitlab-runner prints.
 //!
 //! Owns the parsing only; which key takes which unit is the caller's business.
 
@@ -95,6 +96,40 @@ pub mod duration_secs {
     /// Deserialize a duration (integer seconds or a duration string).
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         super::duration_str::deserialize(d)
+    }
+}
+
+/// Go's `time.Duration.String()` for a non-negative duration.
+pub fn go_string(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".into();
+    }
+    let trim = |whole: u128, frac: u128, digits: usize| {
+        let frac = format!("{frac:0digits$}");
+        let frac = frac.trim_end_matches('0');
+        if frac.is_empty() {
+            whole.to_string()
+        } else {
+            format!("{whole}.{frac}")
+        }
+    };
+    if nanos < 1_000 {
+        return format!("{nanos}ns");
+    }
+    if nanos < 1_000_000 {
+        return format!("{}µs", trim(nanos / 1_000, nanos % 1_000, 3));
+    }
+    if nanos < 1_000_000_000 {
+        return format!("{}ms", trim(nanos / 1_000_000, nanos % 1_000_000, 6));
+    }
+    let secs = nanos / 1_000_000_000;
+    let (h, m, s) = (secs / 3600, (secs % 3600) / 60, secs % 60);
+    let s = format!("{}s", trim(s, nanos % 1_000_000_000, 9));
+    match (h, m) {
+        (0, 0) => s,
+        (0, m) => format!("{m}m{s}"),
+        (h, m) => format!("{h}h{m}m{s}"),
     }
 }
 

@@ -522,9 +522,6 @@ pub fn parse_for(text: &str, path: &Path, purpose: Purpose) -> Result<Loaded, Co
             mark_unusable(&mut config.runners[i], e, &mut warnings);
         }
     }
-    if config.session_server.listen_address.is_some() {
-        warnings.extend(fidelity::warning(path, line_of_key(text, "session_server"), "session_server"));
-    }
     if config.connection_max_age.is_some() {
         warnings.extend(fidelity::warning(path, line_of_key(text, "connection_max_age"), "connection_max_age"));
     }

@@ -96,8 +96,51 @@ impl ResolvedExecutor {
             // run the predefined stages in Runway's helper image, which carries the runner's
             // binary; any other executor running jobs in images has no helper there.
             helper: !has(Features::IMAGE) || matches!(self.info.name.as_str(), "docker" | "kubernetes"),
+            terminal: self.info.name == "shell",
         }
     }
+
+    /// Where a terminal into a prepared job's environment opens, for an executor that has one
+    /// (see [`ExecutorFeatures::terminal`]): the built-in shell executor runs stages on this
+    /// machine, so a shell here in the job's directory with its variables, as the `user` of
+    /// its `[runners.shell]` (the global `user`) when set. A job on a fleet instance has none.
+    pub fn terminal_place(
+        &self,
+        shell: &str,
+        dir: &Path,
+        env: Vec<(String, String)>,
+        on_instance: bool,
+    ) -> Option<TerminalPlace> {
+        if !self.features().terminal || on_instance {
+            return None;
+        }
+        #[derive(serde::Deserialize)]
+        struct ShellUser {
+            #[serde(default)]
+            user: Option<String>,
+        }
+        let user = serde_json::from_str::<ShellUser>(&self.config_json)
+            .ok()
+            .and_then(|c| c.user)
+            .filter(|u| !u.trim().is_empty());
+        Some(TerminalPlace::Local { shell: shell.to_string(), dir: dir.to_path_buf(), env, user })
+    }
+}
+
+/// Where a terminal into a job's environment opens (GitLab's web terminal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TerminalPlace {
+    /// A shell on this machine.
+    Local {
+        /// The job's shell (`bash`).
+        shell: String,
+        /// The job's project directory.
+        dir: PathBuf,
+        /// The job's variables (a file variable as the path of its file).
+        env: Vec<(String, String)>,
+        /// The user the job's stages run as, when not the runner's.
+        user: Option<String>,
+    },
 }
 
 /// The executor's feature flags (from its provider info) in the runner's vocabulary.
@@ -114,6 +157,8 @@ pub struct ExecutorFeatures {
     /// The job environment has Runway's helper (the cache and artifacts commands): this
     /// machine, a fleet instance it is copied to, or the docker plugin's helper image.
     pub helper: bool,
+    /// A terminal can attach to its jobs ([`ResolvedExecutor::terminal_place`]).
+    pub terminal: bool,
 }
 
 fn resolve_dir(dir: &str, base: &Path) -> PathBuf {

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::executor::{
     depends_on_home, prepare, resolve_in_home, ConnectedInstance, ExecutorSession, InstanceLease, PrepareError,
-    PrepareRequest, ResolvedExecutor,
+    PrepareRequest, ResolvedExecutor, TerminalPlace,
 };
 use crate::payload::JobResponse;
 use crate::script::{JobPlan, PlanError, ScriptSettings};
@@ -100,6 +100,19 @@ pub trait JobHooks: Send + Sync {
     /// start or end) before the job goes on.
     async fn boundary(&self, boundary: Boundary<'_>) {
         let _ = boundary;
+    }
+
+    /// The job is accepted and its environment prepared: a terminal into it opens at `place`
+    /// from now on (GitLab's web terminal). Called only for executors that have one.
+    fn terminal(&self, place: TerminalPlace) {
+        let _ = place;
+    }
+
+    /// The stages are over and the footer is not written yet: a job whose terminal is
+    /// connected waits here (gitlab-runner's `waitForTerminal`), at most `left` — what remains
+    /// of the job's timeout — and the hook's own limit (`session_timeout`).
+    async fn stages_over(&self, left: std::time::Duration) {
+        let _ = left;
     }
 }
 
@@ -356,8 +369,18 @@ async fn run_to_end(
             instance.as_ref().map(|i| progress::StoredInstance { id: i.id.clone(), reconnect: i.reconnect.clone() });
     }
     hooks.boundary(Boundary::Accepted).await;
+    let env_vars = plan.terminal_env();
+    if let Some(place) =
+        env.executor.terminal_place(&env.settings.shell, plan.project_dir(), env_vars, instance.is_some())
+    {
+        hooks.terminal(place);
+    }
     let start = StageStart { index: 0, running: false, outcome: JobOutcome::success(), started: Instant::now() };
+    let started = start.started;
     let outcome = run_stages(&plan, &mut session, &*trace, control, hooks, start).await;
+    if !outcome.aborted {
+        hooks.stages_over(plan.job_timeout().saturating_sub(started.elapsed())).await;
+    }
     (conclude(&*trace, hooks, outcome).await, Some(session))
 }
 

@@ -32,10 +32,11 @@ use tokio_util::sync::CancellationToken;
 use crate::autoscaler::ReserveError;
 use crate::executor::ExecutorFeatures;
 use crate::gitlab::client::{
-    FeaturesInfo, GitLabClient, RequestJobResult, RunnerCredentials, UnhealthyRequest, VersionInfo,
+    FeaturesInfo, GitLabClient, JobSessionInfo, RequestJobResult, RunnerCredentials, UnhealthyRequest, VersionInfo,
 };
 use crate::job::JobEnvironment;
 use crate::payload::flags;
+use crate::session::SessionServer;
 use crate::store::jobs::{JobStore, StoreSettings};
 use crate::trace::format::RunnerIdentity;
 use crate::trace::upload::UploadConfig;
@@ -107,6 +108,9 @@ pub struct ManagerSettings {
     pub upload: UploadConfig,
     /// Told about feeds, requests, jobs and stages (metrics); [`observe::NoObserver`] by default.
     pub observer: Arc<dyn observe::Observer>,
+    /// The web terminal's session server (`[session_server]`), when configured: runners
+    /// whose executor can attach a terminal send a session with every job request.
+    pub session_server: Option<Arc<SessionServer>>,
 }
 
 impl Default for ManagerSettings {
@@ -118,6 +122,7 @@ impl Default for ManagerSettings {
             pending_keepalive: Duration::from_secs(10),
             upload: UploadConfig::default(),
             observer: Arc::new(observe::NoObserver),
+            session_server: None,
         }
     }
 }
@@ -187,6 +192,8 @@ struct Runner {
     slots: Arc<SlotAllocator>,
     /// How many job requests may be in flight (`request_concurrency`, adaptive by default).
     requests: RequestGate,
+    /// The session server, when this runner's jobs can have a web terminal.
+    sessions: Option<Arc<SessionServer>>,
 }
 
 impl Runner {
@@ -215,6 +222,7 @@ impl Runner {
                 active: settings.store.as_ref().map(|s| s.active.clone()),
                 slots: self.slots.clone(),
             },
+            session: None,
         }
     }
 }
@@ -222,7 +230,9 @@ impl Runner {
 /// The features Runway's job path really supports, for `info.features` (§1.6). Artifacts
 /// and caches move through the helper in the job environment; an executor without one (an
 /// image executor other than the docker plugin) does not advertise them, so GitLab refuses
-/// jobs that need them instead of the runner dropping them silently.
+/// jobs that need them instead of the runner dropping them silently. `session` and `terminal`
+/// (GitLab's "Debug" button) only when the session server runs and the executor can attach a
+/// terminal to the job ([`ExecutorFeatures::terminal`], as the manager decides it).
 pub fn features(executor: ExecutorFeatures) -> FeaturesInfo {
     let helper = executor.helper;
     FeaturesInfo {
@@ -237,8 +247,8 @@ pub fn features(executor: ExecutorFeatures) -> FeaturesInfo {
         service_variables: executor.image,
         service_multiple_aliases: executor.image,
         shared: executor.shared,
-        session: false,
-        terminal: false,
+        session: executor.terminal,
+        terminal: executor.terminal,
         cache: helper,
         refspecs: true,
         masking: true,
@@ -265,11 +275,16 @@ pub struct Manager {
     health: Arc<HealthBoard>,
 }
 
-fn make_runner(r: RunnerSettings, client: &Arc<GitLabClient>) -> Arc<Runner> {
+fn make_runner(r: RunnerSettings, client: &Arc<GitLabClient>, sessions: Option<&Arc<SessionServer>>) -> Arc<Runner> {
     let executor = &r.env.executor;
     // The configured executor (`docker-autoscaler` is served by the `docker` plugin).
     let name = if r.env.settings.executor.is_empty() { &executor.info.name } else { &r.env.settings.executor };
-    let mut info = VersionInfo::this_runner(name, &r.env.settings.shell, features(executor.features()));
+    let mut executor_features = executor.features();
+    // A web terminal needs the session server and a job environment the executor can attach
+    // to (not a fleet instance's).
+    executor_features.terminal &= sessions.is_some() && r.fleet.is_none();
+    let sessions = sessions.filter(|_| executor_features.terminal).cloned();
+    let mut info = VersionInfo::this_runner(name, &r.env.settings.shell, features(executor_features));
     info.labels = r.labels.clone();
     let limit = if r.limit == 0 { Semaphore::MAX_PERMITS } else { r.limit };
     let runner_client = r.client.clone().unwrap_or_else(|| client.clone());
@@ -280,6 +295,7 @@ fn make_runner(r: RunnerSettings, client: &Arc<GitLabClient>) -> Arc<Runner> {
         limit: Arc::new(Semaphore::new(limit)),
         slots: Arc::default(),
         requests: RequestGate::new(r.request_concurrency, adaptive),
+        sessions,
         settings: r,
     })
 }
@@ -326,7 +342,7 @@ impl Manager {
             match entry {
                 RunnerEntry::Ready(r) => {
                     health.set_healthy(&r.env.identity.short_token, &r.env.identity.name);
-                    runners.push(make_runner(*r, &client));
+                    runners.push(make_runner(*r, &client, settings.session_server.as_ref()));
                 }
                 RunnerEntry::Pending(p) => pending.push(p),
             }
@@ -460,7 +476,7 @@ async fn resolve_then_poll(
         tracing::info!(runner = %pending.short_token, name = %pending.name, "runner recovered; requesting jobs");
     }
     health.set_healthy(&pending.short_token, &pending.name);
-    let runner = make_runner(settings, &client);
+    let runner = make_runner(settings, &client, shared.settings.session_server.as_ref());
     let watcher = runner.settings.store.is_some().then(|| resume::watch(runner.clone(), shared.clone(), jobs.clone()));
     let pollers = (0..runner.settings.request_concurrency.max(1))
         .map(|_| poll(runner.clone(), shared.clone(), jobs.clone()))
@@ -536,8 +552,15 @@ async fn poll(
             }
         };
         observer.fed(me, true);
+        // A session per request, as gitlab-runner: it lives on only when a job comes with it.
+        let session = runner.sessions.as_ref().map(|server| (server.new_session(), server.session_timeout()));
+        let session_info = session.as_ref().map(|((_, info), _)| JobSessionInfo {
+            url: info.url.clone(),
+            certificate: info.certificate.clone(),
+            authorization: info.authorization.clone(),
+        });
         let result = tokio::select! {
-            r = runner.client.request_job(&runner.settings.credentials, &runner.info) => r,
+            r = runner.client.request_job_with_session(&runner.settings.credentials, &runner.info, session_info.as_ref()) => r,
             _ = stop_requesting.cancelled() => return,
         };
         let answer = match &result {
@@ -556,7 +579,9 @@ async fn poll(
         match result {
             RequestJobResult::Job(received) => {
                 unhealthy = 0;
-                let job = received::fresh::run(runner.job_context(&shared), *received, reservation);
+                let mut ctx = runner.job_context(&shared);
+                ctx.session = session.map(|((session, _), timeout)| (session, timeout));
+                let job = received::fresh::run(ctx, *received, reservation);
                 let handle = tokio::spawn(job);
                 if jobs.send(handle).is_err() {
                     return;

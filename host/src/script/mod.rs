@@ -400,6 +400,15 @@ impl JobPlan {
     pub fn variables(&self) -> &[JobVariable] {
         &self.variables
     }
+    /// The job's variables as a terminal's environment: every one with a shell name, a file
+    /// variable as the path of its file (which the stages wrote), later ones winning.
+    pub fn terminal_env(&self) -> Vec<(String, String)> {
+        self.variables
+            .iter()
+            .filter(|v| is_env_name(&v.key))
+            .filter_map(|v| Some((v.key.clone(), self.get(&v.key)?)))
+            .collect()
+    }
     fn value(&self, key: &str) -> Option<&str> {
         self.variables.iter().rev().find(|v| v.key == key).map(|v| v.value.as_str())
     }

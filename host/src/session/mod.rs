@@ -115,6 +115,11 @@ impl JobSession {
         let _ = rx.wait_for(|c| !*c).await;
     }
 
+    /// Resolves once the session is closed.
+    pub async fn closed(&self) {
+        self.closed.cancelled().await;
+    }
+
     /// Close the terminals and forget the session: its URL answers 404 from now on.
     pub fn close(&self) {
         self.closed.cancel();

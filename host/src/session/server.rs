@@ -57,6 +57,7 @@ pub struct SessionServer {
     url: String,
     certificate: String,
     local: SocketAddr,
+    timeout: std::time::Duration,
     registry: Arc<Registry>,
     stop: CancellationToken,
 }
@@ -88,12 +89,18 @@ impl SessionServer {
             }
         });
         tracing::info!("session server listening on {local}, advertised as {url}");
-        Ok(Some(SessionServer { url, certificate: cert.pem, local, registry, stop }))
+        let timeout = config.timeout();
+        Ok(Some(SessionServer { url, certificate: cert.pem, local, timeout, registry, stop }))
     }
 
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// `session_timeout`: how long a connected terminal keeps a job whose script ended.
+    pub fn session_timeout(&self) -> std::time::Duration {
+        self.timeout
     }
 
     /// A new session for a job request, and what the request tells GitLab about it.

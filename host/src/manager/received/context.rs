@@ -23,6 +23,7 @@ use crate::manager::observe::Observer;
 use crate::manager::slots::{Slot, SlotAllocator};
 use crate::manager::{ActiveJobs, ManagerStats, RunnerStore};
 use crate::payload::{flags, JobResponse};
+use crate::session::JobSession;
 use crate::trace::upload::UploadConfig;
 use crate::trace::{FailureReason, JobTrace, TraceOptions};
 
@@ -56,6 +57,8 @@ pub(crate) struct JobContext {
     pub(crate) stats: Arc<ManagerStats>,
     /// The capacity the job waits for.
     pub(crate) capacity: Capacity,
+    /// The web terminal session sent with the job's request and `session_timeout`.
+    pub(crate) session: Option<(Arc<JobSession>, Duration)>,
 }
 
 impl JobContext {

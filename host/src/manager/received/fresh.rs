@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use super::gitlab::StageReport;
+use super::terminal::JobTerminal;
 use super::{bad, unix_now, Ending, GitLabSide, JobContext, Received, Reservation};
 use crate::gitlab::client::{ApiError, BadJob, ReceivedJob};
 use crate::job::{run_job_until_cleanup, JobControl, JobOutcome, JobProgress, Progress};
@@ -23,7 +24,7 @@ use crate::trace::{wire_reason, FailureReason, JobTrace};
 
 /// Run `received`, fresh from the poll, on the fleet slot `reservation` when the runner has
 /// a fleet, to its final update.
-pub(crate) async fn run(ctx: JobContext, received: ReceivedJob, reservation: Option<Reservation>) {
+pub(crate) async fn run(mut ctx: JobContext, received: ReceivedJob, reservation: Option<Reservation>) {
     let ReceivedJob { raw, job, declinable } = received;
     // Never run a job whose secrets cannot be masked: fail it with only the error in its log.
     let trace = match JobTrace::new(&ctx.trace_options(&job)) {
@@ -42,6 +43,12 @@ pub(crate) async fn run(ctx: JobContext, received: ReceivedJob, reservation: Opt
     let Some(api) = ctx.job_api(&job) else { return };
     let control = JobControl::default();
     let side = GitLabSide::new(api, trace.clone(), control.clone(), ctx.retry(), ctx.job_upload());
+    let side = match ctx.session.take() {
+        Some((session, timeout)) => {
+            side.with_terminal(JobTerminal::new(session, timeout, control.clone(), trace.clone()))
+        }
+        None => side,
+    };
     let side = if held_pending(&ctx, &job, declinable).await {
         side.keeping_pending(ctx.pending_keepalive)
     } else {

@@ -2,7 +2,8 @@
 //! [`JobHooks`]: the pending keep-alives until it is accepted, the two-phase commit
 //! (`PUT state=running`, then the trace uploader and GitLab's cancel and abort turned into the
 //! job's), its store entry saved at every boundary with a heartbeat, its stages reported to
-//! the observer, and the final update ([`GitLabSide::report`]).
+//! the observer, its web terminal ([`JobTerminal`]), and the final update
+//! ([`GitLabSide::report`]).
 //!
 //! Owns: [`GitLabSide`], [`StageReport`]. Must not touch: capacity and fleet slots
 //! (`super::context`), how a job ends (`super::Received::end` decides what is called here).
@@ -14,6 +15,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use super::terminal::JobTerminal;
+use crate::executor::TerminalPlace;
 use crate::gitlab::api::{JobApi, JobState, JobUpdate, UpdateOutcome};
 use crate::gitlab::retry::RetryPolicy;
 use crate::job::{self, Boundary, JobControl, JobEnvironment, JobHooks, JobOutcome, Progress};
@@ -75,6 +78,7 @@ pub(crate) struct GitLabSide {
     accepted: AtomicBool,
     entry: Option<StoreEntry>,
     stages: Option<StageReport>,
+    terminal: Option<JobTerminal>,
 }
 
 impl GitLabSide {
@@ -98,6 +102,7 @@ impl GitLabSide {
             accepted: false.into(),
             entry: None,
             stages: None,
+            terminal: None,
         }
     }
 
@@ -120,6 +125,11 @@ impl GitLabSide {
     pub(crate) fn stored_in(self, record: JobRecord, health_interval: Duration) -> Self {
         let entry = StoreEntry { record: Arc::new(record), health_interval, heartbeat: false.into() };
         GitLabSide { entry: Some(entry), ..self }
+    }
+
+    /// Serve the job's web terminal in `terminal`.
+    pub(crate) fn with_terminal(self, terminal: JobTerminal) -> Self {
+        GitLabSide { terminal: Some(terminal), ..self }
     }
 
     /// Report the job's stages through `report`.
@@ -258,6 +268,18 @@ impl JobHooks for GitLabSide {
         }
         if let (Boundary::StageStarted(stage), Some(r)) = (boundary, &self.stages) {
             r.observer.stage_started(&r.runner, r.job, stage);
+        }
+    }
+
+    fn terminal(&self, place: TerminalPlace) {
+        if let Some(terminal) = &self.terminal {
+            terminal.attach(place);
+        }
+    }
+
+    async fn stages_over(&self, left: Duration) {
+        if let Some(terminal) = &self.terminal {
+            terminal.wait(left).await;
         }
     }
 }

@@ -12,7 +12,8 @@
 //!   decline back to a Runway router;
 //! - [`resume`]: a job from the store: what GitLab says of it, then go on, abandon, or only
 //!   clean up;
-//! - [`bad`]: a job whose payload cannot be used, failed at once.
+//! - [`bad`]: a job whose payload cannot be used, failed at once;
+//! - [`terminal`]: the job's web terminal session and how long it holds the job.
 //!
 //! Owns: a received job's GitLab-side lifecycle. Must not touch: polling and the store
 //! watcher (`crate::manager`), how a job runs (`crate::job`, which knows no GitLab), what a
@@ -23,6 +24,7 @@ pub(crate) mod context;
 pub(crate) mod fresh;
 pub(crate) mod gitlab;
 pub(crate) mod resume;
+pub(crate) mod terminal;
 
 use crate::job::{JobCleanup, JobOutcome};
 use crate::trace::FailureReason;

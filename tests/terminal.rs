@@ -1,0 +1,268 @@
+//! GitLab's web terminal end to end: `runway run` as a real process with `[session_server]`
+//! against the fake GitLab, and this test playing GitLab Workhorse. It reads the session
+//! (`url`, `certificate`, `authorization`) from the job request the fake GitLab received,
+//! trusts the sent certificate, connects over TLS with the authorization and the
+//! `terminal.gitlab.com` subprotocol, types into a shell job's terminal and reads what it
+//! prints; a resize changes `stty size`; a wrong token gets 401; a finished job's session
+//! 404; a connected terminal holds the job after its script until it disconnects (or
+//! `session_timeout` closes it) and the trace says which; a cancelled job closes its terminal.
+
+#[path = "support/runway_process.rs"]
+mod runway_process;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
+use futures::{SinkExt, StreamExt};
+use runway_process::RunwayProcess;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+
+const WAIT: Duration = Duration::from_secs(120);
+/// `session_timeout` of the runner under test, seconds.
+const SESSION_TIMEOUT: u64 = 6;
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+/// The job's session as the fake GitLab keeps it.
+struct Session {
+    url: String,
+    certificate: String,
+    authorization: String,
+}
+
+struct Harness {
+    fake: FakeGitLab,
+    root: tempfile::TempDir,
+    process: RunwayProcess,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+impl Harness {
+    async fn start() -> Harness {
+        let fake =
+            FakeGitLab::start_with(fake_gitlab::Config { long_poll: Duration::from_secs(1), trace_update_interval: 1 })
+                .await;
+        let runner = fake.create_runner("terminal");
+        fake.create_repo("group/project");
+        fake.commit_files("group/project", "main", &[("README.md", "hi\n")], "init");
+        let root = tempfile::tempdir().expect("tempdir");
+        let config = format!(
+            r#"concurrent = 2
+check_interval = 1
+shutdown_timeout = 5
+
+[session_server]
+  listen_address = "127.0.0.1:{port}"
+  session_timeout = {SESSION_TIMEOUT}
+
+[plugins.shell]
+allow_process = true
+
+[[runners]]
+name = "terminal"
+url = "{url}"
+token = "{token}"
+executor = "shell"
+builds_dir = "{builds}"
+cache_dir = "{cache}"
+  [runners.shell]
+  login = false
+"#,
+            port = free_port(),
+            url = fake.url(),
+            token = runner.token,
+            builds = root.path().join("builds").display(),
+            cache = root.path().join("cache").display(),
+        );
+        std::fs::write(root.path().join("config.toml"), config).expect("config.toml");
+        let mut process = RunwayProcess::new(root.path().to_path_buf());
+        process.start();
+        Harness { fake, root, process }
+    }
+
+    fn context(&self, id: i64) -> String {
+        format!(
+            "trace:\n{}\nrunway log:\n{}",
+            self.fake.job(id).map(|j| j.trace_text()).unwrap_or_default(),
+            self.process.log()
+        )
+    }
+
+    async fn until(&self, id: i64, what: &str, predicate: impl Fn(&JobRecord) -> bool) -> JobRecord {
+        match self.fake.wait_for_job_state(id, predicate, WAIT).await {
+            Some(record) => record,
+            None => panic!("job {id}: {what} never came; {}", self.context(id)),
+        }
+    }
+
+    /// Job `id`'s session, once the job was handed out with one.
+    async fn session(&self, id: i64) -> Session {
+        let record = self.until(id, "a session", |j| j.runner_session.is_some()).await;
+        let session = record.runner_session.expect("session");
+        let field = |k: &str| session.get(k).and_then(|v| v.as_str()).expect("session field").to_string();
+        Session { url: field("url"), certificate: field("certificate"), authorization: field("authorization") }
+    }
+
+    /// A job that waits in its project directory until a terminal touches `released`.
+    fn waiting_job(&self, name: &str) -> i64 {
+        let script = "while [ ! -f released ]; do sleep 0.1; done; echo script-over";
+        let mut spec = JobSpec::new("group/project", name, &[script]);
+        spec.variables.push(("TERMINAL_MARK".into(), "from-the-job".into()));
+        self.fake.enqueue(self.fake.job_payload(&spec))
+    }
+}
+
+/// Connect as Workhorse: TLS trusting only the sent certificate, `Authorization`, the
+/// subprotocol.
+async fn connect(session: &Session, authorization: &str) -> Result<Ws, WsError> {
+    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(session.certificate.as_bytes()).expect("pem")).expect("root");
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("tls")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let url = format!("{}/terminal", session.url.replacen("https://", "wss://", 1));
+    let authority = url.trim_start_matches("wss://").split('/').next().expect("authority").to_string();
+    let host = authority.rsplit_once(':').map(|(h, _)| h.to_string()).expect("host:port");
+    let tcp = tokio::net::TcpStream::connect(&authority).await.expect("the advertised address answers");
+    let name = ServerName::try_from(host).expect("name");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("the sent certificate is trusted for the advertised host");
+    let mut request = url.into_client_request().expect("request");
+    request.headers_mut().insert("Authorization", authorization.parse().expect("header"));
+    request.headers_mut().insert("Sec-WebSocket-Protocol", "terminal.gitlab.com".parse().expect("header"));
+    let (ws, response) = tokio_tungstenite::client_async(request, tls).await?;
+    assert_eq!(
+        response.headers().get("sec-websocket-protocol").and_then(|v| v.to_str().ok()),
+        Some("terminal.gitlab.com")
+    );
+    Ok(ws)
+}
+
+fn status_of(result: Result<Ws, WsError>) -> u16 {
+    match result {
+        Err(WsError::Http(response)) => response.status().as_u16(),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("connected"),
+    }
+}
+
+/// Type `line` and read until `want` shows up in the output.
+async fn type_and_read(ws: &mut Ws, line: &str, want: &str) -> String {
+    ws.send(Message::Binary(format!("{line}\n").into_bytes().into())).await.expect("typed");
+    read_until(ws, want).await
+}
+
+async fn read_until(ws: &mut Ws, want: &str) -> String {
+    let mut seen = String::new();
+    let read = async {
+        while let Some(message) = ws.next().await {
+            match message.expect("frame") {
+                Message::Binary(bytes) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+                Message::Close(_) => break,
+                _ => {}
+            }
+            if seen.contains(want) {
+                return true;
+            }
+        }
+        false
+    };
+    let found = tokio::time::timeout(WAIT, read).await.unwrap_or(false);
+    assert!(found, "{want:?} never came; the terminal showed:\n{seen}");
+    seen
+}
+
+/// Resolves when the server closes the WebSocket.
+async fn closed_by_server(ws: &mut Ws) {
+    let closed = async {
+        while let Some(message) = ws.next().await {
+            if matches!(message, Ok(Message::Close(_)) | Err(_)) {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, closed).await.expect("the server closed the terminal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workhorse_types_into_a_shell_jobs_terminal() {
+    let h = Harness::start().await;
+
+    // A job held by its terminal until the terminal disconnects.
+    let id = h.waiting_job("debug-me");
+    let session = h.session(id).await;
+    assert!(session.url.starts_with("https://127.0.0.1:"), "{}", session.url);
+    assert_eq!(status_of(connect(&session, "wrong-token").await), 401, "{}", h.context(id));
+    let mut ws = connect(&session, &session.authorization).await.expect("connects");
+    // In the job's directory, with its variables.
+    type_and_read(&mut ws, "echo \"mark-$((6*7))-$TERMINAL_MARK\"", "mark-42-from-the-job").await;
+    let pwd = type_and_read(&mut ws, "echo \"dir=$(pwd)=\"", "=\r\n").await;
+    let project_dir = h.root.path().join("builds");
+    assert!(pwd.contains(&format!("dir={}", project_dir.display())), "{pwd}");
+    // A second terminal is refused while one is connected.
+    assert_eq!(status_of(connect(&session, &session.authorization).await), 423);
+    // Resize changes what the shell sees.
+    ws.send(Message::Text(r#"{"width":101,"height":33}"#.into())).await.expect("resize");
+    type_and_read(&mut ws, "stty size", "33 101").await;
+    // Let the script end: the job waits for the terminal, and says so.
+    type_and_read(&mut ws, "touch released && echo released-$((1+1))", "released-2").await;
+    h.until(id, "the wait for the terminal", |j| j.trace_text().contains("Terminal is connected, will time out in"))
+        .await;
+    let record = h.fake.job(id).expect("job");
+    assert!(record.final_state.is_none(), "the job waits while the terminal is connected");
+    assert!(record.trace_text().contains("script-over"), "{}", record.trace_text());
+    // Closing the terminal lets it finish.
+    ws.close(None).await.expect("closed");
+    let record = h.until(id, "the end", |j| j.final_state.is_some()).await;
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", h.context(id));
+    let trace = record.trace_text();
+    assert!(trace.contains("Terminal disconnected"), "{trace}");
+    assert!(trace.find("Terminal disconnected") < trace.find("Job succeeded"), "{trace}");
+    // The finished job's session is gone.
+    let gone = async {
+        loop {
+            match connect(&session, &session.authorization).await {
+                Err(WsError::Http(r)) if r.status().as_u16() == 404 => return,
+                Err(WsError::Http(_)) | Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Ok(_) => panic!("a finished job's terminal connected"),
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, gone).await.expect("404 for a finished session");
+
+    // An idle terminal: session_timeout closes it and the job finishes.
+    let id = h.waiting_job("idle");
+    let session = h.session(id).await;
+    let mut ws = connect(&session, &session.authorization).await.expect("connects");
+    type_and_read(&mut ws, "touch released && echo idle-$((2+2))", "idle-4").await;
+    closed_by_server(&mut ws).await;
+    let record = h.until(id, "the end", |j| j.final_state.is_some()).await;
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", h.context(id));
+    let trace = record.trace_text();
+    let wanted = format!("terminal session timed out (maximum time allowed - {SESSION_TIMEOUT}s)");
+    assert!(trace.contains(&format!("will time out in {SESSION_TIMEOUT}s...")), "{trace}");
+    assert!(trace.contains(&wanted), "{trace}");
+
+    // A cancelled job closes its terminal.
+    let id = h.waiting_job("cancelled");
+    let session = h.session(id).await;
+    let mut ws = connect(&session, &session.authorization).await.expect("connects");
+    type_and_read(&mut ws, "echo live-$((3+3))", "live-6").await;
+    h.until(id, "running", |j| j.trace_text().contains("Executing \"step_script\"")).await;
+    h.fake.cancel(id).expect("cancelled");
+    closed_by_server(&mut ws).await;
+    let record = h.until(id, "the cancel", |j| j.status.is_final()).await;
+    assert_eq!(record.status, JobStatus::Canceled, "{}", h.context(id));
+}
