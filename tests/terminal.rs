@@ -7,8 +7,12 @@
 //! 404; a connected terminal holds the job after its script until it disconnects (or
 //! `session_timeout` closes it) and the trace says which; a cancelled job closes its terminal.
 
+#[path = "support/browser.rs"]
+mod browser;
 #[path = "support/runway_process.rs"]
 mod runway_process;
+#[path = "support/workhorse.rs"]
+mod workhorse;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -265,4 +269,42 @@ async fn workhorse_types_into_a_shell_jobs_terminal() {
     closed_by_server(&mut ws).await;
     let record = h.until(id, "the cancel", |j| j.status.is_final()).await;
     assert_eq!(record.status, JobStatus::Canceled, "{}", h.context(id));
+}
+
+/// A real browser: headless Chromium opens a page with xterm.js (npm `@xterm/xterm`) that a
+/// Workhorse-like proxy connects to a running job's terminal, a person's keys type a command
+/// into it, and the terminal shows the output. The screenshot is written beside the test's
+/// other files (`target/tmp/web-terminal.png`; docs/images/web-terminal.png is one of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_types_into_a_jobs_terminal_through_a_workhorse_like_proxy() {
+    let h = Harness::start().await;
+    let id = h.waiting_job("in-the-browser");
+    let session = h.session(id).await;
+    let page = workhorse::serve_page(workhorse::Session {
+        url: session.url.clone(),
+        certificate: session.certificate.clone(),
+        authorization: session.authorization.clone(),
+    })
+    .await;
+    let mut browser = browser::Browser::start().await;
+    browser.navigate(&page).await;
+    browser.until("the page's terminal to connect", WAIT, "window.connected === true").await;
+    browser.evaluate("term.focus(); true").await;
+    browser.type_text("echo \"typed-$((6*7))-$TERMINAL_MARK\"\r").await;
+    browser
+        .until("the command's output in the browser", WAIT, "window.screenText().includes('typed-42-from-the-job')")
+        .await;
+    let png = browser.screenshot().await;
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 2000, "a screenshot of {} bytes", png.len());
+    std::fs::write(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-terminal.png"), &png)
+        .expect("screenshot written");
+    // The job's script ends when the terminal releases it; closing the page's terminal
+    // disconnects it, and the job finishes.
+    browser.type_text("touch released\r").await;
+    h.until(id, "the wait for the terminal", |j| j.trace_text().contains("Terminal is connected, will time out in"))
+        .await;
+    browser.evaluate("window.socket.close(); true").await;
+    let record = h.until(id, "the end", |j| j.final_state.is_some()).await;
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", h.context(id));
+    assert!(record.trace_text().contains("Terminal disconnected"), "{}", record.trace_text());
 }
