@@ -13,6 +13,8 @@
 mod dockerd;
 #[path = "support/fake_kube.rs"]
 mod fake_kube;
+#[path = "support/redis_server.rs"]
+mod redis_server;
 #[path = "support/runway_process.rs"]
 mod runway_process;
 #[path = "support/wait.rs"]
@@ -26,6 +28,7 @@ use std::time::Duration;
 
 use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
 use fake_kube::Kube;
+use redis_server::RedisServer;
 use runway_process::RunwayProcess;
 use serde_json::{json, Value};
 
@@ -207,6 +210,17 @@ executor = "kubernetes"
         assert!(!sent.is_empty(), "no object was sent in namespace {}", self.namespace);
         let (code, stderr) = fake_kube::check_models(&Value::Array(sent));
         assert_eq!(code, Some(0), "the official models refuse what Runway sent:\n{stderr}");
+    }
+
+    /// The name of the pod of `job` now in the namespace (by Runway's `runway/job` label).
+    fn pod_of(&self, job: i64) -> String {
+        let path = format!("/api/v1/namespaces/{}/pods?labelSelector=runway%2Fjob%3D{job}", self.namespace);
+        let (status, list) = self.kube.call_blocking("GET", &path, None);
+        assert_eq!(status, 200, "{list}");
+        list["items"][0]["metadata"]["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no pod of job {job}: {list}"))
+            .to_string()
     }
 
     /// The pod spec the runner created for `job` (from what fake-kube received).
@@ -528,31 +542,113 @@ async fn an_unreachable_api_server_fails_the_job_with_a_system_failure() {
     assert!(!trace.contains("must-not-run\n"), "{trace}");
 }
 
-/// The attach strategy's promise: a stage's output and exit code live in the pod, so a manager
-/// SIGKILLed mid-stage is restarted and follows the stage on from where GitLab's log ends
-/// (the file job store is on by default): every line once, in order, the job successful, the
-/// pod deleted after.
+/// The numbered lines (`line N of M`) of a trace, in order.
+fn numbered_lines(trace: &str) -> Vec<u32> {
+    trace
+        .lines()
+        .filter_map(|l| l.strip_prefix("line ").and_then(|rest| rest.split_once(" of ")))
+        .filter_map(|(n, _)| n.trim().parse().ok())
+        .collect()
+}
+
+/// Seed 003 on Kubernetes, with the file store (on by default): the attach strategy's stage
+/// output and exit code live in the pod, so a manager SIGKILLed mid-stage three times is
+/// restarted each time and follows the stage on from where GitLab's log ends (every line once,
+/// in order), reads the stage's exit code from the pod and runs the later stages
+/// (`after_script`). A second job whose pod is deleted while no manager runs fails at once
+/// with `runner_system_failure` and the reason. No pod is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_survives_kill_9_of_its_manager_mid_stage() {
+async fn jobs_survive_kill_9_of_their_manager_mid_stage_and_a_vanished_pod_fails_its_job() {
     let w = world("resume").await;
     let mut manager = w.manager("resume", "", "");
     manager.start();
-    let script = "for i in $(seq 1 120); do echo \"line $i of 120\"; sleep 0.05; done";
-    let job = w.enqueue(w.job("resume", &[script]).variable("GIT_STRATEGY", "none"), |_| {});
-    w.wait_for(job, "line 20", &manager, |j| j.trace_text().contains("line 20 of 120")).await;
-    manager.kill9();
-    manager.start();
+    let script = "for i in $(seq 1 200); do echo \"line $i of 200\"; sleep 0.1; done";
+    let spec = w
+        .job("resume", &[script, "echo the-stage-ends-with-3; exit 3"])
+        .after_script(&["echo after-script-ran"])
+        .variable("GIT_STRATEGY", "none");
+    let job = w.enqueue(spec, |_| {});
+    let doomed =
+        w.enqueue(w.job("doomed", &["echo doomed-started", "sleep 300"]).variable("GIT_STRATEGY", "none"), |_| {});
+    w.wait_for(doomed, "the doomed job's stage", &manager, |j| j.trace_text().contains("doomed-started\n")).await;
+    for (round, line) in [20, 70, 120].into_iter().enumerate() {
+        let needle = format!("line {line} of 200");
+        w.wait_for(job, &needle, &manager, |j| j.trace_text().contains(&needle)).await;
+        manager.kill9();
+        eprintln!("round {round}: kill -9 at line {line}");
+        if round == 0 {
+            // The doomed job's pod vanishes while no manager runs.
+            let pod = tokio::task::block_in_place(|| {
+                let pod = w.pod_of(doomed);
+                let path = format!("/api/v1/namespaces/{}/pods/{pod}?gracePeriodSeconds=0", w.namespace);
+                let (status, answer) = w.kube.call_blocking("DELETE", &path, None);
+                assert_eq!(status, 200, "{answer}");
+                pod
+            });
+            eprintln!("deleted pod {pod} of job {doomed}");
+        }
+        manager.start();
+    }
+    let gone = w.finished(doomed, &manager).await;
+    assert_state(&gone, JobStatus::Failed, &manager);
+    assert_eq!(gone.failure_reason.as_deref(), Some("runner_system_failure"), "{}", gone.trace_text());
+    let trace = gone.trace_text();
+    assert!(trace.contains("no longer exists") || trace.contains("is being deleted"), "the reason: {trace}");
+    assert_eq!(trace.matches("doomed-started\n").count(), 1, "{trace}");
+
     let record = w.finished(job, &manager).await;
-    assert_state(&record, JobStatus::Success, &manager);
+    assert_state(&record, JobStatus::Failed, &manager);
     let trace = record.trace_text();
-    let lines: Vec<u32> = trace
-        .lines()
-        .filter_map(|l| l.strip_prefix("line ").and_then(|rest| rest.strip_suffix(" of 120")))
-        .filter_map(|n| n.trim().parse().ok())
-        .collect();
-    assert_eq!(lines, (1..=120).collect::<Vec<u32>>(), "every line once, in order:\n{trace}");
-    assert!(manager.log().contains("resuming a stored job"), "{}", manager.log());
+    assert_eq!(record.failure_reason.as_deref(), Some("script_failure"), "{trace}");
+    assert_eq!(record.exit_code, Some(3), "the stage's exit code, read from the pod: {trace}");
+    assert_eq!(numbered_lines(&trace), (1..=200).collect::<Vec<u32>>(), "every line once, in order:\n{trace}");
+    assert_eq!(trace.matches("the-stage-ends-with-3\n").count(), 1, "{trace}");
+    assert!(trace.contains("after-script-ran"), "the later stage ran: {trace}");
+    let log = manager.log();
+    assert!(log.matches("resuming a stored job").count() >= 3, "{log}");
     w.assert_nothing_left(&manager).await;
+}
+
+/// Seed 003's Redis store: two managers share it; the one running the job is SIGKILLed and
+/// the live one takes the job over once its lease expires, following the stage on in the pod
+/// from GitLab's offset; the pod is deleted after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_redis_store_a_live_manager_takes_over_a_dead_ones_job() {
+    let w = world("takeover").await;
+    let redis = RedisServer::start();
+    let store = format!(
+        "  [runners.store]\n  name = \"redis\"\n  health_interval = 1\n  health_timeout = 3\n  [runners.store.redis]\n  url = \"{}\"",
+        redis.url()
+    );
+    let key = "5e1d7c3b9a2f4e6081726354a5b6c7d8e9f0a1b2c3d4e5f60718293a4b5c6d7e";
+    let mut managers = Vec::new();
+    for (name, id) in [("a", "s_cccccccccccc"), ("b", "s_dddddddddddd")] {
+        let manager = w.manager(name, "", &store).env("RUNWAY_STORE_KEY", key);
+        std::fs::write(manager.dir().join(".runner_system_id"), format!("{id}\n")).expect("system id");
+        managers.push((id, manager));
+    }
+    for (_, manager) in &mut managers {
+        manager.start();
+    }
+    let script = "for i in $(seq 1 100); do echo \"line $i of 100\"; sleep 0.1; done";
+    let job = w.enqueue(w.job("takeover", &[script]).variable("GIT_STRATEGY", "none"), |_| {});
+    let first = &managers[0].1;
+    w.wait_for(job, "line 10", first, |j| j.trace_text().contains("line 10 of 100")).await;
+    let Some(owner) = redis.job_owner(job).await else {
+        panic!("no entry for job {job} in Redis; logs:\n{}\n----\n{}", managers[0].1.log(), managers[1].1.log());
+    };
+    let dead = managers
+        .iter()
+        .position(|(id, _)| *id == owner)
+        .unwrap_or_else(|| panic!("the owner {owner} is one of the two managers"));
+    managers[dead].1.kill9();
+    let live = &managers[1 - dead].1;
+    let record = w.finished(job, live).await;
+    assert_state(&record, JobStatus::Success, live);
+    let trace = record.trace_text();
+    assert_eq!(numbered_lines(&trace), (1..=100).collect::<Vec<u32>>(), "every line once, in order:\n{trace}");
+    assert!(live.log().contains("taking over a job"), "{}", live.log());
+    w.assert_nothing_left(live).await;
 }
 
 /// gitlab-runner's pull policy fallback: the job's `pull_policy: [never, if-not-present]` fails

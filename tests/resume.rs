@@ -359,7 +359,7 @@ async fn two_managers_on_one_redis_the_live_one_finishes_the_dead_ones_job() {
     let (job, effects) = w.counting_job("two");
     w.wait_line(job, 10).await;
     // Whoever owns it dies; the other takes it over once the lease expires.
-    let Some(owner) = owner_of(&redis, job).await else {
+    let Some(owner) = redis.job_owner(job).await else {
         panic!("no entry for job {job} in Redis; logs:\n{}\n----\n{}", a.log(), b.log());
     };
     eprintln!("owner {owner}; a = {}, b = {}", a.system_id(), b.system_id());
@@ -389,29 +389,6 @@ fn redis_store(redis: &RedisServer, timeout: u32) -> String {
         "  name = \"redis\"\n  health_interval = 1\n  health_timeout = {timeout}\n  [runners.store.redis]\n  url = \"{}\"",
         redis.url()
     )
-}
-
-/// The `owner` of `job`'s entry in Redis.
-async fn owner_of(redis: &RedisServer, job: i64) -> Option<String> {
-    let client = redis::Client::open(redis.url()).expect("redis url");
-    let mut conn = client.get_multiplexed_async_connection().await.expect("redis connection");
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.expect("keys");
-    for key in keys.clone() {
-        let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut conn).await.expect("type");
-        if kind != "hash" {
-            continue;
-        }
-        let meta: Option<String> = redis::cmd("HGET").arg(&key).arg("meta").query_async(&mut conn).await.expect("meta");
-        if let Some(meta) = meta.and_then(|m| serde_json::from_str::<serde_json::Value>(&m).ok()) {
-            if meta["job_id"].as_i64() == Some(job) {
-                let owner: Option<String> =
-                    redis::cmd("HGET").arg(&key).arg("owner").query_async(&mut conn).await.expect("owner");
-                return owner.or_else(|| meta["owner"].as_str().map(str::to_string));
-            }
-        }
-    }
-    eprintln!("no entry for job {job} in Redis: {keys:?}");
-    None
 }
 
 /// The stage's processes are gone: no process has `marker` on its command line.

@@ -59,6 +59,31 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// The `owner` (a manager's system id) of `job`'s entry when this server is a Runway
+    /// Redis job store.
+    pub(crate) async fn job_owner(&self, job: i64) -> Option<String> {
+        let client = redis::Client::open(self.url()).expect("redis url");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("redis connection");
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.expect("keys");
+        for key in keys.clone() {
+            let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut conn).await.expect("type");
+            if kind != "hash" {
+                continue;
+            }
+            let meta: Option<String> =
+                redis::cmd("HGET").arg(&key).arg("meta").query_async(&mut conn).await.expect("meta");
+            if let Some(meta) = meta.and_then(|m| serde_json::from_str::<serde_json::Value>(&m).ok()) {
+                if meta["job_id"].as_i64() == Some(job) {
+                    let owner: Option<String> =
+                        redis::cmd("HGET").arg(&key).arg("owner").query_async(&mut conn).await.expect("owner");
+                    return owner.or_else(|| meta["owner"].as_str().map(str::to_string));
+                }
+            }
+        }
+        eprintln!("no entry for job {job} in Redis: {keys:?}");
+        None
+    }
+
     /// The server's pid (to kill it from a test).
     pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

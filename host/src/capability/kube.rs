@@ -206,7 +206,7 @@ impl HostCluster for KubeView<'_> {
         exit_path: String,
     ) -> wasmtime::Result<Result<(), KubeError>> {
         let shell = self.shell(&cluster, &target)?;
-        let result = self.budget.in_host(detached::start(&shell, &command, Some(&stdin), &log_path, &exit_path)).await;
+        let result = self.budget.in_host(shell.start_detached(&command, &stdin, &log_path, &exit_path)).await;
         Ok(result.map_err(|e| wit_error(kube_error(e))))
     }
 
@@ -221,7 +221,7 @@ impl HostCluster for KubeView<'_> {
         let shell = self.shell(&cluster, &target)?;
         let trace = self.call.trace_or_discard();
         let stop = self.call.stop.clone();
-        let result = self.budget.in_host(detached::attach(&shell, &log_path, &exit_path, offset, &*trace, &stop)).await;
+        let result = self.budget.in_host(shell.attach(&log_path, &exit_path, offset, &*trace, &stop)).await;
         Ok(result.map(wit_status).map_err(|e| wit_error(kube_error(e))))
     }
 

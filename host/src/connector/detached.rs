@@ -182,6 +182,31 @@ pub async fn start_with_shell<H: ShellHost + ?Sized>(
     log_path: &str,
     exit_path: &str,
 ) -> Result<(), RemoteError> {
+    launch(host, command, stdin, log_path, exit_path, false).await
+}
+
+/// [`start_with_shell`] for a connection that may drop while the standard input is on its
+/// way (a `pods/exec` stream): the launcher checks that the stdin file holds all
+/// `stdin.len()` bytes before it starts anything, so a cut stream never starts a script cut
+/// short. One `wc` more per start.
+pub async fn start_with_shell_checked<H: ShellHost + ?Sized>(
+    host: &H,
+    command: &str,
+    stdin: &[u8],
+    log_path: &str,
+    exit_path: &str,
+) -> Result<(), RemoteError> {
+    launch(host, command, stdin, log_path, exit_path, true).await
+}
+
+async fn launch<H: ShellHost + ?Sized>(
+    host: &H,
+    command: &str,
+    stdin: &[u8],
+    log_path: &str,
+    exit_path: &str,
+    check_length: bool,
+) -> Result<(), RemoteError> {
     let mut dirs: Vec<&str> = [log_path, exit_path].iter().map(|p| parent(p)).collect();
     dirs.dedup();
     let mkdirs: String =
@@ -193,10 +218,19 @@ pub async fn start_with_shell<H: ShellHost + ?Sized>(
         "{mkdirs}\
          if [ -e {exit} ] || [ -e {pid} ]; then rm -f -- {exit} {pid} || exit 1; fi\n\
          (umask 077 && : > {log} && exec cat > {input}) || exit 1\n\
+         {check}\
          : \"$(setsid {wrapper} 2> /dev/null < /dev/null &)\"\n\
          rm -f -- {input}\n\
          [ -s {pid} ] || {{ echo 'the command did not start (is setsid installed?)' >&2; exit 1; }}",
         wrapper = wrapper.join(" "),
+        check = if check_length {
+            format!(
+                "[ $(($(wc -c < {input}))) -eq {len} ] || {{ rm -f -- {input}; echo 'the standard input was cut short' >&2; exit 1; }}\n",
+                len = stdin.len()
+            )
+        } else {
+            String::new()
+        },
     );
     let (code, output) = host.capture(&launcher, Some(stdin), 4096).await?;
     if code != 0 {

@@ -54,6 +54,9 @@ struct Saved {
 pub struct KubeEnv {
     api: Api,
     saved: Saved,
+    /// Why the pod cannot run stages any more, when `resume` found it gone or ended: every
+    /// stage then fails at once with it (a system failure), and cleanup still runs.
+    gone: Option<String>,
 }
 
 fn parse_config(json: &str) -> Result<config::Parsed, ExecutorError> {
@@ -162,7 +165,7 @@ impl Executor for Kubernetes {
             project_dir: job.project_dir.clone(),
             shell: job.shell.clone(),
         };
-        let mut env = KubeEnv { api, saved };
+        let mut env = KubeEnv { api, saved, gone: None };
         let image = details.as_ref().and_then(|d| d.image.as_ref()).map(image_input).unwrap_or_default();
         let services: Vec<ImageInput> =
             details.as_ref().map(|d| d.services.iter().map(image_input).collect()).unwrap_or_default();
@@ -220,7 +223,12 @@ impl Executor for Kubernetes {
             saved.state.namespace, saved.state.pod
         ));
         let api = connect(&cluster_config(&config, &overwrites))?;
-        Ok(KubeEnv { api, saved })
+        // A pod that vanished or ended while no runner followed it fails the job at once.
+        let gone = wait::ended(&api, &saved.state.namespace, &saved.state.pod)?;
+        if let Some(why) = &gone {
+            trace::write_str(&format!("ERROR: {why}\n"));
+        }
+        Ok(KubeEnv { api, saved, gone })
     }
 }
 
@@ -295,15 +303,26 @@ impl KubeEnv {
     }
 }
 
-impl Environment for KubeEnv {
-    fn run(&self, stage: StageScript) -> Result<ExitStatus, ExecutorError> {
-        let container = if stage.predefined { HELPER_CONTAINER } else { BUILD_CONTAINER };
-        let target = self.target(container);
-        let what = format!("stage {} (pod {} container {container})", stage.name, self.saved.state.pod);
-        let error = |e: KubeError| executor_error(e, &what);
+impl KubeEnv {
+    /// The error of a stage that failed, or that ended with a non-zero code: a system failure
+    /// naming the pod's end when the pod is gone or ended (evicted, deleted, its node lost),
+    /// else the stage's own result.
+    fn explain(&self, what: &str, result: Result<ExitStatus, ExecutorError>) -> Result<ExitStatus, ExecutorError> {
+        match &result {
+            Err(ExecutorError::Canceled) | Ok(ExitStatus { code: 0 }) => return result,
+            _ => {}
+        }
+        match wait::ended(&self.api, &self.saved.state.namespace, &self.saved.state.pod) {
+            Ok(Some(why)) => Err(ExecutorError::Unavailable(format!("{what}: {why}"))),
+            _ => result,
+        }
+    }
+
+    fn run_stage(&self, stage: &StageScript, target: &Target, what: &str) -> Result<ExitStatus, ExecutorError> {
+        let error = |e: KubeError| executor_error(e, what);
         let files = self.saved.stages.next_checked(&stage.name, |log| {
             let probe =
-                self.api.cluster.run_captured(&target, &format!("[ -e {} ]", quote(log)), None, 64).map_err(error)?;
+                self.api.cluster.run_captured(target, &format!("[ -e {} ]", quote(log)), None, 64).map_err(error)?;
             Ok(probe.status.code == 0)
         })?;
         if !files.started {
@@ -311,11 +330,23 @@ impl Environment for KubeEnv {
             let command = format!("cd {} && {}", quote(cwd), docker_logic::spec::detect_shell(""));
             self.api
                 .cluster
-                .start_detached(&target, &command, stage.script.as_bytes(), &files.log, &files.exit)
+                .start_detached(target, &command, stage.script.as_bytes(), &files.log, &files.exit)
                 .map_err(error)?;
         }
-        let status = self.api.cluster.attach(&target, &files.log, &files.exit, 0).map_err(error)?;
+        let status = self.api.cluster.attach(target, &files.log, &files.exit, 0).map_err(error)?;
         Ok(ExitStatus { code: status.code })
+    }
+}
+
+impl Environment for KubeEnv {
+    fn run(&self, stage: StageScript) -> Result<ExitStatus, ExecutorError> {
+        let container = if stage.predefined { HELPER_CONTAINER } else { BUILD_CONTAINER };
+        let target = self.target(container);
+        let what = format!("stage {} (pod {} container {container})", stage.name, self.saved.state.pod);
+        if let Some(why) = &self.gone {
+            return Err(ExecutorError::Unavailable(format!("{what}: {why}")));
+        }
+        self.explain(&what, self.run_stage(&stage, &target, &what))
     }
 
     fn cleanup(&self) {

@@ -157,6 +157,25 @@ fn show_events(api: &Api, namespace: &str, pod: &str, shown: &mut BTreeSet<Strin
     lines
 }
 
+/// Why the pod `namespace/pod` can no longer run stages, if it cannot: it is gone (deleted by
+/// someone else, or its node was lost and the node controller removed it), being deleted, or
+/// ended (evicted, a container killed): the kubelet's reason. `None` while it runs.
+pub fn ended(api: &Api, namespace: &str, pod: &str) -> Result<Option<String>, ExecutorError> {
+    let path = format!("/api/v1/namespaces/{namespace}/pods/{pod}");
+    let Some(object) = api.get(&path, &format!("pod {namespace}/{pod}"))? else {
+        return Ok(Some(format!(
+            "pod {namespace}/{pod} no longer exists (deleted outside this job, or its node was lost)"
+        )));
+    };
+    if object["metadata"]["deletionTimestamp"].is_string() {
+        return Ok(Some(format!("pod {namespace}/{pod} is being deleted")));
+    }
+    Ok(match phase(&object) {
+        Phase::Failed(reason) => Some(format!("pod {namespace}/{pod} ended: {reason}")),
+        _ => None,
+    })
+}
+
 /// Wait until the pod `namespace/pod` runs `build` and `helper`.
 pub fn running(api: &Api, namespace: &str, pod: &str, config: &KubeConfig) -> Result<(), NotRunning> {
     let deadline = Instant::now() + Duration::from_secs(config.poll_timeout.max(1));

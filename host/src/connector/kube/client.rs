@@ -77,9 +77,12 @@ impl KubeClient {
 
     /// One REST call; any HTTP status is an answer. The body is cut at `max` bytes with
     /// [`KubeError::TooLarge`]. Transient failures are retried with backoff ([`retry_after`]):
-    /// a call the server did not take (429, honouring `Retry-After`; a refused connection) in
-    /// any case, a failed one (5xx, `etcdserver: request timed out`, a dropped connection) only
-    /// when repeating it is harmless (GET, HEAD, PUT, DELETE).
+    /// a call the server did not take (429, honouring `Retry-After`; a connection that was
+    /// never made) in any case, a failed one (5xx such as `etcdserver: request timed out` or
+    /// `etcdserver: leader changed`, a reset connection) only when repeating it is harmless:
+    /// GET, HEAD, PUT, DELETE, and a POST that creates an object by name — repeated, it
+    /// answers `409 AlreadyExists` when the first attempt was done after all, and then the
+    /// object is read back and answered as created ([`KubeClient::created_before`]).
     pub async fn request(
         &self,
         method: &str,
@@ -89,18 +92,57 @@ impl KubeClient {
         max: usize,
         stop: &StopSignal,
     ) -> Result<(u16, Vec<u8>), KubeError> {
-        let idempotent = matches!(method, "GET" | "HEAD" | "PUT" | "DELETE");
+        let created = if method == "POST" { created_name(body.as_deref()) } else { None };
+        let idempotent = matches!(method, "GET" | "HEAD" | "PUT" | "DELETE") || created.is_some();
         let mut attempt = 0;
         loop {
             let result = self.request_once(method, path, body.clone(), content_type, max, stop).await;
             attempt += 1;
-            let Some(wait) = retry_after(&result, idempotent, attempt) else { return result.map(|(s, b, _)| (s, b)) };
-            tracing::debug!(method, path, attempt, ?wait, "retrying a Kubernetes API call");
+            if let (Some(name), Ok((409, answer, _)), true) = (&created, &result, attempt > 1) {
+                return self.created_before(path, name, body.as_deref(), answer, max, stop).await;
+            }
+            let Some(wait) = retry_after(&result, idempotent, attempt) else {
+                return result.map(|(s, b, _)| (s, b)).map_err(|failed| failed.error);
+            };
+            tracing::info!(method, path, attempt, ?wait, fault = %fault_kind(&result), "retrying a Kubernetes API call");
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = stop.stopped() => return Err(KubeError::Canceled),
             }
         }
+    }
+
+    /// The answer to a repeated create of `name` at `path` that the server refused with
+    /// `answer` (409): when it is `AlreadyExists` and the object there carries the labels that
+    /// were sent, the first attempt created it, and the object is the answer (201).
+    async fn created_before(
+        &self,
+        path: &str,
+        name: &str,
+        sent: Option<&[u8]>,
+        answer: &[u8],
+        max: usize,
+        stop: &StopSignal,
+    ) -> Result<(u16, Vec<u8>), KubeError> {
+        let refused = Ok((409, answer.to_vec()));
+        let status: serde_json::Value = serde_json::from_slice(answer).unwrap_or_default();
+        if status["reason"].as_str() != Some("AlreadyExists") {
+            return refused;
+        }
+        let collection = path.split('?').next().unwrap_or(path);
+        let Ok((200, object)) =
+            Box::pin(self.request("GET", &format!("{collection}/{name}"), None, None, max, stop)).await
+        else {
+            return refused;
+        };
+        let labels = |bytes: &[u8]| {
+            serde_json::from_slice::<serde_json::Value>(bytes).unwrap_or_default()["metadata"]["labels"].clone()
+        };
+        if labels(&object) != labels(sent.unwrap_or_default()) {
+            return refused;
+        }
+        tracing::info!(path, name, "a repeated create found the object the first attempt made");
+        Ok((201, object))
     }
 
     /// One attempt: status, body, and the `Retry-After` seconds of the answer.
@@ -112,13 +154,13 @@ impl KubeClient {
         content_type: Option<&str>,
         max: usize,
         stop: &StopSignal,
-    ) -> Result<(u16, Vec<u8>, Option<u64>), KubeError> {
-        let mut builder = self.builder(method, path)?.timeout(REQUEST_TIMEOUT);
+    ) -> Result<(u16, Vec<u8>, Option<u64>), Failed> {
+        let mut builder = self.builder(method, path).map_err(Failed::sent)?.timeout(REQUEST_TIMEOUT);
         if let Some(body) = body {
             builder = builder.header("Content-Type", content_type.unwrap_or("application/json")).body(body);
         }
         let call = async {
-            let response = builder.send().await.map_err(|e| connection_error(&self.endpoint.server, &e))?;
+            let response = builder.send().await.map_err(|e| Failed::of(&self.endpoint.server, &e))?;
             let status = response.status().as_u16();
             let retry = response
                 .headers()
@@ -128,9 +170,9 @@ impl KubeClient {
             let mut stream = response.bytes_stream();
             let mut out = Vec::new();
             while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| connection_error(&self.endpoint.server, &e))?;
+                let chunk = chunk.map_err(|e| Failed::sent(connection_error(&self.endpoint.server, &e)))?;
                 if out.len() + chunk.len() > max {
-                    return Err(KubeError::TooLarge(u32::try_from(max).unwrap_or(u32::MAX)));
+                    return Err(Failed::sent(KubeError::TooLarge(u32::try_from(max).unwrap_or(u32::MAX))));
                 }
                 out.extend_from_slice(&chunk);
             }
@@ -138,7 +180,7 @@ impl KubeClient {
         };
         tokio::select! {
             result = call => result,
-            () = stop.stopped() => Err(KubeError::Canceled),
+            () = stop.stopped() => Err(Failed::sent(KubeError::Canceled)),
         }
     }
 
@@ -157,12 +199,57 @@ impl KubeClient {
 /// Attempts of one REST call before its last answer is taken.
 const ATTEMPTS: u32 = 6;
 
+/// A failed attempt of a REST call: why, and whether the request surely never reached the
+/// server (no connection was made: reqwest's [`reqwest::Error::is_connect`]), so that any
+/// call may be sent again.
+#[derive(Debug)]
+struct Failed {
+    error: KubeError,
+    unsent: bool,
+}
+
+impl Failed {
+    /// A failure after the request may have reached the server (or one that is not about
+    /// the connection at all).
+    fn sent(error: KubeError) -> Failed {
+        Failed { error, unsent: false }
+    }
+
+    /// The failure of sending a request: unsent when reqwest could not connect.
+    fn of(server: &str, error: &reqwest::Error) -> Failed {
+        Failed { error: connection_error(server, error), unsent: error.is_connect() }
+    }
+}
+
+/// The name a POST body creates its object under (`metadata.name`; not `generateName`, whose
+/// repetition would create a second object).
+fn created_name(body: Option<&[u8]>) -> Option<String> {
+    let object: serde_json::Value = serde_json::from_slice(body?).ok()?;
+    object["metadata"]["name"].as_str().filter(|n| !n.is_empty()).map(str::to_string)
+}
+
+/// What kind of fault a retried attempt met, for the runner's log: the HTTP status with the
+/// etcd message when there is one, or the connection failure.
+fn fault_kind(result: &Result<(u16, Vec<u8>, Option<u64>), Failed>) -> String {
+    match result {
+        Ok((status, body, _)) => {
+            let text = String::from_utf8_lossy(&body[..body.len().min(512)]).to_string();
+            match ["etcdserver: request timed out", "etcdserver: leader changed"].iter().find(|m| text.contains(**m)) {
+                Some(message) => format!("{status} {message}"),
+                None => status.to_string(),
+            }
+        }
+        Err(Failed { unsent: true, .. }) => "connection not made".into(),
+        Err(Failed { .. }) => "connection lost".into(),
+    }
+}
+
 /// How long to wait before attempt `attempt + 1` of a call that got `result`, or `None` when
 /// the result stands: 429 (the server did not take the call; its `Retry-After`, at most 10 s)
-/// and a refused connection always; 5xx and other connection failures only for `idempotent`
-/// calls. Backoff 0.2 s doubling to 3.2 s.
+/// and a connection that was never made always; 5xx and other connection failures only for
+/// `idempotent` calls. Backoff 0.2 s doubling to 3.2 s.
 fn retry_after(
-    result: &Result<(u16, Vec<u8>, Option<u64>), KubeError>,
+    result: &Result<(u16, Vec<u8>, Option<u64>), Failed>,
     idempotent: bool,
     attempt: u32,
 ) -> Option<Duration> {
@@ -175,7 +262,7 @@ fn retry_after(
         Ok((500..=599, _, after)) if idempotent => {
             Some(after.map(|s| Duration::from_secs(s.min(10))).unwrap_or(backoff))
         }
-        Err(KubeError::Connection(m)) if idempotent || m.contains("Connection refused") => Some(backoff),
+        Err(Failed { error: KubeError::Connection(_), unsent }) if idempotent || *unsent => Some(backoff),
         _ => None,
     }
 }
@@ -245,7 +332,14 @@ async fn run_watch(client: KubeClient, path: String, mut version: String, tx: mp
         .await;
         let response = match outcome {
             Ok(response) => response,
-            Err(e @ KubeError::Api { status: 400..=499, .. }) => {
+            Err(KubeError::Api { status: 410, reason, message }) => {
+                // Too old a version at the start: as the ERROR event a running watch gets,
+                // so the caller lists again.
+                let status = serde_json::json!({"kind": "Status", "status": "Failure", "code": 410, "reason": reason, "message": message});
+                let _ = tx.send(Ok(serde_json::json!({"type": "ERROR", "object": status}).to_string())).await;
+                return;
+            }
+            Err(e @ KubeError::Api { status: 400..=428 | 430..=499, .. }) => {
                 let _ = tx.send(Err(e)).await;
                 return;
             }
@@ -255,6 +349,7 @@ async fn run_watch(client: KubeClient, path: String, mut version: String, tx: mp
                     let _ = tx.send(Err(e)).await;
                     return;
                 }
+                tracing::info!(path, failures, error = %e, "re-establishing a Kubernetes watch");
                 tokio::time::sleep(Duration::from_millis(200 << failures.min(5))).await;
                 continue;
             }
@@ -287,6 +382,7 @@ async fn run_watch(client: KubeClient, path: String, mut version: String, tx: mp
                 }
             }
         }
+        tracing::info!(path, version, clean, "the Kubernetes watch ended: watching again from its last version");
         if !clean {
             failures += 1;
             if failures > WATCH_RETRIES {
@@ -304,15 +400,48 @@ mod tests {
     #[test]
     fn only_what_is_safe_to_repeat_is_retried() {
         let answer = |status: u16, after: Option<u64>| Ok((status, Vec::new(), after));
+        let failed = |m: &str, unsent: bool| Err(Failed { error: KubeError::Connection(m.into()), unsent });
         assert_eq!(retry_after(&answer(429, Some(2)), false, 1), Some(Duration::from_secs(2)), "429: never taken");
         assert_eq!(retry_after(&answer(500, None), true, 1), Some(Duration::from_millis(200)));
         assert_eq!(retry_after(&answer(500, None), true, 3), Some(Duration::from_millis(800)));
         assert_eq!(retry_after(&answer(500, None), false, 1), None, "a POST that failed may have been done");
         assert_eq!(retry_after(&answer(404, None), true, 1), None);
         assert_eq!(retry_after(&answer(503, None), true, ATTEMPTS), None, "the last attempt stands");
-        let refused = Err(KubeError::Connection("x: Connection refused (os error 111)".into()));
-        assert!(retry_after(&refused, false, 1).is_some(), "a refused connection sent nothing");
-        let dropped = Err(KubeError::Connection("x: connection reset".into()));
-        assert!(retry_after(&dropped, false, 1).is_none() && retry_after(&dropped, true, 1).is_some());
+        let refused = failed("x: error sending request", true);
+        assert!(retry_after(&refused, false, 1).is_some(), "a connection never made sent nothing");
+        let dropped = failed("x: Connection refused (os error 111) in a proxy's words", false);
+        assert!(retry_after(&dropped, false, 1).is_none(), "the message does not decide: the error's kind does");
+        assert!(retry_after(&dropped, true, 1).is_some());
+        let large = Err(Failed::sent(KubeError::TooLarge(10)));
+        assert!(retry_after(&large, true, 1).is_none());
+    }
+
+    #[test]
+    fn a_create_by_name_may_be_repeated_and_generate_name_may_not() {
+        assert_eq!(created_name(Some(br#"{"metadata":{"name":"p-1"}}"#)), Some("p-1".into()));
+        assert_eq!(created_name(Some(br#"{"metadata":{"generateName":"p-"}}"#)), None);
+        assert_eq!(created_name(Some(b"not json")), None);
+        assert_eq!(created_name(None), None);
+    }
+
+    #[test]
+    fn faults_are_named_by_kind() {
+        let etcd = Ok((500, br#"{"message":"etcdserver: leader changed"}"#.to_vec(), None));
+        assert_eq!(fault_kind(&etcd), "500 etcdserver: leader changed");
+        assert_eq!(fault_kind(&Ok((429, Vec::new(), Some(1)))), "429");
+        assert_eq!(
+            fault_kind(&Err(Failed { error: KubeError::Connection("x".into()), unsent: true })),
+            "connection not made"
+        );
+    }
+
+    /// reqwest's own classification: a port nobody listens on is a connection never made.
+    #[tokio::test]
+    async fn a_refused_connection_is_classified_by_reqwest_as_unsent() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let error = reqwest::Client::new().get(format!("http://127.0.0.1:{port}/")).send().await.expect_err("refused");
+        let failed = Failed::of("http://127.0.0.1", &error);
+        assert!(failed.unsent, "{failed:?}");
+        assert!(retry_after(&Err(failed), false, 1).is_some());
     }
 }

@@ -9,6 +9,12 @@
 //! command's standard input reaches its end. A server that speaks only v4 cannot close
 //! standard input, so commands that read it are refused there with a clear error.
 //!
+//! A handshake the server did not take (no connection, 429, 5xx) is tried again: nothing ran.
+//! A stage's streams survive a drop ([`PodShell::start_detached`], [`PodShell::attach`]): the
+//! stage runs detached in the pod, so a dropped follow reattaches from the output offset the
+//! trace holds, and a start whose stream dropped checks the pod for the stage before starting
+//! it again (its standard input is checked whole before anything starts).
+//!
 //! Owns: the exec stream and its framing. Must not touch: REST calls (`client`), WIT types.
 
 use async_trait::async_trait;
@@ -19,14 +25,28 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::{KubeClient, KubeError};
-use crate::connector::detached::{OutputFn, ShellHost};
-use crate::connector::remote::RemoteError;
+use crate::connector::detached::{self, quote, OutputFn, ShellHost};
+use crate::connector::remote::{ExitStatus, RemoteError};
 use crate::stop::StopSignal;
+use crate::trace::TraceSink;
 
 /// The channel protocols offered, best first.
 const PROTOCOLS: &str = "v5.channel.k8s.io, v4.channel.k8s.io";
 /// Bytes of standard input per message.
 const STDIN_CHUNK: usize = 32 << 10;
+/// Exec handshakes tried before the last failure stands.
+const HANDSHAKE_ATTEMPTS: u32 = 6;
+/// Drops of a stage's stream in a row, with no output between them, that are reattached.
+const REATTACH_ATTEMPTS: u32 = 8;
+
+/// The wait before attempt `attempt + 1`: 0.2 s doubling to 3.2 s.
+fn backoff(attempt: u32) -> std::time::Duration {
+    std::time::Duration::from_millis(200 << attempt.saturating_sub(1).min(4))
+}
+
+/// An exec WebSocket and the server's handshake answer.
+type Socket =
+    (tokio_tungstenite::WebSocketStream<Box<dyn Io>>, tokio_tungstenite::tungstenite::handshake::client::Response);
 
 /// One container of one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,25 +140,8 @@ impl KubeClient {
         for arg in command {
             url.push_str(&format!("&command={}", escape(arg)));
         }
-        let mut request = url.into_client_request().map_err(|e| KubeError::Other(format!("exec request: {e}")))?;
-        let headers = request.headers_mut();
-        headers.insert("Sec-WebSocket-Protocol", http::HeaderValue::from_static(PROTOCOLS));
-        if let Some(token) = &self.endpoint().token {
-            let value = http::HeaderValue::from_str(&format!("Bearer {token}"))
-                .map_err(|_| KubeError::Config("the bearer token is not a valid header value".into()))?;
-            headers.insert("Authorization", value);
-        }
         let run = async {
-            let io = self.open().await?;
-            let (mut ws, response) = match tokio_tungstenite::client_async(request, io).await {
-                Ok(done) => done,
-                Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-                    let status = response.status().as_u16();
-                    let body = response.body().clone().unwrap_or_default();
-                    return Err(KubeError::from_status(status, &body));
-                }
-                Err(e) => return Err(KubeError::Connection(format!("exec in pod {}: {e}", target.pod))),
-            };
+            let (mut ws, response) = self.handshake(&url, target, stdin.is_none()).await?;
             let v5 = response
                 .headers()
                 .get("Sec-WebSocket-Protocol")
@@ -187,6 +190,51 @@ impl KubeClient {
     }
 }
 
+impl KubeClient {
+    /// The exec request for `url` with the protocols and the bearer token.
+    fn exec_request(&self, url: &str) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, KubeError> {
+        let mut request = url.into_client_request().map_err(|e| KubeError::Other(format!("exec request: {e}")))?;
+        let headers = request.headers_mut();
+        headers.insert("Sec-WebSocket-Protocol", http::HeaderValue::from_static(PROTOCOLS));
+        if let Some(token) = &self.endpoint().token {
+            let value = http::HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| KubeError::Config("the bearer token is not a valid header value".into()))?;
+            headers.insert("Authorization", value);
+        }
+        Ok(request)
+    }
+
+    /// Open the exec WebSocket of `url`, again with backoff when the server did not take it:
+    /// no connection, 429 or 5xx (the command did not start); a handshake that failed on the
+    /// way only when `may_repeat` (the command reads no standard input, so a start of it
+    /// that the server made is harmless).
+    async fn handshake(&self, url: &str, target: &ContainerRef, may_repeat: bool) -> Result<Socket, KubeError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let request = self.exec_request(url)?;
+            let (error, again) = match self.open().await {
+                Err(e @ KubeError::Connection(_)) => (e, true),
+                Err(e) => return Err(e),
+                Ok(io) => match tokio_tungstenite::client_async(request, io).await {
+                    Ok(done) => return Ok(done),
+                    Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                        let status = response.status().as_u16();
+                        let body = response.body().clone().unwrap_or_default();
+                        (KubeError::from_status(status, &body), status == 429 || status >= 500)
+                    }
+                    Err(e) => (KubeError::Connection(format!("exec in pod {}: {e}", target.pod)), may_repeat),
+                },
+            };
+            if !again || attempt >= HANDSHAKE_ATTEMPTS {
+                return Err(error);
+            }
+            tracing::info!(pod = %target.pod, attempt, %error, "retrying a pods/exec handshake");
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+    }
+}
+
 fn dropped(target: &ContainerRef, error: &dyn std::fmt::Display) -> KubeError {
     KubeError::Connection(format!("the exec stream of pod {} container {}: {error}", target.pod, target.container))
 }
@@ -201,6 +249,68 @@ impl PodShell {
     /// The container `target` reached through `client`.
     pub fn new(client: KubeClient, target: ContainerRef) -> PodShell {
         PodShell { client, target }
+    }
+}
+
+impl PodShell {
+    /// Start `command` detached ([`detached::start`]); when the stream drops on the way, look
+    /// in the pod whether it started (its pid or exit file) before starting it again.
+    pub async fn start_detached(
+        &self,
+        command: &str,
+        stdin: &[u8],
+        log_path: &str,
+        exit_path: &str,
+    ) -> Result<(), RemoteError> {
+        let mut attempt = 0;
+        loop {
+            let message = match detached::start(self, command, Some(stdin), log_path, exit_path).await {
+                Err(RemoteError::Connection(m)) if attempt < REATTACH_ATTEMPTS => m,
+                other => return other,
+            };
+            attempt += 1;
+            tracing::info!(pod = %self.target.pod, attempt, %message, "the exec stream dropped while starting a stage");
+            tokio::time::sleep(backoff(attempt)).await;
+            let started = format!("[ -s {} ] || [ -e {} ]", quote(&detached::pid_path(exit_path)), quote(exit_path));
+            match self.capture(&started, None, 64).await {
+                Ok((0, _)) => return Ok(()),
+                Ok(_) | Err(RemoteError::Connection(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Follow the detached command of `log_path`/`exit_path` into `trace`
+    /// ([`detached::attach`]); a dropped stream is reattached from the output offset the
+    /// trace holds, up to [`REATTACH_ATTEMPTS`] drops in a row with no output between them.
+    pub async fn attach(
+        &self,
+        log_path: &str,
+        exit_path: &str,
+        offset: u64,
+        trace: &dyn TraceSink,
+        stop: &StopSignal,
+    ) -> Result<ExitStatus, RemoteError> {
+        let mut failures = 0;
+        loop {
+            let before = trace.followed(log_path);
+            let message = match detached::attach(self, log_path, exit_path, offset, trace, stop).await {
+                Err(RemoteError::Connection(m)) => m,
+                other => return other,
+            };
+            failures = if trace.followed(log_path) == before { failures + 1 } else { 1 };
+            if failures > REATTACH_ATTEMPTS {
+                return Err(RemoteError::Connection(message));
+            }
+            tracing::info!(pod = %self.target.pod, failures, %message, "the exec stream of a stage dropped: reattaching");
+            tokio::select! {
+                () = tokio::time::sleep(backoff(failures)) => {}
+                () = stop.stopped() => {
+                    detached::kill(self, exit_path).await;
+                    return Err(RemoteError::Canceled);
+                }
+            }
+        }
     }
 }
 
@@ -225,6 +335,11 @@ impl ShellHost for PodShell {
     ) -> Result<i32, RemoteError> {
         let command = ["sh", "-c", script].map(str::to_string);
         self.client.exec(&self.target, &command, stdin, output, stop).await.map_err(remote_error)
+    }
+
+    /// The launcher checks the standard input arrived whole: the stream may drop.
+    async fn start(&self, command: &str, stdin: &[u8], log_path: &str, exit_path: &str) -> Result<(), RemoteError> {
+        detached::start_with_shell_checked(self, command, stdin, log_path, exit_path).await
     }
 }
 
