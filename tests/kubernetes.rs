@@ -414,6 +414,102 @@ async fn a_pod_that_never_schedules_fails_after_poll_timeout_with_its_events() {
     w.assert_nothing_left(&manager).await;
 }
 
+/// `[[runners.kubernetes.pod_spec]]` with `FF_USE_ADVANCED_POD_SPEC_CONFIGURATION`: a
+/// strategic patch (an env var merged into `build` by name), a JSON patch read from a granted
+/// `patch_path` (an env var appended to `build`) and a merge patch (the pod's `hostname`) are all
+/// in the pod kubectl reads back while the job runs, and the job sees both variables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_spec_patches_of_each_type_are_in_the_created_pod() {
+    let w = world("pod-spec").await;
+    let patches = w.root.path().join("patches");
+    std::fs::create_dir_all(&patches).expect("patches dir");
+    let json_patch = patches.join("env.json");
+    std::fs::write(
+        &json_patch,
+        r#"[{"op": "add", "path": "/containers/0/env/-", "value": {"name": "PATCHED_JSON", "value": "by-json"}}]"#,
+    )
+    .expect("patch file");
+    let kubernetes = format!(
+        r#"  [[runners.kubernetes.pod_spec]]
+  name = "strategic-env"
+  patch = '''
+    containers:
+      - name: build
+        env:
+          - name: PATCHED_STRATEGIC
+            value: by-strategic
+  '''
+  [[runners.kubernetes.pod_spec]]
+  name = "json-env"
+  patch_path = "{}"
+  patch_type = "json"
+  [[runners.kubernetes.pod_spec]]
+  name = "merge-hostname"
+  patch = '{{"hostname": "patched-by-merge"}}'
+  patch_type = "merge"
+  [runners.feature_flags]
+  FF_USE_ADVANCED_POD_SPEC_CONFIGURATION = true"#,
+        json_patch.display()
+    );
+    let grant = format!("[plugins.kubernetes]\nallow_kubernetes = true\ndirs = [\"{}:ro\"]", patches.display());
+    let mut manager = w.manager("pod-spec", &kubernetes, &grant);
+    manager.start();
+    let script = "echo \"seen: $PATCHED_STRATEGIC $PATCHED_JSON\"; for i in $(seq 1200); do [ -e /tmp/go ] && break; sleep 0.1; done";
+    let job = w.enqueue(w.job("patched", &[script]).variable("GIT_STRATEGY", "none"), |_| {});
+    w.wait_for(job, "the stage starting", &manager, |j| j.trace_text().contains("seen: ")).await;
+    let pod_name = w.pod_sent_for(job)["metadata"]["name"].as_str().expect("pod name").to_string();
+    let pod: Value = tokio::task::block_in_place(|| {
+        let text = w.kube.kubectl_ok(&["get", "pod", "-n", &w.namespace, &pod_name, "-o", "json"]);
+        w.kube.kubectl_ok(&["exec", "-n", &w.namespace, &pod_name, "-c", "build", "--", "touch", "/tmp/go"]);
+        serde_json::from_str(&text).expect("kubectl's JSON")
+    });
+    let containers = pod["spec"]["containers"].as_array().expect("containers");
+    let build = containers.iter().find(|c| c["name"] == "build").expect("build");
+    let env: Vec<(&str, &str)> = build["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap_or_default(), e["value"].as_str().unwrap_or_default()))
+        .collect();
+    assert!(env.contains(&("PATCHED_STRATEGIC", "by-strategic")), "{pod:#}");
+    assert_eq!(env.last(), Some(&("PATCHED_JSON", "by-json")), "the JSON patch appended last: {pod:#}");
+    assert_eq!(pod["spec"]["hostname"], "patched-by-merge", "{pod:#}");
+    assert_eq!(containers.len(), 2, "the strategic patch merged into build, adding no container: {pod:#}");
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("seen: by-strategic by-json"), "{trace}");
+    assert!(trace.contains("Advanced Pod Spec configuration enabled"), "{trace}");
+    w.assert_nothing_left(&manager).await;
+    w.assert_objects_pass_the_models();
+}
+
+/// Without the feature flag, `pod_spec` is ignored with a warning (gitlab-runner ignores it);
+/// a patch that does not apply fails the job as a configuration error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_spec_patches_need_the_feature_flag_and_a_bad_one_fails_the_job() {
+    let w = world("pod-spec-off").await;
+    let patch = "  [[runners.kubernetes.pod_spec]]\n  name = \"bad\"\n  patch = '[{\"op\": \"remove\", \"path\": \"/nothing\"}]'\n  patch_type = \"json\"";
+    let mut off = w.manager("pod-spec-off", patch, "");
+    off.start();
+    let job = w.enqueue(w.job("off", &["echo ran-unpatched"]).variable("GIT_STRATEGY", "none"), |_| {});
+    let record = w.finished(job, &off).await;
+    assert_state(&record, JobStatus::Success, &off);
+    let trace = record.trace_text();
+    assert!(trace.contains("pod_spec is ignored: FF_USE_ADVANCED_POD_SPEC_CONFIGURATION is off"), "{trace}");
+    drop(off);
+    let on = format!("{patch}\n  [runners.feature_flags]\n  FF_USE_ADVANCED_POD_SPEC_CONFIGURATION = true");
+    let mut manager = w.manager("pod-spec-on", &on, "");
+    manager.start();
+    let job = w.enqueue(w.job("bad", &["echo must-not-run"]).variable("GIT_STRATEGY", "none"), |_| {});
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Failed, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("pod_spec \"bad\": operation 0: no member \"nothing\""), "{trace}");
+    assert!(!trace.contains("must-not-run\n"), "{trace}");
+    w.assert_nothing_left(&manager).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forbidden_api_fails_the_job_with_the_servers_message() {
     let w = world("forbidden").await;

@@ -26,6 +26,7 @@
 pub mod config;
 pub mod names;
 pub mod overwrites;
+pub mod patch;
 pub mod pod;
 pub mod pull;
 pub mod quantity;
