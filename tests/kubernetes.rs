@@ -510,6 +510,99 @@ async fn pod_spec_patches_need_the_feature_flag_and_a_bad_one_fails_the_job() {
     w.assert_nothing_left(&manager).await;
 }
 
+/// No orphans: a manager SIGKILLed mid-job whose job store is then lost leaves its pod, and a
+/// secret and a configmap of its runner; the next manager deletes all three once they are older
+/// than `orphan_cleanup_grace_period_seconds`, and leaves another runner's labelled objects
+/// alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_of_a_manager_that_lost_its_store_are_deleted_by_the_next_one() {
+    let w = world("orphans").await;
+    let mut manager =
+        w.manager("orphans", "  orphan_cleanup_grace_period_seconds = 3", "  [runners.store]\n  cleanup_interval = 1");
+    manager.start();
+    let job = w.enqueue(
+        w.job("orphan", &["echo started-the-long-stage", "sleep 300"]).variable("GIT_STRATEGY", "none"),
+        |_| {},
+    );
+    w.wait_for(job, "the stage starting", &manager, |j| j.trace_text().contains("started-the-long-stage")).await;
+    manager.kill9();
+    let store = w.root.path().join("orphans").join(".runway").join("store");
+    assert!(store.is_dir(), "the file store is at {}", store.display());
+    std::fs::remove_dir_all(&store).expect("the store is lost");
+    let pod = w.pod_sent_for(job);
+    let ours = pod["metadata"]["labels"].clone();
+    let token = ours["runway/runner"].as_str().expect("runner label").to_string();
+    let mut theirs = ours.clone();
+    theirs["runway/runner"] = json!("another-runner");
+    let ns = &w.namespace;
+    tokio::task::block_in_place(|| {
+        for (name, labels) in [("ours", &ours), ("theirs", &theirs)] {
+            let meta = json!({"name": format!("{name}-left"), "labels": labels});
+            let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta, "stringData": {"k": "v"}});
+            let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": "v"}});
+            assert_eq!(w.kube.call_blocking("POST", &format!("/api/v1/namespaces/{ns}/secrets"), Some(secret)).0, 201);
+            assert_eq!(
+                w.kube.call_blocking("POST", &format!("/api/v1/namespaces/{ns}/configmaps"), Some(config_map)).0,
+                201
+            );
+        }
+        let their_pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "theirs-left", "labels": theirs},
+            "spec": {"containers": [{"name": "c", "image": w.kube.docker.job_image(), "command": ["sleep", "300"]}]}});
+        assert_eq!(w.kube.call_blocking("POST", &format!("/api/v1/namespaces/{ns}/pods"), Some(their_pod)).0, 201);
+    });
+    let names = |selector: &str| -> Vec<String> {
+        let mut found = Vec::new();
+        for kind in ["pods", "secrets", "configmaps"] {
+            let (status, list) =
+                w.kube.call_blocking("GET", &format!("/api/v1/namespaces/{ns}/{kind}?labelSelector={selector}"), None);
+            assert_eq!(status, 200, "{list}");
+            for item in list["items"].as_array().into_iter().flatten() {
+                found.push(format!("{kind}/{}", item["metadata"]["name"].as_str().unwrap_or_default()));
+            }
+        }
+        found
+    };
+    let ours_selector = format!("runway/runner={token}");
+    assert_eq!(
+        tokio::task::block_in_place(|| names(&ours_selector)).len(),
+        3,
+        "the crashed manager's pod, secret and configmap"
+    );
+
+    manager.start();
+    let mut left = Vec::new();
+    for _ in 0..600 {
+        left = tokio::task::block_in_place(|| names(&ours_selector));
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(left.is_empty(), "orphans left: {left:?}\nrunway log:\n{}", manager.log());
+    let log = manager.log();
+    let deletions: Vec<&str> = log.lines().filter(|l| l.contains("deleted an orphaned Kubernetes object")).collect();
+    assert_eq!(deletions.len(), 3, "{log}");
+    for line in &deletions {
+        let age: u64 = line
+            .split("age_seconds=")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no age in {line}"));
+        assert!(age >= 3, "deleted only after the grace period: {line}");
+    }
+    let theirs_left = tokio::task::block_in_place(|| names("runway/runner=another-runner"));
+    assert_eq!(theirs_left, ["pods/theirs-left", "secrets/theirs-left", "configmaps/theirs-left"], "{log}");
+    tokio::task::block_in_place(|| {
+        for kind in ["pods", "secrets", "configmaps"] {
+            let path = format!("/api/v1/namespaces/{ns}/{kind}/theirs-left?gracePeriodSeconds=0");
+            let status = w.kube.call_blocking("DELETE", &path, None).0;
+            assert!((200..300).contains(&status), "deleting {path}: {status}");
+        }
+    });
+    w.assert_nothing_left(&manager).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forbidden_api_fails_the_job_with_the_servers_message() {
     let w = world("forbidden").await;

@@ -191,6 +191,9 @@ pub struct KubeConfig {
     pub priority_class_name: String,
     /// Patches of the pod's spec (with `FF_USE_ADVANCED_POD_SPEC_CONFIGURATION` on), in order.
     pub pod_spec: Vec<PodSpecPatch>,
+    /// Seconds an object of this runner whose job no store holds lives before the manager
+    /// deletes it (Runway's key; 0: never).
+    pub orphan_cleanup_grace_period_seconds: u64,
 }
 
 /// Keys Runway reads (besides the resource keys, see [`is_resource_key`]).
@@ -248,6 +251,7 @@ pub const SUPPORTED_KEYS: &[&str] = &[
     "runtime_class_name",
     "priority_class_name",
     "pod_spec",
+    "orphan_cleanup_grace_period_seconds",
 ];
 
 /// gitlab-runner's `[runners.kubernetes]` keys Runway accepts and ignores (warned about by name).
@@ -372,6 +376,9 @@ pub fn parse(json: &str) -> Result<Parsed, String> {
         runtime_class_name: f.string("runtime_class_name")?,
         priority_class_name: f.string("priority_class_name")?,
         pod_spec: f.get("pod_spec")?.unwrap_or_default(),
+        orphan_cleanup_grace_period_seconds: f
+            .get("orphan_cleanup_grace_period_seconds")?
+            .unwrap_or(crate::orphans::DEFAULT_GRACE_SECONDS),
     };
     // The deprecated `terminationGracePeriodSeconds` wins over both newer keys, as documented.
     for key in ["termination_grace_period_seconds", "terminationGracePeriodSeconds"] {

@@ -25,6 +25,7 @@
 
 pub mod config;
 pub mod names;
+pub mod orphans;
 pub mod overwrites;
 pub mod patch;
 pub mod pod;

@@ -199,7 +199,8 @@ fn index(token: &str, len: usize, allow_end: bool) -> Result<usize, String> {
     if token == "-" && allow_end {
         return Ok(len);
     }
-    let valid = !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()) && (token == "0" || !token.starts_with('0'));
+    let valid =
+        !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()) && (token == "0" || !token.starts_with('0'));
     let i: usize = if valid { token.parse().map_err(|_| format!("bad index {token:?}"))? } else { usize::MAX };
     if i == usize::MAX || i > len || (i == len && !allow_end) {
         return Err(format!("index {token:?} out of range (length {len})"));
@@ -365,7 +366,12 @@ fn merge_value(original: Option<Value>, patch: &Value, path: &mut Vec<String>) -
 }
 
 /// A list merged by `key`.
-fn merge_list(mut original: Vec<Value>, items: &[Value], key: &str, path: &mut Vec<String>) -> Result<Vec<Value>, String> {
+fn merge_list(
+    mut original: Vec<Value>,
+    items: &[Value],
+    key: &str,
+    path: &mut Vec<String>,
+) -> Result<Vec<Value>, String> {
     if items.iter().any(|i| i.get(PATCH).and_then(Value::as_str) == Some("replace")) {
         original = Vec::new();
     }
