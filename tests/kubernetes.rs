@@ -428,6 +428,196 @@ async fn a_pod_that_never_schedules_fails_after_poll_timeout_with_its_events() {
     w.assert_nothing_left(&manager).await;
 }
 
+/// `[[runners.kubernetes.pod_spec]]` with `FF_USE_ADVANCED_POD_SPEC_CONFIGURATION`: a
+/// strategic patch (an env var merged into `build` by name), a JSON patch read from a granted
+/// `patch_path` (an env var appended to `build`) and a merge patch (the pod's `hostname`) are all
+/// in the pod kubectl reads back while the job runs, and the job sees both variables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_spec_patches_of_each_type_are_in_the_created_pod() {
+    let w = world("pod-spec").await;
+    let patches = w.root.path().join("patches");
+    std::fs::create_dir_all(&patches).expect("patches dir");
+    let json_patch = patches.join("env.json");
+    std::fs::write(
+        &json_patch,
+        r#"[{"op": "add", "path": "/containers/0/env/-", "value": {"name": "PATCHED_JSON", "value": "by-json"}}]"#,
+    )
+    .expect("patch file");
+    let kubernetes = format!(
+        r#"  [[runners.kubernetes.pod_spec]]
+  name = "strategic-env"
+  patch = '''
+    containers:
+      - name: build
+        env:
+          - name: PATCHED_STRATEGIC
+            value: by-strategic
+  '''
+  [[runners.kubernetes.pod_spec]]
+  name = "json-env"
+  patch_path = "{}"
+  patch_type = "json"
+  [[runners.kubernetes.pod_spec]]
+  name = "merge-hostname"
+  patch = '{{"hostname": "patched-by-merge"}}'
+  patch_type = "merge"
+  [runners.feature_flags]
+  FF_USE_ADVANCED_POD_SPEC_CONFIGURATION = true"#,
+        json_patch.display()
+    );
+    let grant = format!("[plugins.kubernetes]\nallow_kubernetes = true\ndirs = [\"{}:ro\"]", patches.display());
+    let mut manager = w.manager("pod-spec", &kubernetes, &grant);
+    manager.start();
+    let script = "echo \"seen: $PATCHED_STRATEGIC $PATCHED_JSON\"; for i in $(seq 1200); do [ -e /tmp/go ] && break; sleep 0.1; done";
+    let job = w.enqueue(w.job("patched", &[script]).variable("GIT_STRATEGY", "none"), |_| {});
+    w.wait_for(job, "the stage starting", &manager, |j| j.trace_text().contains("seen: ")).await;
+    let pod_name = w.pod_sent_for(job)["metadata"]["name"].as_str().expect("pod name").to_string();
+    let pod: Value = tokio::task::block_in_place(|| {
+        let text = w.kube.kubectl_ok(&["get", "pod", "-n", &w.namespace, &pod_name, "-o", "json"]);
+        w.kube.kubectl_ok(&["exec", "-n", &w.namespace, &pod_name, "-c", "build", "--", "touch", "/tmp/go"]);
+        serde_json::from_str(&text).expect("kubectl's JSON")
+    });
+    let containers = pod["spec"]["containers"].as_array().expect("containers");
+    let build = containers.iter().find(|c| c["name"] == "build").expect("build");
+    let env: Vec<(&str, &str)> = build["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap_or_default(), e["value"].as_str().unwrap_or_default()))
+        .collect();
+    assert!(env.contains(&("PATCHED_STRATEGIC", "by-strategic")), "{pod:#}");
+    assert_eq!(env.last(), Some(&("PATCHED_JSON", "by-json")), "the JSON patch appended last: {pod:#}");
+    assert_eq!(pod["spec"]["hostname"], "patched-by-merge", "{pod:#}");
+    assert_eq!(containers.len(), 2, "the strategic patch merged into build, adding no container: {pod:#}");
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("seen: by-strategic by-json"), "{trace}");
+    assert!(trace.contains("Advanced Pod Spec configuration enabled"), "{trace}");
+    w.assert_nothing_left(&manager).await;
+    w.assert_objects_pass_the_models();
+}
+
+/// Without the feature flag, `pod_spec` is ignored with a warning (gitlab-runner ignores it);
+/// a patch that does not apply fails the job as a configuration error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_spec_patches_need_the_feature_flag_and_a_bad_one_fails_the_job() {
+    let w = world("pod-spec-off").await;
+    let patch = "  [[runners.kubernetes.pod_spec]]\n  name = \"bad\"\n  patch = '[{\"op\": \"remove\", \"path\": \"/nothing\"}]'\n  patch_type = \"json\"";
+    let mut off = w.manager("pod-spec-off", patch, "");
+    off.start();
+    let job = w.enqueue(w.job("off", &["echo ran-unpatched"]).variable("GIT_STRATEGY", "none"), |_| {});
+    let record = w.finished(job, &off).await;
+    assert_state(&record, JobStatus::Success, &off);
+    let trace = record.trace_text();
+    assert!(trace.contains("pod_spec is ignored: FF_USE_ADVANCED_POD_SPEC_CONFIGURATION is off"), "{trace}");
+    drop(off);
+    let on = format!("{patch}\n  [runners.feature_flags]\n  FF_USE_ADVANCED_POD_SPEC_CONFIGURATION = true");
+    let mut manager = w.manager("pod-spec-on", &on, "");
+    manager.start();
+    let job = w.enqueue(w.job("bad", &["echo must-not-run"]).variable("GIT_STRATEGY", "none"), |_| {});
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Failed, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("pod_spec \"bad\": operation 0: no member \"nothing\""), "{trace}");
+    assert!(!trace.contains("must-not-run\n"), "{trace}");
+    w.assert_nothing_left(&manager).await;
+}
+
+/// No orphans: a manager SIGKILLed mid-job whose job store is then lost leaves its pod, and a
+/// secret and a configmap of its runner; the next manager deletes all three once they are older
+/// than `orphan_cleanup_grace_period_seconds`, and leaves another runner's labelled objects
+/// alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_of_a_manager_that_lost_its_store_are_deleted_by_the_next_one() {
+    let w = world("orphans").await;
+    let mut manager =
+        w.manager("orphans", "  orphan_cleanup_grace_period_seconds = 3", "  [runners.store]\n  cleanup_interval = 1");
+    manager.start();
+    let job = w.enqueue(
+        w.job("orphan", &["echo started-the-long-stage", "sleep 300"]).variable("GIT_STRATEGY", "none"),
+        |_| {},
+    );
+    w.wait_for(job, "the stage starting", &manager, |j| j.trace_text().contains("started-the-long-stage")).await;
+    manager.kill9();
+    let store = w.root.path().join("orphans").join(".runway").join("store");
+    assert!(store.is_dir(), "the file store is at {}", store.display());
+    std::fs::remove_dir_all(&store).expect("the store is lost");
+    let pod = w.pod_sent_for(job);
+    let ours = pod["metadata"]["labels"].clone();
+    let token = ours["runway/runner"].as_str().expect("runner label").to_string();
+    let mut theirs = ours.clone();
+    theirs["runway/runner"] = json!("another-runner");
+    let ns = &w.namespace;
+    tokio::task::block_in_place(|| {
+        for (name, labels) in [("ours", &ours), ("theirs", &theirs)] {
+            let meta = json!({"name": format!("{name}-left"), "labels": labels});
+            let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta, "stringData": {"k": "v"}});
+            let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": "v"}});
+            assert_eq!(w.kube.call_blocking("POST", &format!("/api/v1/namespaces/{ns}/secrets"), Some(secret)).0, 201);
+            assert_eq!(
+                w.kube.call_blocking("POST", &format!("/api/v1/namespaces/{ns}/configmaps"), Some(config_map)).0,
+                201
+            );
+        }
+        let their_pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "theirs-left", "labels": theirs},
+            "spec": {"containers": [{"name": "c", "image": w.kube.docker.job_image(), "command": ["sleep", "300"]}]}});
+        assert_eq!(w.kube.call_blocking("POST", &format!("/api/v1/namespaces/{ns}/pods"), Some(their_pod)).0, 201);
+    });
+    let names = |selector: &str| -> Vec<String> {
+        let mut found = Vec::new();
+        for kind in ["pods", "secrets", "configmaps"] {
+            let (status, list) =
+                w.kube.call_blocking("GET", &format!("/api/v1/namespaces/{ns}/{kind}?labelSelector={selector}"), None);
+            assert_eq!(status, 200, "{list}");
+            for item in list["items"].as_array().into_iter().flatten() {
+                found.push(format!("{kind}/{}", item["metadata"]["name"].as_str().unwrap_or_default()));
+            }
+        }
+        found
+    };
+    let ours_selector = format!("runway/runner={token}");
+    // The crashed manager's pod (and its job's registry secret), the secret and configmap above.
+    let orphaned = tokio::task::block_in_place(|| names(&ours_selector));
+    let pod_name = format!("pods/{}", pod["metadata"]["name"].as_str().unwrap_or_default());
+    for want in [pod_name.as_str(), "secrets/ours-left", "configmaps/ours-left"] {
+        assert!(orphaned.iter().any(|o| o == want), "{want} in {orphaned:?}");
+    }
+
+    manager.start();
+    let mut left = Vec::new();
+    for _ in 0..600 {
+        left = tokio::task::block_in_place(|| names(&ours_selector));
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(left.is_empty(), "orphans left: {left:?}\nrunway log:\n{}", manager.log());
+    let log = manager.log();
+    let deletions: Vec<&str> = log.lines().filter(|l| l.contains("deleted an orphaned Kubernetes object")).collect();
+    assert_eq!(deletions.len(), orphaned.len(), "one deletion per orphan: {log}");
+    for line in &deletions {
+        let age: u64 = line
+            .split("age_seconds=")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no age in {line}"));
+        assert!(age >= 3, "deleted only after the grace period: {line}");
+    }
+    let theirs_left = tokio::task::block_in_place(|| names("runway/runner=another-runner"));
+    assert_eq!(theirs_left, ["pods/theirs-left", "secrets/theirs-left", "configmaps/theirs-left"], "{log}");
+    tokio::task::block_in_place(|| {
+        for kind in ["pods", "secrets", "configmaps"] {
+            let path = format!("/api/v1/namespaces/{ns}/{kind}/theirs-left?gracePeriodSeconds=0");
+            let status = w.kube.call_blocking("DELETE", &path, None).0;
+            assert!((200..300).contains(&status), "deleting {path}: {status}");
+        }
+    });
+    w.assert_nothing_left(&manager).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forbidden_api_fails_the_job_with_the_servers_message() {
     let w = world("forbidden").await;

@@ -13,6 +13,7 @@
 pub mod capacity;
 pub mod fleet;
 pub mod health;
+mod kube_orphans;
 pub mod observe;
 pub mod persist;
 mod received;

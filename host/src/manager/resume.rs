@@ -66,6 +66,7 @@ async fn scan(
             .collect();
         fleet.settle_restored(&stored);
     }
+    let stored = super::kube_orphans::stored_ids(&listing, &store_active);
     for listed in listing {
         let meta = match listed {
             Listed::Entry(meta) => meta,
@@ -111,5 +112,6 @@ async fn scan(
             return Ok(());
         }
     }
+    super::kube_orphans::sweep_runner(runner, &stored).await;
     Ok(())
 }

@@ -102,7 +102,12 @@ pub const FLAGS: &[Flag] = &[
     flag("FF_RESOLVE_FULL_TLS_CHAIN", false, DefaultOnly, "the CA chain is passed on as configured"),
     flag("FF_DISABLE_POWERSHELL_STDIN", false, NotApplicable, "PowerShell"),
     flag("FF_USE_POD_ACTIVE_DEADLINE_SECONDS", true, NotApplicable, "kubernetes executor"),
-    flag("FF_USE_ADVANCED_POD_SPEC_CONFIGURATION", false, NotApplicable, "kubernetes executor"),
+    flag(
+        "FF_USE_ADVANCED_POD_SPEC_CONFIGURATION",
+        false,
+        Honoured,
+        "kubernetes executor: `[[runners.kubernetes.pod_spec]]` patches apply only with it on",
+    ),
     flag(
         "FF_SECRET_RESOLVING_FAILS_IF_MISSING",
         true,

@@ -30,6 +30,7 @@ use runway_sdk::remote::quote;
 use runway_sdk::trace;
 
 mod api;
+mod patches;
 mod wait;
 
 use api::{executor_error, Api};
@@ -202,7 +203,8 @@ impl Executor for Kubernetes {
             image_pull_secrets: Vec::new(),
             pull_attempt: 0,
         };
-        match env.setup(&config, &overwrites, &mut inputs, &credentials) {
+        let patches = patches::load(&config, &vars)?;
+        match env.setup(&config, &overwrites, &mut inputs, &credentials, &patches) {
             Ok(()) => Ok(env),
             Err(e) => {
                 env.cleanup();
@@ -240,6 +242,7 @@ impl KubeEnv {
         overwrites: &Overwrites,
         inputs: &mut PodInputs,
         credentials: &[RegistryCredential],
+        patches: &[kube_logic::patch::Patch],
     ) -> Result<(), ExecutorError> {
         let namespace = self.saved.state.namespace.clone();
         if config.helper_image.trim().is_empty() {
@@ -268,7 +271,11 @@ impl KubeEnv {
         for attempt in 0..attempts {
             inputs.pull_attempt = attempt;
             inputs.random = first.wrapping_add(attempt as u64);
-            let object = pod::build(config, overwrites, inputs).map_err(ExecutorError::InvalidConfig)?;
+            let mut object = pod::build(config, overwrites, inputs).map_err(ExecutorError::InvalidConfig)?;
+            if !patches.is_empty() {
+                object["spec"] = kube_logic::patch::apply_all(object["spec"].take(), patches)
+                    .map_err(|e| ExecutorError::InvalidConfig(format!("[runners.kubernetes] {e}")))?;
+            }
             self.saved.state.pod = object["metadata"]["name"].as_str().unwrap_or(&self.saved.state.pod).to_string();
             let image = object["spec"]["containers"][0]["image"].as_str().unwrap_or_default().to_string();
             trace::write_str(&format!("Using Kubernetes executor with image {image} ...\n"));

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+use crate::patch::PodSpecPatch;
 use crate::quantity::Quantity;
 use crate::tables::{
     self, Affinity, ContainerSecurityContext, DnsConfig, HostAlias, Lifecycle, OneOrMany, PodSecurityContext,
@@ -188,6 +189,11 @@ pub struct KubeConfig {
     pub runtime_class_name: String,
     /// Priority class.
     pub priority_class_name: String,
+    /// Patches of the pod's spec (with `FF_USE_ADVANCED_POD_SPEC_CONFIGURATION` on), in order.
+    pub pod_spec: Vec<PodSpecPatch>,
+    /// Seconds an object of this runner whose job no store holds lives before the manager
+    /// deletes it (Runway's key; 0: never).
+    pub orphan_cleanup_grace_period_seconds: u64,
 }
 
 /// Keys Runway reads (besides the resource keys, see [`is_resource_key`]).
@@ -244,6 +250,8 @@ pub const SUPPORTED_KEYS: &[&str] = &[
     "scheduler_name",
     "runtime_class_name",
     "priority_class_name",
+    "pod_spec",
+    "orphan_cleanup_grace_period_seconds",
 ];
 
 /// gitlab-runner's `[runners.kubernetes]` keys Runway accepts and ignores (warned about by name).
@@ -261,7 +269,6 @@ pub const UNSUPPORTED_GITLAB_KEYS: &[&str] = &[
     "init_permissions_container_security_context",
     "suspend_pvc_size",
     "suspend_pvc_storage_class",
-    "pod_spec",
     "logs_base_dir",
     "scripts_base_dir",
     "print_pod_warning_events",
@@ -368,6 +375,10 @@ pub fn parse(json: &str) -> Result<Parsed, String> {
         scheduler_name: f.string("scheduler_name")?,
         runtime_class_name: f.string("runtime_class_name")?,
         priority_class_name: f.string("priority_class_name")?,
+        pod_spec: f.get("pod_spec")?.unwrap_or_default(),
+        orphan_cleanup_grace_period_seconds: f
+            .get("orphan_cleanup_grace_period_seconds")?
+            .unwrap_or(crate::orphans::DEFAULT_GRACE_SECONDS),
     };
     // The deprecated `terminationGracePeriodSeconds` wins over both newer keys, as documented.
     for key in ["termination_grace_period_seconds", "terminationGracePeriodSeconds"] {
@@ -384,6 +395,9 @@ pub fn parse(json: &str) -> Result<Parsed, String> {
             nested_ignored.push(format!("services[{i}].{key}"));
         }
         c.services.push(service);
+    }
+    for entry in &c.pod_spec {
+        entry.validate().map_err(|e| format!("[runners.kubernetes] {e}"))?;
     }
     c.volumes.validate().map_err(|e| format!("[runners.kubernetes] volumes.{e}"))?;
     c.pod_security_context.validate().map_err(|e| format!("[runners.kubernetes] pod_security_context.{e}"))?;

@@ -106,13 +106,13 @@ fn deprecated_termination_grace_period_wins() {
 #[test]
 fn ignored_gitlab_keys_are_warned_by_name() {
     let parsed = parse(
-        r#"{"namespace_per_job": true, "pod_spec": [{"name": "x", "patch": "{}"}], "retry_limit": 0,
+        r#"{"namespace_per_job": true, "retry_limit": 0,
             "services": [{"name": "redis", "suspend_data_path": "/data"}], "allowed_users": []}"#,
     )
     .unwrap();
     assert_eq!(
         parsed.warnings,
-        vec!["[runners.kubernetes]: unsupported keys ignored: namespace_per_job, pod_spec, services[0].suspend_data_path"]
+        vec!["[runners.kubernetes]: unsupported keys ignored: namespace_per_job, services[0].suspend_data_path"]
     );
 }
 
@@ -219,4 +219,19 @@ fn bad_values_name_the_key() {
 fn zero_poll_values_mean_the_defaults() {
     let c = parse(r#"{"poll_interval": 0, "poll_timeout": 0}"#).unwrap().config;
     assert_eq!((c.poll_interval, c.poll_timeout), (3, 180));
+}
+
+#[test]
+fn pod_spec_entries_are_read_and_checked() {
+    let parsed = parse(
+        r#"{"pod_spec": [{"name": "a", "patch": "hostname: x", "patch_type": "merge"}, {"name": "b", "patch_path": "/p.json"}]}"#,
+    )
+    .unwrap();
+    assert!(parsed.warnings.is_empty());
+    assert_eq!(parsed.config.pod_spec.len(), 2);
+    assert_eq!(parsed.config.pod_spec[1].patch_path, "/p.json");
+    let err = parse(r#"{"pod_spec": [{"name": "a", "patch": "{}", "patch_type": "yaml"}]}"#).unwrap_err();
+    assert_eq!(err, "[runners.kubernetes] pod_spec \"a\": unsupported patch type \"yaml\" (strategic, json, merge)");
+    let err = parse(r#"{"pod_spec": [{"name": "a", "patch": "{}", "path": "/x"}]}"#).unwrap_err();
+    assert!(err.starts_with("[runners.kubernetes] pod_spec: unknown field `path`"), "{err}");
 }

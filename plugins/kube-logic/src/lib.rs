@@ -25,7 +25,9 @@
 
 pub mod config;
 pub mod names;
+pub mod orphans;
 pub mod overwrites;
+pub mod patch;
 pub mod pod;
 pub mod pull;
 pub mod quantity;
