@@ -180,3 +180,39 @@ test:
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("Successfully extracted cache") && out.contains("cache restored"), "{out}");
 }
+
+/// `--terminal`: after the script, the job's shell in the job's directory with its
+/// variables; here its standard input is a pipe, so it reads commands from it, then the job
+/// finishes.
+#[test]
+fn terminal_opens_the_jobs_shell_after_the_script() {
+    use std::io::Write;
+    let dir = project("debug:\n  variables:\n    WHO: yaml\n  script:\n    - echo script-ran > from-script.txt\n");
+    let mut child = Command::new(RUNWAY)
+        .args(["exec", "--terminal", "--cwd"])
+        .arg(dir.path())
+        .arg("debug")
+        .env_remove("NO_COLOR")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runway exec runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"echo \"in-terminal-$((1+2)) who=$WHO dir=$(pwd) $(cat from-script.txt)\"\nexit\n")
+        .expect("typed");
+    let out = child.wait_with_output().expect("exits");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let line = format!("in-terminal-3 who=yaml dir={} script-ran", dir.path().display());
+    assert!(stdout.contains(&line), "missing {line:?} in:\n{stdout}\n{stderr}");
+    assert!(stdout.find(&line) < stdout.find("Job succeeded"), "the job waits for the shell:\n{stdout}");
+    assert!(stderr.contains("a shell in the job's environment"), "{stderr}");
+
+    let (code, _, err) = exec(dir.path(), &["--terminal", "--executor", "docker", "debug"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--terminal needs the shell executor"), "{err}");
+}

@@ -22,12 +22,13 @@ use futures::{SinkExt, StreamExt};
 use runway_process::RunwayProcess;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
+use serde_json::json;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 const WAIT: Duration = Duration::from_secs(120);
 /// `session_timeout` of the runner under test, seconds.
-const SESSION_TIMEOUT: u64 = 6;
+const SESSION_TIMEOUT: u64 = 10;
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
 
@@ -208,6 +209,16 @@ async fn workhorse_types_into_a_shell_jobs_terminal() {
     let id = h.waiting_job("debug-me");
     let session = h.session(id).await;
     assert!(session.url.starts_with("https://127.0.0.1:"), "{}", session.url);
+    // The request that carried it advertised the terminal.
+    let request = h
+        .fake
+        .requests_to("POST", "/api/v4/jobs/request")
+        .iter()
+        .filter_map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
+        .find(|body| body["session"]["authorization"] == session.authorization.as_str())
+        .expect("the job request with the session");
+    let features = &request["info"]["features"];
+    assert_eq!((&features["session"], &features["terminal"]), (&json!(true), &json!(true)), "{features}");
     assert_eq!(status_of(connect(&session, "wrong-token").await), 401, "{}", h.context(id));
     let mut ws = connect(&session, &session.authorization).await.expect("connects");
     // In the job's directory, with its variables.

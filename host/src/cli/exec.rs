@@ -14,15 +14,16 @@ use clap::Args;
 
 use crate::archive::Format;
 use crate::config::{Loaded, RunnerConfig};
-use crate::executor::ResolvedExecutor;
+use crate::executor::{ResolvedExecutor, TerminalPlace};
 use crate::helper::artifacts::artifact_filename;
-use crate::job::{run_job, JobControl, JobEnvironment, NoHooks};
+use crate::job::{run_job, AcceptError, JobControl, JobEnvironment, JobHooks, NoHooks};
 use crate::local::terminal::{TerminalOptions, TerminalSink};
 use crate::local::{self, Pipeline, PlannedJob};
 use crate::manager::identity;
 use crate::payload::{ArtifactsFile, Dependency};
 use crate::plugin::{builtin_plugins, HostSettings, PluginHost, StageOutput};
 use crate::script::ScriptSettings;
+use crate::session::pty::LocalShell;
 
 /// `runway exec` flags.
 #[derive(Args, Debug)]
@@ -60,6 +61,46 @@ pub struct ExecArgs {
     /// Expand collapsed sections.
     #[arg(long, short = 'v')]
     pub verbose: bool,
+    /// After each job's script, open the job's shell here (its directory, its variables, as
+    /// GitLab's web terminal has it); the job finishes when the shell exits (shell executor).
+    #[arg(long)]
+    pub terminal: bool,
+}
+
+/// `--terminal`: the job's terminal, opened in this one once the stages are over.
+#[derive(Default)]
+struct TerminalAfterScript {
+    place: std::sync::Mutex<Option<TerminalPlace>>,
+}
+
+#[async_trait::async_trait]
+impl JobHooks for TerminalAfterScript {
+    async fn prepared(&self) -> Result<(), AcceptError> {
+        Ok(())
+    }
+
+    fn terminal(&self, place: TerminalPlace) {
+        if let Ok(mut slot) = self.place.lock() {
+            *slot = Some(place);
+        }
+    }
+
+    async fn stages_over(&self, _left: Duration) {
+        let place = self.place.lock().ok().and_then(|mut p| p.take());
+        let Some(TerminalPlace::Local { shell, dir, env, user }) = place else {
+            eprintln!("runway exec --terminal: this job's environment has no terminal");
+            return;
+        };
+        eprintln!(
+            "runway exec --terminal: a shell in the job's environment, in {}; exit it to finish the job",
+            dir.display()
+        );
+        let shell = LocalShell { shell, dir, env, user };
+        match tokio::process::Command::from(shell.command()).status().await {
+            Ok(status) => eprintln!("runway exec --terminal: the shell ended ({status})"),
+            Err(e) => eprintln!("runway exec --terminal: the shell did not start: {e}"),
+        }
+    }
 }
 
 fn cache_dir() -> Option<PathBuf> {
@@ -259,6 +300,9 @@ pub(super) async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result
         // Bind-mounted into the containers: it must exist (and be the user's, not the engine's).
         std::fs::create_dir_all(&artifacts_root).map_err(|e| anyhow::anyhow!("{}: {e}", artifacts_root.display()))?;
     }
+    if args.terminal && executor_name != "shell" {
+        anyhow::bail!("--terminal needs the shell executor: {executor_name} jobs have no terminal yet");
+    }
     let layout = Layout::new(&args, &executor_name, runner, &run_dir, &artifacts_root);
     let executor = ResolvedExecutor::resolve(&plugins, &executor_name, &layout.executor_config)
         .await
@@ -330,7 +374,11 @@ pub(super) async fn run(args: ExecArgs, config: Option<&Path>) -> anyhow::Result
         for v in payload.variables.iter_mut().filter(|v| v.key == "CI_PROJECT_DIR") {
             v.value = layout.project_dir.display().to_string();
         }
-        let outcome = run_job(&payload, &env, sink.clone(), &control, &NoHooks).await;
+        let outcome = if args.terminal {
+            run_job(&payload, &env, sink.clone(), &control, &TerminalAfterScript::default()).await
+        } else {
+            run_job(&payload, &env, sink.clone(), &control, &NoHooks).await
+        };
         drop(sink);
         if !outcome.succeeded() {
             if failure_allowed(job, outcome.exit_code) {

@@ -58,7 +58,9 @@ fn open_pty(cols: u16, rows: u16) -> Result<(OwnedFd, OwnedFd), TerminalError> {
 }
 
 impl LocalShell {
-    fn command(&self) -> Command {
+    /// The shell's command (through `su` for a `user`), in the job's directory with its
+    /// variables; standard input, output and error are the caller's to set.
+    pub fn command(&self) -> Command {
         let mut cmd = match &self.user {
             Some(user) => {
                 let mut c = Command::new("su");

@@ -53,8 +53,14 @@ impl JobTerminal {
 
     /// gitlab-runner's `waitForTerminal`: with a terminal connected, wait for it to
     /// disconnect, at most `session_timeout` or `left` of the job's timeout, whichever is
-    /// shorter; a cancel or abort ends the wait and the terminal.
+    /// shorter; a cancel or abort ends the wait and the terminal. Then the session closes.
     pub(crate) async fn wait(&self, left: Duration) {
+        self.wait_for_disconnect(left).await;
+        // The job is finishing: no new terminal from now on.
+        self.session.close();
+    }
+
+    async fn wait_for_disconnect(&self, left: Duration) {
         if !self.session.connected() {
             return;
         }
