@@ -39,6 +39,8 @@ pub fn load(config: &KubeConfig, variables: &[(String, String)]) -> Result<Vec<P
     config
         .pod_spec
         .iter()
-        .map(|entry| entry.document(read).map_err(|e| ExecutorError::InvalidConfig(format!("[runners.kubernetes] {e}"))))
+        .map(|entry| {
+            entry.document(read).map_err(|e| ExecutorError::InvalidConfig(format!("[runners.kubernetes] {e}")))
+        })
         .collect()
 }
