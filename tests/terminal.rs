@@ -14,30 +14,18 @@ mod runway_process;
 #[path = "support/workhorse.rs"]
 mod workhorse;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
 use futures::{SinkExt, StreamExt};
 use runway_process::RunwayProcess;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::json;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use workhorse::{Session, Ws};
 
 const WAIT: Duration = Duration::from_secs(120);
 /// `session_timeout` of the runner under test, seconds.
 const SESSION_TIMEOUT: u64 = 10;
-
-type Ws = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
-
-/// The job's session as the fake GitLab keeps it.
-struct Session {
-    url: String,
-    certificate: String,
-    authorization: String,
-}
 
 struct Harness {
     fake: FakeGitLab,
@@ -127,32 +115,7 @@ cache_dir = "{cache}"
 /// Connect as Workhorse: TLS trusting only the sent certificate, `Authorization`, the
 /// subprotocol.
 async fn connect(session: &Session, authorization: &str) -> Result<Ws, WsError> {
-    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(session.certificate.as_bytes()).expect("pem")).expect("root");
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("tls")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let url = format!("{}/terminal", session.url.replacen("https://", "wss://", 1));
-    let authority = url.trim_start_matches("wss://").split('/').next().expect("authority").to_string();
-    let host = authority.rsplit_once(':').map(|(h, _)| h.to_string()).expect("host:port");
-    let tcp = tokio::net::TcpStream::connect(&authority).await.expect("the advertised address answers");
-    let name = ServerName::try_from(host).expect("name");
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .expect("the sent certificate is trusted for the advertised host");
-    let mut request = url.into_client_request().expect("request");
-    request.headers_mut().insert("Authorization", authorization.parse().expect("header"));
-    request.headers_mut().insert("Sec-WebSocket-Protocol", "terminal.gitlab.com".parse().expect("header"));
-    let (ws, response) = tokio_tungstenite::client_async(request, tls).await?;
-    assert_eq!(
-        response.headers().get("sec-websocket-protocol").and_then(|v| v.to_str().ok()),
-        Some("terminal.gitlab.com")
-    );
-    Ok(ws)
+    workhorse::connect(session, authorization, "terminal.gitlab.com").await
 }
 
 fn status_of(result: Result<Ws, WsError>) -> u16 {
@@ -291,12 +254,7 @@ async fn a_browser_types_into_a_jobs_terminal_through_a_workhorse_like_proxy() {
     let h = Harness::start().await;
     let id = h.waiting_job("in-the-browser");
     let session = h.session(id).await;
-    let page = workhorse::serve_page(workhorse::Session {
-        url: session.url.clone(),
-        certificate: session.certificate.clone(),
-        authorization: session.authorization.clone(),
-    })
-    .await;
+    let page = workhorse::serve_page(session.clone()).await;
     let mut browser = browser::Browser::start().await;
     browser.navigate(&page).await;
     browser.until("the page's terminal to connect", WAIT, "window.connected === true").await;
