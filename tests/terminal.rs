@@ -183,6 +183,8 @@ async fn workhorse_types_into_a_shell_jobs_terminal() {
     let features = &request["info"]["features"];
     assert_eq!((&features["session"], &features["terminal"]), (&json!(true), &json!(true)), "{features}");
     assert_eq!(status_of(connect(&session, "wrong-token").await), 401, "{}", h.context(id));
+    // Once the sources are there, the terminal opens in the job's directory.
+    h.until(id, "the script", |j| j.trace_text().contains("Executing \"step_script\"")).await;
     let mut ws = connect(&session, &session.authorization).await.expect("connects");
     // In the job's directory, with its variables.
     type_and_read(&mut ws, "echo \"mark-$((6*7))-$TERMINAL_MARK\"", "mark-42-from-the-job").await;

@@ -58,8 +58,9 @@ fn open_pty(cols: u16, rows: u16) -> Result<(OwnedFd, OwnedFd), TerminalError> {
 }
 
 impl LocalShell {
-    /// The shell's command (through `su` for a `user`), in the job's directory with its
-    /// variables; standard input, output and error are the caller's to set.
+    /// The shell's command (through `su` for a `user`), in the job's directory (or, before
+    /// it exists, its nearest existing parent) with its variables; standard input, output
+    /// and error are the caller's to set.
     pub fn command(&self) -> Command {
         let mut cmd = match &self.user {
             Some(user) => {
@@ -70,7 +71,10 @@ impl LocalShell {
             }
             None => Command::new(&self.shell),
         };
-        cmd.current_dir(&self.dir).envs(self.env.iter().map(|(k, v)| (k, v)));
+        // A terminal opened before the sources are fetched starts where the project will be,
+        // in its nearest directory that exists already.
+        let dir = self.dir.ancestors().find(|d| d.is_dir()).unwrap_or(&self.dir);
+        cmd.current_dir(dir).envs(self.env.iter().map(|(k, v)| (k, v)));
         if std::env::var_os("TERM").is_none() && !self.env.iter().any(|(k, _)| k == "TERM") {
             cmd.env("TERM", "xterm");
         }
