@@ -172,14 +172,24 @@ async fn workhorse_types_into_a_shell_jobs_terminal() {
     let id = h.waiting_job("debug-me");
     let session = h.session(id).await;
     assert!(session.url.starts_with("https://127.0.0.1:"), "{}", session.url);
-    // The request that carried it advertised the terminal.
-    let request = h
-        .fake
-        .requests_to("POST", "/api/v4/jobs/request")
-        .iter()
-        .filter_map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
-        .find(|body| body["session"]["authorization"] == session.authorization.as_str())
-        .expect("the job request with the session");
+    // The request that carried it advertised the terminal. The fake logs a request once its
+    // response is made, a moment after the job it hands out shows the session.
+    let carried = || {
+        h.fake
+            .requests_to("POST", "/api/v4/jobs/request")
+            .iter()
+            .filter_map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
+            .find(|body| body["session"]["authorization"] == session.authorization.as_str())
+    };
+    let logged = async {
+        loop {
+            match carried() {
+                Some(request) => return request,
+                None => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    };
+    let request = tokio::time::timeout(WAIT, logged).await.expect("the job request with the session");
     let features = &request["info"]["features"];
     assert_eq!((&features["session"], &features["terminal"]), (&json!(true), &json!(true)), "{features}");
     assert_eq!(status_of(connect(&session, "wrong-token").await), 401, "{}", h.context(id));
