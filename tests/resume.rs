@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
 use redis_server::RedisServer;
+use runway::store::jobs::file::FileStore;
+use runway::store::jobs::seal::StoreKey;
 use runway_process::RunwayProcess;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -235,10 +237,19 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
+/// The length of the journal's header: a longer journal holds writes.
+const JOURNAL_MAGIC_LEN: u64 = runway::store::jobs::journal::MAGIC.len() as u64;
+
 /// The file store holds the job and never the masked value in clear.
 fn assert_store_sealed(manager: &Manager) {
     let files = files_under(&manager.store_dir());
-    assert!(files.iter().any(|f| f.extension().is_some_and(|e| e == "json")), "no entry in {files:?}");
+    // An entry file, or the journal holding writes not yet in the files.
+    let holds_entry = |f: &PathBuf| {
+        f.extension().is_some_and(|e| e == "json")
+            || (f.file_name().is_some_and(|n| n == "journal")
+                && std::fs::metadata(f).is_ok_and(|m| m.len() > JOURNAL_MAGIC_LEN))
+    };
+    assert!(files.iter().any(holds_entry), "no entry in {files:?}");
     for file in files {
         let bytes = std::fs::read(&file).unwrap_or_default();
         assert!(!contains(&bytes, SECRET.as_bytes()), "{} holds the masked value in clear", file.display());
@@ -455,10 +466,15 @@ async fn stored_jobs_that_may_not_go_on_are_failed_and_cleaned_up() {
     w.wait_for(job, "start", |j| j.trace_text().contains("begun")).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     manager.kill9();
-    let dir = files_under(&manager.store_dir())
+    // What the journal holds goes into the files first (as the next manager would do).
+    let runner_store = files_under(&manager.store_dir())
         .into_iter()
-        .find(|f| f.file_name().is_some_and(|n| n.to_string_lossy() == format!("{job}.trace")))
-        .expect("stored trace");
+        .find_map(|f| f.file_name().is_some_and(|n| n == "journal").then(|| f.with_file_name("")))
+        .expect("the runner's store directory");
+    let key = StoreKey::load_or_create(&manager.process.dir().join(".runway-store.key")).expect("store key");
+    drop(FileStore::open(&runner_store, key).expect("open the store"));
+    let dir = runner_store.join(format!("{job}.trace"));
+    assert!(dir.exists(), "no stored trace in {:?}", files_under(&runner_store));
     std::fs::write(&dir, b"cut").expect("cut the stored trace");
     let garbage = dir.with_file_name("999999.json");
     std::fs::write(&garbage, b"{ this is not an entry").expect("garbage entry");

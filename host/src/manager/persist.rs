@@ -4,7 +4,8 @@
 //! refused as `Lost` means (another manager owns the job now: leave it alone).
 //!
 //! The trace itself is appended to the store's trace stream: a save writes only the bytes the
-//! store does not have yet, then the entry that says how many of them count.
+//! store does not have yet, with the entry that says how many of them count, as one write
+//! ([`JobStore::save_with_trace`]: one sync with the file store's journal).
 //!
 //! Owns: [`JobRecord`], [`StoredBody`]. Must not touch: resuming (`super::resume`), GitLab.
 
@@ -108,14 +109,15 @@ impl JobRecord {
             return Ok(());
         }
         let (progress, (checkpoint, tail)) = self.progress.read(|p| (p.clone(), self.trace.checkpoint(*persisted)));
-        let job_id = self.meta.job_id;
         let result = async {
-            self.store.append_trace(job_id, *persisted, &tail).await?;
-            *persisted = checkpoint.len;
+            let len = checkpoint.len;
             let meta = EntryMeta { stage: progress.stage_name.clone(), ..self.meta.clone() };
             let body = StoredBody { payload: self.payload.clone(), progress, trace: checkpoint, acked: self.acked() };
             let body = serde_json::to_vec(&body).map_err(|e| JobStoreError::Backend(format!("encoding: {e}")))?;
-            self.store.save(&Entry { meta, body }).await
+            // The new trace bytes and the entry that counts them, as one write.
+            self.store.save_with_trace(&Entry { meta, body }, *persisted, &tail).await?;
+            *persisted = len;
+            Ok(())
         }
         .await;
         if let Err(JobStoreError::Lost(_)) = &result {

@@ -14,6 +14,7 @@
 //! leaf): what a body means — payload, progress, trace state — is the caller's (`manager`).
 
 pub mod file;
+pub mod journal;
 pub mod redis;
 pub mod seal;
 
@@ -105,6 +106,13 @@ pub trait JobStore: Send + Sync {
     /// Append `bytes` to the job's trace, which must be exactly `offset` bytes long now
     /// (longer is truncated to `offset` first: bytes past the last saved entry are unconfirmed).
     async fn append_trace(&self, job_id: u64, offset: u64, bytes: &[u8]) -> Result<(), JobStoreError>;
+
+    /// [`JobStore::append_trace`] then [`JobStore::save`], as one write where the backend can
+    /// (the file store: both or neither, with one sync).
+    async fn save_with_trace(&self, entry: &Entry, offset: u64, bytes: &[u8]) -> Result<(), JobStoreError> {
+        self.append_trace(entry.meta.job_id, offset, bytes).await?;
+        self.save(entry).await
+    }
 
     /// The first `len` bytes of the job's trace; an error when fewer are stored.
     async fn read_trace(&self, job_id: u64, len: u64) -> Result<Vec<u8>, JobStoreError>;
