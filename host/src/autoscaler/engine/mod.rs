@@ -16,12 +16,13 @@
 //! [`Taskscaler::ready_check_finished`]; heartbeats go through [`InstanceGroup::heartbeat`].
 //!
 //! This file holds the engine's state and its public calls; `scaling` holds what a tick does
-//! (provider polling, heartbeats, slot assignment, scale up/down, deletions), `keys` the table
-//! of job keys with its counts by state, `restored` the acquisitions a restarted manager holds
+//! (provider polling, heartbeats, slot assignment, scale up/down, deletions), `instances` the
+//! table of instances with its running census, `keys` the table of job keys with its counts
+//! by state, `restored` the acquisitions a restarted manager holds
 //! for jobs it may resume, and `types` the plain types the engine hands out (events, errors,
 //! metrics, snapshots).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use super::clock::Moment;
@@ -30,6 +31,7 @@ use super::provider::InstanceGroup;
 use super::settings::{AutoscalerSettings, CompiledSettings, SettingsError};
 use super::throttle::TokenBucket;
 
+mod instances;
 mod keys;
 mod restored;
 mod scaling;
@@ -133,7 +135,7 @@ impl Instance {
 /// The taskscaler engine. See the module docs.
 pub struct Taskscaler {
     cfg: CompiledSettings,
-    instances: BTreeMap<String, Instance>,
+    instances: instances::Instances,
     keys: keys::Keys,
     pending_order: VecDeque<String>,
     failed_keys: HashMap<String, AcquireError>,
@@ -166,8 +168,8 @@ impl Taskscaler {
         let throttle = cfg.throttle_rate.map(|rate| TokenBucket::full(rate, cfg.throttle_burst, now));
         let predictor = cfg.raw.predictive.clone().map(|p| Predictor::new(p, None));
         Ok(Taskscaler {
+            instances: instances::Instances::new(cfg.capacity, cfg.max_use),
             cfg,
-            instances: BTreeMap::new(),
             keys: keys::Keys::default(),
             pending_order: VecDeque::new(),
             failed_keys: HashMap::new(),
@@ -373,7 +375,7 @@ impl Taskscaler {
             return Err(ReleaseError::NotAcquired(key.to_string()));
         };
         self.keys.remove(key);
-        if let Some(inst) = self.instances.get_mut(&a.instance) {
+        if let Some(mut inst) = self.instances.get_mut(&a.instance) {
             if let Some(slot) = inst.slots.get_mut(a.slot as usize) {
                 *slot = None;
             }

@@ -20,10 +20,11 @@ impl Taskscaler {
     /// again (acquired, so it is neither idle nor removable) until [`Taskscaler::reattach`] or
     /// [`Taskscaler::abandon_restored`]. Call right after `restore`.
     pub fn hold_restored(&mut self) {
-        for (id, inst) in self.instances.iter_mut() {
-            let Some(saved) = inst.awaiting_adoption.as_mut() else { continue };
-            let keys = std::mem::take(saved);
-            for key in keys {
+        let (keys, restored) = (&mut self.keys, &mut self.restored);
+        self.instances.for_each_mut(|id, inst| {
+            let Some(saved) = inst.awaiting_adoption.as_mut() else { return };
+            let saved = std::mem::take(saved);
+            for key in saved {
                 let Some(slot) = inst.slots.iter().position(Option::is_none) else {
                     // More keys than slots (capacity_per_instance lowered meanwhile): the rest
                     // cannot be held; they count as abandoned uses.
@@ -32,10 +33,10 @@ impl Taskscaler {
                 };
                 inst.slots[slot] = Some(key.clone());
                 let acquisition = Acquisition { instance: id.clone(), slot: slot as u32 };
-                self.keys.insert(key.clone(), KeyState::Acquired(acquisition));
-                self.restored.insert(key);
+                keys.insert(key.clone(), KeyState::Acquired(acquisition));
+                restored.insert(key);
             }
-        }
+        });
         self.dirty = true;
     }
 
@@ -68,7 +69,7 @@ impl Taskscaler {
         for key in abandoned {
             self.restored.remove(&key);
             if let Some(KeyState::Acquired(a)) = self.keys.remove(&key) {
-                if let Some(inst) = self.instances.get_mut(&a.instance) {
+                if let Some(mut inst) = self.instances.get_mut(&a.instance) {
                     if let Some(slot) = inst.slots.get_mut(a.slot as usize) {
                         *slot = None;
                     }
@@ -79,10 +80,11 @@ impl Taskscaler {
         }
         let keep_instance = self.cfg.raw.keep_instance_with_acquisitions;
         for (id, keys) in by_instance {
-            let Some(inst) = self.instances.get_mut(&id) else { continue };
+            let Some(mut inst) = self.instances.get_mut(&id) else { continue };
             if keep_instance {
                 inst.use_count += keys.len() as u32;
             }
+            drop(inst);
             self.events.push(EngineEvent::AcquisitionsAbandoned { instance: id.clone(), keys });
             if !keep_instance {
                 self.mark_for_removal(&id, RemovalReason::AbandonedAcquisitions);
@@ -103,8 +105,10 @@ impl Taskscaler {
         }
         let Some(state) = self.keys.remove(old) else { return false };
         if let KeyState::Acquired(a) = &state {
-            if let Some(slot) = self.instances.get_mut(&a.instance).and_then(|i| i.slots.get_mut(a.slot as usize)) {
-                *slot = Some(new.to_string());
+            if let Some(mut inst) = self.instances.get_mut(&a.instance) {
+                if let Some(slot) = inst.slots.get_mut(a.slot as usize) {
+                    *slot = Some(new.to_string());
+                }
             }
         }
         for pending in self.pending_order.iter_mut().filter(|k| *k == old) {

@@ -19,31 +19,7 @@ const PROVIDER_RETRY_MAX: Duration = Duration::from_secs(60);
 
 impl Taskscaler {
     pub(super) fn census(&self) -> Census {
-        let mut c = Census::default();
-        let cap = self.cfg.capacity;
-        let max_use = self.cfg.max_use;
-        for inst in self.instances.values() {
-            match inst.phase {
-                Phase::Deleting { .. } => {
-                    c.deleting += 1;
-                    continue;
-                }
-                Phase::Creating => c.creating += 1,
-                Phase::ReadyCheck => c.ready_checking += 1,
-                Phase::Ready => c.ready += 1,
-            }
-            let active = inst.active();
-            c.acquired += active;
-            let usable = inst.usable_with(active, cap, max_use);
-            c.unavailable += cap - active - usable;
-            if inst.assignable() {
-                if inst.heartbeat_failures > 0 {
-                    c.unhealthy += usable;
-                } else {
-                    c.idle += usable;
-                }
-            }
-        }
+        let mut c = self.instances.census();
         c.reserved = self.keys.reserved();
         c.pending = self.keys.pending();
         c
@@ -92,7 +68,7 @@ impl Taskscaler {
             let best = best.map(|(id, _, _)| id.clone());
             let Some(id) = best else { break };
             self.pending_order.pop_front();
-            let Some(inst) = self.instances.get_mut(&id) else { break };
+            let Some(mut inst) = self.instances.get_mut(&id) else { break };
             let Some(slot) = inst.slots.iter().position(|s| s.is_none()) else { break };
             inst.slots[slot] = Some(key.clone());
             let acquisition = Acquisition { instance: id, slot: slot as u32 };
@@ -104,7 +80,7 @@ impl Taskscaler {
 
     pub(super) fn mark_ready(&mut self, id: &str, now: Moment) {
         let interval = self.cfg.raw.heartbeat_interval;
-        if let Some(inst) = self.instances.get_mut(id) {
+        if let Some(mut inst) = self.instances.get_mut(id) {
             inst.phase = Phase::Ready;
             inst.ready_at = Some(now);
             if let (Some(p), Some(requested)) = (&mut self.predictor, inst.requested_at) {
@@ -130,7 +106,7 @@ impl Taskscaler {
 
     /// Mark an instance for removal; report keys of jobs running on it as lost.
     pub(super) fn mark_for_removal(&mut self, id: &str, reason: RemovalReason) {
-        let Some(inst) = self.instances.get_mut(id) else { return };
+        let Some(mut inst) = self.instances.get_mut(id) else { return };
         if inst.is_deleting() {
             return;
         }
@@ -172,7 +148,7 @@ impl Taskscaler {
             self.events.push(timed(InstanceTiming::IsRunning, since, now));
         }
         if self.cfg.raw.instance_ready_command.is_some() {
-            if let Some(inst) = self.instances.get_mut(id) {
+            if let Some(mut inst) = self.instances.get_mut(id) {
                 inst.phase = Phase::ReadyCheck;
             }
             self.events.push(EngineEvent::ReadyCheckRequested { instance: id.to_string() });
@@ -183,7 +159,7 @@ impl Taskscaler {
 
     pub(super) fn adopt(&mut self, id: &str) {
         let keep = self.cfg.raw.keep_instance_with_acquisitions;
-        let Some(inst) = self.instances.get_mut(id) else { return };
+        let Some(mut inst) = self.instances.get_mut(id) else { return };
         let Some(saved) = inst.awaiting_adoption.take() else { return };
         if saved.is_empty() {
             return;
@@ -191,6 +167,7 @@ impl Taskscaler {
         if keep {
             inst.use_count += saved.len() as u32;
         }
+        drop(inst);
         self.events.push(EngineEvent::AcquisitionsAbandoned { instance: id.to_string(), keys: saved });
         if !keep {
             self.mark_for_removal(id, RemovalReason::AbandonedAcquisitions);
@@ -226,7 +203,7 @@ impl Taskscaler {
             }
         };
         for notice in notices {
-            let Some(inst) = self.instances.get_mut(&notice.id) else { continue };
+            let Some(mut inst) = self.instances.get_mut(&notice.id) else { continue };
             if inst.is_deleting() || inst.interrupted.is_some() {
                 continue;
             }
@@ -302,7 +279,7 @@ impl Taskscaler {
                 ) => {
                     // Still there: ask again once the retry interval has passed.
                     if requested_at.is_some_and(|t| t.plus(self.cfg.raw.deletion_retry_interval) <= now) {
-                        if let Some(inst) = self.instances.get_mut(id) {
+                        if let Some(mut inst) = self.instances.get_mut(id) {
                             inst.phase = Phase::Deleting { reason, requested_at: None };
                         }
                     }
@@ -315,7 +292,7 @@ impl Taskscaler {
                 (Phase::Creating, InstanceState::Running) => {
                     if awaiting_adoption {
                         // A restored instance that was still provisioning: the ready check reruns.
-                        if let Some(inst) = self.instances.get_mut(id) {
+                        if let Some(mut inst) = self.instances.get_mut(id) {
                             inst.awaiting_adoption = None;
                         }
                     }
@@ -382,14 +359,16 @@ impl Taskscaler {
         for id in due {
             let result = provider.heartbeat(&id);
             let threshold = self.cfg.raw.failure_threshold.max(1);
-            let Some(inst) = self.instances.get_mut(&id) else { continue };
+            let Some(mut inst) = self.instances.get_mut(&id) else { continue };
             inst.next_heartbeat = now.plus(interval);
             match result {
                 Ok(()) => inst.heartbeat_failures = 0,
                 Err(_) => {
                     inst.heartbeat_failures += 1;
                     self.metrics.heartbeat_failures_total += 1;
-                    if inst.heartbeat_failures >= threshold {
+                    let failed = inst.heartbeat_failures >= threshold;
+                    drop(inst);
+                    if failed {
                         self.mark_for_removal(&id, RemovalReason::Unhealthy);
                     }
                 }
@@ -533,7 +512,7 @@ impl Taskscaler {
         }
         // Accepted or not, wait for the retry interval: `update()` shows whether it worked.
         for id in &ids {
-            if let Some(inst) = self.instances.get_mut(id) {
+            if let Some(mut inst) = self.instances.get_mut(id) {
                 if let Phase::Deleting { reason, .. } = inst.phase {
                     inst.phase = Phase::Deleting { reason, requested_at: Some(now) };
                     inst.removal_requested_at.get_or_insert(now);
@@ -554,7 +533,7 @@ fn ceil_div(a: u32, b: u32) -> u32 {
     a.div_ceil(b.max(1))
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 /// Instances and slots by state at one moment.
 pub(super) struct Census {
     pub(super) creating: u32,
