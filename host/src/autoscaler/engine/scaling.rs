@@ -44,29 +44,8 @@ impl Taskscaler {
     /// Give waiting keys slots, first come first served. Packs: the busiest ready instance with
     /// a free slot wins (ties: the one ready first), so other instances can drain and go idle.
     pub(super) fn assign_pending(&mut self) {
-        let cap = self.cfg.capacity;
-        let max_use = self.cfg.max_use;
         while let Some(key) = self.pending_order.front().cloned() {
-            // The maximum by (active, earliest ready); among equals the last in id order, as
-            // `Iterator::max_by` picks. One pass, each instance's slots counted once.
-            let mut best: Option<(&String, u32, Option<Moment>)> = None;
-            for (id, i) in &self.instances {
-                if !i.assignable() || i.heartbeat_failures != 0 {
-                    continue;
-                }
-                let active = i.active();
-                if i.usable_with(active, cap, max_use) == 0 {
-                    continue;
-                }
-                let wins = best.is_none_or(|(_, b_active, b_ready)| {
-                    active.cmp(&b_active).then_with(|| b_ready.cmp(&i.ready_at)) != std::cmp::Ordering::Less
-                });
-                if wins {
-                    best = Some((id, active, i.ready_at));
-                }
-            }
-            let best = best.map(|(id, _, _)| id.clone());
-            let Some(id) = best else { break };
+            let Some(id) = self.instances.best_assignable().cloned() else { break };
             self.pending_order.pop_front();
             let Some(mut inst) = self.instances.get_mut(&id) else { break };
             let Some(slot) = inst.slots.iter().position(|s| s.is_none()) else { break };
