@@ -904,3 +904,112 @@ async fn transient_api_failures_are_retried() {
         w.kube.call_blocking("DELETE", &format!("{path}/canary?gracePeriodSeconds=0"), None);
     });
 }
+
+/// Runway's manager image (`runway manager-image`, then `docker load`) in the engine the
+/// kubelet pulls from: its reference.
+fn manager_image(kube: &Kube) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let archive = dir.path().join("runway.tar");
+    let out = Command::new(env!("CARGO_BIN_EXE_runway"))
+        .args(["manager-image", "--output"])
+        .arg(&archive)
+        .output()
+        .expect("runway manager-image runs");
+    assert!(out.status.success(), "runway manager-image: {}", String::from_utf8_lossy(&out.stderr));
+    let reference = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let loaded = kube.docker.docker_cmd().arg("load").arg("-i").arg(&archive).output().expect("docker load runs");
+    assert!(loaded.status.success(), "docker load: {}", String::from_utf8_lossy(&loaded.stderr));
+    let inspect = kube
+        .docker
+        .docker_cmd()
+        .args(["image", "inspect", "--format", "{{.Config.StopSignal}}", &reference])
+        .output()
+        .expect("docker inspect");
+    assert_eq!(String::from_utf8_lossy(&inspect.stdout).trim(), "SIGQUIT", "{reference}");
+    reference
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manifests_run_the_manager_in_a_pod_that_runs_jobs_with_in_cluster_configuration() {
+    let w = world("incluster").await;
+    let image = tokio::task::block_in_place(|| manager_image(w.kube));
+    // deploy/kubernetes/ with only what a user edits replaced: GitLab's URL, the runner token,
+    // the images (the cluster pulls from this engine, not a registry).
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
+    let manifests = w.root.path().join("deploy");
+    std::fs::create_dir_all(&manifests).expect("dir");
+    for entry in std::fs::read_dir(&source).expect("deploy/kubernetes") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path)
+            .expect("manifest")
+            .replace("https://gitlab.example.com", &w.fake.url())
+            .replace("glrt-REPLACE-ME", &w.token)
+            .replace("alpine:3.20", w.kube.docker.job_image())
+            .replace("registry.example.com/runway-helper:REPLACE-ME", helper_image(w.kube))
+            .replace("registry.example.com/runway:REPLACE-ME", &image);
+        std::fs::write(manifests.join(path.file_name().expect("name")), text).expect("write");
+    }
+    let dir = manifests.display().to_string();
+    let ns = w.namespace.clone();
+    tokio::task::block_in_place(|| w.kube.kubectl_ok(&["apply", "-n", &ns, "-f", &dir]));
+    let manager_log = || {
+        let out = w.kube.kubectl(&["logs", "-n", &ns, "deployment/runway", "--tail=60"]);
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    // The Deployment's pod becomes Ready once /health/ready answers (its readiness probe).
+    let selector = "app.kubernetes.io/name=runway";
+    let mut ready = false;
+    for _ in 0..1200 {
+        let out = tokio::task::block_in_place(|| {
+            w.kube.kubectl_ok(&["get", "pods", "-n", &ns, "-l", selector, "-o", "json"])
+        });
+        let pods: Value = serde_json::from_str(&out).expect("pods");
+        ready = pods["items"].as_array().into_iter().flatten().any(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
+        if ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        ready,
+        "the manager's pod never became Ready:\n{}\n{}",
+        tokio::task::block_in_place(manager_log),
+        tail(&w.kube.log(), 40)
+    );
+    let job = w.enqueue(w.job("in-cluster", &["echo job-ran-in-a-pod-of-the-in-cluster-manager"]), |_| {});
+    let Some(record) = w.fake.wait_for_job_state(job, |j| j.final_state.is_some(), WAIT).await else {
+        panic!(
+            "job {job} did not finish:\nmanager log:\n{}\n{}",
+            tokio::task::block_in_place(manager_log),
+            tail(&w.kube.log(), 40)
+        );
+    };
+    let trace = record.trace_text();
+    assert_eq!(
+        record.status,
+        JobStatus::Success,
+        "trace:\n{trace}\nmanager log:\n{}",
+        tokio::task::block_in_place(manager_log)
+    );
+    assert!(trace.contains("job-ran-in-a-pod-of-the-in-cluster-manager"), "{trace}");
+    assert!(trace.contains("Using Kubernetes cluster of in-cluster service account"), "{trace}");
+    assert!(trace.contains(&format!("Using Kubernetes namespace: {ns}")), "the service account's namespace: {trace}");
+    // The job ran with the manager's service account, which fake-kube holds to the Role of
+    // 02-role.yaml (a verb it does not grant is 403). Deleting the manifests stops the manager (SIGQUIT) and collects its pod.
+    tokio::task::block_in_place(|| w.kube.kubectl_ok(&["delete", "-n", &ns, "-f", &dir, "--wait=true"]));
+    let mut left = Vec::new();
+    for _ in 0..600 {
+        left = tokio::task::block_in_place(|| w.leftovers());
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(left.is_empty(), "left after deleting the manifests: {left:?}\n{}", tail(&w.kube.log(), 40));
+}

@@ -4,6 +4,7 @@
 
 mod exec;
 mod logrus;
+mod manager_image;
 mod plugins;
 mod register;
 mod register_flags;
@@ -126,6 +127,11 @@ pub enum Command {
     /// for `docker import`, and print the reference to import it as: how the helper image
     /// reaches a cluster's registry for the kubernetes executor (`helper_image`).
     HelperImage(HelperImageArgs),
+    /// Write the image of the Runway manager (built from this machine's files, the kubernetes
+    /// executor precompiled; entrypoint `runway run`, a non-root user, stop signal SIGQUIT) as
+    /// an archive for `docker load`, and print its reference: how the manager runs in a
+    /// cluster (deploy/kubernetes/).
+    ManagerImage(manager_image::ManagerImageArgs),
     /// Inspect executor and fleeting plugins.
     Plugins {
         /// `list` or `check FILE`.
@@ -366,6 +372,7 @@ pub fn main() -> ExitCode {
             Command::Restart(args) => Ok(service::control("restart", &args)?),
             Command::Status(args) => Ok(service::status(&args)?),
             Command::HelperImage(args) => helper_image(&args),
+            Command::ManagerImage(args) => manager_image::run(&args),
             Command::Plugins { command } => plugins::run(command, explicit_config.as_deref()).await,
             Command::Store { command } => store::run(command, &config_path).await,
             Command::ArtifactsUploader(args) => Ok(crate::helper::artifacts::upload(args).await),

@@ -239,14 +239,39 @@ struct RunnerContext {
     labels: std::collections::BTreeMap<String, String>,
 }
 
+/// `[runners.kubernetes]` JSON `json` with `namespace` set to `namespace` (the in-cluster
+/// service account's) when it sets neither `host` (the cluster is then elsewhere) nor
+/// `namespace`, as the namespace a manager in a pod runs its jobs in by default.
+fn in_cluster_namespace(json: &str, namespace: Option<String>) -> String {
+    let Some(namespace) = namespace else {
+        return json.to_string();
+    };
+    let Ok(mut value) = serde_json::from_str::<serde_json::Value>(json) else {
+        return json.to_string();
+    };
+    let unset = |key: &str| value[key].as_str().is_none_or(|v| v.trim().is_empty());
+    if !(unset("host") && unset("namespace")) {
+        return json.to_string();
+    }
+    if let Some(section) = value.as_object_mut() {
+        section.insert("namespace".into(), serde_json::Value::String(namespace));
+    }
+    value.to_string()
+}
+
 impl RunnerContext {
     /// The executor's section as JSON. A shell executor's gets the global `user` (unless its
     /// `[runners.shell]` names one), as gitlab-runner runs shell jobs as that user; an ssh
     /// executor's loses the connection keys (the host connects: the plugin never sees the
-    /// credentials).
+    /// credentials); a kubernetes executor's without `host` and `namespace`, in a pod, gets the
+    /// in-cluster service account's namespace.
     fn executor_config_json(&self) -> String {
         let json = self.runner.executor_config_json();
         let plugin = self.runner.executor_plugin();
+        if plugin == "kubernetes" {
+            let env = crate::connector::kube::config::Environment::process();
+            return in_cluster_namespace(&json, crate::connector::kube::config::in_cluster_namespace(&env));
+        }
         if plugin != "shell" && plugin != "ssh" {
             return json;
         }
@@ -616,4 +641,23 @@ pub(super) async fn run(config_path: PathBuf, args: RunArgs) -> anyhow::Result<E
     fleets.shutdown().await;
     tracing::info!("runway stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_cluster_namespace;
+
+    #[test]
+    fn the_in_cluster_namespace_fills_only_an_unset_namespace_without_host() {
+        let ns = || Some("runway".to_string());
+        let set: serde_json::Value =
+            serde_json::from_str(&in_cluster_namespace(r#"{"image":"a"}"#, ns())).expect("json");
+        assert_eq!(set["namespace"], "runway");
+        let empty: serde_json::Value =
+            serde_json::from_str(&in_cluster_namespace(r#"{"namespace":""}"#, ns())).expect("json");
+        assert_eq!(empty["namespace"], "runway");
+        assert_eq!(in_cluster_namespace(r#"{"namespace":"ci"}"#, ns()), r#"{"namespace":"ci"}"#);
+        assert_eq!(in_cluster_namespace(r#"{"host":"https://k:6443"}"#, ns()), r#"{"host":"https://k:6443"}"#);
+        assert_eq!(in_cluster_namespace(r#"{"image":"a"}"#, None), r#"{"image":"a"}"#);
+    }
 }

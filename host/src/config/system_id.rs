@@ -50,6 +50,8 @@ pub fn router_id(dir: &Path) -> anyhow::Result<String> {
 }
 
 /// The system ID stored in `<config dir>/.runner_system_id`, created when missing or invalid.
+/// A config directory that cannot be written (a read-only ConfigMap mount in a pod) keeps the
+/// new ID for this run only, with a warning saying how to make it stick, as gitlab-runner does.
 pub fn system_id(config_dir: &Path) -> anyhow::Result<String> {
     let path = config_dir.join(".runner_system_id");
     if let Ok(existing) = std::fs::read_to_string(&path) {
@@ -59,7 +61,13 @@ pub fn system_id(config_dir: &Path) -> anyhow::Result<String> {
         }
     }
     let id = generate();
-    crate::store::atomic::write(&path, format!("{id}\n").as_bytes(), None)?;
+    if let Err(e) = crate::store::atomic::write(&path, format!("{id}\n").as_bytes(), None) {
+        tracing::warn!(
+            state_file = %path.display(), system_id = %id,
+            "couldn't save the new system ID ({e:#}); to identify this runner reliably, put a file there holding it: echo {id:?} > {:?}",
+            path.display().to_string()
+        );
+    }
     Ok(id)
 }
 
@@ -97,6 +105,16 @@ pub fn token_digest(token: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_config_dir_that_cannot_be_written_still_gets_an_id() {
+        let dir = tempfile::tempdir().expect("dir");
+        let missing = dir.path().join("not-there");
+        let id = system_id(&missing).expect("an id without a file");
+        assert!(valid(&id), "{id}");
+        let kept = system_id(dir.path()).expect("id");
+        assert_eq!(system_id(dir.path()).expect("again"), kept, "a writable dir keeps it");
+    }
 
     #[test]
     fn token_digests_tell_tokens_with_one_prefix_apart() {

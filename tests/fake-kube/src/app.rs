@@ -11,7 +11,9 @@ use crate::store::Store;
 /// The server's shared state.
 pub(crate) struct App {
     pub store: Arc<Store>,
-    pub tokens: Tokens,
+    pub tokens: Arc<Tokens>,
+    /// The cluster CA (PEM), as `kube-root-ca.crt` holds it.
+    pub ca_pem: String,
     pub kubelet: Arc<Kubelet>,
     pub faults: Arc<Faults>,
 }

@@ -1,7 +1,9 @@
 //! Bearer-token authentication and per-token authorization rules (verbs × resources ×
 //! namespaces), with the apiserver's 401 and 403 messages, and the answer of a
 //! `SelfSubjectAccessReview`. The admin token of the kubeconfig may do everything; more
-//! tokens come from the control API (`/fake-kube/tokens`). Knows nothing of the store.
+//! tokens come from the control API (`/fake-kube/tokens`) and from the kubelet, which mints
+//! one for every pod's projected service-account token (its rules are the RBAC objects'
+//! of the moment, `rbac.rs`). Knows nothing of the store.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -17,6 +19,12 @@ pub(crate) struct Rule {
     pub resources: Vec<String>,
     #[serde(default = "everywhere")]
     pub namespaces: Vec<String>,
+    /// API groups (`""` the core group); `*` when not given.
+    #[serde(default = "everywhere", rename = "apiGroups")]
+    pub groups: Vec<String>,
+    /// Object names the rule is limited to (`resourceNames`); empty: any.
+    #[serde(default, rename = "resourceNames")]
+    pub names: Vec<String>,
 }
 
 fn everywhere() -> Vec<String> {
@@ -29,6 +37,9 @@ pub(crate) struct User {
     pub name: String,
     /// `None`: allowed everything (the admin).
     pub rules: Option<Vec<Rule>>,
+    /// A pod's service account token: (namespace, service account); its rules come from the
+    /// Roles bound to it when a request is made.
+    pub service_account: Option<(String, String)>,
 }
 
 /// What a request does, as authorization sees it.
@@ -54,6 +65,8 @@ impl User {
         rules.iter().any(|rule| {
             listed(&rule.verbs, &attributes.verb)
                 && listed(&rule.resources, &attributes.resource)
+                && listed(&rule.groups, &attributes.group)
+                && (rule.names.is_empty() || attributes.name.as_ref().is_some_and(|n| rule.names.contains(n)))
                 && match &attributes.namespace {
                     Some(ns) => listed(&rule.namespaces, ns),
                     None => rule.namespaces.iter().any(|n| n == "*"),
@@ -97,15 +110,39 @@ pub(crate) struct Tokens {
     tokens: Mutex<BTreeMap<String, User>>,
 }
 
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tokens")
+    }
+}
+
 impl Tokens {
     pub(crate) fn new(admin_token: &str) -> Tokens {
         let mut tokens = BTreeMap::new();
-        tokens.insert(admin_token.to_string(), User { name: "fake-kube-admin".to_string(), rules: None });
+        tokens.insert(
+            admin_token.to_string(),
+            User { name: "fake-kube-admin".to_string(), rules: None, service_account: None },
+        );
         Tokens { tokens: Mutex::new(tokens) }
     }
 
     pub(crate) fn add(&self, token: String, user: User) {
         self.tokens.lock().unwrap_or_else(|e| e.into_inner()).insert(token, user);
+    }
+
+    /// A new token for service account `name` of `namespace` (a pod's projected token).
+    pub(crate) fn mint_service_account(&self, namespace: &str, name: &str) -> String {
+        use rand::Rng;
+        let mut rng = rand::rng();
+        let token: String =
+            (0..48).map(|_| char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[rng.random_range(0..36)])).collect();
+        let user = User {
+            name: format!("system:serviceaccount:{namespace}:{name}"),
+            rules: Some(Vec::new()),
+            service_account: Some((namespace.to_string(), name.to_string())),
+        };
+        self.add(token.clone(), user);
+        token
     }
 
     /// The user of an `Authorization: Bearer …` header; 401 otherwise.
@@ -127,7 +164,10 @@ mod tests {
                 verbs: vec!["get".into()],
                 resources: vec!["pods".into()],
                 namespaces: vec!["a".into()],
+                groups: vec!["".into()],
+                names: Vec::new(),
             }]),
+            service_account: None,
         };
         let mut attrs = Attributes {
             verb: "get".into(),

@@ -64,7 +64,7 @@ struct TokenBody {
 async fn add_token(State(app): State<Shared>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
     answer(admin(&app, &headers).and_then(|()| {
         let body: TokenBody = parse(body)?;
-        app.tokens.add(body.token, User { name: body.user.clone(), rules: Some(body.rules) });
+        app.tokens.add(body.token, User { name: body.user.clone(), rules: Some(body.rules), service_account: None });
         Ok(json!({"user": body.user}))
     }))
 }

@@ -7,10 +7,12 @@ mod api;
 mod app;
 mod auth;
 mod control;
+mod controller;
 mod docker;
 mod faults;
 mod kubelet;
 mod proto;
+mod rbac;
 mod resources;
 mod selectors;
 mod status;
@@ -86,16 +88,24 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         store
             .create(resources::SERVICEACCOUNTS, name, json!({"metadata": {"name": "default"}}))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
+        store
+            .create(resources::CONFIGMAPS, name, rbac::root_ca_config_map(&certificates.ca_pem))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
+    let tokens = Arc::new(auth::Tokens::new(&admin_token));
     let faults = Arc::new(faults::Faults::new());
     let settings = kubelet::Settings {
         pause_image: args.pause_image,
         host_network: args.pod_network == "host",
         state_dir: state_dir.clone(),
+        api: local,
+        tokens: tokens.clone(),
     };
     let kubelet = kubelet::Kubelet::new(store.clone(), docker, faults.clone(), settings);
     tokio::spawn(kubelet.clone().run());
-    let app = Arc::new(app::App { store, tokens: auth::Tokens::new(&admin_token), kubelet: kubelet.clone(), faults });
+    tokio::spawn(controller::run(store.clone()));
+    let ca_pem = certificates.ca_pem.clone();
+    let app = Arc::new(app::App { store, tokens, ca_pem, kubelet: kubelet.clone(), faults });
     tls::write_kubeconfig(&args.kubeconfig_out, local, &certificates.ca_pem, &admin_token)?;
     let listener = tls::TlsListener::new(listener, certificates.server)?;
     tracing::info!("fake-kube serving https://{local}, kubeconfig {}", args.kubeconfig_out.display());

@@ -74,7 +74,7 @@ pub(crate) fn now_rfc3339() -> String {
     chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-fn random_suffix() -> String {
+pub(crate) fn random_suffix() -> String {
     // The apiserver's generateName alphabet (no vowels, no confusable digits).
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
@@ -163,7 +163,7 @@ impl Store {
             map.remove("deletionTimestamp");
             map.remove("selfLink");
         }
-        object["apiVersion"] = json!("v1");
+        object["apiVersion"] = json!(resource.api_version());
         object["kind"] = json!(resource.kind);
         inner.objects.insert(key, object.clone());
         self.record(&mut inner, resource, ChangeType::Added, object.clone());

@@ -69,7 +69,7 @@ impl KubeClient {
             return Err(KubeError::Other(format!("{path:?}: an API path starts with /")));
         }
         let mut builder = self.http.request(method, format!("{}{path}", self.endpoint.server));
-        if let Some(token) = &self.endpoint.token {
+        if let Some(token) = self.endpoint.bearer() {
             builder = builder.bearer_auth(token);
         }
         Ok(builder.header("Accept", "application/json"))

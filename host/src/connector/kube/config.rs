@@ -46,10 +46,34 @@ pub struct Endpoint {
     pub server: String,
     /// TLS client configuration (roots, client certificate).
     pub tls: Arc<rustls::ClientConfig>,
-    /// `Authorization: Bearer` token, if any.
+    /// `Authorization: Bearer` token, if any (as read when resolved; see [`Endpoint::bearer`]).
     pub token: Option<String>,
+    /// The file the token is read from again on each call (the in-cluster service account's
+    /// projected token, which the kubelet rotates), as client-go's file token source does.
+    pub token_file: Option<PathBuf>,
+    /// The namespace of the in-cluster service account (its `namespace` file), if any.
+    pub namespace: Option<String>,
     /// Where the configuration came from, for the job log.
     pub source: String,
+}
+
+impl Endpoint {
+    /// The bearer token to send now: the token file read again when there is one (a rotated
+    /// token replaces the old one; a file that cannot be read keeps the last token, as
+    /// client-go does), else the resolved token.
+    pub fn bearer(&self) -> Option<String> {
+        let Some(file) = &self.token_file else {
+            return self.token.clone();
+        };
+        match std::fs::read_to_string(file) {
+            Ok(token) if !token.trim().is_empty() => Some(token.trim().to_string()),
+            Ok(_) => self.token.clone(),
+            Err(e) => {
+                tracing::warn!(file = %file.display(), "reading the service account token again: {e}; using the last one");
+                self.token.clone()
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -87,10 +111,21 @@ pub fn resolve(settings: &ClusterSettings, env: &Environment<'_>) -> Result<Endp
     if !settings.host.trim().is_empty() {
         return explicit(settings);
     }
-    if let Some(endpoint) = in_cluster(env)? {
-        return Ok(endpoint);
-    }
-    kubeconfig(settings, env)
+    let not_in_cluster = match in_cluster(env) {
+        InCluster::Yes(endpoint) => return Ok(*endpoint),
+        InCluster::Broken(error) => return Err(error),
+        InCluster::No(why) => why,
+    };
+    kubeconfig(settings, env, &not_in_cluster)
+}
+
+/// The namespace of the in-cluster service account (the `namespace` file next to its token),
+/// when the runner runs in a pod: the namespace jobs run in when `[runners.kubernetes]` sets
+/// neither `host` nor `namespace`.
+pub fn in_cluster_namespace(env: &Environment<'_>) -> Option<String> {
+    (env.var)("KUBERNETES_SERVICE_HOST")?;
+    let text = std::fs::read_to_string(env.service_account_dir.join("namespace")).ok()?;
+    Some(text.trim().to_string()).filter(|n| !n.is_empty())
 }
 
 fn config_error(text: impl Into<String>) -> KubeError {
@@ -114,24 +149,79 @@ fn explicit(settings: &ClusterSettings) -> Result<Endpoint, KubeError> {
         cert => Some((read_file("cert_file", Path::new(cert))?, read_file("key_file", Path::new(&settings.key_file))?)),
     };
     let token = Some(settings.bearer_token.trim().to_string()).filter(|t| !t.is_empty());
-    Ok(Endpoint { tls: tls_config(&roots, client.as_ref())?, token, source: format!("host {server}"), server })
+    Ok(Endpoint {
+        tls: tls_config(&roots, client.as_ref())?,
+        token,
+        token_file: None,
+        namespace: None,
+        source: format!("host {server}"),
+        server,
+    })
 }
 
-/// The in-cluster service account, when the runner runs in a pod.
-fn in_cluster(env: &Environment<'_>) -> Result<Option<Endpoint>, KubeError> {
-    let (Some(host), Some(port)) = ((env.var)("KUBERNETES_SERVICE_HOST"), (env.var)("KUBERNETES_SERVICE_PORT")) else {
-        return Ok(None);
-    };
+/// What the in-cluster configuration found.
+enum InCluster {
+    /// The runner runs in a pod with a service account.
+    Yes(Box<Endpoint>),
+    /// It does not (why not, for the error when nothing else is configured either).
+    No(String),
+    /// It runs in a pod whose service account cannot be used (an error naming what).
+    Broken(KubeError),
+}
+
+/// The in-cluster service account, when the runner runs in a pod, as client-go's
+/// `rest.InClusterConfig`: `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT` name the
+/// API server; the service account directory holds `token` and `ca.crt`. Without both
+/// variables (or without the token file, which a pod with `automountServiceAccountToken:
+/// false` lacks) the runner is not in a cluster and the kubeconfig is next, as in
+/// gitlab-runner; with them, an unreadable CA or a half-set pair is an error naming it.
+fn in_cluster(env: &Environment<'_>) -> InCluster {
     let dir = &env.service_account_dir;
-    let Ok(token) = std::fs::read_to_string(dir.join("token")) else {
-        return Ok(None);
+    let token_file = dir.join("token");
+    let (host, port) = match ((env.var)("KUBERNETES_SERVICE_HOST"), (env.var)("KUBERNETES_SERVICE_PORT")) {
+        (Some(host), Some(port)) => (host, port),
+        (None, None) => {
+            return InCluster::No("not in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT not set)".into())
+        }
+        (Some(_), None) => {
+            return InCluster::Broken(config_error(
+                "in-cluster configuration: KUBERNETES_SERVICE_HOST is set but KUBERNETES_SERVICE_PORT is not",
+            ))
+        }
+        (None, Some(_)) => {
+            return InCluster::Broken(config_error(
+                "in-cluster configuration: KUBERNETES_SERVICE_PORT is set but KUBERNETES_SERVICE_HOST is not",
+            ))
+        }
     };
-    let host = if host.contains(':') { format!("[{host}]") } else { host };
+    let token = match std::fs::read_to_string(&token_file) {
+        Ok(token) if !token.trim().is_empty() => token.trim().to_string(),
+        Ok(_) => {
+            return InCluster::No(format!("in a pod, but the service account token {} is empty", token_file.display()))
+        }
+        Err(e) => {
+            return InCluster::No(format!(
+                "in a pod, but without a service account token ({}: {e}; is automountServiceAccountToken false?)",
+                token_file.display()
+            ))
+        }
+    };
+    let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host };
     let server = format!("https://{host}:{port}");
-    let ca = read_file("the service account's ca.crt", &dir.join("ca.crt"))?;
-    Ok(Some(Endpoint {
-        tls: tls_config(&Roots::Pem(ca), None)?,
-        token: Some(token.trim().to_string()),
+    let roots = match read_file("in-cluster configuration: the service account's CA", &dir.join("ca.crt")) {
+        Ok(ca) => Roots::Pem(ca),
+        Err(e) => return InCluster::Broken(e),
+    };
+    let tls = match tls_config(&roots, None) {
+        Ok(tls) => tls,
+        Err(e) => return InCluster::Broken(config_error(format!("in-cluster configuration: {e}"))),
+    };
+    let namespace = in_cluster_namespace(env);
+    InCluster::Yes(Box::new(Endpoint {
+        tls,
+        token: Some(token),
+        token_file: Some(token_file),
+        namespace,
         source: format!("in-cluster service account ({server})"),
         server,
     }))
@@ -273,7 +363,7 @@ fn kubeconfig_files(env: &Environment<'_>) -> Vec<PathBuf> {
     }
 }
 
-fn kubeconfig(settings: &ClusterSettings, env: &Environment<'_>) -> Result<Endpoint, KubeError> {
+fn kubeconfig(settings: &ClusterSettings, env: &Environment<'_>, not_in_cluster: &str) -> Result<Endpoint, KubeError> {
     let mut files = Vec::new();
     for path in kubeconfig_files(env) {
         let text = match std::fs::read_to_string(&path) {
@@ -287,9 +377,9 @@ fn kubeconfig(settings: &ClusterSettings, env: &Environment<'_>) -> Result<Endpo
         files.push((path, dir, parsed));
     }
     if files.is_empty() {
-        return Err(config_error(
-            "no Kubernetes API server configured: set host in [runners.kubernetes], run the runner in a pod, or provide a kubeconfig (KUBECONFIG or ~/.kube/config)",
-        ));
+        return Err(config_error(format!(
+            "no Kubernetes API server configured: set host in [runners.kubernetes], run the runner in a pod, or provide a kubeconfig (KUBECONFIG or ~/.kube/config); in-cluster: {not_in_cluster}",
+        )));
     }
     let context_name = if settings.context.is_empty() {
         files
@@ -363,6 +453,8 @@ fn kubeconfig(settings: &ClusterSettings, env: &Environment<'_>) -> Result<Endpo
     Ok(Endpoint {
         tls: tls_config(&roots, client.as_ref())?,
         token: token.filter(|t| !t.is_empty()),
+        token_file: None,
+        namespace: None,
         source: format!("kubeconfig {file} (context {context_name})"),
         server,
     })
@@ -427,6 +519,48 @@ mod tests {
         let e = resolve(&ClusterSettings::default(), &env(&vars, dir.path(), dir.path())).expect("in cluster");
         assert_eq!((e.server.as_str(), e.token.as_deref()), ("https://10.0.0.1:443", Some("sa-token")));
         assert!(e.source.starts_with("in-cluster"), "{}", e.source);
+        assert_eq!(e.namespace, None, "no namespace file");
+    }
+
+    #[test]
+    fn in_cluster_reads_the_rotated_token_again_and_the_namespace() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("token"), "first\n").expect("token");
+        std::fs::write(dir.path().join("ca.crt"), CA).expect("ca");
+        std::fs::write(dir.path().join("namespace"), "runway\n").expect("namespace");
+        let vars = |k: &str| match k {
+            "KUBERNETES_SERVICE_HOST" => Some("fd00::1".to_string()),
+            "KUBERNETES_SERVICE_PORT" => Some("6443".to_string()),
+            _ => None,
+        };
+        let env = env(&vars, dir.path(), dir.path());
+        let e = resolve(&ClusterSettings::default(), &env).expect("in cluster");
+        assert_eq!((e.server.as_str(), e.namespace.as_deref()), ("https://[fd00::1]:6443", Some("runway")));
+        assert_eq!(e.bearer().as_deref(), Some("first"));
+        std::fs::write(dir.path().join("token"), "second\n").expect("rotated");
+        assert_eq!(e.bearer().as_deref(), Some("second"), "the projected token rotates");
+        std::fs::remove_file(dir.path().join("token")).expect("gone");
+        assert_eq!(e.bearer().as_deref(), Some("first"), "an unreadable file keeps the resolved token");
+        assert_eq!(in_cluster_namespace(&env).as_deref(), Some("runway"));
+    }
+
+    #[test]
+    fn in_cluster_errors_name_what_is_missing() {
+        let dir = tempfile::tempdir().expect("dir");
+        let host_only = |k: &str| (k == "KUBERNETES_SERVICE_HOST").then(|| "10.0.0.1".to_string());
+        let err = resolve(&ClusterSettings::default(), &env(&host_only, dir.path(), dir.path())).expect_err("half");
+        assert!(err.to_string().contains("KUBERNETES_SERVICE_PORT is not"), "{err}");
+        let both = |k: &str| match k {
+            "KUBERNETES_SERVICE_HOST" => Some("10.0.0.1".to_string()),
+            "KUBERNETES_SERVICE_PORT" => Some("443".to_string()),
+            _ => None,
+        };
+        let err = resolve(&ClusterSettings::default(), &env(&both, dir.path(), dir.path())).expect_err("no token");
+        let token = dir.path().join("token").display().to_string();
+        assert!(err.to_string().contains(&token) && err.to_string().contains("automountServiceAccountToken"), "{err}");
+        std::fs::write(dir.path().join("token"), "t").expect("token");
+        let err = resolve(&ClusterSettings::default(), &env(&both, dir.path(), dir.path())).expect_err("no ca");
+        assert!(err.to_string().contains("service account's CA") && err.to_string().contains("ca.crt"), "{err}");
     }
 
     #[test]

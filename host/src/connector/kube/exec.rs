@@ -196,7 +196,7 @@ impl KubeClient {
         let mut request = url.into_client_request().map_err(|e| KubeError::Other(format!("exec request: {e}")))?;
         let headers = request.headers_mut();
         headers.insert("Sec-WebSocket-Protocol", http::HeaderValue::from_static(PROTOCOLS));
-        if let Some(token) = &self.endpoint().token {
+        if let Some(token) = self.endpoint().bearer() {
             let value = http::HeaderValue::from_str(&format!("Bearer {token}"))
                 .map_err(|_| KubeError::Config("the bearer token is not a valid header value".into()))?;
             headers.insert("Authorization", value);

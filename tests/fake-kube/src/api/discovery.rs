@@ -43,11 +43,18 @@ pub(super) fn handle(path: &str, headers: &HeaderMap) -> Result<Response, ApiErr
         "/apis" => ok(resources::group_list()),
         "/apis/authorization.k8s.io" => ok(resources::authorization_group()),
         "/apis/authorization.k8s.io/v1" => ok(resources::authorization_resource_list()),
-        "/openapi/v3" => ok(json!({"paths": {
-            "api/v1": {"serverRelativeURL": "/openapi/v3/api/v1?hash=FAKEKUBE1"},
-            "api": {"serverRelativeURL": "/openapi/v3/api?hash=FAKEKUBE1"},
-        }})),
-        "/openapi/v3/api/v1" => ok(openapi_core()),
+        "/openapi/v3" => {
+            let mut paths = serde_json::Map::new();
+            paths.insert("api/v1".into(), json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=FAKEKUBE1"}));
+            paths.insert("api".into(), json!({"serverRelativeURL": "/openapi/v3/api?hash=FAKEKUBE1"}));
+            for group in resources::GROUPS {
+                let url = format!("/openapi/v3/apis/{group}/v1?hash=FAKEKUBE1");
+                paths.insert(format!("apis/{group}/v1"), json!({"serverRelativeURL": url}));
+            }
+            ok(json!({ "paths": paths }))
+        }
+        "/openapi/v3/api/v1" => ok(openapi_group("")),
+        other if other.starts_with("/apis/") || other.starts_with("/openapi/v3/apis/") => named(other),
         "/openapi/v3/api" => {
             ok(json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": VERSION}, "paths": {}}))
         }
@@ -56,12 +63,29 @@ pub(super) fn handle(path: &str, headers: &HeaderMap) -> Result<Response, ApiErr
     }
 }
 
-/// The `api/v1` OpenAPI v3 document: for each resource, its collection and object paths
-/// with their operations, GVK extensions and the `fieldValidation` parameter.
-fn openapi_core() -> Value {
+/// `/apis/GROUP`, `/apis/GROUP/v1` and `/openapi/v3/apis/GROUP/v1` of the named groups.
+fn named(path: &str) -> Result<Response, ApiError> {
+    for group in resources::GROUPS {
+        if path == format!("/apis/{group}") {
+            return ok(resources::named_group(group));
+        }
+        if path == format!("/apis/{group}/v1") {
+            return ok(resources::group_resource_list(group));
+        }
+        if path == format!("/openapi/v3/apis/{group}/v1") {
+            return ok(openapi_group(group));
+        }
+    }
+    Err(ApiError::new(404, "NotFound", "the server could not find the requested resource"))
+}
+
+/// The OpenAPI v3 document of a group version (`api/v1` for the core group): for each
+/// resource, its collection and object paths with their operations, GVK extensions and the
+/// `fieldValidation` parameter.
+fn openapi_group(group: &str) -> Value {
     let mut paths = serde_json::Map::new();
-    for r in resources::ALL {
-        let gvk = json!({"group": "", "version": "v1", "kind": r.kind});
+    for r in resources::ALL.iter().filter(|r| r.group == group) {
+        let gvk = json!({"group": group, "version": "v1", "kind": r.kind});
         let param =
             |name: &str| json!({"name": name, "in": "query", "schema": {"type": "string", "uniqueItems": true}});
         let op = |action: &str, id: &str, with_validation: bool| {
@@ -77,13 +101,14 @@ fn openapi_core() -> Value {
                 "responses": {"200": {"description": "OK"}}
             })
         };
+        let prefix = r.prefix();
         let (collection, object) = if r.namespaced {
             (
-                format!("/api/v1/namespaces/{{namespace}}/{}", r.plural),
-                format!("/api/v1/namespaces/{{namespace}}/{}/{{name}}", r.plural),
+                format!("{prefix}/namespaces/{{namespace}}/{}", r.plural),
+                format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", r.plural),
             )
         } else {
-            (format!("/api/v1/{}", r.plural), format!("/api/v1/{}/{{name}}", r.plural))
+            (format!("{prefix}/{}", r.plural), format!("{prefix}/{}/{{name}}", r.plural))
         };
         paths.insert(collection, json!({"get": op("list", "list", false), "post": op("post", "create", true)}));
         paths.insert(

@@ -11,6 +11,8 @@ mod streams;
 mod table;
 mod watch;
 
+pub(crate) use pods::prepare;
+
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::Method;
@@ -37,10 +39,12 @@ pub(crate) struct Target {
     pub sub: Option<String>,
 }
 
-/// Parse the segments after `/api/v1/`.
-fn parse_target(segments: &[&str]) -> Result<Target, ApiError> {
+/// Parse the segments after `/api/v1/` (`group` empty) or `/apis/GROUP/v1/`.
+fn parse_target(group: &str, segments: &[&str]) -> Result<Target, ApiError> {
     let not_found = || ApiError::new(404, "NotFound", "the server could not find the requested resource");
-    let resource_of = |name: &str| resources::ALL.iter().copied().find(|r| r.plural == name).ok_or_else(not_found);
+    let resource_of = |name: &str| {
+        resources::ALL.iter().copied().find(|r| r.plural == name && r.group == group).ok_or_else(not_found)
+    };
     match segments {
         ["namespaces", ns, plural, rest @ ..] if !rest.is_empty() || *plural != "status" && *plural != "finalize" => {
             let resource = resource_of(plural)?;
@@ -151,6 +155,7 @@ async fn entry(State(app): State<Shared>, request: Request) -> Response {
 
 async fn handle(app: Shared, request: Request) -> Result<Response, ApiError> {
     let user = app.tokens.authenticate(request.headers().get("authorization").and_then(|v| v.to_str().ok()))?;
+    let user = crate::rbac::resolve(&app.store, user);
     let path = request.uri().path().to_string();
     let query_text = request.uri().query().unwrap_or("").to_string();
     let path_and_query = if query_text.is_empty() { path.clone() } else { format!("{path}?{query_text}") };
@@ -159,16 +164,23 @@ async fn handle(app: Shared, request: Request) -> Result<Response, ApiError> {
     }
     let query = Query(query_pairs(&query_text));
     let segments: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
-    match segments.as_slice() {
-        ["api", "v1", rest @ ..] if !rest.is_empty() => {
-            let target = parse_target(rest)?;
+    let api = match segments.as_slice() {
+        ["api", "v1", rest @ ..] if !rest.is_empty() => Some(("", rest)),
+        ["apis", group, "v1", rest @ ..] if !rest.is_empty() && resources::GROUPS.contains(group) => {
+            Some((*group, rest))
+        }
+        _ => None,
+    };
+    match (api, segments.as_slice()) {
+        (Some((group, rest)), _) => {
+            let target = parse_target(group, rest)?;
             let attributes = Attributes {
                 verb: verb(request.method(), &target, &query).to_string(),
                 resource: match &target.sub {
                     Some(sub) if target.resource == resources::PODS => format!("pods/{sub}"),
                     _ => target.resource.plural.to_string(),
                 },
-                group: String::new(),
+                group: group.to_string(),
                 namespace: target.namespace.clone(),
                 name: target.name.clone(),
             };
@@ -183,12 +195,14 @@ async fn handle(app: Shared, request: Request) -> Result<Response, ApiError> {
             let body = body_json(&app, &method, &headers, &path, &query_text, request.into_body()).await?;
             objects::handle(app, &method, &headers, target, query, body).await
         }
-        ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"] if request.method() == Method::POST => {
+        (None, ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"])
+            if request.method() == Method::POST =>
+        {
             let headers = request.headers().clone();
             let body = body_json(&app, &Method::POST, &headers, &path, &query_text, request.into_body()).await?;
             Ok(access_review(&user, body.unwrap_or_default()))
         }
-        _ => discovery::handle(&path, request.headers()),
+        (None, _) => discovery::handle(&path, request.headers()),
     }
 }
 
@@ -239,7 +253,7 @@ fn access_review(user: &User, mut review: Value) -> Response {
         namespace: attributes["namespace"].as_str().filter(|n| !n.is_empty()).map(String::from),
         name: attributes["name"].as_str().filter(|n| !n.is_empty()).map(String::from),
     };
-    let allowed = asked.group.is_empty() && user.allows(&asked) || user.rules.is_none();
+    let allowed = user.allows(&asked) || user.rules.is_none();
     review["kind"] = Value::from("SelfSubjectAccessReview");
     review["apiVersion"] = Value::from("authorization.k8s.io/v1");
     if !review["metadata"].is_object() {
@@ -269,10 +283,13 @@ mod tests {
 
     #[test]
     fn parses_paths() {
-        let t = parse_target(&["namespaces", "a", "pods", "p", "exec"]).unwrap();
+        let t = parse_target("", &["namespaces", "a", "pods", "p", "exec"]).unwrap();
         assert_eq!((t.namespace.as_deref(), t.name.as_deref(), t.sub.as_deref()), (Some("a"), Some("p"), Some("exec")));
-        let t = parse_target(&["namespaces", "a"]).unwrap();
+        let t = parse_target("", &["namespaces", "a"]).unwrap();
         assert_eq!((t.resource.plural, t.name.as_deref()), ("namespaces", Some("a")));
-        assert!(parse_target(&["bogus"]).is_err());
+        assert!(parse_target("", &["bogus"]).is_err());
+        let t = parse_target("apps", &["namespaces", "a", "deployments", "d"]).unwrap();
+        assert_eq!((t.resource.kind, t.name.as_deref()), ("Deployment", Some("d")));
+        assert!(parse_target("", &["namespaces", "a", "deployments"]).is_err());
     }
 }

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::{patch, pods, table, watch, Query, Target};
 use crate::app::Shared;
-use crate::resources::{Resource, NAMESPACES, PODS, SERVICEACCOUNTS};
+use crate::resources::{Resource, CONFIGMAPS, NAMESPACES, PODS, SERVICEACCOUNTS};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
 use crate::store::now_rfc3339;
@@ -96,7 +96,7 @@ pub(super) async fn handle(
             }
             Ok(json_response(
                 StatusCode::OK,
-                json!({"kind": format!("{}List", resource.kind), "apiVersion": "v1", "metadata": {}, "items": deleted}),
+                json!({"kind": format!("{}List", resource.kind), "apiVersion": resource.api_version(), "metadata": {}, "items": deleted}),
             ))
         }
         _ => Err(ApiError::method_not_allowed()),
@@ -140,7 +140,7 @@ fn list(
         .collect();
     Ok(json_response(
         StatusCode::OK,
-        json!({"kind": format!("{}List", resource.kind), "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()}, "items": items}),
+        json!({"kind": format!("{}List", resource.kind), "apiVersion": resource.api_version(), "metadata": {"resourceVersion": rv.to_string()}, "items": items}),
     ))
 }
 
@@ -157,7 +157,7 @@ fn create(
     }
     if let Some(kind) = object["kind"].as_str() {
         if kind != resource.kind {
-            return Err(ApiError::bad_request(format!("the API version in the data (v1) does not match the expected API version (v1) or kind {kind} is not {}", resource.kind)));
+            return Err(ApiError::bad_request(format!("the API version in the data ({}) does not match the expected API version ({}) or kind {kind} is not {}", object["apiVersion"].as_str().unwrap_or(""), resource.api_version(), resource.kind)));
         }
     }
     if resource.namespaced {
@@ -189,6 +189,7 @@ fn create(
     if resource == NAMESPACES {
         let name = created["metadata"]["name"].as_str().unwrap_or_default();
         let _ = app.store.create(SERVICEACCOUNTS, name, json!({"metadata": {"name": "default"}}));
+        let _ = app.store.create(CONFIGMAPS, name, crate::rbac::root_ca_config_map(&app.ca_pem));
     }
     Ok(json_response(StatusCode::CREATED, created))
 }
@@ -240,7 +241,7 @@ fn replace(
             new["status"] = current["status"].clone();
         }
         new["kind"] = json!(resource.kind);
-        new["apiVersion"] = json!("v1");
+        new["apiVersion"] = json!(resource.api_version());
         *current = new;
         Ok(())
     })

@@ -145,6 +145,7 @@ fn prepare_pod(pod: &mut Value) -> Result<(), ApiError> {
         spec["serviceAccountName"].as_str().or(spec["serviceAccount"].as_str()).unwrap_or("default").to_string();
     spec["serviceAccountName"] = json!(account);
     spec["serviceAccount"] = json!(account);
+    mount_service_account_token(spec);
     for key in ["initContainers", "containers"] {
         for c in spec[key].as_array_mut().into_iter().flatten() {
             if c["imagePullPolicy"].is_null() {
@@ -165,8 +166,51 @@ fn prepare_pod(pod: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Where the ServiceAccount admission mounts the API access volume.
+const SERVICE_ACCOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The ServiceAccount admission: unless `automountServiceAccountToken` is false or a container
+/// already mounts something there, a `kube-api-access-xxxxx` projected volume (token, ca.crt,
+/// namespace) mounted read-only in every container at [`SERVICE_ACCOUNT_PATH`].
+fn mount_service_account_token(spec: &mut Value) {
+    if spec["automountServiceAccountToken"] == json!(false) {
+        return;
+    }
+    let name = format!("kube-api-access-{}", &crate::store::random_suffix()[..5]);
+    let volume = json!({"name": name, "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+    ]}});
+    let mut used = false;
+    for key in ["initContainers", "containers"] {
+        for c in spec[key].as_array_mut().into_iter().flatten() {
+            let mounted =
+                c["volumeMounts"].as_array().into_iter().flatten().any(|m| m["mountPath"] == SERVICE_ACCOUNT_PATH);
+            if mounted {
+                continue;
+            }
+            if !c["volumeMounts"].is_array() {
+                c["volumeMounts"] = json!([]);
+            }
+            if let Some(mounts) = c["volumeMounts"].as_array_mut() {
+                mounts.push(json!({"name": name, "readOnly": true, "mountPath": SERVICE_ACCOUNT_PATH}));
+                used = true;
+            }
+        }
+    }
+    if used {
+        if !spec["volumes"].is_array() {
+            spec["volumes"] = json!([]);
+        }
+        if let Some(volumes) = spec["volumes"].as_array_mut() {
+            volumes.push(volume);
+        }
+    }
+}
+
 /// Validate and default an object of `resource` before it is created.
-pub(super) fn prepare(resource: Resource, object: &mut Value) -> Result<(), ApiError> {
+pub(crate) fn prepare(resource: Resource, object: &mut Value) -> Result<(), ApiError> {
     let meta = &object["metadata"];
     let name = meta["name"].as_str().unwrap_or("");
     let check = if resource == PODS || resource == NAMESPACES { is_dns_label(name) } else { is_dns_subdomain(name) };
@@ -176,6 +220,7 @@ pub(super) fn prepare(resource: Resource, object: &mut Value) -> Result<(), ApiE
     }
     match resource {
         PODS => prepare_pod(object),
+        crate::resources::DEPLOYMENTS => crate::controller::prepare_deployment(object),
         SECRETS => prepare_secret(object),
         NAMESPACES => {
             object["spec"] = json!({"finalizers": ["kubernetes"]});

@@ -77,7 +77,7 @@ pub(super) fn serve(app: Shared, target: Target, query: Query, accept: &str) -> 
             }
         }
         if initial_events {
-            let bookmark = json!({"kind": resource.kind, "apiVersion": "v1", "metadata": {
+            let bookmark = json!({"kind": resource.kind, "apiVersion": resource.api_version(), "metadata": {
                 "resourceVersion": start.current.to_string(),
                 "annotations": {"k8s.io/initial-events-end": "true"}}});
             if tx.send(Ok(line("BOOKMARK", &bookmark))).await.is_err() {
@@ -111,7 +111,7 @@ pub(super) fn serve(app: Shared, target: Target, query: Query, accept: &str) -> 
                 },
                 _ = ticker.tick(), if bookmarks => {
                     let current = app.store.current();
-                    let bookmark = json!({"kind": resource.kind, "apiVersion": "v1", "metadata": {"resourceVersion": current.to_string()}});
+                    let bookmark = json!({"kind": resource.kind, "apiVersion": resource.api_version(), "metadata": {"resourceVersion": current.to_string()}});
                     if tx.send(Ok(line("BOOKMARK", &bookmark))).await.is_err() {
                         return;
                     }

@@ -174,6 +174,8 @@ fn crash_loop(cx: &Ctx, st: &mut PodState, init: bool, index: usize, delay: Dura
 enum Message {
     Exited(usize, String, i64),
     Restart(usize),
+    /// The readiness probe of container instance (index, id) changed its verdict.
+    Ready(usize, String, bool),
 }
 
 async fn drive(cx: &Ctx, st: &mut PodState) {
@@ -238,14 +240,32 @@ async fn drive(cx: &Ctx, st: &mut PodState) {
     }
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+    let probes: Vec<Option<super::probe::HttpProbe>> = st.pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| super::probe::HttpProbe::of(c).filter(|_| cx.host_network))
+        .collect();
     let wait_for = |id: String, index: usize| {
         let docker = cx.k.docker.clone();
         let tx = tx.clone();
+        if let Some(probe) = probes.get(index).cloned().flatten() {
+            let (tx, id) = (tx.clone(), id.clone());
+            tokio::spawn(probe.run(move |change| match change {
+                Some(ready) => tx.send(Message::Ready(index, id.clone(), ready)).is_ok(),
+                None => !tx.is_closed(),
+            }));
+        }
         tokio::spawn(async move {
             let exit = docker.wait(&id).await.unwrap_or(-1);
             let _ = tx.send(Message::Exited(index, id, exit));
         });
     };
+    for (i, probe) in probes.iter().enumerate() {
+        if probe.is_some() {
+            st.app[i].probe = Some(false);
+        }
+    }
     for i in 0..st.app.len() {
         match start_until(cx, st, false, i, &pause_id, &hosts, &volumes).await {
             Ok(id) => wait_for(id, i),
@@ -288,8 +308,17 @@ async fn drive(cx: &Ctx, st: &mut PodState) {
                     });
                 }
             }
+            Message::Ready(i, id, ready) => {
+                if st.app[i].id.as_deref() != Some(id.as_str()) || !st.app[i].running() {
+                    continue;
+                }
+                st.app[i].probe = Some(ready);
+            }
             Message::Restart(i) => {
                 st.app[i].restarts += 1;
+                if st.app[i].probe.is_some() {
+                    st.app[i].probe = Some(false);
+                }
                 match start_until(cx, st, false, i, &pause_id, &hosts, &volumes).await {
                     Ok(id) => wait_for(id, i),
                     Err(state) => {

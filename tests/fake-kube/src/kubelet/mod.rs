@@ -5,6 +5,8 @@
 
 mod lifecycle;
 mod pod;
+mod probe;
+mod projected;
 pub(crate) mod spec;
 
 use std::collections::HashMap;
@@ -57,6 +59,10 @@ pub(crate) struct Settings {
     pub host_network: bool,
     /// Where secret/configMap files and `/etc/hosts` of pods live.
     pub state_dir: PathBuf,
+    /// The API server's address: `KUBERNETES_SERVICE_HOST`/`_PORT` of every container.
+    pub api: std::net::SocketAddr,
+    /// Where projected service-account tokens are minted.
+    pub tokens: Arc<crate::auth::Tokens>,
 }
 
 /// The kubelet.

@@ -27,6 +27,8 @@ pub(super) struct CState {
     pub(super) restarts: u64,
     /// Exited and will not run again.
     pub(super) done: bool,
+    /// What its readiness probe says (`None`: no probe the kubelet runs).
+    pub(super) probe: Option<bool>,
 }
 
 impl CState {
@@ -39,11 +41,17 @@ impl CState {
             last_state: json!({}),
             restarts: 0,
             done: false,
+            probe: None,
         }
     }
 
     pub(super) fn running(&self) -> bool {
         self.state.get("running").is_some()
+    }
+
+    /// Running, and its readiness probe (if any) succeeded.
+    pub(super) fn ready(&self) -> bool {
+        self.running() && self.probe.unwrap_or(true)
     }
 
     pub(super) fn status(&self) -> Value {
@@ -53,7 +61,7 @@ impl CState {
             "imageID": "",
             "state": self.state,
             "lastState": self.last_state,
-            "ready": self.running(),
+            "ready": self.ready(),
             "restartCount": self.restarts,
             "started": self.running(),
         });
@@ -119,7 +127,7 @@ impl PodState {
         };
         if self.conditions.contains_key("PodScheduled") && self.conditions["PodScheduled"].0 {
             self.condition("Initialized", initialized, reason, message.as_deref());
-            let not_ready: Vec<&str> = self.app.iter().filter(|c| !c.running()).map(|c| c.name.as_str()).collect();
+            let not_ready: Vec<&str> = self.app.iter().filter(|c| !c.ready()).map(|c| c.name.as_str()).collect();
             let ready = not_ready.is_empty() && !matches!(self.phase, "Succeeded" | "Failed");
             let message = format!("containers with unready status: [{}]", not_ready.join(" "));
             let (reason, message) =
@@ -367,10 +375,12 @@ impl Ctx {
                     .call("GET", &format!("/volumes/{docker_name}"), None)
                     .await
                     .map_err(|e| e.to_string())?;
-                Source::DockerVolume {
-                    name: docker_name,
-                    mountpoint: info["Mountpoint"].as_str().unwrap_or_default().into(),
-                }
+                let mountpoint: String = info["Mountpoint"].as_str().unwrap_or_default().into();
+                // The kubelet makes an emptyDir world-writable (0777), so a non-root container
+                // can write to it.
+                use std::os::unix::fs::PermissionsExt;
+                let _ = std::fs::set_permissions(&mountpoint, std::fs::Permissions::from_mode(0o777));
+                Source::DockerVolume { name: docker_name, mountpoint }
             } else if let Some(path) = volume["hostPath"]["path"].as_str() {
                 let kind = volume["hostPath"]["type"].as_str().unwrap_or("");
                 if matches!(kind, "DirectoryOrCreate") {
@@ -398,8 +408,15 @@ impl Ctx {
                 std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
                 write_files(&dir, &object, spec_of, resource == SECRETS).map_err(|e| e.to_string())?;
                 Source::HostPath { path: dir.display().to_string(), read_only: true }
+            } else if volume.get("projected").is_some() {
+                let dir = self.dir.join("volumes").join(&name);
+                std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+                super::projected::write(&self.k, &st.pod, volume, &dir)?;
+                Source::HostPath { path: dir.display().to_string(), read_only: true }
             } else {
-                return Err(format!("volume \"{name}\": only emptyDir, hostPath, secret and configMap are supported"));
+                return Err(format!(
+                    "volume \"{name}\": only emptyDir, hostPath, secret, configMap and projected are supported"
+                ));
             };
             volumes.insert(name, source);
         }
@@ -409,8 +426,8 @@ impl Ctx {
     pub(super) fn env(&self, pod: &Value, container: &Value) -> Vec<(String, String)> {
         let b64 = base64::engine::general_purpose::STANDARD;
         let ns = Ctx::ns(pod);
-        let mut env: Vec<(String, String)> = Vec::new();
-        let mut known: BTreeMap<String, String> = BTreeMap::new();
+        let mut env: Vec<(String, String)> = super::projected::service_env(&self.k);
+        let mut known: BTreeMap<String, String> = env.iter().cloned().collect();
         let push = |env: &mut Vec<(String, String)>, known: &mut BTreeMap<String, String>, k: String, v: String| {
             known.insert(k.clone(), v.clone());
             env.retain(|(name, _)| *name != k);

@@ -203,8 +203,12 @@ pub(crate) fn container_config(pod: &Value, container: &Value, ctx: &Context<'_>
         let (base, volume_ro) = match source {
             Source::DockerVolume { name, mountpoint } => {
                 if sub.is_none() {
+                    // The volume's directory bind-mounted, as the kubelet mounts an emptyDir:
+                    // a named volume would take the image's directory (mode, owner, files)
+                    // on first use, which Kubernetes never does.
                     let ro = if mount["readOnly"].as_bool().unwrap_or(false) { ":ro" } else { "" };
-                    binds.push(json!(format!("{name}:{path}{ro}")));
+                    let source = if mountpoint.is_empty() { name } else { mountpoint };
+                    binds.push(json!(format!("{source}:{path}{ro}")));
                     continue;
                 }
                 (mountpoint.clone(), false)
