@@ -11,6 +11,7 @@ mod docker;
 mod faults;
 mod kubelet;
 mod proto;
+mod resets;
 mod resources;
 mod selectors;
 mod status;
@@ -95,12 +96,17 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     };
     let kubelet = kubelet::Kubelet::new(store.clone(), docker, faults.clone(), settings);
     tokio::spawn(kubelet.clone().run());
-    let app = Arc::new(app::App { store, tokens: auth::Tokens::new(&admin_token), kubelet: kubelet.clone(), faults });
+    let app = Arc::new(app::App {
+        store,
+        tokens: auth::Tokens::new(&admin_token),
+        kubelet: kubelet.clone(),
+        faults: faults.clone(),
+    });
     tls::write_kubeconfig(&args.kubeconfig_out, local, &certificates.ca_pem, &admin_token)?;
-    let listener = tls::TlsListener::new(listener, certificates.server)?;
+    let listener = tls::TlsListener::new(listener, certificates.server, faults.connections())?;
     tracing::info!("fake-kube serving https://{local}, kubeconfig {}", args.kubeconfig_out.display());
     eprintln!("fake-kube: serving https://{local} (kubeconfig {})", args.kubeconfig_out.display());
-    let server = axum::serve(listener, api::router(app));
+    let server = axum::serve(listener, api::router(app).into_make_service_with_connect_info::<tls::Peer>());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         result = server => result?,
