@@ -362,6 +362,27 @@ fn api_errors_are_status_objects_and_faults_answer_as_asked() {
         assert_eq!((status, body["message"].as_str()), (500, Some("etcdserver: request timed out")));
         assert_eq!(kube.call("GET", &format!("/api/v1/namespaces/{ns}/configmaps"), None).await.0, 200);
 
+        // A reset rule answers nothing: the client sees its connection reset, then the real
+        // answer; every open connection of the namespace is reset on demand; the faults are
+        // counted by kind for the namespace.
+        let failure = json!({"method": "GET", "path": format!("^/api/v1/namespaces/{ns}/configmaps"), "reset": true});
+        assert_eq!(kube.call("POST", "/fake-kube/failures", Some(failure)).await.0, 200);
+        let error = kube.client().get(&url).bearer_auth(&kube.token).send().await.expect_err("no answer");
+        assert!(!error.is_status(), "{error:?}");
+        assert_eq!(kube.call("GET", &format!("/api/v1/namespaces/{ns}/configmaps"), None).await.0, 200);
+        let pooled = kube.client();
+        assert_eq!(pooled.get(&url).bearer_auth(&kube.token).send().await.unwrap().status().as_u16(), 200);
+        let (status, body) = kube.call("POST", "/fake-kube/reset-connections", Some(json!({"namespace": ns}))).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body["reset"].as_u64().unwrap_or(0) >= 1, "the pooled connection was reset: {body}");
+        drop(pooled);
+        let (status, counts) = kube.call("GET", &format!("/fake-kube/injected?namespace={ns}"), None).await;
+        assert_eq!(status, 200, "{counts}");
+        assert_eq!(counts["429 Too many requests, please try again later."], 1, "{counts}");
+        assert_eq!(counts["500 etcdserver: request timed out"], 1, "{counts}");
+        assert_eq!(counts["connection reset (mid-request)"], 1, "{counts}");
+        assert_eq!(counts["connection reset (open connection)"], body["reset"], "{counts}");
+
         // What was sent is kept for checking.
         let (_, requests) = kube.call("GET", "/fake-kube/requests", None).await;
         assert!(requests

@@ -5,7 +5,9 @@
 //!
 //! The trace itself is appended to the store's trace stream: a save writes only the bytes the
 //! store does not have yet, with the entry that says how many of them count, as one write
-//! ([`JobStore::save_with_trace`]: one sync with the file store's journal).
+//! ([`JobStore::save_with_trace`]: one sync with the file store's journal). The record is
+//! also the uploader's [`SendLimit`]: GitLab gets only trace bytes a saved entry counts, so a
+//! job resumed from the store never has less of its log than GitLab.
 //!
 //! Owns: [`JobRecord`], [`StoredBody`]. Must not touch: resuming (`super::resume`), GitLab.
 
@@ -18,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::job::{JobProgress, Progress};
 use crate::store::jobs::{Entry, EntryMeta, JobStore, JobStoreError};
+use crate::trace::upload::SendLimit;
 use crate::trace::{JobTrace, TraceCheckpoint};
 
 /// The sealed part of a store entry.
@@ -44,6 +47,10 @@ pub struct JobRecord {
     acked: std::sync::Mutex<Option<Arc<AtomicU64>>>,
     /// Trace bytes the store has; also serialises saves.
     persisted: tokio::sync::Mutex<u64>,
+    /// Trace bytes the last saved entry counts (what may go to GitLab).
+    saved: AtomicU64,
+    /// The store holds an entry of the job (a boundary saved it, or it was resumed from it).
+    stored: std::sync::atomic::AtomicBool,
     /// Another manager owns the job now.
     lost: CancellationToken,
     /// Stops the heartbeat.
@@ -74,6 +81,8 @@ impl JobRecord {
             progress,
             acked: std::sync::Mutex::new(None),
             persisted: tokio::sync::Mutex::new(persisted),
+            saved: AtomicU64::new(persisted),
+            stored: (persisted > 0).into(),
             lost: CancellationToken::new(),
             done: CancellationToken::new(),
         }
@@ -117,6 +126,8 @@ impl JobRecord {
             // The new trace bytes and the entry that counts them, as one write.
             self.store.save_with_trace(&Entry { meta, body }, *persisted, &tail).await?;
             *persisted = len;
+            self.saved.store(len, Ordering::SeqCst);
+            self.stored.store(true, Ordering::SeqCst);
             Ok(())
         }
         .await;
@@ -167,8 +178,42 @@ impl JobRecord {
     }
 }
 
+#[async_trait::async_trait]
+impl SendLimit for JobRecord {
+    /// Save the trace GitLab has not got yet (unless the store has it all) and allow what the
+    /// saved entry counts. Before the job's first boundary there is no entry (nothing a
+    /// restarted manager could go on with) and nothing is held back; nor after the job, nor by
+    /// a store that fails (it does not fail the job, nor keep its log from GitLab); a job
+    /// another manager owns now sends nothing more.
+    async fn sendable(&self) -> u64 {
+        if self.done.is_cancelled() || !self.stored.load(Ordering::SeqCst) {
+            return u64::MAX;
+        }
+        let saved = self.saved.load(Ordering::SeqCst);
+        if saved >= self.trace.len() {
+            return saved;
+        }
+        match self.save().await {
+            Ok(()) if self.done.is_cancelled() => u64::MAX,
+            Ok(()) => self.saved.load(Ordering::SeqCst),
+            Err(JobStoreError::Lost(job)) => {
+                tracing::error!(job, "another manager took this job over; sending no more of its trace");
+                saved
+            }
+            Err(e) => {
+                tracing::warn!(job = self.meta.job_id, "saving the trace to the store failed, sending it anyway: {e}");
+                u64::MAX
+            }
+        }
+    }
+}
+
 impl Drop for JobRecord {
     fn drop(&mut self) {
         self.stats.store_entries.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+#[path = "persist_tests.rs"]
+mod tests;

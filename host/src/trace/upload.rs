@@ -1,6 +1,7 @@
 //! [`TraceUploader`]: the client side of GitLab's trace loop (§1.10) driven through
 //! [`JobApi`] — incremental `PATCH /jobs/:id/trace`, keep-alive `PUT state=running`, the remote
-//! cancel/abort signals, and the final update with its 202/412/retry handling.
+//! cancel/abort signals, and the final update with its 202/412/retry handling — and
+//! [`SendLimit`], how far a job kept in a job store lets its trace go to GitLab.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,6 +53,17 @@ impl Default for UploadConfig {
             final_trace_timeout: Duration::from_secs(5 * 60),
         }
     }
+}
+
+/// How far a job's trace may go to GitLab. A job kept in a job store sends GitLab only bytes
+/// the store already has: a manager restarted from the store then never holds less of the
+/// trace than GitLab, so a resumed job's trace goes on from GitLab's size (the uploader's 416
+/// resync) without losing a line GitLab had or overwriting it at the final 412 re-upload.
+#[async_trait::async_trait]
+pub trait SendLimit: Send + Sync {
+    /// Make what it can of the trace durable now and say how many of its first bytes may be
+    /// sent (`u64::MAX`: no limit).
+    async fn sendable(&self) -> u64;
 }
 
 /// What GitLab said about the job while it runs.
@@ -148,6 +160,8 @@ struct UploadLoop {
     unconfirmed: Vec<u64>,
     /// Next wait after a failed final-phase call (PATCH or PUT), doubling.
     backoff: Duration,
+    /// Bytes past this are not sent yet (a job store has not got them).
+    limit: Option<Arc<dyn SendLimit>>,
 }
 
 impl UploadLoop {
@@ -157,8 +171,10 @@ impl UploadLoop {
         config: UploadConfig,
         signals: RemoteSignals,
         sent: Arc<AtomicU64>,
+        limit: Option<Arc<dyn SendLimit>>,
     ) -> Self {
         UploadLoop {
+            limit,
             api,
             trace,
             interval: config.update_interval,
@@ -194,7 +210,14 @@ impl UploadLoop {
             return PatchStep::Desynced;
         }
         let offset = self.sent.load(Ordering::SeqCst);
-        let content = self.trace.read_from(offset, self.config.patch_limit);
+        let max = match &self.limit {
+            Some(limit) => {
+                let sendable = limit.sendable().await.saturating_sub(offset);
+                usize::try_from(sendable).unwrap_or(usize::MAX).min(self.config.patch_limit)
+            }
+            None => self.config.patch_limit,
+        };
+        let content = self.trace.read_from(offset, max);
         if content.is_empty() {
             return PatchStep::NothingToSend;
         }
@@ -396,6 +419,7 @@ pub struct TraceUploader {
     sent: Arc<AtomicU64>,
     stop: CancellationToken,
     task: Option<JoinHandle<UploadLoop>>,
+    limit: Option<Arc<dyn SendLimit>>,
 }
 
 impl TraceUploader {
@@ -407,12 +431,25 @@ impl TraceUploader {
     /// Start uploading `trace` assuming GitLab already has its first `sent_offset` bytes (a
     /// resumed job; a wrong guess is corrected by the server's 416).
     pub fn resume(api: Arc<dyn JobApi>, trace: JobTrace, config: UploadConfig, sent_offset: u64) -> Self {
+        Self::within(api, trace, config, sent_offset, None)
+    }
+
+    /// [`TraceUploader::resume`], sending no byte past what `limit` allows (a job store that
+    /// must have the bytes first).
+    pub fn within(
+        api: Arc<dyn JobApi>,
+        trace: JobTrace,
+        config: UploadConfig,
+        sent_offset: u64,
+        limit: Option<Arc<dyn SendLimit>>,
+    ) -> Self {
         let signals = RemoteSignals::default();
         let sent = Arc::new(AtomicU64::new(sent_offset));
         let stop = CancellationToken::new();
-        let upload_loop = UploadLoop::new(api.clone(), trace.clone(), config.clone(), signals.clone(), sent.clone());
+        let upload_loop =
+            UploadLoop::new(api.clone(), trace.clone(), config.clone(), signals.clone(), sent.clone(), limit.clone());
         let task = tokio::spawn(upload_loop.watch(stop.clone()));
-        TraceUploader { api, trace, config, signals, sent, stop, task: Some(task) }
+        TraceUploader { api, trace, config, signals, sent, stop, task: Some(task), limit }
     }
 
     /// The cancel/abort signals GitLab sends through PATCH and PUT responses.
@@ -454,6 +491,7 @@ impl TraceUploader {
                 self.config.clone(),
                 self.signals.clone(),
                 self.sent.clone(),
+                self.limit.clone(),
             ),
         };
         self.trace.finish();

@@ -510,3 +510,32 @@ async fn the_final_put_goes_out_when_patches_hang() {
     assert!(started.elapsed() <= Duration::from_secs(21), "{:?}", started.elapsed());
     assert_eq!(api.0.lock().expect("lock").len(), 1);
 }
+
+/// A limit the test moves by hand.
+struct Limit(AtomicU64);
+
+#[async_trait::async_trait]
+impl SendLimit for Limit {
+    async fn sendable(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_byte_past_the_send_limit_goes_to_gitlab() {
+    let api = ScriptedGitLab::new();
+    let trace = job_trace(&[]);
+    let limit = Arc::new(Limit(AtomicU64::new(40)));
+    let uploader =
+        TraceUploader::within(api.clone(), trace.clone(), UploadConfig::default(), 0, Some(limit.clone() as _));
+    trace.write(&[b'a'; 100]);
+    wait(4).await;
+    wait(3).await;
+    assert_eq!(api.log(), vec![b'a'; 40], "only what the limit allows");
+    limit.0.store(u64::MAX, Ordering::SeqCst);
+    wait(3).await;
+    let offsets: Vec<(u64, usize)> = api.patches().iter().map(|(o, c, _)| (*o, c.len())).collect();
+    assert_eq!(offsets, vec![(0, 40), (40, 60)], "nothing sent while held back, no empty patch");
+    uploader.finish(success()).await.expect("final update accepted");
+    assert_server_has_trace(&api, &trace);
+}

@@ -1,9 +1,11 @@
 //! The control API under `/fake-kube/` (admin token only): add tokens with rules, hold pods
-//! Unschedulable, answer chosen calls with errors, cut watches and exec/attach streams,
-//! evict a pod, compact the watch history, and read the create/update bodies received.
+//! Unschedulable, answer chosen calls with errors (or reset their connections), cut watches
+//! and exec/attach streams, reset every open connection, evict a pod, compact the watch
+//! history, and read the faults injected by kind and the create/update bodies received.
 //! Turns knobs in `faults.rs` and the auth/kubelet state; serves no Kubernetes path.
 
-use axum::extract::State;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -17,6 +19,7 @@ use crate::faults::{Failure, Hold};
 use crate::resources::PODS;
 use crate::selectors::LabelSelector;
 use crate::status::ApiError;
+use crate::tls::Peer;
 
 pub(crate) fn router() -> Router<Shared> {
     Router::new()
@@ -25,6 +28,8 @@ pub(crate) fn router() -> Router<Shared> {
         .route("/fake-kube/failures", post(fail))
         .route("/fake-kube/cut-watches", post(cut_watches))
         .route("/fake-kube/cut-streams", post(cut_streams))
+        .route("/fake-kube/reset-connections", post(reset_connections))
+        .route("/fake-kube/injected", get(injected))
         .route("/fake-kube/evict", post(evict))
         .route("/fake-kube/compact", post(compact))
         .route("/fake-kube/requests", get(requests).delete(clear_requests))
@@ -107,6 +112,8 @@ struct FailureBody {
     retry_after_seconds: Option<u64>,
     #[serde(default)]
     etcd_timeout: bool,
+    #[serde(default)]
+    reset: bool,
 }
 
 fn one() -> u64 {
@@ -132,17 +139,68 @@ async fn fail(State(app): State<Shared>, headers: HeaderMap, Json(body): Json<Va
             },
         };
         let retry_after = body.retry_after_seconds.or((status == 429).then_some(1));
-        app.faults.fail(Failure { method: body.method, path, remaining: body.count, status, message, retry_after });
+        let reset = body.reset;
+        app.faults.fail(Failure {
+            method: body.method,
+            path,
+            remaining: body.count,
+            status,
+            message,
+            retry_after,
+            reset,
+        });
         Ok(json!({}))
     }))
 }
 
-async fn cut_watches(State(app): State<Shared>, headers: HeaderMap) -> Response {
-    answer(admin(&app, &headers).map(|()| json!({"cut": app.faults.cut_watches()})))
+/// The optional `{"namespace": "ns"}` of a cut or a reset (none: every one).
+#[derive(Deserialize, Default)]
+struct Scope {
+    namespace: Option<String>,
 }
 
-async fn cut_streams(State(app): State<Shared>, headers: HeaderMap) -> Response {
-    answer(admin(&app, &headers).map(|()| json!({"cut": app.faults.cut_streams()})))
+fn scope(body: &Bytes) -> Result<Scope, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Scope::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("control API: {e}")))
+}
+
+async fn cut_watches(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(
+        admin(&app, &headers)
+            .and_then(|()| scope(&body))
+            .map(|scope| json!({"cut": app.faults.cut_watches(scope.namespace.as_deref())})),
+    )
+}
+
+async fn cut_streams(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(
+        admin(&app, &headers)
+            .and_then(|()| scope(&body))
+            .map(|scope| json!({"cut": app.faults.cut_streams(scope.namespace.as_deref())})),
+    )
+}
+
+async fn reset_connections(
+    State(app): State<Shared>,
+    ConnectInfo(Peer(caller)): ConnectInfo<Peer>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    answer(
+        admin(&app, &headers)
+            .and_then(|()| scope(&body))
+            .map(|scope| json!({"reset": app.faults.reset_connections(Some(caller), scope.namespace.as_deref())})),
+    )
+}
+
+async fn injected(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Query(scope): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    answer(admin(&app, &headers).map(|()| app.faults.injected(scope.get("namespace").map(String::as_str))))
 }
 
 #[derive(Deserialize)]

@@ -13,6 +13,7 @@ mod faults;
 mod kubelet;
 mod proto;
 mod rbac;
+mod resets;
 mod resources;
 mod selectors;
 mod status;
@@ -105,12 +106,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     tokio::spawn(kubelet.clone().run());
     tokio::spawn(controller::run(store.clone()));
     let ca_pem = certificates.ca_pem.clone();
-    let app = Arc::new(app::App { store, tokens, ca_pem, kubelet: kubelet.clone(), faults });
+    let app = Arc::new(app::App { store, tokens, ca_pem, kubelet: kubelet.clone(), faults: faults.clone() });
     tls::write_kubeconfig(&args.kubeconfig_out, local, &certificates.ca_pem, &admin_token)?;
-    let listener = tls::TlsListener::new(listener, certificates.server)?;
+    let listener = tls::TlsListener::new(listener, certificates.server, faults.connections())?;
     tracing::info!("fake-kube serving https://{local}, kubeconfig {}", args.kubeconfig_out.display());
     eprintln!("fake-kube: serving https://{local} (kubeconfig {})", args.kubeconfig_out.display());
-    let server = axum::serve(listener, api::router(app));
+    let server = axum::serve(listener, api::router(app).into_make_service_with_connect_info::<tls::Peer>());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         result = server => result?,

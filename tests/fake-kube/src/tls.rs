@@ -1,7 +1,8 @@
 //! TLS: a CA of its own and a serving certificate for the listen address (made with rcgen
 //! at start), the kubeconfig naming them (cluster CA data, the admin bearer token, context
 //! `fake-kube`), and the TLS listener axum serves on (HTTP/1.1 only, which kubectl's
-//! WebSocket upgrade for exec/attach needs). Owns nothing of the API.
+//! WebSocket upgrade for exec/attach needs), each connection tracked for resets
+//! (`resets.rs`). Owns nothing of the API.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -16,6 +17,8 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
+
+use crate::resets::{Connections, Resettable};
 
 /// The CA (PEM) clients trust, and the server's rustls configuration.
 pub(crate) struct Certificates {
@@ -71,15 +74,30 @@ pub(crate) fn write_kubeconfig(path: &Path, addr: SocketAddr, ca_pem: &str, toke
     Ok(())
 }
 
+/// The client address of a connection (axum's `ConnectInfo` for [`TlsListener`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Peer(pub SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
 /// A TLS listener for `axum::serve`: handshakes run in their own tasks, so a slow or failed
 /// one never holds the accept loop.
 pub(crate) struct TlsListener {
     accepted: mpsc::Receiver<(TlsStream<tokio::net::TcpStream>, SocketAddr)>,
     local: SocketAddr,
+    connections: Arc<Connections>,
 }
 
 impl TlsListener {
-    pub(crate) fn new(listener: TcpListener, config: Arc<tokio_rustls::rustls::ServerConfig>) -> std::io::Result<Self> {
+    pub(crate) fn new(
+        listener: TcpListener,
+        config: Arc<tokio_rustls::rustls::ServerConfig>,
+        connections: Arc<Connections>,
+    ) -> std::io::Result<Self> {
         let local = listener.local_addr()?;
         let (tx, accepted) = mpsc::channel(64);
         let acceptor = TlsAcceptor::from(config);
@@ -103,17 +121,17 @@ impl TlsListener {
                 });
             }
         });
-        Ok(TlsListener { accepted, local })
+        Ok(TlsListener { accepted, local, connections })
     }
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<tokio::net::TcpStream>;
+    type Io = Resettable;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         match self.accepted.recv().await {
-            Some(pair) => pair,
+            Some((stream, peer)) => (self.connections.track(stream, peer), peer),
             // The accept task never ends while the listener lives.
             None => std::future::pending().await,
         }

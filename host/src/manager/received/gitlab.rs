@@ -24,7 +24,7 @@ use crate::manager::observe::Observer;
 use crate::manager::persist::JobRecord;
 use crate::payload::{flags, JobResponse};
 use crate::trace::format::RunnerIdentity;
-use crate::trace::upload::{TraceUploader, UploadConfig};
+use crate::trace::upload::{SendLimit, TraceUploader, UploadConfig};
 use crate::trace::{wire_reason, FailureReason, JobTrace};
 
 /// Why GitLab did not take a job's acceptance (`PUT state=running`).
@@ -186,7 +186,10 @@ impl GitLabSide {
     /// and turn GitLab's cancel and abort into the job's.
     pub(crate) fn start_uploader(&self, sent_offset: u64) {
         self.accepted.store(true, Ordering::SeqCst);
-        let uploader = TraceUploader::resume(self.api.clone(), self.trace.clone(), self.upload.clone(), sent_offset);
+        // A stored job's trace goes to GitLab only once the store has it.
+        let limit = self.entry.as_ref().map(|e| e.record.clone() as Arc<dyn SendLimit>);
+        let uploader =
+            TraceUploader::within(self.api.clone(), self.trace.clone(), self.upload.clone(), sent_offset, limit);
         if let Some(entry) = &self.entry {
             entry.record.set_acked(uploader.sent_counter());
         }

@@ -1,5 +1,5 @@
 //! The HTTP API: one entry for every request that authenticates the bearer token, applies
-//! the fault knobs (injected errors), records create/update bodies, authorizes the verb on
+//! the fault knobs (injected errors and connection resets), records create/update bodies, authorizes the verb on
 //! the resource and dispatches to discovery, objects (CRUD, list, watch) or the pod streams
 //! (log, exec, attach). Paths and answers follow the Kubernetes API reference.
 
@@ -14,7 +14,7 @@ mod watch;
 pub(crate) use pods::prepare;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -22,8 +22,10 @@ use serde_json::Value;
 
 use crate::app::Shared;
 use crate::auth::{Attributes, User};
+use crate::faults::Injected;
 use crate::resources::{self, Resource};
 use crate::status::ApiError;
+use crate::tls::Peer;
 
 /// The whole server: the control API and the Kubernetes API.
 pub(crate) fn router(app: Shared) -> Router {
@@ -159,8 +161,15 @@ async fn handle(app: Shared, request: Request) -> Result<Response, ApiError> {
     let path = request.uri().path().to_string();
     let query_text = request.uri().query().unwrap_or("").to_string();
     let path_and_query = if query_text.is_empty() { path.clone() } else { format!("{path}?{query_text}") };
-    if let Some(error) = app.faults.failure_for(request.method().as_str(), &path_and_query) {
-        return Err(error);
+    let peer = request.extensions().get::<ConnectInfo<Peer>>().map(|info| info.0 .0);
+    if let Some(peer) = peer {
+        app.faults.connections().note(peer, &path);
+    }
+    match app.faults.failure_for(request.method().as_str(), &path_and_query, peer) {
+        Some(Injected::Answer(error)) => return Err(error),
+        // The connection fails before this answer is written.
+        Some(Injected::Reset) => return Err(ApiError::new(500, "InternalError", "connection reset by fake-kube")),
+        None => {}
     }
     let query = Query(query_pairs(&query_text));
     let segments: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();

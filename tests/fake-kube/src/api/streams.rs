@@ -92,7 +92,7 @@ pub(super) async fn handle(app: Shared, target: Target, query: Query, request: R
             })?;
             let attach = sub == "attach";
             let docker = app.kubelet.docker.clone();
-            let cuts = app.faults.stream_cuts();
+            let cuts = app.faults.stream_cuts(target.namespace.clone());
             let command: Vec<String> = query.all("command").into_iter().map(String::from).collect();
             if !attach && command.is_empty() {
                 return Err(ApiError::bad_request("you must specify at least 1 command"));
@@ -209,7 +209,7 @@ async fn bridge(
     attach: bool,
     command: Vec<String>,
     flags: Flags,
-    mut cuts: tokio::sync::broadcast::Receiver<()>,
+    cuts: crate::faults::Cut,
 ) {
     let v5 = socket.protocol().and_then(|p| p.to_str().ok()) == Some("v5.channel.k8s.io");
     let (mut ws_tx, mut ws_rx) = socket.split();
@@ -335,7 +335,7 @@ async fn bridge(
     let finished = tokio::select! {
         finished = output => finished,
         _ = input => false,
-        _ = cuts.recv() => return,
+        _ = cuts.cut() => return,
     };
     if !finished {
         return;

@@ -48,7 +48,7 @@ pub(super) fn serve(app: Shared, target: Target, query: Query, accept: &str) -> 
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(256);
     let start = app.store.watch(resource, from);
-    let mut cuts = app.faults.watch_cuts();
+    let cuts = app.faults.watch_cuts(target.namespace.clone());
     tokio::spawn(async move {
         let mut first_table = true;
         let mut render = |change: &Change| -> Bytes {
@@ -116,7 +116,7 @@ pub(super) fn serve(app: Shared, target: Target, query: Query, accept: &str) -> 
                         return;
                     }
                 }
-                _ = cuts.recv() => return,
+                _ = cuts.cut() => return,
                 _ = expired => return,
                 _ = tx.closed() => return,
             }
