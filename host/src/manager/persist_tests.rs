@@ -1,5 +1,6 @@
 //! A stored job's trace reaches GitLab only once the store has it, so a manager killed at any
 //! moment and resumed from the store never has less of the log than GitLab.
+use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -135,8 +136,9 @@ async fn a_resumed_job_never_has_less_of_its_trace_than_gitlab() {
 #[tokio::test]
 async fn a_failing_store_does_not_hold_the_trace_back() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn JobStore> =
-        Arc::new(FileStore::open(&dir.path().join("store"), StoreKey::from_bytes([4; 32])).unwrap());
+    let file = FileStore::open(&dir.path().join("store"), StoreKey::from_bytes([4; 32])).unwrap();
+    let failing = Arc::new(FailingStore { inner: file, failing: AtomicBool::new(false) });
+    let store: Arc<dyn JobStore> = failing.clone();
     let trace = JobTrace::new(&TraceOptions::default()).unwrap();
     let stats = Arc::new(crate::manager::ManagerStats::default());
     let progress = Progress::new(JobProgress::default());
@@ -146,10 +148,63 @@ async fn a_failing_store_does_not_hold_the_trace_back() {
     record.save().await.unwrap();
     trace.write(b"second\n");
     assert_eq!(record.sendable().await, 13, "saved, then sendable");
-    // The store's directory goes away: saving fails from now on.
-    std::fs::remove_dir_all(dir.path().join("store")).unwrap();
+    // The store's disk fails: saving fails from now on.
+    failing.failing.store(true, Ordering::SeqCst);
     trace.write(b"third\n");
     assert_eq!(record.sendable().await, u64::MAX);
     record.finish().await;
     assert_eq!(record.sendable().await, u64::MAX, "a finished job's record holds nothing back");
+}
+
+/// A file store whose writes fail once `failing` is set (a disk that went away).
+struct FailingStore {
+    inner: FileStore,
+    failing: AtomicBool,
+}
+
+impl FailingStore {
+    fn check(&self) -> Result<(), JobStoreError> {
+        match self.failing.load(Ordering::SeqCst) {
+            true => Err(JobStoreError::Backend("writing the journal: Input/output error (os error 5)".into())),
+            false => Ok(()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl JobStore for FailingStore {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    async fn save(&self, entry: &Entry) -> Result<(), JobStoreError> {
+        self.check()?;
+        self.inner.save(entry).await
+    }
+
+    async fn append_trace(&self, job_id: u64, offset: u64, bytes: &[u8]) -> Result<(), JobStoreError> {
+        self.check()?;
+        self.inner.append_trace(job_id, offset, bytes).await
+    }
+
+    async fn read_trace(&self, job_id: u64, len: u64) -> Result<Vec<u8>, JobStoreError> {
+        self.inner.read_trace(job_id, len).await
+    }
+
+    async fn list(&self) -> Result<Vec<crate::store::jobs::Listed>, JobStoreError> {
+        self.inner.list().await
+    }
+
+    async fn claim(&self, job_id: u64, owner: &str, health_timeout: Duration) -> Result<Option<Entry>, JobStoreError> {
+        self.inner.claim(job_id, owner, health_timeout).await
+    }
+
+    async fn remove(&self, job_id: u64) -> Result<(), JobStoreError> {
+        self.check()?;
+        self.inner.remove(job_id).await
+    }
+
+    async fn now(&self) -> Result<u64, JobStoreError> {
+        self.inner.now().await
+    }
 }
