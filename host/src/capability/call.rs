@@ -27,6 +27,9 @@ pub struct CallContext {
     pub job: Option<Arc<JobDetails>>,
     /// Plans the job again for `runway:host/job-config` (only while it is prepared).
     pub reconfigure: Option<Arc<dyn Reconfigure>>,
+    /// Where the job's web terminal attaches, as the executor says (`runway:host/terminal`);
+    /// `None`: the job has no terminal.
+    pub terminal: Option<Arc<crate::capability::terminal::TerminalSlot>>,
 }
 
 impl CallContext {
