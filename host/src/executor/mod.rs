@@ -99,7 +99,7 @@ impl ResolvedExecutor {
             helper: !has(Features::IMAGE) || matches!(self.info.name.as_str(), "docker" | "kubernetes"),
             // The shell executor's terminal is a pty here; the docker (and docker-autoscaler)
             // and kubernetes plugins name a container through `runway:host/terminal`.
-            terminal: matches!(self.info.name.as_str(), "shell" | "docker"),
+            terminal: matches!(self.info.name.as_str(), "shell" | "docker" | "kubernetes"),
         }
     }
 
