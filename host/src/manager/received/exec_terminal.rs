@@ -2,7 +2,8 @@
 //! terminal connects — in the Docker container the docker plugin named (on its engine, a fleet
 //! instance's too) as gitlab-runner's Docker executor does, or in the pod's build container as
 //! its Kubernetes executor does — in the job's project directory (its nearest existing parent
-//! before the sources are fetched) with the job's variables. The connector carries the bytes
+//! before the sources are fetched) with the job's variables (on Kubernetes the public ones the
+//! build container has from the pod spec). The connector carries the bytes
 //! (the engine's hijacked exec stream; the `pods/exec` WebSocket), and resizes the tty.
 //!
 //! Owns: [`ContainerShell`], the command a terminal runs in a container. Must not touch: the
@@ -85,9 +86,11 @@ impl TerminalTarget for ContainerShell {
                 Ok(Attached { output: exec.output, input: exec.input, resize: Box::new(resize) })
             }
             AttachPoint::Kube { client, target } => {
-                // `pods/exec` has no environment of its own: `env` sets the variables.
-                let mut command = vec!["env".to_string()];
-                command.extend(environment(&self.env));
+                // The build container has the job's public variables already (the pod spec's
+                // `env`, as gitlab-runner's); the rest would travel in the exec request's URL,
+                // which API servers log: only the terminal type is added.
+                let term = self.env.iter().find(|(k, _)| k == "TERM").map_or("xterm", |(_, v)| v.as_str());
+                let mut command = vec!["env".to_string(), format!("TERM={term}")];
                 command.extend(cmd);
                 let exec = client.exec_tty(target, &command, cols, rows).await.map_err(failed)?;
                 Ok(Attached { output: exec.output, input: exec.input, resize: Box::new(exec.resize) })
