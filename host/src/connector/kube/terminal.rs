@@ -107,11 +107,7 @@ impl KubeClient {
                     _ => continue,
                 };
                 match data.first() {
-                    Some(1 | 2) => {
-                        if output_pipe.write_all(&data[1..]).await.is_err() {
-                            break;
-                        }
-                    }
+                    Some(1 | 2) if output_pipe.write_all(&data[1..]).await.is_err() => break,
                     Some(3) => break,
                     _ => {}
                 }
