@@ -17,7 +17,7 @@ mod workhorse;
 use std::time::Duration;
 
 use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use runway_process::RunwayProcess;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
