@@ -15,6 +15,8 @@ mod dockerd;
 mod runway_process;
 #[path = "support/sshd.rs"]
 mod sshd;
+#[path = "support/workhorse.rs"]
+mod workhorse;
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -579,5 +581,85 @@ async fn docker_autoscaler_runs_the_job_on_the_instance_engine() {
     let trace = record.trace_text();
     assert!(trace.contains("image: job"), "{trace}");
     assert!(trace.contains(&server.host_entry()) || trace.contains("127.0.0.12"), "no instance in the trace:\n{trace}");
+    w.assert_cleaned_up(job, &manager).await;
+}
+
+/// GitLab's web terminal on a Docker job, played as Workhorse plays it: the session the runner
+/// sent with the job request, a shell `exec`ed with a tty in the job's container — the job's
+/// image, its project directory on the build volume the script sees, its variables — resized
+/// by the browser's size; a wrong token is refused; the job waits for the connected terminal
+/// after its script and finishes once it disconnects, or once `session_timeout` ends an idle
+/// one; nothing of the job is left on the engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workhorse_types_into_a_docker_jobs_terminal() {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    use workhorse::{closed_by_server, status_of, type_and_read, Session};
+
+    const SESSION_TIMEOUT: u64 = 3;
+    let w = world().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let session_server =
+        format!("[session_server]\n  listen_address = \"127.0.0.1:{port}\"\n  session_timeout = {SESSION_TIMEOUT}\n");
+    let mut manager = w.manager("terminal", "", "", &session_server);
+    manager.start();
+    let waiting = |name: &str| {
+        let script = "while [ ! -f released ]; do sleep 0.1; done; echo script-over";
+        w.enqueue(w.job(name, &[script]).variable("TERMINAL_MARK", "from-the-job"), |_| {})
+    };
+    let connect = |session: &Session, token: &str| {
+        let (session, token) = (session.clone(), token.to_string());
+        async move { workhorse::connect(&session, &token, "terminal.gitlab.com").await }
+    };
+
+    let job = waiting("debug-me");
+    let record =
+        w.wait_for(job, "the script", &manager, |j| j.trace_text().contains("Executing \"step_script\"")).await;
+    let session = Session::of(&record);
+    let request = w
+        .fake
+        .requests_to("POST", "/api/v4/jobs/request")
+        .iter()
+        .filter_map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
+        .find(|body| body["session"]["authorization"] == session.authorization.as_str())
+        .expect("the job request that carried the session");
+    let features = &request["info"]["features"];
+    assert_eq!((&features["session"], &features["terminal"]), (&json!(true), &json!(true)), "{features}");
+    assert_eq!(status_of(connect(&session, "wrong-token").await), 401);
+    let mut ws = connect(&session, &session.authorization).await.expect("connects");
+    // Inside the job's container: its image, its project directory, its variables.
+    type_and_read(&mut ws, "echo \"image-$(cat /etc/runway-image)-$TERMINAL_MARK\"", "image-job-from-the-job").await;
+    let pwd = type_and_read(&mut ws, "echo \"dir=$(pwd)=$CI_PROJECT_DIR=\"", "=\r\n").await;
+    assert!(pwd.contains("dir=/builds/group/project=/builds/group/project="), "{pwd}");
+    // The browser's size reaches the tty.
+    ws.send(Message::Text(r#"{"width":101,"height":33}"#.into())).await.expect("resize");
+    // The job image has no stty: bash's readline keeps LINES and COLUMNS at the tty's size.
+    type_and_read(&mut ws, "echo \"size-$LINES-$COLUMNS\"", "size-33-101").await;
+    // The script sees what the terminal does (the build volume); then the job waits for it.
+    type_and_read(&mut ws, "touch released && echo released-$((1+1))", "released-2").await;
+    w.wait_for(job, "the wait for the terminal", &manager, |j| {
+        j.trace_text().contains("Terminal is connected, will time out in")
+    })
+    .await;
+    assert!(w.fake.job(job).expect("job").final_state.is_none(), "the job waits while the terminal is connected");
+    ws.close(None).await.expect("closed");
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("script-over") && trace.contains("Terminal disconnected"), "{trace}");
+    w.assert_cleaned_up(job, &manager).await;
+
+    // An idle terminal: session_timeout closes it, and the job finishes.
+    let job = waiting("idle");
+    let record =
+        w.wait_for(job, "the script", &manager, |j| j.trace_text().contains("Executing \"step_script\"")).await;
+    let session = Session::of(&record);
+    let mut ws = connect(&session, &session.authorization).await.expect("connects");
+    type_and_read(&mut ws, "touch released && echo idle-$((2+2))", "idle-4").await;
+    closed_by_server(&mut ws).await;
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let wanted = format!("terminal session timed out (maximum time allowed - {SESSION_TIMEOUT}s)");
+    assert!(record.trace_text().contains(&wanted), "{}", record.trace_text());
     w.assert_cleaned_up(job, &manager).await;
 }

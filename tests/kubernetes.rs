@@ -19,6 +19,8 @@ mod redis_server;
 mod runway_process;
 #[path = "support/wait.rs"]
 mod wait;
+#[path = "support/workhorse.rs"]
+mod workhorse;
 
 use std::path::Path;
 use std::process::Command;
@@ -1187,5 +1189,49 @@ async fn an_evicted_pod_or_a_lost_nodes_pod_fails_its_job_with_a_system_failure(
     assert_state(&record, JobStatus::Failed, &manager);
     assert_eq!(record.failure_reason.as_deref(), Some("runner_system_failure"), "{trace}");
     assert!(trace.contains("no longer exists") || trace.contains("is being deleted"), "the reason: {trace}");
+    w.assert_nothing_left(&manager).await;
+}
+
+/// GitLab's web terminal on a Kubernetes job, played as Workhorse plays it: a shell `exec`ed
+/// with a tty (`pods/exec` with `tty=true`) in the pod's build container — the job's image, its
+/// project directory on the pod's build volume, its variables — resized over channel 4; the
+/// job waits for the connected terminal after its script and finishes once it disconnects;
+/// no pod is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workhorse_types_into_a_kubernetes_jobs_terminal() {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    use workhorse::{status_of, type_and_read, Session};
+
+    let w = world("terminal").await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let session_server = format!("[session_server]\n  listen_address = \"127.0.0.1:{port}\"\n  session_timeout = 60\n");
+    let mut manager = w.manager("terminal", "", &session_server);
+    manager.start();
+    let script = "while [ ! -f released ]; do sleep 0.1; done; echo script-over";
+    let job = w.enqueue(w.job("debug-me", &[script]).variable("TERMINAL_MARK", "from-the-job"), |_| {});
+    let record =
+        w.wait_for(job, "the script", &manager, |j| j.trace_text().contains("Executing \"step_script\"")).await;
+    let session = Session::of(&record);
+    assert_eq!(status_of(workhorse::connect(&session, "wrong-token", "terminal.gitlab.com").await), 401);
+    let mut ws = workhorse::connect(&session, &session.authorization, "terminal.gitlab.com").await.expect("connects");
+    type_and_read(&mut ws, "echo \"image-$(cat /etc/runway-image)-$TERMINAL_MARK\"", "image-job-from-the-job").await;
+    let pwd = type_and_read(&mut ws, "echo \"dir=$(pwd)=$CI_PROJECT_DIR=\"", "=\r\n").await;
+    let dirs: Vec<&str> = pwd.rsplit("dir=").next().unwrap_or_default().split('=').collect();
+    assert!(dirs.len() > 2 && dirs[0].ends_with("/group/project"), "{pwd}");
+    assert_eq!(dirs[0], dirs[1], "the terminal starts in the project directory: {pwd}");
+    ws.send(Message::Text(r#"{"width":101,"height":33}"#.into())).await.expect("resize");
+    // The job image has no stty: bash's readline keeps LINES and COLUMNS at the tty's size.
+    type_and_read(&mut ws, "echo \"size-$LINES-$COLUMNS\"", "size-33-101").await;
+    type_and_read(&mut ws, "touch released && echo released-$((1+1))", "released-2").await;
+    w.wait_for(job, "the wait for the terminal", &manager, |j| {
+        j.trace_text().contains("Terminal is connected, will time out in")
+    })
+    .await;
+    ws.close(None).await.expect("closed");
+    let record = w.finished(job, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("script-over") && trace.contains("Terminal disconnected"), "{trace}");
     w.assert_nothing_left(&manager).await;
 }

@@ -17,11 +17,11 @@ mod workhorse;
 use std::time::Duration;
 
 use fake_gitlab::{FakeGitLab, JobRecord, JobSpec, JobStatus};
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use runway_process::RunwayProcess;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-use workhorse::{Session, Ws};
+use workhorse::{closed_by_server, status_of, type_and_read, Session, Ws};
 
 const WAIT: Duration = Duration::from_secs(120);
 /// `session_timeout` of the runner under test, seconds.
@@ -98,9 +98,7 @@ cache_dir = "{cache}"
     /// Job `id`'s session, once the job was handed out with one.
     async fn session(&self, id: i64) -> Session {
         let record = self.until(id, "a session", |j| j.runner_session.is_some()).await;
-        let session = record.runner_session.expect("session");
-        let field = |k: &str| session.get(k).and_then(|v| v.as_str()).expect("session field").to_string();
-        Session { url: field("url"), certificate: field("certificate"), authorization: field("authorization") }
+        Session::of(&record)
     }
 
     /// A job that waits in its project directory until a terminal touches `released`.
@@ -116,52 +114,6 @@ cache_dir = "{cache}"
 /// subprotocol.
 async fn connect(session: &Session, authorization: &str) -> Result<Ws, WsError> {
     workhorse::connect(session, authorization, "terminal.gitlab.com").await
-}
-
-fn status_of(result: Result<Ws, WsError>) -> u16 {
-    match result {
-        Err(WsError::Http(response)) => response.status().as_u16(),
-        Err(e) => panic!("unexpected error {e}"),
-        Ok(_) => panic!("connected"),
-    }
-}
-
-/// Type `line` and read until `want` shows up in the output.
-async fn type_and_read(ws: &mut Ws, line: &str, want: &str) -> String {
-    ws.send(Message::Binary(format!("{line}\n").into_bytes().into())).await.expect("typed");
-    read_until(ws, want).await
-}
-
-async fn read_until(ws: &mut Ws, want: &str) -> String {
-    let mut seen = String::new();
-    let read = async {
-        while let Some(message) = ws.next().await {
-            match message.expect("frame") {
-                Message::Binary(bytes) => seen.push_str(&String::from_utf8_lossy(&bytes)),
-                Message::Close(_) => break,
-                _ => {}
-            }
-            if seen.contains(want) {
-                return true;
-            }
-        }
-        false
-    };
-    let found = tokio::time::timeout(WAIT, read).await.unwrap_or(false);
-    assert!(found, "{want:?} never came; the terminal showed:\n{seen}");
-    seen
-}
-
-/// Resolves when the server closes the WebSocket.
-async fn closed_by_server(ws: &mut Ws) {
-    let closed = async {
-        while let Some(message) = ws.next().await {
-            if matches!(message, Ok(Message::Close(_)) | Err(_)) {
-                return;
-            }
-        }
-    };
-    tokio::time::timeout(WAIT, closed).await.expect("the server closed the terminal");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

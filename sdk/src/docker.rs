@@ -17,6 +17,10 @@ impl Engine {
     pub fn connect(endpoint: &Endpoint) -> Result<Engine, DockerError> {
         Ok(Engine { inner: wit::Engine::connect(endpoint)? })
     }
+    /// The WIT resource, for interfaces that take an engine.
+    pub(crate) fn wit(&self) -> &wit::Engine {
+        &self.inner
+    }
     /// The API version in use, e.g. `1.41`.
     pub fn api_version(&self) -> String {
         self.inner.api_version()

@@ -18,6 +18,10 @@ impl Cluster {
     pub fn connect(config: &ClusterConfig) -> Result<Cluster, KubeError> {
         Ok(Cluster { inner: wit::Cluster::connect(config)? })
     }
+    /// The WIT resource, for interfaces that take a cluster.
+    pub(crate) fn wit(&self) -> &wit::Cluster {
+        &self.inner
+    }
     /// Where the configuration came from, for the job log.
     pub fn source(&self) -> String {
         self.inner.source()

@@ -4,6 +4,8 @@
 //! proxy that serves a page with xterm.js (npm `@xterm/xterm`) on 127.0.0.1 and carries its
 //! WebSocket to the runner's terminal, as Workhorse carries GitLab's "Debug" page.
 
+#![allow(dead_code)]
+
 use std::sync::Arc;
 
 use axum::extract::ws::{Message as PageMessage, WebSocket, WebSocketUpgrade};
@@ -24,6 +26,64 @@ pub(crate) struct Session {
     pub(crate) url: String,
     pub(crate) certificate: String,
     pub(crate) authorization: String,
+}
+
+impl Session {
+    /// The session the runner sent with `job`'s request (panics when it sent none).
+    pub(crate) fn of(job: &fake_gitlab::JobRecord) -> Session {
+        let session = job.runner_session.as_ref().expect("the job request carried a session");
+        let field = |k: &str| session.get(k).and_then(|v| v.as_str()).expect("session field").to_string();
+        Session { url: field("url"), certificate: field("certificate"), authorization: field("authorization") }
+    }
+}
+
+/// How long a terminal's answer may take.
+const TERMINAL_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+pub(crate) fn status_of(result: Result<Ws, WsError>) -> u16 {
+    match result {
+        Err(WsError::Http(response)) => response.status().as_u16(),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("connected"),
+    }
+}
+
+/// Type `line` and read until `want` shows up in the output.
+pub(crate) async fn type_and_read(ws: &mut Ws, line: &str, want: &str) -> String {
+    ws.send(Message::Binary(format!("{line}\n").into_bytes().into())).await.expect("typed");
+    read_until(ws, want).await
+}
+
+pub(crate) async fn read_until(ws: &mut Ws, want: &str) -> String {
+    let mut seen = String::new();
+    let read = async {
+        while let Some(message) = ws.next().await {
+            match message.expect("frame") {
+                Message::Binary(bytes) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+                Message::Close(_) => break,
+                _ => {}
+            }
+            if seen.contains(want) {
+                return true;
+            }
+        }
+        false
+    };
+    let found = tokio::time::timeout(TERMINAL_WAIT, read).await.unwrap_or(false);
+    assert!(found, "{want:?} never came; the terminal showed:\n{seen}");
+    seen
+}
+
+/// Resolves when the server closes the WebSocket.
+pub(crate) async fn closed_by_server(ws: &mut Ws) {
+    let closed = async {
+        while let Some(message) = ws.next().await {
+            if matches!(message, Ok(Message::Close(_)) | Err(_)) {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(TERMINAL_WAIT, closed).await.expect("the server closed the terminal");
 }
 
 /// Connect to the session's terminal as Workhorse does: TLS trusting only the sent

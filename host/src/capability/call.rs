@@ -2,7 +2,8 @@
 //! stop signal, its remote instance, its details) and the [`CallBudget`] that keeps time spent waiting
 //! inside host capabilities out of the plugin's `call_timeout`.
 //!
-//! Owns: per-call context and the wasm-time budget. Must not touch: plugins or stores (the
+//! Owns: per-call context (with [`TerminalSlot`], where `runway:host/terminal` records the
+//! job's [`AttachPoint`]) and the wasm-time budget. Must not touch: plugins or stores (the
 //! plugin host composes these into its store data and arms the budget).
 
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use crate::bindings::executor::runway::host0_2_0::job::JobDetails;
 use crate::capability::replan::Reconfigure;
+use crate::connector::docker::DockerClient;
+use crate::connector::kube::exec::ContainerRef;
+use crate::connector::kube::KubeClient;
 use crate::connector::RemoteSession;
 use crate::stop::StopSignal;
 use crate::trace::TraceSink;
@@ -27,12 +31,70 @@ pub struct CallContext {
     pub job: Option<Arc<JobDetails>>,
     /// Plans the job again for `runway:host/job-config` (only while it is prepared).
     pub reconfigure: Option<Arc<dyn Reconfigure>>,
+    /// Where the job's web terminal attaches, as the executor says (`runway:host/terminal`);
+    /// `None`: the job has no terminal.
+    pub terminal: Option<Arc<TerminalSlot>>,
 }
 
 impl CallContext {
     /// The job log; outside a job (no log: an executor's cleanup, metadata) output is dropped.
     pub fn trace_or_discard(&self) -> Arc<dyn TraceSink> {
         self.trace.clone().unwrap_or_else(|| Arc::new(Discard))
+    }
+}
+
+/// A running container a terminal can `exec` a shell in.
+#[derive(Clone)]
+pub enum AttachPoint {
+    /// A container of a Docker engine.
+    Docker {
+        /// The engine (its transport: local, TCP, or a fleet instance's socket).
+        client: DockerClient,
+        /// The container's ID or name.
+        container: String,
+        /// The user the shell runs as (empty: the container's).
+        user: String,
+    },
+    /// A container of a pod.
+    Kube {
+        /// The API server.
+        client: KubeClient,
+        /// The container.
+        target: ContainerRef,
+    },
+}
+
+impl std::fmt::Debug for AttachPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttachPoint::Docker { container, user, .. } => {
+                f.debug_struct("Docker").field("container", container).field("user", user).finish()
+            }
+            AttachPoint::Kube { target, .. } => f.debug_struct("Kube").field("target", target).finish(),
+        }
+    }
+}
+
+/// Where one job's terminal attaches, once its executor said so.
+#[derive(Default)]
+pub struct TerminalSlot {
+    point: Mutex<Option<AttachPoint>>,
+}
+
+impl TerminalSlot {
+    /// An empty slot, for a job that can have a terminal.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// What the executor said last.
+    pub fn get(&self) -> Option<AttachPoint> {
+        self.point.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// What the executor says now.
+    pub(crate) fn set_point(&self, point: AttachPoint) {
+        *self.point.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(point);
     }
 }
 

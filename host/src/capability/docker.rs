@@ -131,6 +131,13 @@ pub struct EngineHandle {
     client: DockerClient,
 }
 
+impl EngineHandle {
+    /// The engine's client.
+    pub fn client(&self) -> &DockerClient {
+        &self.client
+    }
+}
+
 /// The `docker` capability as one call sees it.
 pub struct DockerView<'a> {
     /// The policy and limits.

@@ -49,6 +49,13 @@ pub struct ClusterHandle {
     client: KubeClient,
 }
 
+impl ClusterHandle {
+    /// The cluster's client.
+    pub fn client(&self) -> &KubeClient {
+        &self.client
+    }
+}
+
 /// One open watch (the resource behind `watch`).
 pub struct WatchHandle {
     stream: WatchStream,

@@ -25,6 +25,7 @@ pub mod process;
 pub mod remote;
 pub mod replan;
 pub mod supervisor;
+pub mod terminal;
 pub mod trace;
 
 pub use call::{CallBudget, CallContext};

@@ -30,6 +30,7 @@ use crate::capability::CallContext;
 use crate::plugin::{LoadedPlugin, PluginHost};
 
 pub use crate::capability::replan::{JobOverrides, Reconfigure, ReplanError, Replanned};
+pub use crate::capability::terminal::{AttachPoint, TerminalSlot};
 pub use failure::ExecutorFailure;
 pub use instance::{depends_on_home, resolve_in_home, ConnectedInstance, InstanceError, InstanceLease, InstanceSource};
 pub use prepare::{prepare, resume, PrepareError, PrepareRequest, PREPARATION_ATTEMPTS, PREPARATION_RETRY_INTERVAL};
@@ -96,22 +97,34 @@ impl ResolvedExecutor {
             // run the predefined stages in Runway's helper image, which carries the runner's
             // binary; any other executor running jobs in images has no helper there.
             helper: !has(Features::IMAGE) || matches!(self.info.name.as_str(), "docker" | "kubernetes"),
-            terminal: self.info.name == "shell",
+            // The shell executor's terminal is a pty here; the docker (and docker-autoscaler)
+            // and kubernetes plugins name a container through `runway:host/terminal`.
+            terminal: matches!(self.info.name.as_str(), "shell" | "docker" | "kubernetes"),
         }
     }
 
     /// Where a terminal into a prepared job's environment opens, for an executor that has one
-    /// (see [`ExecutorFeatures::terminal`]): the built-in shell executor runs stages on this
-    /// machine, so a shell here in the job's directory with its variables, as the `user` of
-    /// its `[runners.shell]` (the global `user`) when set. A job on a fleet instance has none.
+    /// (see [`ExecutorFeatures::terminal`]). The built-in shell executor runs stages on this
+    /// machine: a shell here in the job's directory with its variables, as the `user` of its
+    /// `[runners.shell]` (the global `user`) when set; not on a fleet instance. Any other
+    /// executor says where during `prepare` (`slot`, filled through `runway:host/terminal`):
+    /// a running container the shell is `exec`ed in; none when it said nothing.
     pub fn terminal_place(
         &self,
         shell: &str,
         dir: &Path,
         env: Vec<(String, String)>,
         on_instance: bool,
+        slot: Option<&TerminalSlot>,
     ) -> Option<TerminalPlace> {
-        if !self.features().terminal || on_instance {
+        if !self.features().terminal {
+            return None;
+        }
+        if self.info.name != "shell" {
+            let point = slot?.get()?;
+            return Some(TerminalPlace::Container { point, dir: dir.to_path_buf(), env });
+        }
+        if on_instance {
             return None;
         }
         #[derive(serde::Deserialize)]
@@ -128,7 +141,7 @@ impl ResolvedExecutor {
 }
 
 /// Where a terminal into a job's environment opens (GitLab's web terminal).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum TerminalPlace {
     /// A shell on this machine.
     Local {
@@ -140,6 +153,15 @@ pub enum TerminalPlace {
         env: Vec<(String, String)>,
         /// The user the job's stages run as, when not the runner's.
         user: Option<String>,
+    },
+    /// A shell `exec`ed in a running container of the job (Docker, Kubernetes).
+    Container {
+        /// The container, and how to reach it.
+        point: AttachPoint,
+        /// The job's project directory in the container.
+        dir: PathBuf,
+        /// The job's variables (a file variable as the path of its file).
+        env: Vec<(String, String)>,
     },
 }
 

@@ -19,6 +19,7 @@ use crate::bindings::executor::exports::runway::executor0_1_0::executor::Job;
 use crate::bindings::executor::runway::executor0_1_0::types::Image;
 use crate::bindings::executor::runway::host0_2_0::job::{Credential, ImageDetails, JobDetails, Variable};
 use crate::capability::replan::Reconfigure;
+use crate::capability::terminal::TerminalSlot;
 use crate::capability::CallContext;
 use crate::executor::failure::ExecutorFailure;
 use crate::executor::instance::ConnectedInstance;
@@ -54,6 +55,9 @@ pub struct PrepareRequest<'a> {
     /// Plans the job again when the executor moves it while preparing
     /// (`runway:host/job-config`); `None`: it cannot.
     pub reconfigure: Option<&'a Arc<dyn Reconfigure>>,
+    /// Where the executor says the job's web terminal attaches (`runway:host/terminal`);
+    /// `None`: the job has no terminal.
+    pub terminal: Option<&'a Arc<TerminalSlot>>,
 }
 
 /// Why the executor could not be prepared.
@@ -139,6 +143,7 @@ fn call_context(
     trace: Arc<dyn TraceSink>,
     instance: Option<&ConnectedInstance>,
     reconfigure: Option<&Arc<dyn Reconfigure>>,
+    terminal: Option<&Arc<TerminalSlot>>,
 ) -> CallContext {
     CallContext {
         trace: Some(trace),
@@ -146,6 +151,7 @@ fn call_context(
         remote: instance.map(|i| i.remote.clone()),
         job: Some(details.clone()),
         reconfigure: reconfigure.cloned(),
+        terminal: terminal.cloned(),
     }
 }
 
@@ -165,7 +171,7 @@ pub async fn prepare(
         if abort.is_cancelled() {
             break;
         }
-        let call = call_context(&details, trace.clone(), instance, request.reconfigure);
+        let call = call_context(&details, trace.clone(), instance, request.reconfigure, request.terminal);
         let mut session = match ExecutorSession::start(&executor.host, &executor.plugin, call).await {
             Ok(s) => s,
             Err(e) => {
@@ -208,7 +214,7 @@ pub async fn resume(
     instance: Option<&ConnectedInstance>,
 ) -> Result<ExecutorSession, PrepareError> {
     let wit = wit_job(&request, executor);
-    let call = call_context(&Arc::new(job_details(&request)), trace, instance, None);
+    let call = call_context(&Arc::new(job_details(&request)), trace, instance, None, None);
     let failed = |e: ExecutorFailure| PrepareError::Failed { last_error: e.to_string() };
     let mut session = ExecutorSession::start(&executor.host, &executor.plugin, call)
         .await

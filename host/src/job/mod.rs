@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::executor::{
     depends_on_home, prepare, resolve_in_home, ConnectedInstance, ExecutorSession, InstanceLease, PrepareError,
-    PrepareRequest, ResolvedExecutor, TerminalPlace,
+    PrepareRequest, ResolvedExecutor, TerminalPlace, TerminalSlot,
 };
 use crate::payload::JobResponse;
 use crate::script::{JobPlan, PlanError, ScriptSettings};
@@ -106,6 +106,12 @@ pub trait JobHooks: Send + Sync {
     /// from now on (GitLab's web terminal). Called only for executors that have one.
     fn terminal(&self, place: TerminalPlace) {
         let _ = place;
+    }
+
+    /// Whether the job can have a terminal (its request carried a session): the executor is
+    /// then asked where one attaches while it prepares the job.
+    fn wants_terminal(&self) -> bool {
+        false
     }
 
     /// The stages are over and the footer is not written yet: a job whose terminal is
@@ -334,7 +340,13 @@ async fn run_to_end(
     };
     let replanner = Arc::new(replan::Replanner::new(job, plan.settings()));
     let reconfigure: Arc<dyn crate::executor::Reconfigure> = replanner.clone();
-    let request = PrepareRequest { reconfigure: Some(&reconfigure), ..prepare_request(job, env, &plan) };
+    // A job whose request carried a session asks its executor where a terminal attaches.
+    let terminal = (hooks.wants_terminal() && env.executor.features().terminal).then(TerminalSlot::new);
+    let request = PrepareRequest {
+        reconfigure: Some(&reconfigure),
+        terminal: terminal.as_ref(),
+        ..prepare_request(job, env, &plan)
+    };
     let session = prepare(&env.executor, request, trace.clone(), &control.abort, instance.as_ref()).await;
     trace.section_end("prepare_executor");
     let mut session = match session {
@@ -370,8 +382,9 @@ async fn run_to_end(
     }
     hooks.boundary(Boundary::Accepted).await;
     let env_vars = plan.terminal_env();
+    let on_instance = instance.is_some();
     if let Some(place) =
-        env.executor.terminal_place(&env.settings.shell, plan.project_dir(), env_vars, instance.is_some())
+        env.executor.terminal_place(&env.settings.shell, plan.project_dir(), env_vars, on_instance, terminal.as_deref())
     {
         hooks.terminal(place);
     }
@@ -424,6 +437,7 @@ fn prepare_request<'a>(job: &'a JobResponse, env: &'a JobEnvironment, plan: &'a 
         timeout: plan.job_timeout(),
         variables: plan.variables(),
         reconfigure: None,
+        terminal: None,
     }
 }
 

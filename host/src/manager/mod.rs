@@ -282,8 +282,9 @@ fn make_runner(r: RunnerSettings, client: &Arc<GitLabClient>, sessions: Option<&
     let name = if r.env.settings.executor.is_empty() { &executor.info.name } else { &r.env.settings.executor };
     let mut executor_features = executor.features();
     // A web terminal needs the session server and a job environment the executor can attach
-    // to (not a fleet instance's).
-    executor_features.terminal &= sessions.is_some() && r.fleet.is_none();
+    // to: not a fleet instance's for a shell on this machine; the docker plugin's containers
+    // on an instance (docker-autoscaler) are reached through the instance's connection.
+    executor_features.terminal &= sessions.is_some() && (r.fleet.is_none() || executor.info.name != "shell");
     let sessions = sessions.filter(|_| executor_features.terminal).cloned();
     let mut info = VersionInfo::this_runner(name, &r.env.settings.shell, features(executor_features));
     info.labels = r.labels.clone();

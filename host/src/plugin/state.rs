@@ -22,6 +22,7 @@ use crate::capability::kv::{KvCtx, KvStore};
 use crate::capability::log::{LogCtx, LogLimiter};
 use crate::capability::process::{HasProcess, ProcessCtx, ProcessView};
 use crate::capability::remote::{HasRemote, RemoteCtx, RemoteView, StageOutput};
+use crate::capability::terminal::{HasTerminal, TerminalView};
 use crate::capability::trace::{HasTrace, TraceView};
 use crate::capability::{CallBudget, CallContext, TypesOnly};
 use crate::config::grant::PluginGrant;
@@ -156,6 +157,11 @@ impl PluginState {
         KubeView { ctx: &self.kube, call: &self.call, budget: &self.budget, table: &mut self.table }
     }
 
+    /// The `terminal` capability as the current call sees it.
+    fn terminal(&mut self) -> TerminalView<'_> {
+        TerminalView { call: &self.call, table: &mut self.table }
+    }
+
     /// The `job` capability as the current call sees it.
     fn job(&mut self) -> JobView<'_> {
         JobView { call: &self.call }
@@ -194,6 +200,7 @@ pub(crate) fn add_executor_imports(linker: &mut Linker<PluginState>) -> wasmtime
     executor::runway::host0_3_0::job_config::add_to_linker::<_, HasJob>(linker, PluginState::job)?;
     executor::runway::host0_4_0::files::add_to_linker::<_, HasRemote>(linker, PluginState::remote)?;
     executor::runway::host0_5_0::kube::add_to_linker::<_, HasKube>(linker, PluginState::kube)?;
+    executor::runway::host0_6_0::terminal::add_to_linker::<_, HasTerminal>(linker, PluginState::terminal)?;
     exec::types::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
     Ok(())
 }

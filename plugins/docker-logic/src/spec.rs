@@ -218,6 +218,24 @@ pub fn stage_command() -> Vec<String> {
     vec!["sh".into(), "-c".into(), detect_shell(&format!(" < {SCRIPT_PATH}"))]
 }
 
+/// The command of the container a job's web terminal attaches to: the image's first shell,
+/// reading a standard input that stays open, so it idles until the container is removed
+/// (gitlab-runner's build container waits on its shell the same way).
+pub fn terminal_command() -> Vec<String> {
+    vec!["sh".into(), "-c".into(), detect_shell("")]
+}
+
+/// The create body of the web terminal's container: a build container ([`create_body`] of
+/// `spec`) whose standard input is kept open, unattached.
+pub fn terminal_body(spec: &ContainerSpec, config: &DockerConfig) -> Value {
+    let mut body = create_body(spec, config);
+    if let Some(map) = body.as_object_mut() {
+        map.insert("OpenStdin".into(), json!(true));
+        map.insert("StdinOnce".into(), json!(false));
+    }
+    body
+}
+
 /// A POSIX `sh` line that `exec`s the first shell the image has, bash before sh (GitLab's
 /// shell detection), with `redirect` after it (`" < /path"`, or empty to keep standard input).
 pub fn detect_shell(redirect: &str) -> String {
@@ -383,6 +401,31 @@ mod tests {
         let labels = BTreeMap::from([("k".to_string(), "v".to_string())]);
         assert_eq!(network_body("n", &labels)["Labels"]["k"], "v");
         assert_eq!(volume_body("v", &labels)["Name"], "v");
+    }
+
+    #[test]
+    fn terminal_container_idles_on_an_open_standard_input() {
+        let cmd = terminal_command();
+        assert!(cmd[2].starts_with("if [ -x /usr/local/bin/bash ]; then exec /usr/local/bin/bash;"));
+        let spec = ContainerSpec {
+            image: "alpine".into(),
+            cmd,
+            entrypoint: None,
+            env: Vec::new(),
+            user: String::new(),
+            working_dir: "/builds".into(),
+            labels: BTreeMap::new(),
+            binds: Vec::new(),
+            network: String::new(),
+            aliases: Vec::new(),
+            links: Vec::new(),
+            role: Role::Build,
+        };
+        let body = terminal_body(&spec, &DockerConfig::default());
+        assert_eq!(body["OpenStdin"], json!(true));
+        assert_eq!(body["StdinOnce"], json!(false));
+        assert_eq!(body["AttachStdin"], json!(false));
+        assert_eq!(body["Tty"], json!(false));
     }
 
     #[test]

@@ -88,6 +88,39 @@ fn create(env: &DockerEnv, stage: &StageScript, name: &str, what: &str) -> Resul
     Ok(id)
 }
 
+/// When the job can have a web terminal: a build container (the job's image, user, mounts and
+/// network) that idles until cleanup, named to the host as where terminals `exec` a shell.
+/// gitlab-runner's terminal attaches to its build container, which lives until cleanup; stage
+/// containers here end with their stage, so this one stands in for it.
+pub fn keep_for_terminal(env: &DockerEnv) -> Result<(), ExecutorError> {
+    if !runway_sdk::terminal::wanted() {
+        return Ok(());
+    }
+    let state = &env.state;
+    let name = names::stage_container(&env.prefix, "terminal");
+    let what = format!("the web terminal's container {name}");
+    let spec = ContainerSpec {
+        image: state.image.clone(),
+        cmd: spec::terminal_command(),
+        entrypoint: state.entrypoint.clone(),
+        env: Vec::new(),
+        user: state.user.clone(),
+        working_dir: state.builds_dir.clone(),
+        labels: names::job_labels(state.job_id, &state.suffix, "terminal"),
+        binds: state.binds.clone(),
+        network: state.network_mode.clone(),
+        // Not `build`: that name is the stage container's.
+        aliases: Vec::new(),
+        links: state.links.clone(),
+        role: Role::Build,
+    };
+    let body = spec::terminal_body(&spec, &env.config);
+    let id = env.api.create_container(&name, &body).map_err(|e| executor_error(e, &what))?;
+    env.api.start(&id).map_err(|e| executor_error(e, &what))?;
+    runway_sdk::terminal::docker_exec(env.api.engine(), &id, &state.user);
+    Ok(())
+}
+
 /// Remove everything of the job but the cache volumes; tolerant of what is gone already.
 pub fn cleanup(env: &DockerEnv) {
     let state = &env.state;

@@ -8,7 +8,9 @@
 //! volumes, and starts and waits for the services. `run` creates one container per stage
 //! (predefined stages in the helper image, user stages in the job's image), uploads the
 //! script into it, starts and follows it, and removes it once it exits; a stage container found
-//! by its name (after `resume`) is followed instead of created again. `cleanup` removes every
+//! by its name (after `resume`) is followed instead of created again. A job that can have a
+//! web terminal (`runway:host/terminal`) also gets an idle build container from `prepare` to
+//! cleanup, which the host `exec`s the terminal's shell in. `cleanup` removes every
 //! container, the network and the job's volumes, never the cache volumes.
 //!
 //! The decisions that need no engine (config, pull policies, names, request bodies, state)
@@ -178,7 +180,8 @@ impl DockerEnv {
             self.state.network_mode = self.config.network_mode.clone();
         }
         self.create_volumes(job, ctx)?;
-        services::start(self, ctx)
+        services::start(self, ctx)?;
+        containers::keep_for_terminal(self)
     }
 
     /// The configured helper image (pulled if missing), else Runway's own.

@@ -6,7 +6,8 @@
 //! `prepare` reads `[runners.kubernetes]` and the job's `KUBERNETES_*` overwrites, connects,
 //! creates a Secret for the job's registry credentials, creates the pod (`build` in the job's
 //! image, `helper` in the helper image, `svc-N` for services) and waits until it runs
-//! ([`wait`]). `run` starts each stage's script detached in the pod — predefined stages in
+//! ([`wait`]); for a job that can have a web terminal it names the build container, which the
+//! host `exec`s the terminal's shell in (`runway:host/terminal`). `run` starts each stage's script detached in the pod — predefined stages in
 //! `helper`, the job's own in `build` — with its output in a log file on a volume of the pod,
 //! and follows that log into the job trace: the stage outlives a lost stream or a dead runner,
 //! and `resume` attaches to it again. `cleanup` deletes the pod and the job's Secrets.
@@ -282,7 +283,14 @@ impl KubeEnv {
             self.api.create(&format!("/api/v1/namespaces/{namespace}/pods"), &object, "the job's pod")?;
             trace::write_str(&format!("Created pod {namespace}/{}\n", self.saved.state.pod));
             match wait::running(&self.api, &namespace, &self.saved.state.pod, config) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    // GitLab's web terminal: a shell `exec`ed in the build container, which
+                    // lives as long as the pod (gitlab-runner's Kubernetes terminal).
+                    if runway_sdk::terminal::wanted() {
+                        runway_sdk::terminal::kube_exec(&self.api.cluster, &self.target(BUILD_CONTAINER));
+                    }
+                    return Ok(());
+                }
                 Err(wait::NotRunning::Pull(reason)) if attempt + 1 < attempts => {
                     trace::write_str(&format!("WARNING: {reason}: trying the next pull policy\n"));
                     self.delete_pod();

@@ -72,7 +72,8 @@ impl Transport {
         })
     }
 
-    async fn open(&self) -> Result<Box<dyn SocketStream>, DockerError> {
+    /// A new connection to the engine.
+    pub(crate) async fn open(&self) -> Result<Box<dyn SocketStream>, DockerError> {
         let refused = |what: &str, e: &dyn std::fmt::Display| DockerError::Connection(format!("{what}: {e}"));
         match self {
             Transport::Unix(path) => {
@@ -152,6 +153,11 @@ impl DockerClient {
     /// The API version in use, e.g. `1.41`.
     pub fn api_version(&self) -> &str {
         &self.version
+    }
+
+    /// Where the bytes go.
+    pub fn transport(&self) -> &Transport {
+        &self.transport
     }
 
     fn build(
@@ -345,7 +351,7 @@ pub fn query_escape(value: &str) -> String {
 }
 
 /// A container ID or name as one path segment.
-fn path_escape(value: &str) -> String {
+pub(crate) fn path_escape(value: &str) -> String {
     query_escape(value)
 }
 

@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod endpoint;
+pub mod exec;
 pub mod frames;
 
 pub use client::{Body, DockerClient, Transport};

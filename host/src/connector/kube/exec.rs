@@ -45,7 +45,7 @@ fn backoff(attempt: u32) -> std::time::Duration {
 }
 
 /// An exec WebSocket and the server's handshake answer.
-type Socket =
+pub(super) type Socket =
     (tokio_tungstenite::WebSocketStream<Box<dyn Io>>, tokio_tungstenite::tungstenite::handshake::client::Response);
 
 /// One container of one pod.
@@ -60,7 +60,7 @@ pub struct ContainerRef {
 }
 
 /// Percent-encode a query value.
-fn escape(value: &str) -> String {
+pub(super) fn escape(value: &str) -> String {
     url::form_urlencoded::byte_serialize(value.as_bytes()).collect()
 }
 
@@ -86,7 +86,7 @@ fn exit_code(status: &[u8]) -> Result<i32, KubeError> {
 }
 
 /// A byte stream to the API server: TLS, or plain for an `http://` server.
-trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+pub(super) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 impl KubeClient {
@@ -208,7 +208,12 @@ impl KubeClient {
     /// no connection, 429 or 5xx (the command did not start); a handshake that failed on the
     /// way only when `may_repeat` (the command reads no standard input, so a start of it
     /// that the server made is harmless).
-    async fn handshake(&self, url: &str, target: &ContainerRef, may_repeat: bool) -> Result<Socket, KubeError> {
+    pub(super) async fn handshake(
+        &self,
+        url: &str,
+        target: &ContainerRef,
+        may_repeat: bool,
+    ) -> Result<Socket, KubeError> {
         let mut attempt = 0;
         loop {
             attempt += 1;

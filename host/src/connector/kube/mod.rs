@@ -1,7 +1,8 @@
 //! Kubernetes API servers for the kubernetes executor: [`config`] resolves where the server is
 //! and how to authenticate (explicit host, in-cluster service account, kubeconfig), [`client`]
 //! carries REST calls and watch streams, [`exec`] runs commands in a pod's containers over the
-//! `pods/exec` WebSocket (`v5.channel.k8s.io`), and [`PodShell`] puts one container behind the
+//! `pods/exec` WebSocket (`v5.channel.k8s.io`), [`terminal`] opens an interactive one with a tty
+//! (GitLab's web terminal), and [`PodShell`] puts one container behind the
 //! [`super::ShellHost`] trait, so a stage runs detached in the pod exactly as it does over SSH
 //! (`super::detached`): started in its own session, its output in a log file in the pod,
 //! followed again from any byte offset by this runner or the next.
@@ -13,6 +14,7 @@
 pub mod client;
 pub mod config;
 pub mod exec;
+pub mod terminal;
 
 pub use client::{KubeClient, WatchStream};
 pub use config::{ClusterSettings, Endpoint};

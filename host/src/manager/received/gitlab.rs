@@ -274,6 +274,10 @@ impl JobHooks for GitLabSide {
         }
     }
 
+    fn wants_terminal(&self) -> bool {
+        self.terminal.is_some()
+    }
+
     fn terminal(&self, place: TerminalPlace) {
         if let Some(terminal) = &self.terminal {
             terminal.attach(place);

@@ -13,7 +13,8 @@
 //! - [`resume`]: a job from the store: what GitLab says of it, then go on, abandon, or only
 //!   clean up;
 //! - [`bad`]: a job whose payload cannot be used, failed at once;
-//! - [`terminal`]: the job's web terminal session and how long it holds the job.
+//! - [`terminal`]: the job's web terminal session and how long it holds the job;
+//! - [`exec_terminal`]: a terminal's shell in one of the job's containers (Docker, Kubernetes).
 //!
 //! Owns: a received job's GitLab-side lifecycle. Must not touch: polling and the store
 //! watcher (`crate::manager`), how a job runs (`crate::job`, which knows no GitLab), what a
@@ -21,6 +22,7 @@
 
 pub(crate) mod bad;
 pub(crate) mod context;
+pub(crate) mod exec_terminal;
 pub(crate) mod fresh;
 pub(crate) mod gitlab;
 pub(crate) mod resume;

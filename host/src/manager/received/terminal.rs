@@ -1,6 +1,6 @@
 //! A received job's web terminal, with gitlab-runner's lifetime: the session made for the
 //! job request is given the job's [`TerminalTarget`] once the job is prepared (a shell on
-//! this machine for the shell executor); after the stages a connected terminal holds the job
+//! this machine for the shell executor, a container's for docker and kubernetes); after the stages a connected terminal holds the job
 //! until it disconnects or `session_timeout` (or what is left of the job's timeout) runs out,
 //! and the trace says which; a cancelled or aborted job closes its terminals; the job's end
 //! closes the session (its URL answers 404 from then on).
@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::exec_terminal::ContainerShell;
 use crate::config::duration::go_string;
 use crate::executor::TerminalPlace;
 use crate::job::JobControl;
@@ -47,6 +48,7 @@ impl JobTerminal {
     pub(crate) fn attach(&self, place: TerminalPlace) {
         let target: Arc<dyn TerminalTarget> = match place {
             TerminalPlace::Local { shell, dir, env, user } => Arc::new(LocalShell { shell, dir, env, user }),
+            TerminalPlace::Container { point, dir, env } => Arc::new(ContainerShell { point, dir, env }),
         };
         self.session.set_target(target);
     }

@@ -1,0 +1,158 @@
+//! An interactive `exec` in a running container (GitLab's web terminal on Docker jobs): the
+//! exec created with a tty, started with its connection hijacked (`Upgrade: tcp`, as the
+//! Docker CLI does) so the connection itself is the terminal's input and output — raw bytes,
+//! no multiplexing with a tty — and resized through the exec's resize endpoint. Works over
+//! every transport of [`DockerClient`] (a fleet instance's socket too).
+//!
+//! Owns: the hijacked exec stream. Must not touch: what runs in the exec (the caller's
+//! command), sessions or WebSockets.
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::client::{path_escape, Body, DockerClient};
+use super::DockerError;
+use crate::stop::StopSignal;
+
+/// What an exec runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecSpec {
+    /// The command.
+    pub cmd: Vec<String>,
+    /// `KEY=value` on top of the container's environment.
+    pub env: Vec<String>,
+    /// User (empty: the container's).
+    pub user: String,
+    /// Working directory (empty: the container's).
+    pub working_dir: String,
+}
+
+/// A started interactive exec: the terminal's output and input.
+pub struct ExecStream {
+    /// The exec's ID (for [`DockerClient::exec_resize`]).
+    pub id: String,
+    /// What the command writes to its tty.
+    pub output: Box<dyn AsyncRead + Send + Unpin>,
+    /// What it reads from its tty.
+    pub input: Box<dyn AsyncWrite + Send + Unpin>,
+}
+
+/// Most bytes of an answer's head before the hijacked stream.
+const MAX_HEAD: usize = 64 * 1024;
+
+impl DockerClient {
+    /// Create an exec of `spec` with a tty in `container` and start it, `cols` × `rows`.
+    pub async fn exec_tty(
+        &self,
+        container: &str,
+        spec: &ExecSpec,
+        cols: u16,
+        rows: u16,
+        stop: &StopSignal,
+    ) -> Result<ExecStream, DockerError> {
+        let mut create = serde_json::json!({
+            "AttachStdin": true,
+            "AttachStdout": true,
+            "AttachStderr": true,
+            "Tty": true,
+            "Cmd": spec.cmd,
+            "Env": spec.env,
+            "ConsoleSize": [rows, cols],
+        });
+        if !spec.user.is_empty() {
+            create["User"] = serde_json::json!(spec.user);
+        }
+        if !spec.working_dir.is_empty() {
+            create["WorkingDir"] = serde_json::json!(spec.working_dir);
+        }
+        let body = Body { data: create.to_string().into(), content_type: None };
+        let path = format!("/containers/{}/exec", path_escape(container));
+        let (_, answer) = self.request("POST", &path, Some(body), &[], 1 << 20, stop).await?;
+        let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+        let Some(id) = answer["Id"].as_str().map(str::to_string) else {
+            return Err(DockerError::Other("the engine created an exec without an ID".into()));
+        };
+        let (output, input) = self.hijack(&id, stop).await?;
+        // Older engines ignore `ConsoleSize`: the size is set once more now that it runs.
+        let _ = self.exec_resize(&id, cols, rows, stop).await;
+        Ok(ExecStream { id, output, input })
+    }
+
+    /// `POST /exec/{id}/start` with the connection taken over once the engine answers.
+    async fn hijack(
+        &self,
+        id: &str,
+        stop: &StopSignal,
+    ) -> Result<(Box<dyn AsyncRead + Send + Unpin>, Box<dyn AsyncWrite + Send + Unpin>), DockerError> {
+        let body = r#"{"Detach":false,"Tty":true}"#;
+        let request = format!(
+            "POST /v{}/exec/{}/start HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n\
+             Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {}\r\n\r\n{body}",
+            self.api_version(),
+            path_escape(id),
+            body.len()
+        );
+        let started = async {
+            let mut io = self.transport().open().await?;
+            let lost = |e: std::io::Error| DockerError::Connection(format!("starting the exec: {e}"));
+            io.write_all(request.as_bytes()).await.map_err(lost)?;
+            io.flush().await.map_err(lost)?;
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            let end = loop {
+                if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break end;
+                }
+                if head.len() > MAX_HEAD {
+                    return Err(DockerError::TooLarge(u32::try_from(MAX_HEAD).unwrap_or(u32::MAX)));
+                }
+                let n = io.read(&mut buf).await.map_err(lost)?;
+                if n == 0 {
+                    return Err(DockerError::Connection("the engine closed the exec's connection".into()));
+                }
+                head.extend_from_slice(&buf[..n]);
+            };
+            let rest = head.split_off(end + 4);
+            let status = status_of(&head);
+            if status != 101 && status != 200 {
+                let text = String::from_utf8_lossy(&rest);
+                let message = serde_json::from_str::<serde_json::Value>(text.trim())
+                    .ok()
+                    .and_then(|v| v["message"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| text.trim().to_string());
+                return Err(DockerError::Api { status, message });
+            }
+            let (read, write) = tokio::io::split(io);
+            let output: Box<dyn AsyncRead + Send + Unpin> = Box::new(std::io::Cursor::new(rest).chain(read));
+            let input: Box<dyn AsyncWrite + Send + Unpin> = Box::new(write);
+            Ok((output, input))
+        };
+        tokio::select! {
+            result = started => result,
+            _ = stop.stopped() => Err(DockerError::Canceled),
+        }
+    }
+
+    /// Set exec `id`'s tty to `cols` × `rows`.
+    pub async fn exec_resize(&self, id: &str, cols: u16, rows: u16, stop: &StopSignal) -> Result<(), DockerError> {
+        let path = format!("/exec/{}/resize?h={rows}&w={cols}", path_escape(id));
+        self.request("POST", &path, None, &[], 1 << 20, stop).await.map(|_| ())
+    }
+}
+
+/// The status code of an HTTP/1.1 answer's head (0 when unreadable).
+fn status_of(head: &[u8]) -> u16 {
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    String::from_utf8_lossy(line).split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answer_status() {
+        assert_eq!(status_of(b"HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.raw-stream"), 101);
+        assert_eq!(status_of(b"HTTP/1.1 404 Not Found\r\n"), 404);
+        assert_eq!(status_of(b"garbage"), 0);
+    }
+}
