@@ -38,17 +38,26 @@ async fn send(p: &Presigned, body: Option<Vec<u8>>) -> reqwest::Response {
     send_with(&reqwest::Client::new(), p, body).await
 }
 
-/// [`send`] through `client`.
+/// [`send`] through `client`. A connection the server drops before it answers is tried again
+/// (twice at most): every request here is idempotent, moto on a loaded machine now and then
+/// closes one mid-response (hyper's `IncompleteMessage`), and what is tested is the signing.
 async fn send_with(client: &reqwest::Client, p: &Presigned, body: Option<Vec<u8>>) -> reqwest::Response {
     let method = reqwest::Method::from_bytes(p.method.as_bytes()).expect("method");
-    let mut request = client.request(method, &p.url);
-    for (k, v) in &p.headers {
-        request = request.header(k, v);
+    let mut attempt = 0;
+    loop {
+        let mut request = client.request(method.clone(), &p.url);
+        for (k, v) in &p.headers {
+            request = request.header(k, v);
+        }
+        if let Some(body) = &body {
+            request = request.body(body.clone());
+        }
+        match request.send().await {
+            Ok(response) => return response,
+            Err(e) if attempt < 2 && (e.is_request() || e.is_connect()) => attempt += 1,
+            Err(e) => panic!("request: {e:?}"),
+        }
     }
-    if let Some(body) = body {
-        request = request.body(body);
-    }
-    request.send().await.expect("request")
 }
 
 fn tamper(url: &str, param: &str) -> String {
