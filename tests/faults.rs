@@ -254,7 +254,8 @@ async fn the_final_update_is_not_held_back_by_a_stuck_cleanup() {
     let stats = manager.stats();
     let running = tokio::spawn(manager.run());
     let id = w.fake.enqueue(w.fake.job_payload(&JobSpec::new("group/project", "cleanup", &["true"])));
-    let started = w.fake.wait_for_job_state(id, |j| j.status == JobStatus::Running, Duration::from_secs(20)).await;
+    // The first job compiles the plugin (slow on a loaded machine): wait for it generously.
+    let started = w.fake.wait_for_job_state(id, |j| j.status == JobStatus::Running, Duration::from_secs(120)).await;
     assert!(started.is_some(), "the job starts");
     let clock = Instant::now();
     let job = w.finished(id, Duration::from_secs(10)).await.expect("the final state does not wait for cleanup");
