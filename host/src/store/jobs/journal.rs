@@ -137,14 +137,7 @@ pub fn decode(bytes: &[u8]) -> (Vec<Record>, usize) {
 pub fn open(dir: &Path) -> Result<(File, Vec<Record>, u64), JobStoreError> {
     let path = dir.join(JOURNAL_FILE);
     let backend = |action: &str, e: std::io::Error| JobStoreError::Backend(format!("{action} {}: {e}", path.display()));
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| backend("opening", e))?;
+    let mut file = open_private(&path).map_err(|e| backend("opening", e))?;
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes).map_err(|e| backend("reading", e))?;
     if bytes.is_empty() {
@@ -262,17 +255,15 @@ impl Overlay {
     }
 }
 
+/// Open `path` to read and write, creating it with mode 0600, keeping what it holds.
+fn open_private(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)
+}
+
 /// Bring `job_id`'s trace file at `path` up to date with `start` and `bytes` and sync it.
 pub fn write_trace(path: &Path, job_id: u64, start: u64, bytes: &[u8]) -> Result<(), JobStoreError> {
     let backend = |action: &str, e: std::io::Error| JobStoreError::Backend(format!("{action} {}: {e}", path.display()));
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| backend("opening", e))?;
+    let mut file = open_private(path).map_err(|e| backend("opening", e))?;
     let len = file.metadata().map_err(|e| backend("reading the size of", e))?.len();
     if len < start {
         return Err(JobStoreError::Corrupt {
