@@ -232,7 +232,8 @@ async fn incompatible_and_ungranted_plugins_are_refused_with_clear_errors() {
     std::fs::create_dir_all(&dir).expect("mkdir");
     // Same plugin, but its metadata claims API 0.9.0.
     let bytes = std::fs::read(guest("test_versioned_v1.wasm")).expect("read");
-    let needle = b"api=0.5.0";
+    // The SDK's `API_VERSION` (sdk/src/lib.rs), as its metadata marker spells it.
+    let needle = b"api=0.6.0";
     let mut patched = bytes.clone();
     let positions: Vec<usize> =
         bytes.windows(needle.len()).enumerate().filter(|(_, w)| w == needle).map(|(i, _)| i).collect();
