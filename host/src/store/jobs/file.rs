@@ -97,6 +97,8 @@ enum Write {
     Trace { job_id: u64, offset: u64, bytes: Vec<u8> },
     /// The entry and trace go.
     Remove(u64),
+    /// The entry taken over by `meta.owner` ([`JobStore::claim`] checked the lease).
+    Claim(EntryMeta, Vec<u8>),
 }
 
 /// Writes that succeed or fail together, and who waits for them.
@@ -508,7 +510,7 @@ impl Shared {
         meta.owner = owner.to_string();
         meta.heartbeat = now;
         meta.resumes = meta.resumes.saturating_add(1);
-        let result = state.commit(&self.dir, vec![vec![Write::Save(meta.clone(), sealed)]]);
+        let result = state.commit(&self.dir, vec![vec![Write::Claim(meta.clone(), sealed)]]);
         result.into_iter().next().unwrap_or(Ok(()))?;
         Ok(Some(Entry { meta, body }))
     }
@@ -615,6 +617,7 @@ impl State {
                 Ok(Record::Trace { job_id, offset, bytes })
             }
             Write::Remove(job_id) => Ok(Record::Remove { job_id }),
+            Write::Claim(meta, sealed) => Ok(Record::Save { meta, sealed }),
         }
     }
 
