@@ -1100,7 +1100,7 @@ async fn a_soak_of_30_jobs_ends_right_through_api_faults_resets_and_cut_streams(
                 // generateName is not repeated by the client, and a 429 is retried after its
                 // Retry-After): its two faults go in every fifth tick (3 s), so one job meets
                 // them now and then, as on a cluster, not on every try.
-                if kind <= 1 && tick % 5 != 0 {
+                if kind <= 1 && !tick.is_multiple_of(5) {
                     continue;
                 }
                 let (key, rule) = soak_fault(kind, &ns);
