@@ -592,8 +592,6 @@ async fn docker_autoscaler_runs_the_job_on_the_instance_engine() {
 /// one; nothing of the job is left on the engine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workhorse_types_into_a_docker_jobs_terminal() {
-    use futures::SinkExt;
-    use tokio_tungstenite::tungstenite::Message;
     use workhorse::{closed_by_server, status_of, type_and_read, Session};
 
     const SESSION_TIMEOUT: u64 = 3;
@@ -627,14 +625,10 @@ async fn workhorse_types_into_a_docker_jobs_terminal() {
     assert_eq!((&features["session"], &features["terminal"]), (&json!(true), &json!(true)), "{features}");
     assert_eq!(status_of(connect(&session, "wrong-token").await), 401);
     let mut ws = connect(&session, &session.authorization).await.expect("connects");
-    // Inside the job's container: its image, its project directory, its variables.
-    type_and_read(&mut ws, "echo \"image-$(cat /etc/runway-image)-$TERMINAL_MARK\"", "image-job-from-the-job").await;
-    let pwd = type_and_read(&mut ws, "echo \"dir=$(pwd)=$CI_PROJECT_DIR=\"", "=\r\n").await;
-    assert!(pwd.contains("dir=/builds/group/project=/builds/group/project="), "{pwd}");
-    // The browser's size reaches the tty.
-    ws.send(Message::Text(r#"{"width":101,"height":33}"#.into())).await.expect("resize");
-    // The job image has no stty: bash's readline keeps LINES and COLUMNS at the tty's size.
-    type_and_read(&mut ws, "echo \"size-$LINES-$COLUMNS\"", "size-33-101").await;
+    // Inside the job's container: its image, its project directory, its variables; the
+    // browser's size reaches the tty.
+    let dirs = workhorse::container_shell(&mut ws).await;
+    assert_eq!(dirs, ("/builds/group/project".to_string(), "/builds/group/project".to_string()));
     // The script sees what the terminal does (the build volume); then the job waits for it.
     type_and_read(&mut ws, "touch released && echo released-$((1+1))", "released-2").await;
     w.wait_for(job, "the wait for the terminal", &manager, |j| {

@@ -1206,8 +1206,6 @@ async fn an_evicted_pod_or_a_lost_nodes_pod_fails_its_job_with_a_system_failure(
 /// no pod is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workhorse_types_into_a_kubernetes_jobs_terminal() {
-    use futures::SinkExt;
-    use tokio_tungstenite::tungstenite::Message;
     use workhorse::{status_of, type_and_read, Session};
 
     let w = world("terminal").await;
@@ -1222,14 +1220,9 @@ async fn workhorse_types_into_a_kubernetes_jobs_terminal() {
     let session = Session::of(&record);
     assert_eq!(status_of(workhorse::connect(&session, "wrong-token", "terminal.gitlab.com").await), 401);
     let mut ws = workhorse::connect(&session, &session.authorization, "terminal.gitlab.com").await.expect("connects");
-    type_and_read(&mut ws, "echo \"image-$(cat /etc/runway-image)-$TERMINAL_MARK\"", "image-job-from-the-job").await;
-    let pwd = type_and_read(&mut ws, "echo \"dir=$(pwd)=$CI_PROJECT_DIR=\"", "=\r\n").await;
-    let dirs: Vec<&str> = pwd.rsplit("dir=").next().unwrap_or_default().split('=').collect();
-    assert!(dirs.len() > 2 && dirs[0].ends_with("/group/project"), "{pwd}");
-    assert_eq!(dirs[0], dirs[1], "the terminal starts in the project directory: {pwd}");
-    ws.send(Message::Text(r#"{"width":101,"height":33}"#.into())).await.expect("resize");
-    // The job image has no stty: bash's readline keeps LINES and COLUMNS at the tty's size.
-    type_and_read(&mut ws, "echo \"size-$LINES-$COLUMNS\"", "size-33-101").await;
+    let (dir, project_dir) = workhorse::container_shell(&mut ws).await;
+    assert!(dir.ends_with("/group/project"), "{dir}");
+    assert_eq!(dir, project_dir, "the terminal starts in the project directory");
     type_and_read(&mut ws, "touch released && echo released-$((1+1))", "released-2").await;
     w.wait_for(job, "the wait for the terminal", &manager, |j| {
         j.trace_text().contains("Terminal is connected, will time out in")

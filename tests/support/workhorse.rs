@@ -225,3 +225,19 @@ async fn carry(page: WebSocket, session: Session) {
         () = down => {}
     }
 }
+
+/// What a container job's terminal shows of its environment, typed as a person would: the
+/// job image's marker with the job variable `TERMINAL_MARK` (checked here), the shell's working
+/// directory and `$CI_PROJECT_DIR` (returned for the caller to hold to its executor's layout),
+/// and the size a Workhorse resize gives the tty (checked here: the job images have no `stty`,
+/// so bash's `$LINES`/`$COLUMNS`).
+pub(crate) async fn container_shell(ws: &mut Ws) -> (String, String) {
+    type_and_read(ws, "echo \"image-$(cat /etc/runway-image)-$TERMINAL_MARK\"", "image-job-from-the-job").await;
+    let pwd = type_and_read(ws, "echo \"dir=$(pwd)=$CI_PROJECT_DIR=\"", "=\r\n").await;
+    let dirs: Vec<&str> = pwd.rsplit("dir=").next().unwrap_or_default().split('=').collect();
+    assert!(dirs.len() > 2, "{pwd}");
+    let (dir, project_dir) = (dirs[0].to_string(), dirs[1].to_string());
+    ws.send(Message::Text(r#"{"width":101,"height":33}"#.into())).await.expect("resize");
+    type_and_read(ws, "echo \"size-$LINES-$COLUMNS\"", "size-33-101").await;
+    (dir, project_dir)
+}
