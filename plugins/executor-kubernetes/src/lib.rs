@@ -16,6 +16,7 @@
 //! Secret objects, the saved state) live in the `kube-logic` crate, tested natively.
 
 use std::hash::BuildHasher;
+use std::time::Duration;
 
 use kube_logic::config::{self, KubeConfig};
 use kube_logic::names::{self, JobMeta, BUILD_CONTAINER, HELPER_CONTAINER};
@@ -38,6 +39,8 @@ use api::{executor_error, Api};
 
 /// Where the stages' scripts, logs and exit codes live in `build` and `helper` (an emptyDir).
 const STAGES_DIR: &str = "/runway/stages";
+/// How long a stage whose stream failed gives its pod to show that it ended (see `explain`).
+const SETTLE: Duration = Duration::from_secs(10);
 
 struct Kubernetes;
 
@@ -321,13 +324,16 @@ impl KubeEnv {
 impl KubeEnv {
     /// The error of a stage that failed, or that ended with a non-zero code: a system failure
     /// naming the pod's end when the pod is gone or ended (evicted, deleted, its node lost),
-    /// else the stage's own result.
+    /// else the stage's own result. A stage whose stream failed (rather than one with an exit
+    /// code) gives the pod [`SETTLE`] to show why: the kubelet kills an evicted pod's
+    /// containers before it marks the pod.
     fn explain(&self, what: &str, result: Result<ExitStatus, ExecutorError>) -> Result<ExitStatus, ExecutorError> {
-        match &result {
+        let within = match &result {
             Err(ExecutorError::Canceled) | Ok(ExitStatus { code: 0 }) => return result,
-            _ => {}
-        }
-        match wait::ended(&self.api, &self.saved.state.namespace, &self.saved.state.pod) {
+            Ok(_) => Duration::ZERO,
+            Err(_) => SETTLE,
+        };
+        match wait::ended_within(&self.api, &self.saved.state.namespace, &self.saved.state.pod, within) {
             Ok(Some(why)) => Err(ExecutorError::Unavailable(format!("{what}: {why}"))),
             _ => result,
         }

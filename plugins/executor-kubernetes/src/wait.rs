@@ -176,6 +176,45 @@ pub fn ended(api: &Api, namespace: &str, pod: &str) -> Result<Option<String>, Ex
     })
 }
 
+/// Why the pod's end as [`ended`] says, but a pod that still looks alive is watched for up to
+/// `within` first: a kubelet evicting a pod kills its containers before it marks the pod
+/// `Failed`, so a stage cut by an eviction sees the cut a moment before the reason.
+pub fn ended_within(api: &Api, namespace: &str, pod: &str, within: Duration) -> Result<Option<String>, ExecutorError> {
+    if let Some(why) = ended(api, namespace, pod)? {
+        return Ok(Some(why));
+    }
+    if within.is_zero() {
+        return Ok(None);
+    }
+    let deadline = Instant::now() + within;
+    let selector = query_escape(&format!("metadata.name={pod}"));
+    let path = format!("/api/v1/namespaces/{namespace}/pods?fieldSelector={selector}");
+    let what = format!("watching pod {namespace}/{pod}");
+    let mut watch = api.cluster.watch(&path, "").map_err(|e| executor_error(e, &what))?;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let millis = u32::try_from(left.as_millis()).unwrap_or(u32::MAX).max(1);
+        let Some(text) = watch.next(millis).map_err(|e| executor_error(e, &what))? else { continue };
+        let event: Value = serde_json::from_str(&text).unwrap_or_default();
+        match event["type"].as_str() {
+            Some("ERROR") => watch = api.cluster.watch(&path, "").map_err(|e| executor_error(e, &what))?,
+            Some("DELETED") => return ended(api, namespace, pod),
+            Some("BOOKMARK") | None => {}
+            Some(_) if event["object"]["metadata"]["deletionTimestamp"].is_string() => {
+                return Ok(Some(format!("pod {namespace}/{pod} is being deleted")));
+            }
+            Some(_) => {
+                if let Phase::Failed(reason) = phase(&event["object"]) {
+                    return Ok(Some(format!("pod {namespace}/{pod} ended: {reason}")));
+                }
+            }
+        }
+    }
+}
+
 /// Wait until the pod `namespace/pod` runs `build` and `helper`.
 pub fn running(api: &Api, namespace: &str, pod: &str, config: &KubeConfig) -> Result<(), NotRunning> {
     let deadline = Instant::now() + Duration::from_secs(config.poll_timeout.max(1));
