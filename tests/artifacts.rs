@@ -557,10 +557,10 @@ async fn the_s3_cache_is_shared_between_builds_directories_through_presigned_url
     // shows what the helper sent.
     let sent = s3_requests(&moto).await;
     assert!(
-        sent.iter().any(|(m, u)| m == "PUT" && u.contains(&format!("X-Amz-Credential={}%2F", keys[0]))),
+        sent.iter().any(|(m, u)| m == "PUT" && u.contains(&format!("X-Amz-Credential={}/", keys[0]))),
         "the upload is signed with the role's key: {sent:?}"
     );
-    assert!(sent.iter().all(|(m, u)| m == "PUT" || u.contains("X-Amz-Credential=AKIDRUNWAYE2E%2F")), "{sent:?}");
+    assert!(sent.iter().all(|(m, u)| m == "PUT" || u.contains("X-Amz-Credential=AKIDRUNWAYE2E/")), "{sent:?}");
     let objects = reqwest::get(format!("{}/fleet-cache?list-type=2", moto.url()))
         .await
         .expect("list")
@@ -584,19 +584,22 @@ async fn the_s3_cache_is_shared_between_builds_directories_through_presigned_url
     assert!(!keys.is_empty(), "RoleARN assumed: {roles:?}");
     let gets: Vec<String> = s3_requests(&moto).await.into_iter().filter(|(m, _)| m == "GET").map(|(_, u)| u).collect();
     assert!(
-        gets.iter().any(|u| keys.iter().any(|k| u.contains(&format!("X-Amz-Credential={k}%2F")))),
+        gets.iter().any(|u| keys.iter().any(|k| u.contains(&format!("X-Amz-Credential={k}/")))),
         "the restore is signed with the role's key: {gets:?}"
     );
 }
 
-/// The method and URL of every pre-signed request moto received (its request recording).
+/// The method and URL of every pre-signed request moto received (its request recording),
+/// with `%2F` read as `/`: moto's recording keeps the query as sent in some versions and
+/// decoded in others (5.2 decodes it).
 async fn s3_requests(moto: &object_servers::Server) -> Vec<(String, String)> {
     moto.moto_recording()
         .await
         .into_iter()
         .filter(|r| r["url"].as_str().is_some_and(|u| u.contains("X-Amz-Signature=")))
         .map(|r| {
-            (r["method"].as_str().unwrap_or_default().to_string(), r["url"].as_str().unwrap_or_default().to_string())
+            let url = r["url"].as_str().unwrap_or_default().replace("%2F", "/").replace("%2f", "/");
+            (r["method"].as_str().unwrap_or_default().to_string(), url)
         })
         .collect()
 }
