@@ -143,12 +143,17 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The roots of the binaries beside a crate's library (`[[bin]]` paths under `src/`): each
+/// is a crate of its own that names the library by its name.
+const BINARIES: &[&str] = &["main.rs", "helper_main.rs"];
+
 /// The top-level module a file belongs to (`None` for the crate roots).
 fn module_of(relative: &Path) -> Option<String> {
     let mut parts = relative.components().map(|c| c.as_os_str().to_string_lossy().into_owned());
     let first = parts.next()?;
     match first.strip_suffix(".rs") {
-        Some("lib" | "main") => None,
+        Some("lib") => None,
+        Some(stem) if BINARIES.contains(&format!("{stem}.rs").as_str()) => None,
         Some(stem) => Some(stem.to_string()),
         None => Some(first),
     }
@@ -447,7 +452,7 @@ fn crate_files(src: &Path) -> Vec<CrateFile> {
     paths
         .iter()
         .filter(|p| !is_test_file(p))
-        .filter(|p| !(has_lib && p.strip_prefix(src).is_ok_and(|r| r == Path::new("main.rs"))))
+        .filter(|p| !(has_lib && p.strip_prefix(src).is_ok_and(|r| BINARIES.iter().any(|b| r == Path::new(b)))))
         .map(|p| {
             let relative = p.strip_prefix(src).expect("under src");
             let source = std::fs::read_to_string(p).expect("read source");

@@ -976,3 +976,52 @@ async fn reset_token_with_a_personal_access_token_writes_the_new_token() {
     assert!(fake.runner(&runner.token).is_none(), "the old token is revoked");
     assert_eq!(fake.runner(new).expect("GitLab knows the new token").id, runner.id);
 }
+
+/// `runway-helper` (the helper executable Runway's helper image and fleet instances carry)
+/// has the four helper commands with `runway`'s names and flags and nothing of the runner,
+/// and is a fraction of `runway`'s code: it links no plugin host.
+#[test]
+fn the_helper_executable_has_the_helper_commands_alone() {
+    let helper = env!("CARGO_BIN_EXE_runway-helper");
+    let out = Command::new(helper).arg("--version").output().expect("runway-helper runs");
+    assert!(out.status.success(), "{out:?}");
+    for command in ["artifacts-uploader", "artifacts-downloader", "cache-archiver", "cache-extractor"] {
+        let ours = Command::new(helper).args([command, "--help"]).output().expect("runs");
+        let runway = Command::new(RUNWAY).args([command, "--help"]).output().expect("runs");
+        assert!(ours.status.success(), "{command}: {ours:?}");
+        // The same flags as under `runway` (the usage line names the binary).
+        // Each option's long name (help texts are aligned to the longest option).
+        let flags = |out: &std::process::Output| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| {
+                    l.split_whitespace().find(|w| w.starts_with("--")).map(|w| w.trim_end_matches(',').to_string())
+                })
+                .collect::<Vec<_>>()
+        };
+        // `runway`'s global flags (config and logging) are the runner's, not the helper's.
+        let global = ["--config", "--log-level", "--debug", "--log-format"];
+        let runway: Vec<String> =
+            flags(&runway).into_iter().filter(|f| !global.iter().any(|g| f.contains(g))).collect();
+        assert_eq!(flags(&ours), runway, "{command}");
+    }
+    let run = Command::new(helper).arg("run").output().expect("runs");
+    assert!(!run.status.success(), "the runner's verbs are not the helper's: {run:?}");
+    // A missing cache file is the helper's own error, with gitlab-runner's words, exit 1.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("cache.zip");
+    let out = Command::new(helper)
+        .args(["cache-extractor", "--file", missing.to_str().expect("utf-8"), "--timeout", "1"])
+        .current_dir(dir.path())
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let expected = Command::new(RUNWAY)
+        .args(["cache-extractor", "--file", missing.to_str().expect("utf-8"), "--timeout", "1"])
+        .current_dir(dir.path())
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), expected.status.code(), "{text}");
+    let size = |path: &str| std::fs::metadata(path).expect("built").len();
+    assert!(size(helper) < size(RUNWAY), "runway-helper {} bytes, runway {}", size(helper), size(RUNWAY));
+}

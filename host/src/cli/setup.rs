@@ -127,10 +127,10 @@ pub(crate) async fn runner_cache(
     Ok(Some(Arc::new(crate::cache::signer::RunnerCache::new(store, short_token))))
 }
 
-/// The helper command of jobs of `executor`: this very binary for executors that run the
-/// stages on this machine or on fleet instances (copied there when a job needs it); its copy
-/// in Runway's helper image for the docker plugin's helper containers; none for other
-/// executors running jobs in images.
+/// The helper command of jobs of `executor`: the helper executable (`runway-helper` beside
+/// this binary, else this binary) for executors that run the stages on this machine or on
+/// fleet instances (copied there when a job needs it); its copy in Runway's helper image for
+/// the docker plugin's helper containers; none for other executors running jobs in images.
 pub(crate) fn helper_command(executor: &ResolvedExecutor) -> Option<String> {
     let features = executor.features();
     if !features.helper {
@@ -139,7 +139,7 @@ pub(crate) fn helper_command(executor: &ResolvedExecutor) -> Option<String> {
     if features.image {
         return Some(crate::connector::rootfs::HELPER_BINARY.to_string());
     }
-    std::env::current_exe().ok().map(|p| p.display().to_string())
+    crate::connector::rootfs::helper_executable().ok().map(|p| p.display().to_string())
 }
 
 /// The labels GitLab gets for `runner`: the global `labels`, overlaid by the runner's.

@@ -683,9 +683,27 @@ const HELPER_DIRS: &[&str] = &["/etc/ssl/certs"];
 /// The helper image's repository name.
 pub const HELPER_REPOSITORY: &str = "runway-helper";
 
-/// Where the helper image carries the runner's own binary: the predefined stages in the
+/// Where the helper image carries the helper executable: the predefined stages in the
 /// helper container call it as gitlab-runner's helper (`artifacts-uploader`, `cache-archiver`, …).
 pub const HELPER_BINARY: &str = "/usr/local/bin/runway";
+
+/// The helper executable's file name beside the runner's (`runway-helper`: the helper commands
+/// without the plugin host).
+pub const HELPER_EXECUTABLE: &str = "runway-helper";
+
+/// Programs of git's exec path the stage scripts never run (servers, other transports, mail,
+/// `scalar`): each a 2 MB copy of git's code, left out of the helper image.
+const GIT_UNUSED: &[&str] =
+    &["git-daemon", "git-http-backend", "git-http-fetch", "git-http-push", "git-imap-send", "git-shell", "scalar"];
+
+/// The executable the job environment runs the helper commands with: `runway-helper` beside
+/// the running executable when it is there (built and installed with it), else the running
+/// executable itself (it has the same commands, and all of the runner besides).
+pub fn helper_executable() -> std::io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let helper = exe.with_file_name(HELPER_EXECUTABLE);
+    Ok(if helper.is_file() { helper } else { exe })
+}
 
 /// Runway's helper image: its root filesystem and the reference to import it as.
 #[derive(Debug, Clone)]
@@ -696,13 +714,14 @@ pub struct HelperRootfs {
     pub rootfs: Rootfs,
 }
 
-/// The helper image from this machine's files: bash, sh, git (with its helpers and templates),
-/// git-lfs when installed, tar, gzip, find, sed, grep, the coreutils the generated scripts use,
-/// the CA certificates, and the running executable itself at [`HELPER_BINARY`], each with its
-/// libraries (so the image's tag changes with the binary). Reads tens of megabytes: call it
-/// once and keep the result, from a blocking task.
+/// The helper image from this machine's files: bash, sh, git (with the helpers of its exec
+/// path the scripts use, and its templates), git-lfs when installed, tar, gzip, find, sed,
+/// grep, the coreutils the generated scripts use, the CA certificates, and the helper
+/// executable ([`helper_executable`]) at [`HELPER_BINARY`], each with its libraries (so the
+/// image's tag changes with the binary). Reads tens of megabytes: call it once and keep the
+/// result, from a blocking task.
 pub fn helper_rootfs() -> Result<HelperRootfs, RootfsError> {
-    let exe = std::env::current_exe().map_err(io_err(Path::new("/proc/self/exe")))?;
+    let exe = helper_executable().map_err(io_err(Path::new("/proc/self/exe")))?;
     let mut builder = RootfsBuilder::new();
     builder.base_system()?;
     builder.host_file(HELPER_BINARY, &exe)?;
@@ -712,7 +731,14 @@ pub fn helper_rootfs() -> Result<HelperRootfs, RootfsError> {
     builder.optional_program("git-lfs")?;
     let git = builder.find_program("git")?;
     for dir in git_dirs(&git)? {
-        builder.path(&dir)?;
+        let entries = std::fs::read_dir(&dir).map_err(io_err(&dir))?;
+        for entry in entries {
+            let path = entry.map_err(io_err(&dir))?.path();
+            let unused = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| GIT_UNUSED.contains(&n));
+            if !unused {
+                builder.path(&path)?;
+            }
+        }
     }
     for dir in HELPER_DIRS.iter().map(Path::new).filter(|d| d.exists()) {
         builder.path(dir)?;

@@ -200,11 +200,16 @@ fn helper_rootfs_has_git_and_its_helpers() {
     for path in [exec_path.join("git-remote-https"), PathBuf::from("/etc/ssl/certs"), PathBuf::from("/tmp")] {
         assert!(entries.contains_key(&rel(&path)), "{} missing from the helper image", path.display());
     }
-    // The running executable is the helper of artifacts and caches, at its fixed path.
+    // Servers and other transports of git's exec path are left out.
+    for unused in GIT_UNUSED.iter().map(|name| exec_path.join(name)).filter(|p| p.exists()) {
+        assert!(!entries.contains_key(&rel(&unused)), "{} is in the helper image", unused.display());
+    }
+    // The helper executable (`runway-helper` beside the running one, else the running one:
+    // here a test binary) is the helper of artifacts and caches, at its fixed path.
     let runway = &entries[&rel(Path::new(HELPER_BINARY))];
     assert_eq!(runway.0, tar::EntryType::Regular);
-    let exe_len = std::fs::metadata(std::env::current_exe().unwrap()).unwrap().len();
-    assert_eq!(runway.3, exe_len, "the runner's own binary");
+    let exe_len = std::fs::metadata(helper_executable().unwrap()).unwrap().len();
+    assert_eq!(runway.3, exe_len, "the helper executable");
     assert_eq!(dirs.len(), 2, "no templates beside {}: {dirs:?}", dirs[0].display());
     if is_root() {
         let out = run_chrooted(

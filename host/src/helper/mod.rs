@@ -15,6 +15,7 @@
 
 pub mod artifacts;
 pub mod cache;
+pub mod command;
 mod output;
 mod transfer;
 
