@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use runway_shell_quote::quote;
 use serde_json::{json, Map, Value};
 
 use crate::config::DockerConfig;
@@ -225,8 +226,66 @@ pub fn terminal_command() -> Vec<String> {
     vec!["sh".into(), "-c".into(), detect_shell("")]
 }
 
-/// The create body of the web terminal's container: a build container ([`create_body`] of
-/// `spec`) whose standard input is kept open, unattached.
+/// Where a job's long-lived containers keep their stages' logs, exit codes and scripts' inputs
+/// (in each container's own filesystem: `/tmp` is writable by any user).
+pub const STAGES_DIR: &str = "/tmp/.runway-stages";
+
+/// Where the build container's idle command saves the environment its entrypoint exported,
+/// for every stage to start from (gitlab-runner's stages run in the shell the entrypoint ran).
+pub const ENTRYPOINT_ENV: &str = "/tmp/.runway-entrypoint-env";
+
+/// The command of a job's long-lived build or helper container: save what the environment
+/// holds after the entrypoint ([`ENTRYPOINT_ENV`], private to the container's user; best
+/// effort), then idle as [`terminal_command`] does until the container is removed. Stages
+/// run in it by `exec`.
+pub fn idle_command() -> Vec<String> {
+    let save = format!("(umask 077 && export -p > {ENTRYPOINT_ENV}) 2>/dev/null; ");
+    vec!["sh".into(), "-c".into(), format!("{save}{}", detect_shell(""))]
+}
+
+/// The detached command of a stage in a long-lived container: the entrypoint's environment
+/// (when saved), then the image's first shell in `dir`, the script on its standard input.
+pub fn stage_exec_command(dir: &str) -> String {
+    format!("if [ -r {ENTRYPOINT_ENV} ]; then . {ENTRYPOINT_ENV}; fi; cd {} && {}", quote(dir), detect_shell(""))
+}
+
+/// The programs a container needs for stages to run detached in it (`runway:host/docker-stages`).
+pub const DETACHED_PROGRAMS: &[&str] = &["setsid", "tail", "mkdir", "rm", "mv", "cat", "wc", "sleep"];
+
+/// A POSIX `sh` probe that exits 0 when every program of [`DETACHED_PROGRAMS`] is there.
+pub fn detached_probe() -> String {
+    let checks: Vec<String> =
+        DETACHED_PROGRAMS.iter().map(|p| format!("command -v {p} >/dev/null 2>&1")).collect();
+    checks.join(" && ")
+}
+
+/// Programs of the helper image a job's image may lack (beyond [`DETACHED_PROGRAMS`] and the
+/// shell's builtins): a predefined stage whose script names one needs the helper container.
+const HELPER_ONLY_PROGRAMS: &[&str] = &[
+    "git", "git-lfs", "runway", "tar", "gzip", "gunzip", "find", "xargs", "sed", "grep", "cp", "rmdir", "ls", "chmod",
+    "chown", "ln", "touch", "dirname", "basename", "env", "head", "sort", "tr", "cut", "date", "id", "mktemp", "stat",
+    "readlink", "realpath", "tee", "expr", "seq", "timeout", "sha256sum", "sync", "curl", "wget",
+];
+
+/// Predefined stages that may run in the build container when their script calls nothing of
+/// the helper's (gitlab-runner runs `prepare_script` there too): with `GIT_STRATEGY: none`
+/// and no cache or artifacts, a job then needs no helper container at all.
+const SETUP_STAGES: &[&str] = &["prepare_script", "get_sources", "cleanup_file_variables"];
+
+/// Whether predefined stage `name` with `script` needs only a POSIX shell and
+/// [`DETACHED_PROGRAMS`]: it is one of [`SETUP_STAGES`] and no word of its script names a
+/// program of [`HELPER_ONLY_PROGRAMS`] (a word in a message counts too: then the helper runs
+/// it, which is always safe).
+pub fn shell_only_stage(name: &str, script: &str) -> bool {
+    if !SETUP_STAGES.contains(&name) {
+        return false;
+    }
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    !script.split(|c: char| !word(c)).any(|w| HELPER_ONLY_PROGRAMS.contains(&w))
+}
+
+/// The create body of a job's long-lived build or helper container (the web terminal's too): a
+/// container ([`create_body`] of `spec`) whose standard input is kept open, unattached.
 pub fn terminal_body(spec: &ContainerSpec, config: &DockerConfig) -> Value {
     let mut body = create_body(spec, config);
     if let Some(map) = body.as_object_mut() {
@@ -426,6 +485,31 @@ mod tests {
         assert_eq!(body["StdinOnce"], json!(false));
         assert_eq!(body["AttachStdin"], json!(false));
         assert_eq!(body["Tty"], json!(false));
+    }
+
+    #[test]
+    fn long_lived_containers_save_the_entrypoints_environment_and_idle() {
+        let cmd = idle_command();
+        assert_eq!(&cmd[..2], &["sh".to_string(), "-c".to_string()]);
+        assert!(cmd[2].starts_with("(umask 077 && export -p > /tmp/.runway-entrypoint-env) 2>/dev/null; if [ -x"));
+        assert!(cmd[2].ends_with(&detect_shell("")));
+        let stage = stage_exec_command("/builds/it's");
+        assert!(stage.starts_with("if [ -r /tmp/.runway-entrypoint-env ]; then . /tmp/.runway-entrypoint-env; fi; cd '/builds/it'\\''s' && if [ -x"));
+        let probe = detached_probe();
+        assert!(probe.starts_with("command -v setsid >/dev/null 2>&1 && command -v tail"));
+        assert_eq!(probe.matches("command -v").count(), DETACHED_PROGRAMS.len());
+    }
+
+    #[test]
+    fn setup_stages_without_helper_programs_need_only_a_shell() {
+        let prepare = "export CI_JOB_ID=1\nread -r RUNWAY_MACHINE 2>/dev/null < /proc/sys/kernel/hostname || RUNWAY_MACHINE=$(hostname 2>/dev/null || uname -n)\necho \"Running on $RUNWAY_MACHINE...\"\n";
+        assert!(shell_only_stage("prepare_script", prepare));
+        assert!(shell_only_stage("get_sources", "echo 'Skipping Git repository setup'\n[ -d '/builds/g/p' ] || mkdir -p '/builds/g/p'\n"));
+        assert!(!shell_only_stage("get_sources", "git init '/builds/g/p'\n"));
+        assert!(!shell_only_stage("cleanup_file_variables", "if [ -d x ]; then find x -type f -name '*.lock' -delete; fi\n"));
+        assert!(!shell_only_stage("restore_cache", "echo nothing\n"), "only the setup stages");
+        assert!(!shell_only_stage("get_sources", "'/usr/local/bin/runway' cache-extractor\n"));
+        assert!(shell_only_stage("get_sources", "echo GITLAB_ENV my-git-dir\n"), "parts of words do not count");
     }
 
     #[test]
