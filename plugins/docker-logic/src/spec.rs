@@ -252,36 +252,112 @@ pub fn stage_exec_command(dir: &str) -> String {
 /// The programs a container needs for stages to run detached in it (`runway:host/docker-stages`).
 pub const DETACHED_PROGRAMS: &[&str] = &["setsid", "tail", "mkdir", "rm", "mv", "cat", "wc", "sleep"];
 
-/// A POSIX `sh` probe that exits 0 when every program of [`DETACHED_PROGRAMS`] is there.
-pub fn detached_probe() -> String {
-    let checks: Vec<String> =
-        DETACHED_PROGRAMS.iter().map(|p| format!("command -v {p} >/dev/null 2>&1")).collect();
-    checks.join(" && ")
-}
-
-/// Programs of the helper image a job's image may lack (beyond [`DETACHED_PROGRAMS`] and the
-/// shell's builtins): a predefined stage whose script names one needs the helper container.
-const HELPER_ONLY_PROGRAMS: &[&str] = &[
-    "git", "git-lfs", "runway", "tar", "gzip", "gunzip", "find", "xargs", "sed", "grep", "cp", "rmdir", "ls", "chmod",
-    "chown", "ln", "touch", "dirname", "basename", "env", "head", "sort", "tr", "cut", "date", "id", "mktemp", "stat",
-    "readlink", "realpath", "tee", "expr", "seq", "timeout", "sha256sum", "sync", "curl", "wget",
+/// Programs a setup stage's script may call beyond the shell and [`DETACHED_PROGRAMS`]; the
+/// build container's probe says which of them its image has ([`build_probe`]).
+pub const PROBED_PROGRAMS: &[&str] = &[
+    "find", "uname", "chmod", "chown", "cp", "ln", "touch", "dirname", "basename", "env", "head", "sort", "tr", "cut",
+    "date", "id", "mktemp", "stat", "readlink", "realpath", "tee", "expr", "seq", "timeout", "sed", "grep", "xargs",
+    "rmdir", "ls", "sync",
 ];
 
-/// Predefined stages that may run in the build container when their script calls nothing of
-/// the helper's (gitlab-runner runs `prepare_script` there too): with `GIT_STRATEGY: none`
-/// and no cache or artifacts, a job then needs no helper container at all.
+/// Words that start a command in POSIX `sh` without being a program: builtins and keywords.
+const SHELL_WORDS: &[&str] = &[
+    "echo", "printf", "read", "export", "cd", "test", "[", "true", "false", ":", "set", "unset", "exit", "return",
+    "eval", "exec", "shift", "trap", "wait", "kill", "umask", "type", "command", ".", "break", "continue", "readonly",
+    "pwd", "if", "then", "else", "elif", "fi", "do", "done", "while", "until", "for", "case", "esac", "in", "!",
+    "local",
+];
+
+/// A program a generated setup script only falls back on (`prepare_script` asks `hostname`
+/// when `/proc` does not say the machine's name, and `uname -n` after it): its absence does
+/// not fail the stage.
+const FALLBACK_PROGRAMS: &[&str] = &["hostname"];
+
+/// Predefined stages that may run in the build container when their script needs nothing of
+/// the helper's (gitlab-runner runs `prepare_script` there too): with `GIT_STRATEGY: none` and
+/// no cache or artifacts, a job then needs no helper container at all.
 const SETUP_STAGES: &[&str] = &["prepare_script", "get_sources", "cleanup_file_variables"];
 
-/// Whether predefined stage `name` with `script` needs only a POSIX shell and
-/// [`DETACHED_PROGRAMS`]: it is one of [`SETUP_STAGES`] and no word of its script names a
-/// program of [`HELPER_ONLY_PROGRAMS`] (a word in a message counts too: then the helper runs
-/// it, which is always safe).
-pub fn shell_only_stage(name: &str, script: &str) -> bool {
-    if !SETUP_STAGES.contains(&name) {
-        return false;
+/// The build container's probe, one `exec`: `detached` when stages can run detached in it
+/// ([`DETACHED_PROGRAMS`]), `writable` when its user may write `builds_dir`, and `have P` for
+/// each program of [`PROBED_PROGRAMS`] it has.
+pub fn build_probe(builds_dir: &str) -> String {
+    let detached: Vec<String> = DETACHED_PROGRAMS.iter().map(|p| format!("command -v {p} >/dev/null 2>&1")).collect();
+    format!(
+        "if {}; then echo detached; fi; if [ -w {} ]; then echo writable; fi; \
+         for p in {}; do if command -v \"$p\" >/dev/null 2>&1; then echo \"have $p\"; fi; done",
+        detached.join(" && "),
+        quote(builds_dir),
+        PROBED_PROGRAMS.join(" ")
+    )
+}
+
+/// What [`build_probe`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BuildProbe {
+    /// Stages can run detached in the container.
+    pub detached: bool,
+    /// Its user may write the builds directory.
+    pub writable: bool,
+    /// The programs of [`PROBED_PROGRAMS`] it has.
+    pub programs: Vec<String>,
+}
+
+/// Read [`build_probe`]'s output.
+pub fn parse_build_probe(output: &str) -> BuildProbe {
+    let mut probe = BuildProbe::default();
+    for line in output.lines().map(str::trim) {
+        match line {
+            "detached" => probe.detached = true,
+            "writable" => probe.writable = true,
+            _ => {
+                if let Some(program) = line.strip_prefix("have ") {
+                    probe.programs.push(program.to_string());
+                }
+            }
+        }
     }
-    let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
-    !script.split(|c: char| !word(c)).any(|w| HELPER_ONLY_PROGRAMS.contains(&w))
+    probe
+}
+
+/// The programs `script` may run: the first word of every command — after a newline, `;`,
+/// `&`, `|`, `(`, `)`, `{`, `}`, a backtick or `$(`, past keywords, variable assignments and
+/// redirections — unquoted, its last path part. Words in quotes and here-documents may count
+/// too: that errs towards more programs, never fewer.
+pub fn command_words(script: &str) -> std::collections::BTreeSet<String> {
+    let mut words = std::collections::BTreeSet::new();
+    let split = script.replace("$(", "\n");
+    for segment in split.split(['\n', ';', '&', '|', '(', ')', '{', '}', '`']) {
+        let first = segment.split_whitespace().find(|w| {
+            let assignment = w.split_once('=').is_some_and(|(name, _)| {
+                !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            });
+            let redirect = w.trim_start_matches(|c: char| c.is_ascii_digit()).starts_with(['<', '>']);
+            !assignment && !redirect
+        });
+        let Some(first) = first else { continue };
+        let word = first.trim_matches(['\'', '"']);
+        let word = word.rsplit('/').next().unwrap_or(word);
+        if !word.is_empty() {
+            words.insert(word.to_string());
+        }
+    }
+    words
+}
+
+/// Whether predefined stage `name` with `script` can run in a build container with the
+/// programs `have` (besides a POSIX shell and [`DETACHED_PROGRAMS`]): it is one of
+/// [`SETUP_STAGES`] and every program its script may run is there (git, git-lfs and Runway's
+/// helper commands never are: they are the helper's).
+pub fn runs_without_helper(name: &str, script: &str, have: &[String]) -> bool {
+    SETUP_STAGES.contains(&name)
+        && command_words(script).iter().all(|w| {
+            let w = w.as_str();
+            SHELL_WORDS.contains(&w)
+                || DETACHED_PROGRAMS.contains(&w)
+                || FALLBACK_PROGRAMS.contains(&w)
+                || (PROBED_PROGRAMS.contains(&w) && have.iter().any(|h| h == w))
+        })
 }
 
 /// The create body of a job's long-lived build or helper container (the web terminal's too): a
@@ -495,21 +571,37 @@ mod tests {
         assert!(cmd[2].ends_with(&detect_shell("")));
         let stage = stage_exec_command("/builds/it's");
         assert!(stage.starts_with("if [ -r /tmp/.runway-entrypoint-env ]; then . /tmp/.runway-entrypoint-env; fi; cd '/builds/it'\\''s' && if [ -x"));
-        let probe = detached_probe();
-        assert!(probe.starts_with("command -v setsid >/dev/null 2>&1 && command -v tail"));
-        assert_eq!(probe.matches("command -v").count(), DETACHED_PROGRAMS.len());
     }
 
     #[test]
-    fn setup_stages_without_helper_programs_need_only_a_shell() {
-        let prepare = "export CI_JOB_ID=1\nread -r RUNWAY_MACHINE 2>/dev/null < /proc/sys/kernel/hostname || RUNWAY_MACHINE=$(hostname 2>/dev/null || uname -n)\necho \"Running on $RUNWAY_MACHINE...\"\n";
-        assert!(shell_only_stage("prepare_script", prepare));
-        assert!(shell_only_stage("get_sources", "echo 'Skipping Git repository setup'\n[ -d '/builds/g/p' ] || mkdir -p '/builds/g/p'\n"));
-        assert!(!shell_only_stage("get_sources", "git init '/builds/g/p'\n"));
-        assert!(!shell_only_stage("cleanup_file_variables", "if [ -d x ]; then find x -type f -name '*.lock' -delete; fi\n"));
-        assert!(!shell_only_stage("restore_cache", "echo nothing\n"), "only the setup stages");
-        assert!(!shell_only_stage("get_sources", "'/usr/local/bin/runway' cache-extractor\n"));
-        assert!(shell_only_stage("get_sources", "echo GITLAB_ENV my-git-dir\n"), "parts of words do not count");
+    fn setup_stages_run_in_the_build_container_when_it_has_what_they_call() {
+        let prepare = "export CI_REPOSITORY_URL='http://x/group/project.git'\nread -r RUNWAY_MACHINE 2>/dev/null < /proc/sys/kernel/hostname || RUNWAY_MACHINE=$(hostname 2>/dev/null || uname -n)\necho \"Running on $RUNWAY_MACHINE...\"\n";
+        let words = command_words(prepare);
+        assert_eq!(words.iter().map(String::as_str).collect::<Vec<_>>(), ["echo", "export", "hostname", "read", "uname"]);
+        let have = vec!["uname".to_string(), "find".to_string()];
+        assert!(runs_without_helper("prepare_script", prepare, &have));
+        assert!(!runs_without_helper("prepare_script", prepare, &[]), "uname is missing");
+        let none = "echo 'Skipping Git repository setup'\n[ -d '/builds/g/p' ] || mkdir -p '/builds/g/p'\n";
+        assert!(runs_without_helper("get_sources", none, &[]));
+        assert!(!runs_without_helper("get_sources", "git init '/builds/g/p'\n", &have));
+        let cleanup = "if [ -d x ]; then find x -type f -name '*.lock' -delete; fi\nif [ -f e ]; then : > e; fi\n";
+        assert!(runs_without_helper("cleanup_file_variables", cleanup, &have));
+        assert!(!runs_without_helper("cleanup_file_variables", cleanup, &[]), "find is missing");
+        assert!(!runs_without_helper("restore_cache", "echo nothing\n", &have), "only the setup stages");
+        assert!(!runs_without_helper("get_sources", "'/usr/local/bin/runway' cache-extractor\n", &have));
+        assert!(!runs_without_helper("get_sources", "FOO=1 2>/dev/null git fetch\n", &have));
+        assert!(!runs_without_helper("get_sources", "echo $(curl x)\n", &have), "unknown programs need the helper");
+    }
+
+    #[test]
+    fn the_build_probe_says_what_the_image_has() {
+        let probe = build_probe("/builds");
+        assert!(probe.starts_with("if command -v setsid >/dev/null 2>&1 && command -v tail"));
+        assert!(probe.contains("if [ -w '/builds' ]; then echo writable; fi"));
+        let parsed = parse_build_probe("detached\nwritable\nhave find\nhave uname\n");
+        assert!(parsed.detached && parsed.writable);
+        assert_eq!(parsed.programs, ["find", "uname"]);
+        assert_eq!(parse_build_probe("have ls\n"), BuildProbe { programs: vec!["ls".into()], ..Default::default() });
     }
 
     #[test]

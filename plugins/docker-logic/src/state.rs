@@ -67,10 +67,13 @@ pub struct State {
     /// detached stages need: then each of those stages gets a container of its own).
     #[serde(default)]
     pub build_container: String,
-    /// The build container runs the setup stages that need only a shell (see
-    /// `spec::shell_only_stage`): its user may write the builds directory.
+    /// The build container may run the setup stages (`spec::runs_without_helper`): its user
+    /// may write the builds directory.
     #[serde(default)]
     pub build_runs_setup: bool,
+    /// The programs of `spec::PROBED_PROGRAMS` the build container has.
+    #[serde(default)]
+    pub build_programs: Vec<String>,
     /// The job's project directory (the job's own steps and `after_script` run there).
     #[serde(default)]
     pub project_dir: String,

@@ -4,10 +4,10 @@
 //! both idle ([`spec::idle_command`]) until cleanup. A stage runs detached in the right one by
 //! `exec` (`runway:host/docker-stages`), its output in a log file there that the host follows
 //! into the job log, so a resumed job attaches to a stage still running instead of starting it
-//! again. The setup stages that need only a shell (`prepare_script`, `get_sources` with
-//! `GIT_STRATEGY: none`, `cleanup_file_variables` without git; [`spec::shell_only_stage`])
-//! run in the build container when its user may write the builds directory: a job without
-//! git, cache or artifacts makes one container. The web terminal `exec`s its shell in the
+//! again. The setup stages that call only what the build container has (`prepare_script`,
+//! `get_sources` with `GIT_STRATEGY: none`, `cleanup_file_variables` without git;
+//! [`spec::runs_without_helper`]) run in it when its user may write the builds directory: a
+//! job without git, cache or artifacts makes one container. The web terminal `exec`s its shell in the
 //! build container.
 //!
 //! An image without the programs detached stages need ([`spec::DETACHED_PROGRAMS`]) runs
@@ -84,23 +84,20 @@ pub fn start_build(env: &mut DockerEnv) -> Result<(), ExecutorError> {
     let id = ensure_running(env, &name, Role::Build)?;
     // One exec: can stages run detached here, and may its user write the builds directory
     // (then the setup stages that need only a shell run here too, no helper container)?
-    let probe = format!(
-        "if {}; then echo detached; fi; if [ -w {} ]; then echo writable; fi",
-        spec::detached_probe(),
-        runway_sdk::remote::quote(&env.state.builds_dir)
-    );
-    let answer = match docker_stages::run_captured(env.api.engine(), &id, &probe, None, 256) {
+    let probe = spec::build_probe(&env.state.builds_dir);
+    let answer = match docker_stages::run_captured(env.api.engine(), &id, &probe, None, 4096) {
         Ok(output) => String::from_utf8_lossy(&output.stdout).into_owned(),
         Err(e) => {
             runway_sdk::log::warn(&format!("probing container {name}: {}", crate::api::message(&e)));
             String::new()
         }
     };
-    let detached = answer.lines().any(|l| l == "detached");
+    let probe = spec::parse_build_probe(&answer);
     let terminal = runway_sdk::terminal::wanted();
-    if detached {
+    if probe.detached {
         env.state.build_container = name;
-        env.state.build_runs_setup = answer.lines().any(|l| l == "writable");
+        env.state.build_runs_setup = probe.writable;
+        env.state.build_programs = probe.programs;
     } else {
         runway_sdk::log::info(&format!(
             "image {} lacks a program detached stages need ({}): each of the job's stages runs in a container of its own",
@@ -123,7 +120,8 @@ pub fn run(env: &DockerEnv, stage: &StageScript) -> Result<i32, ExecutorError> {
     let build = &env.state.build_container;
     let in_build = !build.is_empty()
         && (!stage.predefined
-            || (env.state.build_runs_setup && spec::shell_only_stage(&stage.name, &stage.script)));
+            || (env.state.build_runs_setup
+                && spec::runs_without_helper(&stage.name, &stage.script, &env.state.build_programs)));
     let result = if in_build {
         run_detached(env, stage, build, &format!("stage {} (container {build})", stage.name))
     } else if stage.predefined {
