@@ -519,7 +519,7 @@ async fn stages_share_one_build_and_at_most_one_helper_container() {
     assert!(trace.contains("Created cache") && trace.contains("in: job") && trace.contains("after: job"), "{trace}");
     for (job, roles) in [(trivial, &["build"][..]), (cached, &["build", "helper"][..])] {
         w.assert_cleaned_up(job, &manager).await;
-        assert_eq!(creates.roles(job), roles, "containers of job {job}: {:?}", creates.of_job(job));
+        assert_eq!(creates.roles(job), roles, "containers of job {job}; runway log:\n{}", manager.log());
     }
 }
 

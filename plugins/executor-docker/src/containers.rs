@@ -118,10 +118,7 @@ pub fn start_build(env: &mut DockerEnv) -> Result<(), ExecutorError> {
 /// Run `stage`; its exit code.
 pub fn run(env: &DockerEnv, stage: &StageScript) -> Result<i32, ExecutorError> {
     let build = &env.state.build_container;
-    let in_build = !build.is_empty()
-        && (!stage.predefined
-            || (env.state.build_runs_setup
-                && spec::runs_without_helper(&stage.name, &stage.script, &env.state.build_programs)));
+    let in_build = !build.is_empty() && (!stage.predefined || setup_in_build(env, stage));
     let result = if in_build {
         run_detached(env, stage, build, &format!("stage {} (container {build})", stage.name))
     } else if stage.predefined {
@@ -143,6 +140,24 @@ pub fn run(env: &DockerEnv, stage: &StageScript) -> Result<i32, ExecutorError> {
     };
     crate::services::debug_logs(env);
     result
+}
+
+/// Whether predefined stage `stage` runs in the build container (see
+/// [`spec::runs_without_helper`]); says why not in the runner's log.
+fn setup_in_build(env: &DockerEnv, stage: &StageScript) -> bool {
+    if !env.state.build_runs_setup || !spec::runs_without_helper(&stage.name, &stage.script, &env.state.build_programs)
+    {
+        let missing = spec::missing_programs(&stage.script, &env.state.build_programs);
+        runway_sdk::log::info(&format!(
+            "stage {} runs in the helper container (the build container may write {}: {}; its script calls {})",
+            stage.name,
+            env.state.builds_dir,
+            env.state.build_runs_setup,
+            missing.join(", ")
+        ));
+        return false;
+    }
+    true
 }
 
 /// Run `stage` detached in the running `container` and follow it (only follow it when a
