@@ -328,8 +328,7 @@ pub fn parse_build_probe(output: &str) -> BuildProbe {
 /// programs, never fewer.
 pub fn command_words(script: &str) -> std::collections::BTreeSet<String> {
     let mut words = std::collections::BTreeSet::new();
-    let mut lexer =
-        Lexer {
+    let mut lexer = Lexer {
         words: &mut words,
         word: String::new(),
         at_start: true,
@@ -373,7 +372,8 @@ impl Lexer<'_> {
             "if" | "then" | "else" | "elif" | "do" | "while" | "until" | "!" | "exec" | "command" | "time"
         );
         if assignment || redirect || prefix {
-            self.redirect_target = redirect && word.trim_start_matches(|c: char| c.is_ascii_digit() || c == '<' || c == '>' || c == '&').is_empty();
+            self.redirect_target = redirect
+                && word.trim_start_matches(|c: char| c.is_ascii_digit() || c == '<' || c == '>' || c == '&').is_empty();
             return;
         }
         self.at_start = false;
@@ -767,7 +767,10 @@ mod tests {
     fn setup_stages_run_in_the_build_container_when_it_has_what_they_call() {
         let prepare = "export CI_REPOSITORY_URL='http://x/group/project.git'\nread -r RUNWAY_MACHINE 2>/dev/null < /proc/sys/kernel/hostname || RUNWAY_MACHINE=$(hostname 2>/dev/null || uname -n)\necho \"Running on $RUNWAY_MACHINE...\"\n";
         let words = command_words(prepare);
-        assert_eq!(words.iter().map(String::as_str).collect::<Vec<_>>(), ["echo", "export", "hostname", "read", "uname"]);
+        assert_eq!(
+            words.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["echo", "export", "hostname", "read", "uname"]
+        );
         let have = vec!["uname".to_string(), "find".to_string()];
         assert!(runs_without_helper("prepare_script", prepare, &have));
         assert!(!runs_without_helper("prepare_script", prepare, &[]), "uname is missing");
@@ -786,15 +789,23 @@ mod tests {
     #[test]
     fn command_words_read_quotes_substitutions_and_evaluated_ansi_c_words() {
         let words = |s: &str| command_words(s).into_iter().collect::<Vec<_>>();
-        assert_eq!(words("printf '%s\\n' $'\\e[0;m a;b'; echo \"x; y $(uname -n) z\" | tee f"), ["echo", "printf", "tee", "uname"]);
+        assert_eq!(
+            words("printf '%s\\n' $'\\e[0;m a;b'; echo \"x; y $(uname -n) z\" | tee f"),
+            ["echo", "printf", "tee", "uname"]
+        );
         let wrapped = format!(
             "set -eo pipefail\ntrap 'exit 1' TERM\neval {} < /dev/null\nexit $?\n",
-            runway_shell_quote::ansi_c_quote("export A='x;git'\nprintf '\\x1b[1mSkipping Git\\x1b[0;m\\n'\nif [ -d d ]; then find d -delete; fi\n")
+            runway_shell_quote::ansi_c_quote(
+                "export A='x;git'\nprintf '\\x1b[1mSkipping Git\\x1b[0;m\\n'\nif [ -d d ]; then find d -delete; fi\n"
+            )
         );
         assert_eq!(words(&wrapped), ["[", "eval", "exit", "export", "fi", "find", "printf", "set", "trap"]);
         assert_eq!(words("${A:-x} 2>/dev/null; X=1 '/usr/local/bin/runway' cache-extractor # git\n"), ["runway"]);
         assert_eq!(words("echo $((1+2)) `date`"), ["date", "echo"]);
-        assert_eq!(words("case $x in a|b) echo x;; esac; (cd d && ls) ; tail f"), ["b", "case", "cd", "echo", "esac", "ls", "tail"]);
+        assert_eq!(
+            words("case $x in a|b) echo x;; esac; (cd d && ls) ; tail f"),
+            ["b", "case", "cd", "echo", "esac", "ls", "tail"]
+        );
     }
 
     #[test]

@@ -186,8 +186,7 @@ impl Executor for Docker {
             .map_err(|e| ExecutorError::Other(format!("unreadable docker executor state: {e}")))?;
         let state = saved.state;
         // A stage may already run in a long-lived container: it is followed, not started again.
-        let mut stages =
-            saved.stages.unwrap_or_else(|| StageFiles::new(docker_logic::spec::STAGES_DIR.to_string()));
+        let mut stages = saved.stages.unwrap_or_else(|| StageFiles::new(docker_logic::spec::STAGES_DIR.to_string()));
         stages.mark_resumed();
         trace::write_str("Resuming Docker executor...\n");
         let api = Api::connect(&state.host, state.tls_verify, &state.tls_cert_path)

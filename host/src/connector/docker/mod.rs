@@ -17,8 +17,8 @@ pub mod frames;
 pub mod shell;
 
 pub use client::{Body, DockerClient, Transport};
-pub use shell::ContainerShell;
 pub use endpoint::{Address, EngineAddress};
+pub use shell::ContainerShell;
 
 /// Why an engine call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
