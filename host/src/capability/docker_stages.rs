@@ -16,6 +16,7 @@ use crate::bindings::executor::runway::host0_1_0::process::{ExitStatus, Output};
 use crate::bindings::executor::runway::host0_2_0::docker::{DockerError, Engine};
 use crate::bindings::executor::runway::host0_7_0::docker_stages::Host;
 use crate::capability::docker::{wit_error, DockerView};
+use crate::capability::kube::captured;
 use crate::capability::remote::wit_status;
 use crate::connector::detached::ShellHost;
 use crate::connector::docker::shell::docker_error;
@@ -42,19 +43,7 @@ impl Host for DockerView<'_> {
         let shell = self.shell(&engine, container)?;
         let limit = (max_bytes as usize).min(MAX_CAPTURE).min(self.ctx.max_buffer());
         let result = self.budget.in_host(shell.capture(&script, stdin.as_deref(), limit)).await;
-        Ok(match result {
-            Ok((code, mut stdout)) => {
-                let truncated = stdout.len() > limit;
-                stdout.truncate(limit);
-                Ok(Output {
-                    status: wit_status(crate::connector::ExitStatus::from_code(code)),
-                    stdout,
-                    stderr: Vec::new(),
-                    truncated,
-                })
-            }
-            Err(e) => Err(wit_error(docker_error(e))),
-        })
+        Ok(result.map(|(code, stdout)| captured(code, stdout, limit)).map_err(|e| wit_error(docker_error(e))))
     }
 
     async fn start_detached(

@@ -51,7 +51,7 @@ impl DockerClient {
         rows: u16,
         stop: &StopSignal,
     ) -> Result<ExecStream, DockerError> {
-        let mut create = serde_json::json!({
+        let create = serde_json::json!({
             "AttachStdin": true,
             "AttachStdout": true,
             "AttachStderr": true,
@@ -60,6 +60,22 @@ impl DockerClient {
             "Env": spec.env,
             "ConsoleSize": [rows, cols],
         });
+        let id = self.exec_create(container, spec, create, stop).await?;
+        let (output, input) = self.hijack(&id, true, stop).await?;
+        // Older engines ignore `ConsoleSize`: the size is set once more now that it runs.
+        let _ = self.exec_resize(&id, cols, rows, stop).await;
+        Ok(ExecStream { id, output, input })
+    }
+
+    /// `POST /containers/{container}/exec` of `create` with `spec`'s user and working directory;
+    /// the exec's ID.
+    async fn exec_create(
+        &self,
+        container: &str,
+        spec: &ExecSpec,
+        mut create: serde_json::Value,
+        stop: &StopSignal,
+    ) -> Result<String, DockerError> {
         if !spec.user.is_empty() {
             create["User"] = serde_json::json!(spec.user);
         }
@@ -70,13 +86,10 @@ impl DockerClient {
         let path = format!("/containers/{}/exec", path_escape(container));
         let (_, answer) = self.request("POST", &path, Some(body), &[], 1 << 20, stop).await?;
         let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
-        let Some(id) = answer["Id"].as_str().map(str::to_string) else {
-            return Err(DockerError::Other("the engine created an exec without an ID".into()));
-        };
-        let (output, input) = self.hijack(&id, true, stop).await?;
-        // Older engines ignore `ConsoleSize`: the size is set once more now that it runs.
-        let _ = self.exec_resize(&id, cols, rows, stop).await;
-        Ok(ExecStream { id, output, input })
+        match answer["Id"].as_str() {
+            Some(id) => Ok(id.to_string()),
+            None => Err(DockerError::Other("the engine created an exec without an ID".into())),
+        }
     }
 
     /// `POST /exec/{id}/start` with the connection taken over once the engine answers: raw
@@ -148,7 +161,7 @@ impl DockerClient {
         output: &(dyn Fn(&[u8]) + Send + Sync + '_),
         stop: &StopSignal,
     ) -> Result<i32, DockerError> {
-        let mut create = serde_json::json!({
+        let create = serde_json::json!({
             "AttachStdin": stdin.is_some(),
             "AttachStdout": true,
             "AttachStderr": true,
@@ -156,20 +169,8 @@ impl DockerClient {
             "Cmd": spec.cmd,
             "Env": spec.env,
         });
-        if !spec.user.is_empty() {
-            create["User"] = serde_json::json!(spec.user);
-        }
-        if !spec.working_dir.is_empty() {
-            create["WorkingDir"] = serde_json::json!(spec.working_dir);
-        }
         let run = async {
-            let body = Body { data: create.to_string().into(), content_type: None };
-            let path = format!("/containers/{}/exec", path_escape(container));
-            let (_, answer) = self.request("POST", &path, Some(body), &[], 1 << 20, stop).await?;
-            let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
-            let Some(id) = answer["Id"].as_str().map(str::to_string) else {
-                return Err(DockerError::Other("the engine created an exec without an ID".into()));
-            };
+            let id = self.exec_create(container, spec, create, stop).await?;
             let (mut read, mut write) = self.hijack(&id, false, stop).await?;
             let lost = |e: std::io::Error| DockerError::Connection(format!("the exec stream in {container}: {e}"));
             let feed = async {
