@@ -495,10 +495,42 @@ async fn trace_limit_cuts_the_log_and_the_job_goes_on() {
     w.assert_cleaned_up(job, &manager).await;
 }
 
+/// Issue 34: a job's stages run by `exec` in long-lived containers — its build container and
+/// at most one helper container for the predefined stages — never in a container per stage:
+/// a trivial job (no git, no cache) makes the build container only, and a job with a cache
+/// (restore and archive stages in the helper) one helper container more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stages_share_one_build_and_at_most_one_helper_container() {
+    let w = world().await;
+    let creates = tokio::task::block_in_place(|| w.docker.record_creates("long-lived"));
+    let mut manager = w.manager("long-lived", "", "", "");
+    manager.start();
+    let trivial = w.enqueue(w.job("trivial", &["true"]), |_| {});
+    let record = w.finished(trivial, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let spec = w
+        .job("cached", &["mkdir -p vendor", "echo cached > vendor/lib.txt", "echo in: $(cat /etc/runway-image)"])
+        .after_script(&["echo after: $(cat /etc/runway-image)"])
+        .cache(json!({"key": "long-lived", "paths": ["vendor/"]}));
+    let cached = w.enqueue(spec, |_| {});
+    let record = w.finished(cached, &manager).await;
+    assert_state(&record, JobStatus::Success, &manager);
+    let trace = record.trace_text();
+    assert!(trace.contains("Created cache") && trace.contains("in: job") && trace.contains("after: job"), "{trace}");
+    for (job, roles) in [(trivial, &["build"][..]), (cached, &["build", "helper"][..])] {
+        w.assert_cleaned_up(job, &manager).await;
+        assert_eq!(creates.roles(job), roles, "containers of job {job}; runway log:\n{}", manager.log());
+    }
+}
+
+/// The stage goes on while no runner follows it, in the job's long-lived build container, and
+/// the restarted runner attaches to it again from the offset its trace holds: every line
+/// once, in order, and no container made again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_killed_mid_job_resumes_the_running_container() {
     const LINES: u32 = 60;
     let w = world().await;
+    let creates = tokio::task::block_in_place(|| w.docker.record_creates("resume"));
     let mut manager = w.manager("resume", "", "", "  [runners.store]\n  health_interval = 1");
     manager.start();
     let count = format!("for i in $(seq 1 {LINES}); do echo \"line $i of {LINES}\"; sleep 0.2; done");
@@ -522,6 +554,7 @@ async fn manager_killed_mid_job_resumes_the_running_container() {
         .collect();
     assert_eq!(numbers, (1..=LINES).collect::<Vec<_>>(), "every line once, in order:\n{trace}");
     w.assert_cleaned_up(job, &manager).await;
+    assert_eq!(creates.roles(job), ["build"], "reattached, not made again: {:?}", creates.of_job(job));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -233,7 +233,7 @@ async fn incompatible_and_ungranted_plugins_are_refused_with_clear_errors() {
     // Same plugin, but its metadata claims API 0.9.0.
     let bytes = std::fs::read(guest("test_versioned_v1.wasm")).expect("read");
     // The SDK's `API_VERSION` (sdk/src/lib.rs), as its metadata marker spells it.
-    let needle = b"api=0.6.0";
+    let needle = b"api=0.7.0";
     let mut patched = bytes.clone();
     let positions: Vec<usize> =
         bytes.windows(needle.len()).enumerate().filter(|(_, w)| w == needle).map(|(i, _)| i).collect();

@@ -5,7 +5,11 @@
 //! job needs several (helper and build containers), counted from the engine's events for the
 //! job's label with their images, and the bench also times `docker run --rm HELPER true` for
 //! Runway's helper image, so it prints `job / (the same starts as docker runs)` next to the
-//! raw ratio.
+//! raw ratio, and the helper image's size.
+//!
+//! With `RUNWAY_BASELINE=/path/to/runway` (another build, e.g. main's), a second runner of
+//! that binary runs the same trivial job, alternating with this build's, 10 pairs: the two
+//! medians and containers per job side by side.
 
 // criterion_group! generates undocumented public functions.
 #![allow(missing_docs)]
@@ -28,6 +32,54 @@ use fake_gitlab::JobSpec;
 static JOB_TIMES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
 static RUN_TIMES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
 static HELPER_RUN_TIMES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
+
+/// Runs a trivial job on `runner`: its ID and wall time from enqueue to the final update.
+fn trivial_job(rt: &tokio::runtime::Runtime, runner: &DockerRunner) -> (i64, Duration) {
+    let fake = &runner.fake;
+    let spec = JobSpec::new("group/project", "bench", &["true"]).variable("GIT_STRATEGY", "none");
+    let started = Instant::now();
+    let job = fake.enqueue(fake.job_payload(&spec));
+    let record = rt.block_on(fake.wait_for_job_state(job, |j| j.final_state.is_some(), Duration::from_secs(300)));
+    let elapsed = started.elapsed();
+    let record = record.unwrap_or_else(|| panic!("job {job} did not finish; runway log:\n{}", runner.log()));
+    assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
+    (job, elapsed)
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// This build against `baseline` (another build's runner on the same engine): 10 pairs of
+/// trivial jobs, alternating, so load weighs on both alike.
+fn side_by_side(rt: &tokio::runtime::Runtime, docker: &dockerd::Dockerd, this: &DockerRunner, baseline: &DockerRunner) {
+    // Each first job imports its build's helper image and compiles the plugin: not measured.
+    trivial_job(rt, baseline);
+    let (mut this_times, mut base_times) = (Vec::new(), Vec::new());
+    let (mut this_starts, mut base_starts) = (Vec::new(), Vec::new());
+    for _ in 0..10 {
+        let since = now_secs().saturating_sub(1);
+        let (job, elapsed) = trivial_job(rt, baseline);
+        base_times.push(elapsed);
+        base_starts = container_starts(docker, job, since);
+        let since = now_secs().saturating_sub(1);
+        let (job, elapsed) = trivial_job(rt, this);
+        this_times.push(elapsed);
+        this_starts = container_starts(docker, job, since);
+    }
+    this_times.sort();
+    base_times.sort();
+    let (this_median, base_median) = (this_times[this_times.len() / 2], base_times[base_times.len() / 2]);
+    println!(
+        "side by side, 10 pairs: baseline median {base_median:?} (min {:?}, max {:?}), containers {base_starts:?}; \
+         this build median {this_median:?} (min {:?}, max {:?}), containers {this_starts:?}; this / baseline = {:.3}",
+        base_times[0],
+        base_times[base_times.len() - 1],
+        this_times[0],
+        this_times[this_times.len() - 1],
+        this_median.as_secs_f64() / base_median.as_secs_f64().max(f64::EPSILON)
+    );
+}
 
 /// The images of the containers the engine started for `job` between `since` and now (Unix
 /// seconds), one entry per start.
@@ -57,20 +109,10 @@ fn benches(c: &mut Criterion) {
     let image = docker.job_image();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let runner = DockerRunner::start(&rt, docker, 900_000, "");
-    let fake = &runner.fake;
-    let run_job = || {
-        let spec = JobSpec::new("group/project", "bench", &["true"]).variable("GIT_STRATEGY", "none");
-        let started = Instant::now();
-        let job = fake.enqueue(fake.job_payload(&spec));
-        let record = rt.block_on(fake.wait_for_job_state(job, |j| j.final_state.is_some(), Duration::from_secs(300)));
-        let elapsed = started.elapsed();
-        let record = record.unwrap_or_else(|| panic!("job {job} did not finish; runway log:\n{}", runner.log()));
-        assert_eq!(record.final_state.as_deref(), Some("success"), "{}", record.trace_text());
-        (job, elapsed)
-    };
+    let run_job = || trivial_job(&rt, &runner);
     // The first job imports the helper image and compiles the plugin: not measured.
     run_job();
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let since = now_secs();
     let (probe, _) = run_job();
     let starts = container_starts(docker, probe, since.saturating_sub(1));
     let helper_starts = starts.iter().filter(|i| i.starts_with("runway-helper")).count();
@@ -78,6 +120,16 @@ fn benches(c: &mut Criterion) {
     let helper = docker.docker_ok(&["images", "--format", "{{.Repository}}:{{.Tag}}", "runway-helper"]);
     let helper = helper.lines().next().unwrap_or_default().to_string();
     println!("containers started by one job: {starts:?}");
+    if !helper.is_empty() {
+        let size = docker.docker_ok(&["image", "inspect", "--format", "{{.Size}}", &helper]);
+        println!("helper image {helper}: {size} bytes");
+    }
+    if let Some(binary) = std::env::var("RUNWAY_BASELINE").ok().filter(|b| !b.is_empty()) {
+        let baseline = DockerRunner::start_binary(&rt, docker, 950_000, "", &binary);
+        side_by_side(&rt, docker, &runner, &baseline);
+        let old = docker.docker_ok(&["images", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}", "runway-helper"]);
+        println!("helper images on the engine:\n{old}");
+    }
 
     let mut group = c.benchmark_group("docker executor");
     group.sample_size(10).measurement_time(Duration::from_secs(30)).warm_up_time(Duration::from_secs(1));

@@ -6,12 +6,12 @@
 //! contexts, `plugin` instantiates and links, `executor` calls the exports. Everything else
 //! speaks the domain types of those modules, never these.
 
-/// `runway:executor/executor-plugin@0.6.0` (which links plugins built against 0.1.0 to 0.5.0
+/// `runway:executor/executor-plugin@0.7.0` (which links plugins built against 0.1.0 to 0.6.0
 /// too: the exported interface is the same, the imports a superset).
 #[allow(missing_docs)] // generated; the WIT files carry the documentation
 pub mod executor {
     wasmtime::component::bindgen!({
-        world: "runway:executor/executor-plugin@0.6.0",
+        world: "runway:executor/executor-plugin@0.7.0",
         path: [
             "../wit/host",
             "../wit/executor",
@@ -25,6 +25,8 @@ pub mod executor {
             "../wit/0.5.0/executor",
             "../wit/0.6.0/host",
             "../wit/0.6.0/executor",
+            "../wit/0.7.0/host",
+            "../wit/0.7.0/executor",
         ],
         imports: { default: async | trappable },
         exports: { default: async },

@@ -3,7 +3,7 @@
 /// The `runway:executor/executor-plugin` world.
 pub mod executor {
     wit_bindgen::generate!({
-        world: "runway:executor/executor-plugin@0.6.0",
+        world: "runway:executor/executor-plugin@0.7.0",
         path: [
             "../wit/host",
             "../wit/executor",
@@ -17,6 +17,8 @@ pub mod executor {
             "../wit/0.5.0/executor",
             "../wit/0.6.0/host",
             "../wit/0.6.0/executor",
+            "../wit/0.7.0/host",
+            "../wit/0.7.0/executor",
         ],
         runtime_path: "::runway_sdk::wit_bindgen::rt",
         pub_export_macro: true,

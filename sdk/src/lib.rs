@@ -28,7 +28,7 @@
 //! Build with `cargo build --release --target wasm32-wasip2` and copy the `.wasm` file into
 //! the runner's `plugins_dir`. The SDK hides the generated bindings; it re-exports the WIT
 //! types under friendlier modules and wraps the host capabilities (`log`, `trace`, `process`,
-//! `kv`, `remote`, `files`, `docker`, `kube`, `terminal`, `job`, `supervisor`, `job_config`) in small idiomatic APIs.
+//! `kv`, `remote`, `files`, `docker`, `docker_stages`, `kube`, `terminal`, `job`, `supervisor`, `job_config`) in small idiomatic APIs.
 
 #![deny(missing_docs)]
 
@@ -44,6 +44,7 @@ pub mod bindings;
 pub mod export;
 
 pub mod docker;
+pub mod docker_stages;
 pub mod executor;
 pub mod files;
 pub mod fleeting;
@@ -60,7 +61,7 @@ pub mod trace;
 
 /// Version of the WIT packages this SDK implements; the host refuses plugins whose major
 /// (or, before 1.0, minor) version differs from its own.
-pub const API_VERSION: &str = "0.6.0";
+pub const API_VERSION: &str = "0.7.0";
 
 #[doc(hidden)]
 pub mod meta {
@@ -100,7 +101,7 @@ macro_rules! __embed_metadata {
             "\n",
             // `concat!` takes literals only: keep equal to `API_VERSION` (the host refuses a
             // plugin whose section and `metadata()` disagree).
-            "api=0.6.0\n",
+            "api=0.7.0\n",
             "description=",
             $description,
             "\n",

@@ -455,6 +455,63 @@ impl Dockerd {
     }
 }
 
+/// `docker events` of the containers created from its start on (every job's), kept in a file
+/// until [`ContainerCreates::of_job`] reads them; the CLI is stopped on drop.
+pub(crate) struct ContainerCreates {
+    child: Child,
+    file: PathBuf,
+}
+
+impl Dockerd {
+    /// Start recording container creations, and wait until the CLI is subscribed (a first
+    /// `ping` reaches the daemon after it).
+    pub(crate) fn record_creates(&self, name: &str) -> ContainerCreates {
+        let file = self.dir.join(format!("creates-{name}-{}.jsonl", std::process::id()));
+        let out = std::fs::File::create(&file).expect("events file");
+        let child = self
+            .docker_cmd()
+            .args(["events", "--filter", "type=container", "--filter", "event=create", "--format", "{{json .}}"])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker events runs");
+        // The CLI subscribes within its first round trip; give it a moment.
+        std::thread::sleep(Duration::from_millis(1500));
+        ContainerCreates { child, file }
+    }
+}
+
+impl ContainerCreates {
+    /// The creation events of containers labelled `runway.job.id=<job>` so far.
+    pub(crate) fn of_job(&self, job: i64) -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(&self.file).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["Actor"]["Attributes"]["runway.job.id"].as_str() == Some(job.to_string().as_str()))
+            .collect()
+    }
+
+    /// The `runway.role` labels of the containers created for `job`, sorted.
+    pub(crate) fn roles(&self, job: i64) -> Vec<String> {
+        let mut roles: Vec<String> = self
+            .of_job(job)
+            .iter()
+            .map(|e| e["Actor"]["Attributes"]["runway.role"].as_str().unwrap_or("?").to_string())
+            .collect();
+        roles.sort();
+        roles
+    }
+}
+
+impl Drop for ContainerCreates {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
 impl Drop for Dockerd {
     fn drop(&mut self) {
         self.shutdown();

@@ -27,6 +27,17 @@ impl DockerRunner {
     /// Start it: jobs numbered from `first_job_id`, `docker_lines` appended to
     /// `[runners.docker]`.
     pub(crate) fn start(rt: &tokio::runtime::Runtime, docker: &Dockerd, first_job_id: i64, docker_lines: &str) -> Self {
+        Self::start_binary(rt, docker, first_job_id, docker_lines, RUNWAY)
+    }
+
+    /// [`DockerRunner::start`] with another build's `runway` (a baseline measured side by side).
+    pub(crate) fn start_binary(
+        rt: &tokio::runtime::Runtime,
+        docker: &Dockerd,
+        first_job_id: i64,
+        docker_lines: &str,
+        binary: &str,
+    ) -> Self {
         let fake = rt.block_on(FakeGitLab::start_with(fake_gitlab::Config {
             long_poll: Duration::from_secs(5),
             trace_update_interval: 3,
@@ -66,7 +77,7 @@ executor = "docker"
         .expect("config");
         let log = std::fs::File::create(dir.path().join("runway.log")).expect("log");
         let process = RunwayProcess(
-            Command::new(RUNWAY)
+            Command::new(binary)
                 .arg("-c")
                 .arg(&config)
                 .arg("run")

@@ -124,6 +124,11 @@ impl DockerCtx {
     pub fn new(policy: DockerPolicy, max_buffer: usize, helper: Option<HelperImageSource>) -> Self {
         DockerCtx { policy, max_buffer, helper }
     }
+
+    /// Most bytes buffered per answer.
+    pub(crate) fn max_buffer(&self) -> usize {
+        self.max_buffer
+    }
 }
 
 /// One open engine (the resource behind `engine`).
@@ -158,7 +163,7 @@ impl HasData for HasDocker {
 }
 
 /// The WIT error of an engine failure.
-fn wit_error(error: engine::DockerError) -> DockerError {
+pub(crate) fn wit_error(error: engine::DockerError) -> DockerError {
     match error {
         engine::DockerError::Connection(m) => DockerError::Connection(m),
         engine::DockerError::Api { status, message } => DockerError::Api(ApiError { status, message }),
@@ -179,7 +184,8 @@ fn registry_auth(auth: &RegistryAuth) -> String {
 }
 
 impl DockerView<'_> {
-    fn client(&self, engine: &Resource<Engine>) -> wasmtime::Result<DockerClient> {
+    /// The client of engine handle `engine`.
+    pub(crate) fn client(&self, engine: &Resource<Engine>) -> wasmtime::Result<DockerClient> {
         let handle: Resource<EngineHandle> = Resource::new_borrow(engine.rep());
         Ok(self.table.get(&handle)?.client.clone())
     }

@@ -92,6 +92,14 @@ fn wit_error(error: connector::KubeError) -> KubeError {
     }
 }
 
+/// The WIT output of a script captured by `ShellHost::capture`: its exit code and at most
+/// `limit` bytes of output (more were there when `truncated`).
+pub(crate) fn captured(code: i32, mut stdout: Vec<u8>, limit: usize) -> Output {
+    let truncated = stdout.len() > limit;
+    stdout.truncate(limit);
+    Output { status: wit_status(crate::connector::ExitStatus::from_code(code)), stdout, stderr: Vec::new(), truncated }
+}
+
 fn container(target: &Target) -> ContainerRef {
     ContainerRef { namespace: target.namespace.clone(), pod: target.pod.clone(), container: target.container.clone() }
 }
@@ -188,19 +196,7 @@ impl HostCluster for KubeView<'_> {
         let shell = self.shell(&cluster, &target)?;
         let limit = (max_bytes as usize).min(MAX_CAPTURE).min(self.ctx.max_buffer);
         let result = self.budget.in_host(detached::ShellHost::capture(&shell, &script, stdin.as_deref(), limit)).await;
-        Ok(match result {
-            Ok((code, mut stdout)) => {
-                let truncated = stdout.len() > limit;
-                stdout.truncate(limit);
-                Ok(Output {
-                    status: wit_status(crate::connector::ExitStatus::from_code(code)),
-                    stdout,
-                    stderr: Vec::new(),
-                    truncated,
-                })
-            }
-            Err(e) => Err(wit_error(kube_error(e))),
-        })
+        Ok(result.map(|(code, stdout)| captured(code, stdout, limit)).map_err(|e| wit_error(kube_error(e))))
     }
 
     async fn start_detached(

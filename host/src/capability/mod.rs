@@ -14,6 +14,7 @@
 
 pub mod call;
 pub mod docker;
+pub mod docker_stages;
 pub mod files;
 pub mod http;
 pub mod job;

@@ -50,7 +50,7 @@ pub enum MetadataError {
 
 /// Versions of the WIT packages this host implements. A plugin built against another
 /// version is refused with a message naming both.
-pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.1", "0.2", "0.3", "0.4", "0.5", "0.6"];
+pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7"];
 
 /// Which contract a plugin implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -172,16 +172,17 @@ mod tests {
 
     #[test]
     fn refuses_other_api_versions() {
-        let err = parse_section("runway-plugin-v1\nname=x\nkind=executor\napi=0.7.0\n")
-            .expect_err("0.7 unsupported")
+        let err = parse_section("runway-plugin-v1\nname=x\nkind=executor\napi=0.8.0\n")
+            .expect_err("0.8 unsupported")
             .to_string();
-        assert!(err.contains("0.7.0") && err.contains("0.1.x, 0.2.x, 0.3.x, 0.4.x, 0.5.x, 0.6.x"), "{err}");
+        assert!(err.contains("0.8.0") && err.contains("0.1.x, 0.2.x, 0.3.x, 0.4.x, 0.5.x, 0.6.x, 0.7.x"), "{err}");
         assert!(check_api("0.1.7").is_ok());
         assert!(check_api("0.2.0").is_ok());
         assert!(check_api("0.3.0").is_ok());
         assert!(check_api("0.4.0").is_ok());
         assert!(check_api("0.5.0").is_ok());
         assert!(check_api("0.6.0").is_ok());
+        assert!(check_api("0.7.0").is_ok());
         assert!(check_api("1.0.0").is_err());
     }
 

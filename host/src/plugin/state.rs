@@ -201,6 +201,7 @@ pub(crate) fn add_executor_imports(linker: &mut Linker<PluginState>) -> wasmtime
     executor::runway::host0_4_0::files::add_to_linker::<_, HasRemote>(linker, PluginState::remote)?;
     executor::runway::host0_5_0::kube::add_to_linker::<_, HasKube>(linker, PluginState::kube)?;
     executor::runway::host0_6_0::terminal::add_to_linker::<_, HasTerminal>(linker, PluginState::terminal)?;
+    executor::runway::host0_7_0::docker_stages::add_to_linker::<_, HasDocker>(linker, PluginState::docker)?;
     exec::types::add_to_linker::<_, TypesOnly>(linker, |_| TypesOnly)?;
     Ok(())
 }

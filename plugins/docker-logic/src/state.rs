@@ -62,6 +62,21 @@ pub struct State {
     /// `CI_DEBUG_SERVICES` (or `CI_DEBUG_TRACE`): services' output goes into the job log.
     #[serde(default)]
     pub debug_services: bool,
+    /// The job's long-lived build container (its name), where the job's own stages run
+    /// detached; empty: none (a state of an older plugin, or an image without the programs
+    /// detached stages need: then each of those stages gets a container of its own).
+    #[serde(default)]
+    pub build_container: String,
+    /// The build container may run the setup stages (`spec::runs_without_helper`): its user
+    /// may write the builds directory.
+    #[serde(default)]
+    pub build_runs_setup: bool,
+    /// The programs of `spec::PROBED_PROGRAMS` the build container has.
+    #[serde(default)]
+    pub build_programs: Vec<String>,
+    /// The job's project directory (the job's own steps and `after_script` run there).
+    #[serde(default)]
+    pub project_dir: String,
 }
 
 impl State {

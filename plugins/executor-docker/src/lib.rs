@@ -5,13 +5,14 @@
 //!
 //! `prepare` pulls the job's image (for its `docker: platform:`), picks the helper image, creates the job's network
 //! (`runway-job-<id>-<suffix>`, unless `network_mode` is set), its build volume and cache
-//! volumes, and starts and waits for the services. `run` creates one container per stage
-//! (predefined stages in the helper image, user stages in the job's image), uploads the
-//! script into it, starts and follows it, and removes it once it exits; a stage container found
-//! by its name (after `resume`) is followed instead of created again. A job that can have a
-//! web terminal (`runway:host/terminal`) also gets an idle build container from `prepare` to
-//! cleanup, which the host `exec`s the terminal's shell in. `cleanup` removes every
-//! container, the network and the job's volumes, never the cache volumes.
+//! volumes, starts and waits for the services, and starts the job's long-lived build container
+//! (the job's image). `run` starts each stage detached by `exec` (`runway:host/docker-stages`)
+//! in a long-lived container — the job's own stages in the build container, predefined stages
+//! in one helper container (the helper image) created when the first of them runs — and the
+//! host follows its log into the job log; after `resume` a stage already started is only
+//! followed again (see [`containers`]). The web terminal (`runway:host/terminal`) `exec`s its
+//! shell in the build container. `cleanup` removes every container, the network and the job's
+//! volumes, never the cache volumes.
 //!
 //! The decisions that need no engine (config, pull policies, names, request bodies, state)
 //! live in the `docker-logic` crate, tested natively.
@@ -24,6 +25,7 @@ use docker_logic::mounts::{self, Owner};
 use docker_logic::names;
 use docker_logic::policy::{check_allowed, PullPolicy};
 use docker_logic::state::State;
+use remote_stages::StageFiles;
 use runway_sdk::executor::*;
 use runway_sdk::trace;
 
@@ -44,11 +46,48 @@ pub struct DockerEnv {
     config: DockerConfig,
     state: State,
     prefix: String,
+    /// The stages started so far in the long-lived containers (saved with the state).
+    stages: StageFiles,
+    /// The helper container's ID, once a predefined stage made it.
+    helper: RefCell<Option<String>>,
     /// Stage containers this instance ran to the end: one still found under such a name (its
     /// removal failed) is stale, not a stage to reattach to.
     finished: RefCell<Vec<String>>,
     /// Lines of each service's output already copied into the job log (`CI_DEBUG_SERVICES`).
     service_lines: RefCell<Vec<usize>>,
+}
+
+/// What `state` saves: `docker-logic`'s state and the stages started (flattened: an older
+/// plugin's state, without stages, still reads).
+#[derive(serde::Serialize)]
+struct SavedRef<'a> {
+    #[serde(flatten)]
+    state: &'a State,
+    stages: &'a StageFiles,
+}
+
+/// What `resume` reads (see [`SavedRef`]).
+#[derive(serde::Deserialize)]
+struct Saved {
+    #[serde(flatten)]
+    state: State,
+    #[serde(default)]
+    stages: Option<StageFiles>,
+}
+
+impl DockerEnv {
+    fn new(api: Api, config: DockerConfig, state: State, prefix: String, stages: StageFiles) -> DockerEnv {
+        DockerEnv {
+            api,
+            config,
+            state,
+            prefix,
+            stages,
+            helper: RefCell::default(),
+            finished: RefCell::default(),
+            service_lines: RefCell::default(),
+        }
+    }
 }
 
 fn parse_config(json: &str) -> Result<config::Parsed, ExecutorError> {
@@ -126,11 +165,12 @@ impl Executor for Docker {
             // Cleanup removes it by name too, even when `volumes` mounts the builds directory.
             build_volume: names::build_volume(&prefix),
             builds_dir: job.builds_dir.clone(),
+            project_dir: job.project_dir.clone(),
             debug_services: ctx.debug_services(),
             ..Default::default()
         };
-        let mut env =
-            DockerEnv { api, config, state, prefix, finished: RefCell::default(), service_lines: RefCell::default() };
+        let stages = StageFiles::new(docker_logic::spec::STAGES_DIR.to_string());
+        let mut env = DockerEnv::new(api, config, state, prefix, stages);
         match env.setup(&job, &ctx, &image) {
             Ok(()) => Ok(env),
             Err(e) => {
@@ -142,12 +182,17 @@ impl Executor for Docker {
 
     fn resume(job: Job, state: String) -> Result<DockerEnv, ExecutorError> {
         let config = parse_config(&job.config)?.config;
-        let state = State::from_json(&state).map_err(ExecutorError::Other)?;
+        let saved: Saved = serde_json::from_str(&state)
+            .map_err(|e| ExecutorError::Other(format!("unreadable docker executor state: {e}")))?;
+        let state = saved.state;
+        // A stage may already run in a long-lived container: it is followed, not started again.
+        let mut stages = saved.stages.unwrap_or_else(|| StageFiles::new(docker_logic::spec::STAGES_DIR.to_string()));
+        stages.mark_resumed();
         trace::write_str("Resuming Docker executor...\n");
         let api = Api::connect(&state.host, state.tls_verify, &state.tls_cert_path)
             .map_err(|e| executor_error(e, "connecting to the Docker engine"))?;
         let prefix = names::job_prefix(state.job_id, &state.suffix);
-        Ok(DockerEnv { api, config, state, prefix, finished: RefCell::default(), service_lines: RefCell::default() })
+        Ok(DockerEnv::new(api, config, state, prefix, stages))
     }
 }
 
@@ -181,7 +226,7 @@ impl DockerEnv {
         }
         self.create_volumes(job, ctx)?;
         services::start(self, ctx)?;
-        containers::keep_for_terminal(self)
+        containers::start_build(self)
     }
 
     /// The configured helper image (pulled if missing), else Runway's own.
@@ -225,7 +270,7 @@ impl Environment for DockerEnv {
     }
 
     fn state(&self) -> Option<String> {
-        Some(self.state.to_json())
+        serde_json::to_string(&SavedRef { state: &self.state, stages: &self.stages }).ok()
     }
 }
 

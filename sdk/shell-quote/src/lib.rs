@@ -29,6 +29,39 @@ pub fn ansi_c_quote(value: &str) -> String {
     out
 }
 
+/// The text of an ANSI-C quoted word's inside (between `$'` and `'`): the escapes
+/// [`ansi_c_quote`] writes, and bash's other single-character ones, decoded.
+pub fn ansi_c_unquote(inner: &str) -> String {
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('t') => out.push('\t'),
+            Some('e' | 'E') => out.push('\x1b'),
+            Some('a') => out.push('\x07'),
+            Some('x') => {
+                let mut digits = String::new();
+                while digits.len() < 2 && chars.peek().is_some_and(char::is_ascii_hexdigit) {
+                    digits.extend(chars.next());
+                }
+                match u32::from_str_radix(&digits, 16).ok().and_then(char::from_u32) {
+                    Some(decoded) => out.push(decoded),
+                    None => out.push_str("\\x"),
+                }
+            }
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,5 +76,14 @@ mod tests {
     #[test]
     fn ansi_c_quotes_escape_control_characters() {
         assert_eq!(ansi_c_quote("a'b\\c\n\t\x1b"), r"$'a\'b\\c\n\t\x1b'");
+    }
+
+    #[test]
+    fn ansi_c_unquote_reads_back_what_ansi_c_quote_wrote() {
+        for text in ["a'b\\c\n\t\x1b[0;m\r\x7f", "", "plain", "\\x", "tail\\"] {
+            let quoted = ansi_c_quote(text);
+            assert_eq!(ansi_c_unquote(&quoted[2..quoted.len() - 1]), text, "{quoted}");
+        }
+        assert_eq!(ansi_c_unquote(r"\e[1m\\q\xzz"), "\x1b[1m\\q\\xzz");
     }
 }

@@ -1,8 +1,10 @@
-//! An interactive `exec` in a running container (GitLab's web terminal on Docker jobs): the
-//! exec created with a tty, started with its connection hijacked (`Upgrade: tcp`, as the
-//! Docker CLI does) so the connection itself is the terminal's input and output — raw bytes,
-//! no multiplexing with a tty — and resized through the exec's resize endpoint. Works over
-//! every transport of [`DockerClient`] (a fleet instance's socket too).
+//! `exec` in a running container, its connection hijacked (`Upgrade: tcp`, as the Docker CLI
+//! does) so the connection itself is the command's input and output. With a tty (GitLab's web
+//! terminal on Docker jobs) the bytes are raw and the exec is resized through its resize
+//! endpoint; without one ([`DockerClient::exec_run`], the stages of `super::shell`) the output
+//! is the multiplexed stream of [`super::frames`], the standard input ends with a half-close,
+//! and the exit code is read from the exec's inspection. Works over every transport of
+//! [`DockerClient`] (a fleet instance's socket too).
 //!
 //! Owns: the hijacked exec stream. Must not touch: what runs in the exec (the caller's
 //! command), sessions or WebSockets.
@@ -49,7 +51,7 @@ impl DockerClient {
         rows: u16,
         stop: &StopSignal,
     ) -> Result<ExecStream, DockerError> {
-        let mut create = serde_json::json!({
+        let create = serde_json::json!({
             "AttachStdin": true,
             "AttachStdout": true,
             "AttachStderr": true,
@@ -58,6 +60,22 @@ impl DockerClient {
             "Env": spec.env,
             "ConsoleSize": [rows, cols],
         });
+        let id = self.exec_create(container, spec, create, stop).await?;
+        let (output, input) = self.hijack(&id, true, stop).await?;
+        // Older engines ignore `ConsoleSize`: the size is set once more now that it runs.
+        let _ = self.exec_resize(&id, cols, rows, stop).await;
+        Ok(ExecStream { id, output, input })
+    }
+
+    /// `POST /containers/{container}/exec` of `create` with `spec`'s user and working directory;
+    /// the exec's ID.
+    async fn exec_create(
+        &self,
+        container: &str,
+        spec: &ExecSpec,
+        mut create: serde_json::Value,
+        stop: &StopSignal,
+    ) -> Result<String, DockerError> {
         if !spec.user.is_empty() {
             create["User"] = serde_json::json!(spec.user);
         }
@@ -68,22 +86,21 @@ impl DockerClient {
         let path = format!("/containers/{}/exec", path_escape(container));
         let (_, answer) = self.request("POST", &path, Some(body), &[], 1 << 20, stop).await?;
         let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
-        let Some(id) = answer["Id"].as_str().map(str::to_string) else {
-            return Err(DockerError::Other("the engine created an exec without an ID".into()));
-        };
-        let (output, input) = self.hijack(&id, stop).await?;
-        // Older engines ignore `ConsoleSize`: the size is set once more now that it runs.
-        let _ = self.exec_resize(&id, cols, rows, stop).await;
-        Ok(ExecStream { id, output, input })
+        match answer["Id"].as_str() {
+            Some(id) => Ok(id.to_string()),
+            None => Err(DockerError::Other("the engine created an exec without an ID".into())),
+        }
     }
 
-    /// `POST /exec/{id}/start` with the connection taken over once the engine answers.
-    async fn hijack(
+    /// `POST /exec/{id}/start` with the connection taken over once the engine answers: raw
+    /// bytes with `tty`, else the multiplexed stream of [`super::frames`].
+    pub(super) async fn hijack(
         &self,
         id: &str,
+        tty: bool,
         stop: &StopSignal,
     ) -> Result<(Box<dyn AsyncRead + Send + Unpin>, Box<dyn AsyncWrite + Send + Unpin>), DockerError> {
-        let body = r#"{"Detach":false,"Tty":true}"#;
+        let body = if tty { r#"{"Detach":false,"Tty":true}"# } else { r#"{"Detach":false,"Tty":false}"# };
         let request = format!(
             "POST /v{}/exec/{}/start HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n\
              Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {}\r\n\r\n{body}",
@@ -130,6 +147,81 @@ impl DockerClient {
             result = started => result,
             _ = stop.stopped() => Err(DockerError::Canceled),
         }
+    }
+
+    /// Run `spec` in `container` without a tty: `stdin` on its standard input (closed after
+    /// it; none when `None`), stdout and stderr to `output` in arrival order; its exit code
+    /// once the engine reports it. When `stop` fires the stream is dropped and the result is
+    /// [`DockerError::Canceled`] (the command itself goes on: the caller stops it).
+    pub async fn exec_run(
+        &self,
+        container: &str,
+        spec: &ExecSpec,
+        stdin: Option<&[u8]>,
+        output: &(dyn Fn(&[u8]) + Send + Sync + '_),
+        stop: &StopSignal,
+    ) -> Result<i32, DockerError> {
+        let create = serde_json::json!({
+            "AttachStdin": stdin.is_some(),
+            "AttachStdout": true,
+            "AttachStderr": true,
+            "Tty": false,
+            "Cmd": spec.cmd,
+            "Env": spec.env,
+        });
+        let run = async {
+            let id = self.exec_create(container, spec, create, stop).await?;
+            let (mut read, mut write) = self.hijack(&id, false, stop).await?;
+            let lost = |e: std::io::Error| DockerError::Connection(format!("the exec stream in {container}: {e}"));
+            let feed = async {
+                if let Some(data) = stdin {
+                    write.write_all(data).await?;
+                }
+                write.flush().await?;
+                // The half-close is what ends the command's standard input.
+                write.shutdown().await
+            };
+            let drain = async {
+                let mut demux = super::frames::Demux::new(false);
+                let mut buf = vec![0u8; 32 << 10];
+                loop {
+                    let n = read.read(&mut buf).await?;
+                    if n == 0 {
+                        return Ok::<(), std::io::Error>(());
+                    }
+                    demux.push(&buf[..n], output);
+                }
+            };
+            let (fed, drained) = tokio::join!(feed, drain);
+            drained.map_err(lost)?;
+            // A command that never read its input may have ended before it was written.
+            if let Err(e) = fed {
+                tracing::debug!(container, error = %e, "the exec's standard input was not taken whole");
+            }
+            self.exec_exit_code(&id, stop).await
+        };
+        tokio::select! {
+            result = run => result,
+            () = stop.stopped() => Err(DockerError::Canceled),
+        }
+    }
+
+    /// The exit code of exec `id`, whose stream has ended: the engine may report it a moment
+    /// later than the stream's end, so a running exec is asked again (for at most 10 s).
+    async fn exec_exit_code(&self, id: &str, stop: &StopSignal) -> Result<i32, DockerError> {
+        let path = format!("/exec/{}/json", path_escape(id));
+        for attempt in 0u32..1000 {
+            let (_, answer) = self.request("GET", &path, None, &[], 1 << 20, stop).await?;
+            let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+            if answer["Running"].as_bool() != Some(true) {
+                return match answer["ExitCode"].as_i64() {
+                    Some(code) => Ok(i32::try_from(code).unwrap_or(255)),
+                    None => Err(DockerError::Other(format!("exec {id} ended without an exit code"))),
+                };
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(if attempt < 20 { 2 } else { 10 })).await;
+        }
+        Err(DockerError::Other(format!("exec {id}: its stream ended, but the engine still reports it running")))
     }
 
     /// Set exec `id`'s tty to `cols` × `rows`.

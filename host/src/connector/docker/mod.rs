@@ -3,7 +3,8 @@
 //! its API over a unix socket, TCP (with TLS) or — for `docker-autoscaler` — a unix socket on a
 //! fleet instance through the instance's SSH session, passes requests through as the plugin wrote
 //! them, reads pull and import progress, and streams container output into the job's trace
-//! ([`frames`] demultiplexes it). The executor plugin decides every request; nothing here knows
+//! ([`frames`] demultiplexes it), and runs scripts in a running container by `exec`
+//! ([`exec`]; [`shell`] puts a container behind the detached stages' `ShellHost`). The executor plugin decides every request; nothing here knows
 //! what a job needs.
 //!
 //! Owns: engine addresses, transports, the API version, output streams. Must not touch: WIT
@@ -13,9 +14,11 @@ pub mod client;
 pub mod endpoint;
 pub mod exec;
 pub mod frames;
+pub mod shell;
 
 pub use client::{Body, DockerClient, Transport};
 pub use endpoint::{Address, EngineAddress};
+pub use shell::ContainerShell;
 
 /// Why an engine call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
