@@ -269,7 +269,10 @@ struct Lane {
 
 impl Lane {
     fn busy_change(&mut self, instance: &str, delta: i32, now: Moment) {
-        let entry = self.busy.entry(instance.to_string()).or_insert((0, now));
+        if !self.busy.contains_key(instance) {
+            self.busy.insert(instance.to_string(), (0, now));
+        }
+        let Some(entry) = self.busy.get_mut(instance) else { return };
         if delta > 0 {
             if entry.0 == 0 {
                 entry.1 = now;
