@@ -330,7 +330,9 @@ impl Taskscaler {
         let mut due: Vec<String> = self
             .instances
             .heartbeats_due(now)
-            .filter(|id| self.instances.get(id).is_some_and(|i| i.awaiting_adoption.is_none() && i.interrupted.is_none()))
+            .filter(|id| {
+                self.instances.get(id).is_some_and(|i| i.awaiting_adoption.is_none() && i.interrupted.is_none())
+            })
             .cloned()
             .collect();
         due.sort_unstable();
