@@ -662,8 +662,9 @@ impl SimProvider {
         let now = self.clock.now();
         self.prune(now);
         // Like real clouds, deleted instances drop out of the listing.
-        let mut n = 0;
-        for (id, i) in self.instances.iter().filter(|(_, i)| i.group == group && i.deleted_at.is_none_or(|d| d > now)) {
+        let live = self.instances.iter().filter(|(_, i)| i.group == group && i.deleted_at.is_none_or(|d| d > now));
+        let mut len = 0;
+        for (n, (id, i)) in live.enumerate() {
             let state = self.state_at(i, now);
             match listing.get_mut(n) {
                 Some(entry) => {
@@ -672,9 +673,9 @@ impl SimProvider {
                 }
                 None => listing.push((id.clone(), state)),
             }
-            n += 1;
+            len = n + 1;
         }
-        listing.truncate(n);
+        listing.truncate(len);
         Ok(())
     }
 
