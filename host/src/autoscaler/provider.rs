@@ -75,6 +75,13 @@ pub trait InstanceGroup: Send {
     fn decrease(&mut self, ids: &[String]) -> Result<Vec<String>, ProviderError>;
     /// Every instance of the group with its state. Instances not listed are gone.
     fn update(&mut self) -> Result<Vec<(String, InstanceState)>, ProviderError>;
+    /// [`InstanceGroup::update`] into `listing` (its old entries replaced), so a provider that
+    /// writes its ids into the strings already there spares an allocation per instance and
+    /// poll. By default it calls `update`.
+    fn update_into(&mut self, listing: &mut Vec<(String, InstanceState)>) -> Result<(), ProviderError> {
+        *listing = self.update()?;
+        Ok(())
+    }
     /// Liveness of one instance (the `exit 0` probe).
     fn heartbeat(&mut self, id: &str) -> Result<(), ProviderError>;
     /// Instances the provider announced it will take away. Asked after every successful
@@ -333,6 +340,9 @@ pub struct SimProvider {
     instances: BTreeMap<String, SimInstance>,
     /// Deleted instances, kept for billing.
     gone: Vec<(String, SimInstance)>,
+    /// No instance of `instances` is deleted before this (`None`: none has a deletion time),
+    /// so `prune` walks them only when one is due.
+    next_prune: Option<Moment>,
     /// `increase` calls and instances requested in total.
     pub increase_calls: u64,
     /// Instances created in total.
@@ -369,6 +379,9 @@ impl InstanceGroup for SimGroup<'_> {
     fn update(&mut self) -> Result<Vec<(String, InstanceState)>, ProviderError> {
         self.cloud.update_in(self.group)
     }
+    fn update_into(&mut self, listing: &mut Vec<(String, InstanceState)>) -> Result<(), ProviderError> {
+        self.cloud.update_into_in(self.group, listing)
+    }
     fn heartbeat(&mut self, id: &str) -> Result<(), ProviderError> {
         self.cloud.heartbeat(id)
     }
@@ -394,6 +407,7 @@ impl SimProvider {
             next_id: 0,
             instances: BTreeMap::new(),
             gone: Vec::new(),
+            next_prune: None,
             increase_calls: 0,
             created_total: 0,
             notices: Vec::new(),
@@ -465,6 +479,10 @@ impl SimProvider {
 
     /// Move instances deleted by `now` out of the live map (keeps `update()` O(live)).
     fn prune(&mut self, now: Moment) {
+        if self.next_prune.is_none_or(|t| t > now) {
+            return;
+        }
+        self.next_prune = self.instances.values().filter_map(|i| i.deleted_at).filter(|d| *d > now).min();
         let dead: Vec<String> = self
             .instances
             .iter()
@@ -491,6 +509,7 @@ impl SimProvider {
         if let Some(i) = self.instances.get_mut(id) {
             if i.deleted_at.is_none_or(|d| d > now) {
                 i.deleted_at = Some(now);
+                self.next_prune = Some(self.next_prune.map_or(now, |t| t.min(now)));
             }
         }
     }
@@ -587,7 +606,9 @@ impl SimProvider {
                 let hours = (-u.ln() / interruptions).min(1e5);
                 let notice = up_at.plus(Duration::from_secs_f64(hours * 3600.0));
                 interruption_at = Some(notice);
-                deleted_at = Some(notice.plus(Duration::from_secs_f64(self.settings.interruption_notice_s.min(1e9))));
+                let at = notice.plus(Duration::from_secs_f64(self.settings.interruption_notice_s.min(1e9)));
+                deleted_at = Some(at);
+                self.next_prune = Some(self.next_prune.map_or(at, |t| t.min(at)));
             }
             self.instances.insert(
                 id,
@@ -618,6 +639,7 @@ impl SimProvider {
                     let done = now.plus(delay);
                     i.delete_requested_at = Some(now);
                     i.deleted_at = Some(i.deleted_at.map_or(done, |d| d.min(done)));
+                    self.next_prune = Some(self.next_prune.map_or(done, |t| t.min(done)));
                     accepted.push(id.clone());
                 }
             }
@@ -626,18 +648,35 @@ impl SimProvider {
     }
 
     fn update_in(&mut self, group: u32) -> Result<Vec<(String, InstanceState)>, ProviderError> {
+        let mut listing = Vec::new();
+        self.update_into_in(group, &mut listing)?;
+        Ok(listing)
+    }
+
+    /// The listing of `group` into `listing`, reusing its strings (the engine polls every few
+    /// seconds while instances come and go).
+    fn update_into_in(&mut self, group: u32, listing: &mut Vec<(String, InstanceState)>) -> Result<(), ProviderError> {
         if let Some(message) = &self.failing {
             return Err(ProviderError::Other(message.clone()));
         }
         let now = self.clock.now();
         self.prune(now);
         // Like real clouds, deleted instances drop out of the listing.
-        Ok(self
-            .instances
-            .iter()
-            .filter(|(_, i)| i.group == group && i.deleted_at.is_none_or(|d| d > now))
-            .map(|(id, i)| (id.clone(), self.state_at(i, now)))
-            .collect())
+        let live = self.instances.iter().filter(|(_, i)| i.group == group && i.deleted_at.is_none_or(|d| d > now));
+        let mut len = 0;
+        for (n, (id, i)) in live.enumerate() {
+            let state = self.state_at(i, now);
+            match listing.get_mut(n) {
+                Some(entry) => {
+                    entry.0.clone_from(id);
+                    entry.1 = state;
+                }
+                None => listing.push((id.clone(), state)),
+            }
+            len = n + 1;
+        }
+        listing.truncate(len);
+        Ok(())
     }
 
     fn interruptions_in(&mut self, group: u32) -> Result<Vec<Interruption>, ProviderError> {
@@ -675,6 +714,10 @@ impl InstanceGroup for SimProvider {
 
     fn update(&mut self) -> Result<Vec<(String, InstanceState)>, ProviderError> {
         self.update_in(0)
+    }
+
+    fn update_into(&mut self, listing: &mut Vec<(String, InstanceState)>) -> Result<(), ProviderError> {
+        self.update_into_in(0, listing)
     }
 
     fn interruptions(&mut self) -> Result<Vec<Interruption>, ProviderError> {

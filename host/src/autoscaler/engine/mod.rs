@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use super::clock::Moment;
 use super::predictive::Predictor;
-use super::provider::InstanceGroup;
+use super::provider::{InstanceGroup, InstanceState};
 use super::settings::{AutoscalerSettings, CompiledSettings, SettingsError};
 use super::throttle::TokenBucket;
 
@@ -159,6 +159,8 @@ pub struct Taskscaler {
     provider_error: Option<String>,
     /// Restored acquisitions held for jobs that may resume (see `restored`).
     restored: BTreeSet<String>,
+    /// The provider's last listing, kept so the next poll reuses its strings.
+    listing: Vec<(String, InstanceState)>,
 }
 
 impl Taskscaler {
@@ -189,6 +191,7 @@ impl Taskscaler {
             provider_failures: 0,
             provider_error: None,
             restored: BTreeSet::new(),
+            listing: Vec::new(),
         })
     }
 
@@ -496,18 +499,13 @@ impl Taskscaler {
         if let Some(p) = &self.predictor {
             consider(p.next_change(self.last_tick));
         }
-        for inst in self.instances.values() {
-            if inst.phase == Phase::Ready {
-                if self.cfg.raw.heartbeat_interval.is_some() {
-                    consider(inst.next_heartbeat);
-                }
-                if inst.active() == 0 {
-                    let expiry = inst.idle_since.plus(idle_time);
-                    if expiry > self.last_tick {
-                        consider(expiry);
-                    }
-                }
+        if self.cfg.raw.heartbeat_interval.is_some() {
+            if let Some(at) = self.instances.first_heartbeat() {
+                consider(at);
             }
+        }
+        if let Some(expiry) = self.instances.next_idle_expiry(self.last_tick, idle_time) {
+            consider(expiry);
         }
         if self.wants_more {
             let mut ready_at = self.create_blocked_until.max(self.last_tick);

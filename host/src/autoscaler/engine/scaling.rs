@@ -194,10 +194,11 @@ impl Taskscaler {
     }
 
     pub(super) fn poll_provider(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
-        let listed = match provider.update() {
-            Ok(listed) => listed,
-            Err(e) => return self.provider_failed(now, &e),
-        };
+        let mut listed = std::mem::take(&mut self.listing);
+        if let Err(e) = provider.update_into(&mut listed) {
+            self.listing = listed;
+            return self.provider_failed(now, &e);
+        }
         if self.provider_failures > 0 {
             self.events.push(EngineEvent::ProviderRecovered { failures: self.provider_failures });
             self.provider_failures = 0;
@@ -314,9 +315,10 @@ impl Taskscaler {
                 self.events.push(timed(InstanceTiming::Life, gone.created_at, now));
             }
         }
+        self.listing = listed;
         self.synced = true;
-        let expecting = !self.requested.is_empty()
-            || self.instances.values().any(|i| i.phase == Phase::Creating || i.is_deleting());
+        let c = self.instances.census();
+        let expecting = !self.requested.is_empty() || c.creating > 0 || c.deleting > 0;
         let interval =
             if expecting { self.cfg.raw.update_interval_when_expecting } else { self.cfg.raw.update_interval };
         self.next_update = now.plus(interval);
@@ -324,17 +326,16 @@ impl Taskscaler {
 
     pub(super) fn heartbeats(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
         let Some(interval) = self.cfg.raw.heartbeat_interval else { return };
-        let due: Vec<String> = self
+        // Ready instances due, in id order (the order of the provider calls).
+        let mut due: Vec<String> = self
             .instances
-            .iter()
-            .filter(|(_, i)| {
-                i.phase == Phase::Ready
-                    && i.awaiting_adoption.is_none()
-                    && i.interrupted.is_none()
-                    && i.next_heartbeat <= now
+            .heartbeats_due(now)
+            .filter(|id| {
+                self.instances.get(id).is_some_and(|i| i.awaiting_adoption.is_none() && i.interrupted.is_none())
             })
-            .map(|(id, _)| id.clone())
+            .cloned()
             .collect();
+        due.sort_unstable();
         for id in due {
             let result = provider.heartbeat(&id);
             let threshold = self.cfg.raw.failure_threshold.max(1);
@@ -457,32 +458,29 @@ impl Taskscaler {
             return;
         }
         let idle_time = self.idle_time(now);
-        let mut idle: Vec<(Moment, String)> = self
-            .instances
-            .iter()
-            .filter(|(_, i)| i.assignable() && i.active() == 0 && i.usable(cap, max_use) > 0)
-            .map(|(id, i)| (i.idle_since, id.clone()))
-            .collect();
-        idle.sort();
-        let mut removed = 0;
-        for (idle_since, id) in idle {
-            if removed < over_limit {
-                self.mark_for_removal(&id, RemovalReason::OverLimit);
-                removed += 1;
-            } else if removed < excess.max(over_limit) && idle_since.plus(idle_time) <= now {
-                self.mark_for_removal(&id, RemovalReason::Idle);
-                removed += 1;
+        let wanted = excess.max(over_limit);
+        let mut doomed: Vec<(String, RemovalReason)> = Vec::new();
+        for (idle_since, id) in self.instances.idle() {
+            if !self.instances.get(id).is_some_and(|i| i.assignable() && i.usable(cap, max_use) > 0) {
+                continue;
             }
+            let removed = doomed.len() as u32;
+            if removed < over_limit {
+                doomed.push((id.clone(), RemovalReason::OverLimit));
+            } else if removed < wanted && idle_since.plus(idle_time) <= now {
+                doomed.push((id.clone(), RemovalReason::Idle));
+            } else {
+                // Enough removed, or idle too briefly, as everyone after it (idle since later).
+                break;
+            }
+        }
+        for (id, reason) in doomed {
+            self.mark_for_removal(&id, reason);
         }
     }
 
     pub(super) fn request_deletions(&mut self, now: Moment, provider: &mut dyn InstanceGroup) {
-        let ids: Vec<String> = self
-            .instances
-            .iter()
-            .filter(|(_, i)| matches!(i.phase, Phase::Deleting { requested_at: None, .. }))
-            .map(|(id, _)| id.clone())
-            .collect();
+        let ids: Vec<String> = self.instances.to_delete().cloned().collect();
         if ids.is_empty() {
             return;
         }

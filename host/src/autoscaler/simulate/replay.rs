@@ -269,7 +269,13 @@ struct Lane {
 
 impl Lane {
     fn busy_change(&mut self, instance: &str, delta: i32, now: Moment) {
-        let entry = self.busy.entry(instance.to_string()).or_insert((0, now));
+        // Looked up by `&str` first: the id is copied only for an instance not yet busy.
+        let entry = if self.busy.contains_key(instance) {
+            self.busy.get_mut(instance)
+        } else {
+            Some(self.busy.entry(instance.to_string()).or_insert((0, now)))
+        };
+        let Some(entry) = entry else { return };
         if delta > 0 {
             if entry.0 == 0 {
                 entry.1 = now;
