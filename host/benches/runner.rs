@@ -13,7 +13,8 @@
 //!    the same pipeline run by bash into /dev/null.
 //! 3. The `runway run` trace path in memory: [`JobTrace`] (50 masked values of 8–64 bytes, the
 //!    URL and token-prefix sanitizers, the kept buffer and its CRC32) fed the same 200 MB in
-//!    64 KiB writes, as the followed stage log delivers it: MB/s.
+//!    64 KiB writes, as the followed stage log delivers it, without and with per-line
+//!    timestamps (`FF_TIMESTAMPS`, on by default): MB/s.
 //!
 //! Plain timings (not criterion samples): each side runs a few times in one process and the
 //! medians are printed with their ratios. `RUNWAY_BENCH_ROUNDS` sets the rounds (default 3);
