@@ -331,7 +331,11 @@ async fn run_watch(client: KubeClient, path: String, mut version: String, tx: mp
         }
         .await;
         let response = match outcome {
-            Ok(response) => response,
+            // The server answers: what counts from here is how this watch ends.
+            Ok(response) => {
+                failures = 0;
+                response
+            }
             Err(KubeError::Api { status: 410, reason, message }) => {
                 // Too old a version at the start: as the ERROR event a running watch gets,
                 // so the caller lists again.
@@ -384,11 +388,11 @@ async fn run_watch(client: KubeClient, path: String, mut version: String, tx: mp
         }
         tracing::info!(path, version, clean, "the Kubernetes watch ended: watching again from its last version");
         if !clean {
-            failures += 1;
-            if failures > WATCH_RETRIES {
-                let _ = tx.send(Err(KubeError::Connection("the watch stream kept failing".into()))).await;
-                return;
-            }
+            // A cut stream is watched again from its last version, as client-go's reflector
+            // does, however often it happens (a quiet watch of a pod held Pending sees no event
+            // between cuts), after a pause so a flapping server is not hammered; only failing
+            // to re-establish it, WATCH_RETRIES times in a row, ends the watch.
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }
