@@ -1,7 +1,7 @@
 //! The docker executor's pure logic, kept apart from the WebAssembly glue so it is tested
 //! natively (`cargo test -p docker-logic`): `[runners.docker]` parsing, pull policies and
 //! allow-lists, image references and service aliases, registry credentials, volumes, names and
-//! labels, image platforms, Engine API request bodies, the script archive and the saved state. Nothing here
+//! labels, image platforms, Engine API request bodies, the programs a stage calls, the script archive and the saved state. Nothing here
 //! talks to an engine, the host or the job log.
 
 #![deny(missing_docs)]
@@ -13,6 +13,7 @@ pub mod mounts;
 pub mod names;
 pub mod platform;
 pub mod policy;
+pub mod programs;
 pub mod reference;
 pub mod spec;
 pub mod state;

@@ -67,11 +67,11 @@ pub struct State {
     /// detached stages need: then each of those stages gets a container of its own).
     #[serde(default)]
     pub build_container: String,
-    /// The build container may run the setup stages (`spec::runs_without_helper`): its user
+    /// The build container may run the setup stages (`programs::runs_without_helper`): its user
     /// may write the builds directory.
     #[serde(default)]
     pub build_runs_setup: bool,
-    /// The programs of `spec::PROBED_PROGRAMS` the build container has.
+    /// The programs of `programs::PROBED_PROGRAMS` the build container has.
     #[serde(default)]
     pub build_programs: Vec<String>,
     /// The job's project directory (the job's own steps and `after_script` run there).

@@ -6,11 +6,11 @@
 //! into the job log, so a resumed job attaches to a stage still running instead of starting it
 //! again. The setup stages that call only what the build container has (`prepare_script`,
 //! `get_sources` with `GIT_STRATEGY: none`, `cleanup_file_variables` without git;
-//! [`spec::runs_without_helper`]) run in it when its user may write the builds directory: a
+//! [`programs::runs_without_helper`]) run in it when its user may write the builds directory: a
 //! job without git, cache or artifacts makes one container. The web terminal `exec`s its shell in the
 //! build container.
 //!
-//! An image without the programs detached stages need ([`spec::DETACHED_PROGRAMS`]) runs
+//! An image without the programs detached stages need ([`programs::DETACHED_PROGRAMS`]) runs
 //! each of the job's own stages in a container of its own instead, as before: created
 //! stopped, the script uploaded into it, started, followed, waited for, removed; one of that
 //! name that already ran (the job was resumed) is followed and waited for instead (unless this
@@ -19,6 +19,7 @@
 
 use docker_logic::archive::script_archive;
 use docker_logic::names;
+use docker_logic::programs;
 use docker_logic::spec::{self, ContainerSpec, Role};
 use remote_stages::working_dir;
 use runway_sdk::docker::DockerError;
@@ -84,7 +85,7 @@ pub fn start_build(env: &mut DockerEnv) -> Result<(), ExecutorError> {
     let id = ensure_running(env, &name, Role::Build)?;
     // One exec: can stages run detached here, and may its user write the builds directory
     // (then the setup stages that need only a shell run here too, no helper container)?
-    let probe = spec::build_probe(&env.state.builds_dir);
+    let probe = programs::build_probe(&env.state.builds_dir);
     let answer = match docker_stages::run_captured(env.api.engine(), &id, &probe, None, 4096) {
         Ok(output) => String::from_utf8_lossy(&output.stdout).into_owned(),
         Err(e) => {
@@ -92,7 +93,7 @@ pub fn start_build(env: &mut DockerEnv) -> Result<(), ExecutorError> {
             String::new()
         }
     };
-    let probe = spec::parse_build_probe(&answer);
+    let probe = programs::parse_build_probe(&answer);
     let terminal = runway_sdk::terminal::wanted();
     if probe.detached {
         env.state.build_container = name;
@@ -102,7 +103,7 @@ pub fn start_build(env: &mut DockerEnv) -> Result<(), ExecutorError> {
         runway_sdk::log::info(&format!(
             "image {} lacks a program detached stages need ({}): each of the job's stages runs in a container of its own",
             env.state.image,
-            spec::DETACHED_PROGRAMS.join(", ")
+            programs::DETACHED_PROGRAMS.join(", ")
         ));
         if !terminal {
             let _ = env.api.remove_container(&id);
@@ -143,11 +144,12 @@ pub fn run(env: &DockerEnv, stage: &StageScript) -> Result<i32, ExecutorError> {
 }
 
 /// Whether predefined stage `stage` runs in the build container (see
-/// [`spec::runs_without_helper`]); says why not in the runner's log.
+/// [`programs::runs_without_helper`]); says why not in the runner's log.
 fn setup_in_build(env: &DockerEnv, stage: &StageScript) -> bool {
-    if !env.state.build_runs_setup || !spec::runs_without_helper(&stage.name, &stage.script, &env.state.build_programs)
+    if !env.state.build_runs_setup
+        || !programs::runs_without_helper(&stage.name, &stage.script, &env.state.build_programs)
     {
-        let missing = spec::missing_programs(&stage.script, &env.state.build_programs);
+        let missing = programs::missing_programs(&stage.script, &env.state.build_programs);
         runway_sdk::log::info(&format!(
             "stage {} runs in the helper container (the build container may write {}: {}; its script calls {})",
             stage.name,
