@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use runway::capability::CallContext;
+use runway::connector::marks;
 use runway::connector::{ConnectSpec, LocalSession, RemoteError, RemoteSession, SshAuth, SshSession, StageOutput};
 use runway::executor::{ExecutorFailure, ExecutorSession, Stage};
 use runway::plugin::{HostSettings, PluginHost};
@@ -93,11 +94,14 @@ async fn a_local_detached_command_outlives_its_follower_and_a_restored_trace_get
     let _ = follower.await;
 
     // The command runs on, in its own session, not a member of any group of ours.
-    let pid: i32 = std::fs::read_to_string(format!("{exit}.pid")).expect("pid file").trim().parse().expect("pid");
+    // The pid is noted on the log (an extended attribute): no pid file beside it.
+    let pid = marks::read_pid(&log, &exit).expect("the leader's pid");
+    assert!(!Path::new(&format!("{exit}.pid")).exists(), "a pid file beside the log");
     assert!(running(pid), "the detached command died with its follower");
     let fields = stat(pid).expect("stat");
     assert_eq!((fields[2].as_str(), fields[3].as_str()), (pid.to_string().as_str(), pid.to_string().as_str()));
     assert!(!Path::new(&exit).exists());
+    assert_eq!(marks::read_exit(&log, &exit), None);
     // The unmasked output is the runner user's alone; the script (secrets) is not left on disk.
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&log).expect("log").permissions().mode() & 0o777, 0o600);
@@ -134,7 +138,7 @@ async fn cancel_kills_the_process_group_of_a_local_detached_command() {
     };
     let count = || std::fs::read_to_string(&pids).map(|s| s.lines().count()).unwrap_or(0);
     wait_until("both children run", || count() == 2).await;
-    let leader: i32 = std::fs::read_to_string(format!("{exit}.pid")).expect("pid").trim().parse().expect("pid");
+    let leader = marks::read_pid(&log, &exit).expect("pid");
     stop.stop(StopReason::Canceled);
     let result = attached.await.expect("task");
     assert!(matches!(result, Err(RemoteError::Canceled)), "{result:?}");
@@ -168,7 +172,7 @@ async fn the_stage_reaper_starts_the_command_itself_and_writes_its_exit_code_wit
     let command = format!("cd {} && exec sh", runway::connector::detached::quote(&dir.path().display().to_string()));
     session.start_detached(&command, Some(script.as_bytes()), &log, &exit).await.expect("start");
     wait_until("the stage runs", || background.exists()).await;
-    let leader: i32 = std::fs::read_to_string(format!("{exit}.pid")).expect("pid").trim().parse().expect("pid");
+    let leader = marks::read_pid(&log, &exit).expect("pid");
     let fields = stat(leader).expect("stat");
     // The command itself leads its own session, no `sh` wrapper in between: `cd && exec` was
     // done by the spawn. Its parent is the reaper.
@@ -179,7 +183,8 @@ async fn the_stage_reaper_starts_the_command_itself_and_writes_its_exit_code_wit
 
     // Nobody follows: the reaper writes the exit code and kills what the stage left behind.
     std::fs::write(&gate, "").expect("open the gate");
-    wait_until("the exit code is written", || std::fs::read_to_string(&exit).is_ok_and(|c| c == "7\n")).await;
+    wait_until("the exit code is written", || marks::read_exit(&log, &exit).is_some_and(|c| c == b"7\n")).await;
+    assert!(!Path::new(&exit).exists(), "an exit file beside the log");
     let left: i32 = std::fs::read_to_string(&background).expect("bg").trim().parse().expect("pid");
     wait_until("the stage's background process is killed", || !running(left)).await;
     wait_until("the leader is reaped", || !Path::new(&format!("/proc/{leader}")).exists()).await;
@@ -282,26 +287,26 @@ fn the_stage_reaper_writes_exit_codes_while_its_runner_reads_none_of_its_message
         .expect("start the reaper");
     let dir = tempfile::tempdir().expect("tempdir");
     const COMMANDS: usize = 300;
-    let exits: Vec<std::path::PathBuf> = (0..COMMANDS).map(|i| dir.path().join(format!("{i}.exit"))).collect();
-    for (i, exit) in exits.iter().enumerate() {
-        let log = dir.path().join(format!("{i}.log"));
-        std::fs::write(&log, "").expect("log");
+    let path = |i: usize, ext: &str| dir.path().join(format!("{i}.{ext}")).display().to_string();
+    let exits: Vec<(String, String)> = (0..COMMANDS).map(|i| (path(i, "log"), path(i, "exit"))).collect();
+    for (i, (log, exit)) in exits.iter().enumerate() {
+        std::fs::write(log, "").expect("log");
         let start = serde_json::json!({"Start": {
             "id": i, "program": "sh", "args": ["-c", format!("exit {}", i % 7)], "env": [], "cwd": null,
-            "log": log.display().to_string(), "exit": exit.display().to_string(),
+            "log": log, "exit": exit,
         }});
         let request = [frame(start.to_string().as_bytes()), frame(b"")].concat();
         ours.write_all(&request).expect("send a request");
     }
     let deadline = Instant::now() + WAIT;
-    let written = |exit: &std::path::PathBuf| std::fs::read_to_string(exit).is_ok_and(|t| t.ends_with('\n'));
+    let written = |(log, exit): &(String, String)| marks::read_exit(log, exit).is_some_and(|t| t.ends_with(b"\n"));
     while !exits.iter().all(written) {
         let done = exits.iter().filter(|e| written(e)).count();
         assert!(Instant::now() < deadline, "{done} of {COMMANDS} exit codes written while the runner read nothing");
         std::thread::sleep(Duration::from_millis(20));
     }
-    for (i, exit) in exits.iter().enumerate() {
-        assert_eq!(std::fs::read_to_string(exit).expect("exit"), format!("{}\n", i % 7));
+    for (i, (log, exit)) in exits.iter().enumerate() {
+        assert_eq!(marks::read_exit(log, exit).expect("exit"), format!("{}\n", i % 7).into_bytes());
     }
     // The runner goes away: the reaper, with nothing left running, ends too.
     drop(ours);

@@ -43,7 +43,9 @@ pub fn exists(path: &str) -> Result<bool, RemoteError> {
 
 /// Stop every detached command started with its exit file directly in `dir` that has not
 /// ended (no exit file yet): SIGTERM to its process group, SIGKILL to what is still alive
-/// after `grace_seconds`. For an executor's `cleanup`, which must also stop what a previous
+/// after `grace_seconds`. A command whose pid is not in a file (the runner's own machine
+/// keeps it on the log as an extended attribute) is found by its leader writing into its
+/// `*.log` there (`/proc/*/fd/1`). For an executor's `cleanup`, which must also stop what a previous
 /// runner started before it died (cleanup after `resume`).
 pub fn stop_detached_in(dir: &str, grace_seconds: u32) -> Result<(), RemoteError> {
     run(&stop_detached_script(dir, grace_seconds), None).map(|_| ())
@@ -59,6 +61,14 @@ for f in {dir}/*.exit.pid; do
   [ -e "$f" ] && [ ! -e "${{f%.pid}}" ] || continue
   p=; read -r p 2>/dev/null < "$f"; [ -n "$p" ] || continue
   kill -s TERM -- -"$p" 2>/dev/null && groups="$groups $p"
+done
+for l in {dir}/*.log; do
+  [ -f "$l" ] && [ ! -e "${{l%.log}}.exit.pid" ] || continue
+  for o in /proc/[0-9]*/fd/1; do
+    [ "$o" -ef "$l" ] || continue
+    s=; read -r s 2>/dev/null < "${{o%/fd/1}}/stat" || continue; set -- ${{s##*) }}
+    [ "$1" != Z ] && kill -s TERM -- -"$3" 2>/dev/null && groups="$groups $3"
+  done
 done
 i=0
 while [ -n "$groups" ] && [ $i -lt {tenths} ]; do

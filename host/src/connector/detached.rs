@@ -103,6 +103,13 @@ pub trait ShellHost: Send + Sync {
     ) -> Result<i32, RemoteError> {
         follow_with_shell(self, log_path, exit_path, from, output, stop).await
     }
+
+    /// Stop the detached command of `log_path`/`exit_path` if it still runs; best effort,
+    /// bounded. By default [`kill`], which reads its pid file; a host that keeps the pid
+    /// elsewhere reads it there.
+    async fn stop(&self, _log_path: &str, exit_path: &str) {
+        kill(self, exit_path).await
+    }
 }
 
 /// The pid file of the detached command whose exit file is `exit_path`.
@@ -270,7 +277,7 @@ pub async fn attach(
     match host.follow(log_path, exit_path, start, &forward, stop).await {
         Ok(code) => Ok(ExitStatus::from_code(code)),
         Err(RemoteError::Canceled) => {
-            kill(host, exit_path).await;
+            host.stop(log_path, exit_path).await;
             Err(RemoteError::Canceled)
         }
         Err(e) => Err(e),
@@ -340,18 +347,31 @@ pub async fn follow_with_shell<H: ShellHost + ?Sized>(
 /// The script that stops the detached command of `exit_path` if it still runs: SIGTERM to its
 /// process group, SIGKILL when a member is still alive after the grace period.
 pub fn kill_script(exit_path: &str) -> String {
+    let read = format!("p=$(cat -- {} 2>/dev/null) && [ -n \"$p\" ] || exit 0", quote(&pid_path(exit_path)));
+    kill_group_script(&read)
+}
+
+/// [`kill_script`] for the group `$p` that the shell code `read` sets (or exits).
+fn kill_group_script(read: &str) -> String {
     format!(
         "{LIVE_FN}\n\
-         p=$(cat -- {pid} 2>/dev/null) && [ -n \"$p\" ] || exit 0; kill -s TERM -- -$p 2>/dev/null || exit 0; \
+         {read}; kill -s TERM -- -$p 2>/dev/null || exit 0; \
          i=0; while [ $i -lt {KILL_GRACE_TENTHS} ]; do live $p || exit 0; sleep 0.1; i=$((i+1)); done; \
-         kill -s KILL -- -$p 2>/dev/null; exit 0",
-        pid = quote(&pid_path(exit_path))
+         kill -s KILL -- -$p 2>/dev/null; exit 0"
     )
 }
 
 /// Stop the detached command of `exit_path` (see [`kill_script`]); best effort, bounded.
-pub async fn kill(host: &dyn ShellHost, exit_path: &str) {
-    let script = kill_script(exit_path);
+pub async fn kill<H: ShellHost + ?Sized>(host: &H, exit_path: &str) {
+    run_kill(host, kill_script(exit_path)).await
+}
+
+/// Stop the detached command whose leader (and process group) is `pid`, as [`kill`] does.
+pub async fn kill_group<H: ShellHost + ?Sized>(host: &H, pid: i32) {
+    run_kill(host, kill_group_script(&format!("p={pid}"))).await
+}
+
+async fn run_kill<H: ShellHost + ?Sized>(host: &H, script: String) {
     // A timeout drops the script, which stops it.
     let limit = std::time::Duration::from_secs(30);
     let _ = tokio::time::timeout(limit, host.shell(&script, None, &|_| {}, &StopSignal::new())).await;

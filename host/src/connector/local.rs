@@ -10,8 +10,8 @@
 //! exit codes: no process of ours per command but the command itself (`sh -c`, or for a plain
 //! `cd DIR && exec PROGRAM ARGS` the program, in DIR); where there is no reaper, one `sh`
 //! leader each that writes the exit code ([`super::detached::DIRECT_EXIT_WRAPPER`]), reaped by
-//! the runner while it lives. They are followed by reading their log and exit files directly
-//! (in the runner: it ends with the runner), with no process per poll, waking at once when a
+//! the runner while it lives. They are followed by reading their log and its marks directly
+//! (the pid and exit code kept on the log: [`super::marks`]; in the runner: it ends with the runner), with no process per poll, waking at once when a
 //! command this session started ended. With [`StageOutput::Pipes`] (`runway exec`) a
 //! command's log is a pipe this session follows once ([`super::streamed`]), woken when it has
 //! data. Files are written atomically (a temporary file in the
@@ -32,6 +32,7 @@ use tokio::sync::watch;
 
 use crate::connector::detached::{self, OutputFn, ShellHost};
 use crate::connector::direct;
+use crate::connector::marks;
 use crate::connector::process::{run_streaming, LocalCommand, ProcessFailure};
 use crate::connector::reaper;
 use crate::connector::remote::{ExitStatus, RemoteError, RemoteSession, SocketStream};
@@ -151,8 +152,7 @@ impl LocalSession {
         let (pid, end) =
             started.inspect_err(|_| self.not_started(log_path)).map_err(|e| RemoteError::Other(e.to_string()))?;
         self.note_end(exit_path, end);
-        let pid_file = detached::pid_path(exit_path);
-        std::fs::write(&pid_file, format!("{pid}\n")).map_err(|e| io_error("writing", &pid_file, e))
+        marks::write_pid(log_path, exit_path, pid).map_err(|e| io_error("noting the pid of", log_path, e))
     }
 
     /// The end of the detached command of `exit_path`, if this session started it.
@@ -248,7 +248,7 @@ fn remove_all(path: &str) -> Result<(), RemoteError> {
 }
 
 /// The files of a detached command before it starts: directories, no exit, pid or stdin file
-/// from an earlier run, and an empty 0600 log.
+/// from an earlier run, and an empty 0600 log without an earlier run's [`marks`].
 fn prepare_detached(log: &str, exit: &str, input: &str) -> Result<(), RemoteError> {
     for path in [log, exit] {
         if let Some(dir) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -263,7 +263,9 @@ fn prepare_detached(log: &str, exit: &str, input: &str) -> Result<(), RemoteErro
     }
     let mut options = std::fs::OpenOptions::new();
     options.write(true).mode(0o600).create(true).truncate(true);
-    options.open(log).map(drop).map_err(|e| io_error("creating", log, e))
+    let file = options.open(log).map_err(|e| io_error("creating", log, e))?;
+    marks::clear(&file);
+    Ok(())
 }
 
 async fn blocking<T: Send + 'static>(
@@ -282,9 +284,9 @@ fn gone(pid: i32) -> bool {
     stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'))
 }
 
-/// Whether the exit file of a detached command holds its code ([`detached::exit_code_written`]).
-fn exit_written(exit_path: &str) -> bool {
-    std::fs::read(exit_path).is_ok_and(|text| detached::exit_code_written(&text))
+/// Whether a detached command's exit code is noted ([`marks`], [`detached::exit_code_written`]).
+fn exit_written(log_path: &str, exit_path: &str) -> bool {
+    marks::read_exit(log_path, exit_path).is_some_and(|text| detached::exit_code_written(&text))
 }
 
 /// Most bytes forwarded from a followed log before the follower lets other tasks run.
@@ -432,8 +434,7 @@ impl ShellHost for LocalSession {
         let started = spawn_session_leader_with_input(&launch, stdin, &input, log_path, "/dev/null");
         let pid = started.inspect_err(|_| self.not_started(log_path)).map_err(remote_error)?;
         self.watch_end(exit_path, pid);
-        let pid_file = detached::pid_path(exit_path);
-        std::fs::write(&pid_file, format!("{pid}\n")).map_err(|e| io_error("writing", &pid_file, e))
+        marks::write_pid(log_path, exit_path, pid).map_err(|e| io_error("noting the pid of", log_path, e))
     }
 
     /// The files are on this machine: read them, no process per poll. Dies with the runner.
@@ -450,7 +451,7 @@ impl ShellHost for LocalSession {
             Some(pipe) => Followed::Pipe(Stream::new(pipe, from).map_err(failed)?),
             None => Followed::File(open_log(log_path, from)?, vec![0u8; 64 * 1024]),
         };
-        let leader = std::fs::read_to_string(detached::pid_path(exit_path)).ok().and_then(|p| p.trim().parse().ok());
+        let leader = marks::read_pid(log_path, exit_path);
         let mut poll = Duration::from_millis(1);
         let mut end = self.take_end(exit_path);
         // The end of a command this session started is what its watcher says (a reaped
@@ -462,7 +463,8 @@ impl ShellHost for LocalSession {
                 return Err(RemoteError::Canceled);
             }
             // Whether it ended is decided before the read, so the read gets every last byte.
-            let ended = exit_written(exit_path) || leader_ended || (end.is_none() && leader.is_some_and(gone));
+            let ended =
+                exit_written(log_path, exit_path) || leader_ended || (end.is_none() && leader.is_some_and(gone));
             if !log.forward(output).map_err(failed)? {
                 tokio::task::yield_now().await;
                 continue;
@@ -477,7 +479,14 @@ impl ShellHost for LocalSession {
             }
             poll = (poll * 3 / 2).min(MAX_POLL);
         }
-        exit_code(exit_path, stop).await
+        exit_code(log_path, exit_path, stop).await
+    }
+
+    /// The leader is read from its mark ([`marks::read_pid`]), not from a pid file.
+    async fn stop(&self, log_path: &str, exit_path: &str) {
+        if let Some(pid) = marks::read_pid(log_path, exit_path) {
+            detached::kill_group(self, pid).await;
+        }
     }
 }
 
@@ -534,11 +543,11 @@ fn open_log(log_path: &str, from: u64) -> Result<std::fs::File, RemoteError> {
 
 /// The exit code of a command seen ended. A leader seen gone may be a zombie whose reaper is
 /// writing its exit code right now: waited for up to [`EXIT_CODE_GRACE`].
-async fn exit_code(exit_path: &str, stop: &StopSignal) -> Result<i32, RemoteError> {
+async fn exit_code(log_path: &str, exit_path: &str, stop: &StopSignal) -> Result<i32, RemoteError> {
     let waited = std::time::Instant::now();
     loop {
-        match std::fs::read(exit_path) {
-            Ok(text) if detached::exit_code_written(&text) => return detached::parse_exit_code(exit_path, &text),
+        match marks::read_exit(log_path, exit_path) {
+            Some(text) if detached::exit_code_written(&text) => return detached::parse_exit_code(exit_path, &text),
             _ if waited.elapsed() >= EXIT_CODE_GRACE => return Err(detached::no_exit_code(exit_path)),
             _ => tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(10)) => {}

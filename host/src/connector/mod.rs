@@ -7,7 +7,8 @@
 //! the runner, followed again from any byte offset without a byte twice. Together they back
 //! the `runway:host/remote` capability; on the runner's machine their leaders are started in a
 //! session of their own by [`spawn`] (`posix_spawn`, no `setsid` program), from the stage
-//! [`reaper`], a helper process that outlives the runner and writes their exit codes (a plain
+//! [`reaper`], a helper process that outlives the runner and writes their exit codes (kept with
+//! their pids on their logs as extended attributes: [`marks`]; a plain
 //! `cd DIR && exec PROGRAM` without a shell: [`direct`]); for `runway exec`, whose stages never
 //! resume, their output goes through a pipe at the log's path instead of a file ([`streamed`]). [`spec`] turns what a provider says about an instance
 //! (plus the configured defaults) into a [`ConnectSpec`]; [`probe`] runs the autoscaler's
@@ -29,6 +30,7 @@ pub mod direct;
 pub mod docker;
 pub mod kube;
 pub mod local;
+pub mod marks;
 pub mod probe;
 pub mod process;
 pub mod reaper;

@@ -9,8 +9,8 @@
 //! the command. With it, the command itself leads its session (started by `posix_spawn` with
 //! `POSIX_SPAWN_SETSID`, as [`super::spawn`] starts every leader) and the reaper, whose child
 //! it is, does what the `sh` did when it ends: the exit code (`128 + n` for signal `n`) into
-//! the exit file, then SIGKILL to the command's process group, then the reaping. The exit file
-//! is written while the leader is still a zombie (`waitid` with `WNOWAIT`), so a follower that
+//! the exit mark ([`super::marks`]: an attribute of the command's log, else the exit file),
+//! then SIGKILL to the command's process group, then the reaping. The exit code is written while the leader is still a zombie (`waitid` with `WNOWAIT`), so a follower that
 //! sees the leader gone finds the code at once or within [`super::local`]'s grace.
 //!
 //! The reaper is the runner's own executable (`/proc/self/exe`) started with [`ARG`], in a
@@ -20,7 +20,7 @@
 //! exit codes, as under a killed `sh`): when the runner is gone (end of file on the socket)
 //! it goes on until its last command has ended and its exit code is written, then exits. A
 //! runner started again starts a reaper of its own; the old one's commands are followed
-//! through their files as before.
+//! through their logs and marks as before.
 //!
 //! Protocol (both ways, in order): frames of a little-endian `u32` length and a JSON
 //! `Message`, a request followed by a second length-prefixed frame with the command's
@@ -38,12 +38,11 @@
 //!
 //! Owns: [`serve`] (the reaper process) and [`Reaper`] (the runner's end). Must not touch:
 //! what the commands are or where their logs go (the caller decides; the reaper only writes
-//! the exit file it is given), WIT types.
+//! the exit mark of the log and exit file it is given), WIT types.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -53,6 +52,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
 
 use crate::connector::detached;
+use crate::connector::marks;
 use crate::connector::process::{LocalCommand, ProcessFailure};
 use crate::connector::spawn::{
     spawn_session_leader, spawn_session_leader_with_input, wait_exit, LeaderInput, LeaderStreams,
@@ -125,11 +125,11 @@ fn parse(frame: &[u8]) -> std::io::Result<Message> {
     serde_json::from_slice(frame).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
-/// What the reaper process keeps: the exit file of each command still running (by leader
-/// pid), and whether the runner is gone.
+/// What the reaper process keeps: the log and exit file of each command still running (by
+/// leader pid), and whether the runner is gone.
 #[derive(Default)]
 struct Children {
-    exits: HashMap<i32, String>,
+    exits: HashMap<i32, (String, String)>,
     runner_gone: bool,
 }
 
@@ -184,7 +184,7 @@ pub fn serve() -> std::process::ExitCode {
         // is known, and `Started` goes out before its `Ended`.
         match start(&cmd, &stdin, &log) {
             Ok(pid) => {
-                state.exits.insert(pid, exit);
+                state.exits.insert(pid, (log, exit));
                 send(&outbox, &Message::Started { id, pid });
             }
             Err(e) => send(&outbox, &Message::Failed { id, message: e.to_string() }),
@@ -248,16 +248,9 @@ fn reap_children(children: &(Mutex<Children>, Condvar), send: &dyn Fn(&Message))
         // SAFETY: waitid succeeded, so `info` describes a child.
         let pid = unsafe { info.si_pid() };
         let Ok(mut state) = lock.lock() else { return };
-        if let Some(exit) = state.exits.remove(&pid) {
-            let written = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&exit)
-                // One write: a reader never takes a partial code for a whole one.
-                .and_then(|mut f| f.write_all(format!("{}\n", exit_code(&info)).as_bytes()));
-            drop(written);
+        if let Some((log, exit)) = state.exits.remove(&pid) {
+            // Nobody to tell when it cannot be written: the follower reports the code missing.
+            let _ = marks::write_exit(&log, &exit, exit_code(&info));
             // What the command left running in its group goes with it, as under `sh`.
             // SAFETY: `pid` is our unreaped child, so its process group cannot be reused.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
