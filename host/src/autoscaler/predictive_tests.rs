@@ -147,7 +147,11 @@ fn a_short_slot_forecasts_at_its_own_granularity_and_drops_history_of_another_wi
     // A week ago, 3 slots rose at 10:00:40 (slot 1802 of 4320).
     let mut rise = vec![0u16; 4320];
     rise[10 * 180 + 2] = 3;
-    let state = PredictorState { slot_secs: 20, days: [DayRecord { day: 19_363, rise }].into(), ..Default::default() };
+    let state = PredictorState {
+        slot_secs: 20,
+        days: [DayRecord { day: 19_363, rise, rise_long: Vec::new() }].into(),
+        ..Default::default()
+    };
     let p = Predictor::new(settings.clone(), Some(state.clone()));
     let today = |h: u64, m: u64, s: u64| Moment((19_363 + 7) * DAY_MS + h * HOUR_MS + m * 60_000 + s * 1000);
     assert_eq!(p.idle_target(today(10, 0, 0)), 0, "40 s ahead: beyond one lead time");
