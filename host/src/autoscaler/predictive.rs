@@ -226,10 +226,15 @@ impl Predictor {
         }
         state.keep_alive_week.resize(168, None);
         state.keep_alive_day.resize(24, None);
-        let long_len = if settings.release_horizon.is_some() { slots_per_day } else { 0 };
         for d in &mut state.days {
             d.rise.resize(slots_per_day, 0);
-            d.rise_long.resize(long_len, 0);
+            // A day learned while `release_horizon` was off has no such profile: it stays empty
+            // (not read as "no rise"), and the profile is dropped while the setting is off.
+            if settings.release_horizon.is_none() {
+                d.rise_long.clear();
+            } else if !d.rise_long.is_empty() {
+                d.rise_long.resize(slots_per_day, 0);
+            }
         }
         Predictor {
             settings,
@@ -366,7 +371,8 @@ impl Predictor {
     fn forecast_slot(&self, day: u64, slot: usize, series: Series) -> f64 {
         let wd = weekday(day);
         let weekend = |d: u64| weekday(d) >= 5;
-        let past = || self.state.days.iter().filter(|r| r.day < day);
+        // Days that learned this series (the release profile may be missing on older days).
+        let past = || self.state.days.iter().filter(|r| r.day < day && !series.of(r).is_empty());
         let same_day: Vec<&DayRecord> = past().filter(|r| weekday(r.day) == wd).collect();
         let days: Vec<&DayRecord> =
             if same_day.len() >= 4 { same_day } else { past().filter(|r| weekend(r.day) == weekend(day)).collect() };

@@ -206,3 +206,22 @@ fn release_horizon_learns_the_rise_within_it_and_is_off_by_default() {
         assert!(s.validate().expect_err("range").0.contains("release_horizon"), "{bad:?}");
     }
 }
+
+#[test]
+fn history_learned_without_release_horizon_is_not_read_as_no_rise() {
+    let mut p = Predictor::new(fixed_lead(), None);
+    for day in 0..3 {
+        burst_day(&mut p, day, 400);
+    }
+    let settings = PredictiveSettings { release_horizon: Some(Duration::from_secs(600)), ..fixed_lead() };
+    let mut p = Predictor::new(settings, Some(p.state().clone()));
+    assert!(p.state().days.iter().all(|d| d.rise_long.is_empty()), "no profile invented for old days");
+    // Day 3: a rise of 30 at 02:00. Without learned days the last hour of today stands in,
+    // as on a fresh start (old days padded with zeros would say "no rise" for weeks).
+    let mut t = at(3, 0, 0, 0);
+    while t <= at(3, 2, 20, 0) {
+        p.observe_in_use(t, if t >= at(3, 2, 0, 0) { 31 } else { 1 });
+        t = t.plus(Duration::from_secs(30));
+    }
+    assert!(p.keep_level(at(3, 2, 20, 0)).is_some_and(|k| k >= 30), "{:?}", p.keep_level(at(3, 2, 20, 0)));
+}
