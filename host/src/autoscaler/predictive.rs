@@ -17,6 +17,9 @@
 //!   quantile exceeds `max_idle_time` is out of bounds, and its idle instances leave after
 //!   `min_idle_time` (pre-warming, not keep-alive, covers its next jobs). Never below one lead
 //!   time: a replacement costs at least that.
+//! - **release profile** (`release_horizon`, off by default): per slot of every day, the largest
+//!   rise within that horizon, forecast like the demand rise ([`Predictor::keep_level`]); the
+//!   engine releases idle instances beyond it at once (scale-down to the forecast level).
 //!
 //! The engine asks [`Predictor::idle_target`] for the idle slots to hold ahead of demand (the
 //! policies' idle target stays a floor) and [`Predictor::keep_alive`] for the idle time.
