@@ -732,7 +732,7 @@ async fn the_predictive_policy_pre_warms_before_the_burst_its_history_expects() 
     rise[slot] = 3;
     let history = PredictorState {
         slot_secs: SLOT_S,
-        days: [DayRecord { day: day - 7, rise }].into(),
+        days: [DayRecord { day: day - 7, rise, rise_long: Vec::new() }].into(),
         ..PredictorState::default()
     };
     let manager = runway::config::system_id(fleet.dir.path()).expect("system id");

@@ -858,6 +858,41 @@ fn predictive_policy_pre_warms_a_daily_burst_and_keeps_its_history_across_restar
     }
 }
 
+/// Scale-down to the forecast level (`release_horizon`): after an unforeseen burst of 20 jobs
+/// ends, the idle instances the forecast does not expect to need within the horizon leave at
+/// once; without it they wait for their keep-alive (here `min_idle_time` = 10 minutes).
+#[test]
+fn release_horizon_removes_idle_instances_beyond_the_forecast_at_once() {
+    let remaining_after_burst = |release_horizon: Option<Duration>| {
+        let settings = AutoscalerSettings {
+            policies: vec![utc_policy(0, 600)],
+            predictive: Some(super::predictive::PredictiveSettings {
+                lead_time: Some(Duration::from_secs(60)),
+                min_idle_time: Duration::from_secs(600),
+                release_horizon,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut h = Harness::new(&settings, cloud(30.0));
+        // A quiet Monday is the history; the burst comes on Tuesday at 10:00.
+        let ten = TRACE_START.plus(Duration::from_secs(86_400 + 10 * 3600));
+        h.run_until(ten);
+        for i in 0..20 {
+            assert!(h.reserve_and_acquire(&format!("job-{i}")));
+        }
+        h.step_until(Duration::from_secs(600), "the burst runs", |h| h.metrics().slots_acquired == 20);
+        h.run_for(Duration::from_secs(300));
+        for i in 0..20 {
+            h.engine.release(&format!("job-{i}"), h.now()).expect("acquired");
+        }
+        h.run_for(Duration::from_secs(60));
+        h.ready()
+    };
+    assert_eq!(remaining_after_burst(None), 20, "keep-alive: all idle instances stay");
+    assert_eq!(remaining_after_burst(Some(Duration::from_secs(300))), 0, "beyond the forecast: released");
+}
+
 // ---- GitLab's semantics, one test per point (sources cited in docs/autoscaling.md §10) ----
 
 /// `scale_factor` raises the idle target to a minimum of `idle_count` (it does not add to it),

@@ -104,6 +104,8 @@ pub fn settings(
             max_idle_time: p.max_idle_time,
             min_idle_time: p.min_idle_time,
             slot_length: p.slot_length,
+            min_recurrence: p.min_recurrence,
+            release_horizon: p.release_horizon,
         }),
         ..AutoscalerSettings::default()
     }

@@ -17,6 +17,9 @@
 //!   quantile exceeds `max_idle_time` is out of bounds, and its idle instances leave after
 //!   `min_idle_time` (pre-warming, not keep-alive, covers its next jobs). Never below one lead
 //!   time: a replacement costs at least that.
+//! - **release profile** (`release_horizon`, off by default): per slot of every day, the largest
+//!   rise within that horizon, forecast like the demand rise ([`Predictor::keep_level`]); the
+//!   engine releases idle instances beyond it at once (scale-down to the forecast level).
 //!
 //! The engine asks [`Predictor::idle_target`] for the idle slots to hold ahead of demand (the
 //! policies' idle target stays a floor) and [`Predictor::keep_alive`] for the idle time.
@@ -60,6 +63,15 @@ pub struct PredictiveSettings {
     /// Width of a forecast slot: the granularity of the learned day profile. Whole seconds
     /// that divide a day, 10 s to 1 h.
     pub slot_length: Duration,
+    /// Past days a slot's rise must have been seen on before it is provisioned ahead: the
+    /// forecast is at most the `min_recurrence`-th largest of the past days' rises (1 = the
+    /// quantile alone, so a rise seen once is pre-warmed while few days are known).
+    pub min_recurrence: u32,
+    /// Scale-down to the forecast level: when set, the largest rise of slots in use within this
+    /// horizon is learned per slot like the demand rise, and idle instances beyond the slots in
+    /// use plus that forecast (and the idle target) leave at once instead of after their
+    /// keep-alive. `None` = off (every idle instance above the target waits for its keep-alive).
+    pub release_horizon: Option<Duration>,
 }
 
 impl Default for PredictiveSettings {
@@ -73,6 +85,8 @@ impl Default for PredictiveSettings {
             max_idle_time: Duration::from_secs(20 * 60),
             min_idle_time: Duration::from_secs(60),
             slot_length: Duration::from_secs(DEFAULT_SLOT_SECS),
+            min_recurrence: 1,
+            release_horizon: None,
         }
     }
 }
@@ -101,6 +115,12 @@ impl PredictiveSettings {
         if self.min_idle_time > self.max_idle_time {
             return Err(PredictiveError("predictive.min_idle_time must not exceed predictive.max_idle_time".into()));
         }
+        if self.min_recurrence == 0 {
+            return Err(PredictiveError("predictive.min_recurrence must be at least 1".into()));
+        }
+        if self.release_horizon.is_some_and(|h| h.is_zero() || h.as_secs() > 86_400) {
+            return Err(PredictiveError("predictive.release_horizon must be from 1s to 24h".into()));
+        }
         let slot = self.slot_length;
         if slot.subsec_nanos() != 0 || !(10..=3600).contains(&slot.as_secs()) || 86_400 % slot.as_secs() != 0 {
             return Err(PredictiveError(format!(
@@ -118,6 +138,9 @@ pub struct DayRecord {
     pub day: u64,
     /// Largest rise of slots in use within one lead time, per slot of the day.
     pub rise: Vec<u16>,
+    /// Largest rise within `release_horizon`, per slot of the day (empty when it is off).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rise_long: Vec<u16>,
 }
 
 /// What the predictor has learned; persisted with the engine snapshot.
@@ -160,6 +183,8 @@ pub struct Predictor {
     state: PredictorState,
     /// (time, in-use) with increasing in-use: the sliding minimum over one lead time.
     window_min: VecDeque<(Moment, u32)>,
+    /// The same over `release_horizon` (empty when it is off).
+    long_min: VecDeque<(Moment, u32)>,
     in_use: u32,
     arrivals: VecDeque<Moment>,
     last_arrival: Option<Moment>,
@@ -206,11 +231,19 @@ impl Predictor {
         state.keep_alive_day.resize(24, None);
         for d in &mut state.days {
             d.rise.resize(slots_per_day, 0);
+            // A day learned while `release_horizon` was off has no such profile: it stays empty
+            // (not read as "no rise"), and the profile is dropped while the setting is off.
+            if settings.release_horizon.is_none() {
+                d.rise_long.clear();
+            } else if !d.rise_long.is_empty() {
+                d.rise_long.resize(slots_per_day, 0);
+            }
         }
         Predictor {
             settings,
             state,
             window_min: VecDeque::new(),
+            long_min: VecDeque::new(),
             in_use: 0,
             arrivals: VecDeque::new(),
             last_arrival: None,
@@ -271,20 +304,16 @@ impl Predictor {
     pub fn observe_in_use(&mut self, now: Moment, in_use: u32) {
         self.roll_hour(now);
         let lead = self.lead_time();
-        while self.window_min.front().is_some_and(|(t, _)| t.plus(lead) < now) {
-            self.window_min.pop_front();
-        }
-        while self.window_min.back().is_some_and(|(_, v)| *v >= in_use) {
-            self.window_min.pop_back();
-        }
-        self.window_min.push_back((now, in_use));
+        let rise = sliding_rise(&mut self.window_min, now, lead, in_use);
+        let long_rise = self.settings.release_horizon.map(|h| sliding_rise(&mut self.long_min, now, h, in_use));
         self.in_use = in_use;
-        let floor = self.window_min.front().map_or(in_use, |(_, v)| *v);
-        let rise = u16::try_from(in_use - floor).unwrap_or(u16::MAX);
         let (day, slot) = (now.0 / DAY_MS, ((now.0 % DAY_MS) / self.slot_ms) as usize);
         let record = self.day_record(day);
         if let Some(r) = record.rise.get_mut(slot) {
             *r = (*r).max(rise);
+        }
+        if let (Some(v), Some(r)) = (long_rise, record.rise_long.get_mut(slot)) {
+            *r = (*r).max(v);
         }
         let horizon = now.minus(self.settings.recent_window);
         while self.arrivals.front().is_some_and(|t| *t < horizon) {
@@ -294,7 +323,12 @@ impl Predictor {
 
     fn day_record(&mut self, day: u64) -> &mut DayRecord {
         if self.state.days.back().is_none_or(|d| d.day != day) {
-            self.state.days.push_back(DayRecord { day, rise: vec![0; self.slots_per_day] });
+            let long_len = if self.settings.release_horizon.is_some() { self.slots_per_day } else { 0 };
+            self.state.days.push_back(DayRecord {
+                day,
+                rise: vec![0; self.slots_per_day],
+                rise_long: vec![0; long_len],
+            });
             while self.state.days.len() > self.settings.history_days as usize + 1 {
                 self.state.days.pop_front();
             }
@@ -337,22 +371,63 @@ impl Predictor {
     /// headroom quantile over past days of the same weekday once four are known, else over
     /// past days of the same day type (weekday / weekend); with no such day yet, the largest
     /// rise of the last hour of the current day.
-    fn forecast_slot(&self, day: u64, slot: usize) -> f64 {
+    fn forecast_slot(&self, day: u64, slot: usize, series: Series) -> f64 {
         let wd = weekday(day);
         let weekend = |d: u64| weekday(d) >= 5;
-        let past = || self.state.days.iter().filter(|r| r.day < day);
+        // Days that learned this series (the release profile may be missing on older days).
+        let past = || self.state.days.iter().filter(|r| r.day < day && !series.of(r).is_empty());
         let same_day: Vec<&DayRecord> = past().filter(|r| weekday(r.day) == wd).collect();
         let days: Vec<&DayRecord> =
             if same_day.len() >= 4 { same_day } else { past().filter(|r| weekend(r.day) == weekend(day)).collect() };
         if days.is_empty() {
             // Nothing learned for this day type yet: the largest rise of the last hour today.
             return self.state.days.back().filter(|r| r.day == day).map_or(0.0, |r| {
+                let rises = series.of(r);
                 let lo = slot.saturating_sub((HOUR_MS / self.slot_ms) as usize);
-                f64::from(r.rise[lo..slot.min(r.rise.len())].iter().copied().max().unwrap_or(0))
+                f64::from(rises[lo.min(rises.len())..slot.min(rises.len())].iter().copied().max().unwrap_or(0))
             });
         }
-        let mut values: Vec<f64> = days.iter().map(|r| f64::from(r.rise.get(slot).copied().unwrap_or(0))).collect();
-        quantile(&mut values, self.settings.headroom_quantile).unwrap_or(0.0)
+        let mut values: Vec<f64> =
+            days.iter().map(|r| f64::from(series.of(r).get(slot).copied().unwrap_or(0))).collect();
+        let forecast = quantile(&mut values, self.settings.headroom_quantile).unwrap_or(0.0);
+        // `values` is sorted now: a rise must have been seen on `min_recurrence` past days.
+        let recurring = values.len().checked_sub(self.settings.min_recurrence as usize).map_or(0.0, |i| values[i]);
+        forecast.min(recurring)
+    }
+
+    /// The largest forecast rise of `series` for the slots from `now` to `now + horizon`; for
+    /// the lead-time rise, less what already rose in the current slot (the long rise seen so
+    /// far mostly rose before the slot and says little about what is still to come).
+    fn forecast_ahead(&self, now: Moment, horizon: Duration, series: Series) -> f64 {
+        let slot_ms = self.slot_ms;
+        let current = now.0 / slot_ms;
+        let last = now.plus(horizon).0 / slot_ms;
+        let mut target = 0.0f64;
+        for s in current..=last {
+            let day = s * slot_ms / DAY_MS;
+            let slot = ((s * slot_ms % DAY_MS) / slot_ms) as usize;
+            let mut forecast = self.forecast_slot(day, slot, series);
+            if s == current && matches!(series, Series::Lead) {
+                let seen = self
+                    .state
+                    .days
+                    .back()
+                    .filter(|d| d.day == day)
+                    .and_then(|d| series.of(d).get(slot))
+                    .copied()
+                    .unwrap_or(0);
+                forecast = (forecast - f64::from(seen)).max(0.0);
+            }
+            target = target.max(forecast);
+        }
+        target
+    }
+
+    /// Idle slots worth keeping at `now` under `release_horizon` (scale-down to the forecast
+    /// level): the rise of slots in use forecast within the horizon. `None` when it is off.
+    pub fn keep_level(&self, now: Moment) -> Option<u32> {
+        let horizon = self.settings.release_horizon?;
+        Some(self.forecast_ahead(now, horizon, Series::Long).ceil() as u32)
     }
 
     /// Idle slots to hold at `now`: the rise forecast for the slots the next lead time
@@ -360,27 +435,7 @@ impl Predictor {
     /// over one lead time, whichever is larger.
     pub fn idle_target(&self, now: Moment) -> u32 {
         let lead = self.lead_time();
-        let slot_ms = self.slot_ms;
-        let current = now.0 / slot_ms;
-        let last = now.plus(lead).0 / slot_ms;
-        let mut target = 0.0f64;
-        for s in current..=last {
-            let day = s * slot_ms / DAY_MS;
-            let slot = ((s * slot_ms % DAY_MS) / slot_ms) as usize;
-            let mut forecast = self.forecast_slot(day, slot);
-            if s == current {
-                let seen = self
-                    .state
-                    .days
-                    .back()
-                    .filter(|d| d.day == day)
-                    .and_then(|d| d.rise.get(slot))
-                    .copied()
-                    .unwrap_or(0);
-                forecast = (forecast - f64::from(seen)).max(0.0);
-            }
-            target = target.max(forecast);
-        }
+        let mut target = self.forecast_ahead(now, lead, Series::Lead);
         target = target.max(self.recent_rate(now) * lead.as_secs_f64());
         target.ceil() as u32
     }
@@ -430,6 +485,38 @@ impl Predictor {
     pub fn in_use(&self) -> u32 {
         self.in_use
     }
+}
+
+/// Which learned rise a forecast reads.
+#[derive(Clone, Copy, Debug)]
+enum Series {
+    /// Within one lead time (the idle target).
+    Lead,
+    /// Within `release_horizon` (the scale-down level).
+    Long,
+}
+
+impl Series {
+    fn of(self, record: &DayRecord) -> &[u16] {
+        match self {
+            Series::Lead => &record.rise,
+            Series::Long => &record.rise_long,
+        }
+    }
+}
+
+/// Push `in_use` at `now` into the sliding minimum `window` of width `width` and return the
+/// rise above that minimum.
+fn sliding_rise(window: &mut VecDeque<(Moment, u32)>, now: Moment, width: Duration, in_use: u32) -> u16 {
+    while window.front().is_some_and(|(t, _)| t.plus(width) < now) {
+        window.pop_front();
+    }
+    while window.back().is_some_and(|(_, v)| *v >= in_use) {
+        window.pop_back();
+    }
+    window.push_back((now, in_use));
+    let floor = window.front().map_or(in_use, |(_, v)| *v);
+    u16::try_from(in_use - floor).unwrap_or(u16::MAX)
 }
 
 #[cfg(test)]

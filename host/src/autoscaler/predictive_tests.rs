@@ -147,7 +147,11 @@ fn a_short_slot_forecasts_at_its_own_granularity_and_drops_history_of_another_wi
     // A week ago, 3 slots rose at 10:00:40 (slot 1802 of 4320).
     let mut rise = vec![0u16; 4320];
     rise[10 * 180 + 2] = 3;
-    let state = PredictorState { slot_secs: 20, days: [DayRecord { day: 19_363, rise }].into(), ..Default::default() };
+    let state = PredictorState {
+        slot_secs: 20,
+        days: [DayRecord { day: 19_363, rise, rise_long: Vec::new() }].into(),
+        ..Default::default()
+    };
     let p = Predictor::new(settings.clone(), Some(state.clone()));
     let today = |h: u64, m: u64, s: u64| Moment((19_363 + 7) * DAY_MS + h * HOUR_MS + m * 60_000 + s * 1000);
     assert_eq!(p.idle_target(today(10, 0, 0)), 0, "40 s ahead: beyond one lead time");
@@ -159,4 +163,65 @@ fn a_short_slot_forecasts_at_its_own_granularity_and_drops_history_of_another_wi
     let q = Predictor::new(other, Some(state));
     assert!(q.state().days.is_empty(), "20 s history is not read as 60 s slots");
     assert_eq!(q.state().slot_secs, 60);
+}
+
+#[test]
+fn a_rise_seen_on_fewer_past_days_than_min_recurrence_is_not_pre_warmed() {
+    let once = |min_recurrence| {
+        let mut p = Predictor::new(PredictiveSettings { min_recurrence, ..fixed_lead() }, None);
+        burst_day(&mut p, 0, 400);
+        burst_day(&mut p, 1, 0);
+        p.idle_target(at(2, 3, 58, 40))
+    };
+    // Two past weekdays: the 0.8 quantile of {0, 400} is the burst.
+    assert!(once(1) >= 399, "min_recurrence 1: a burst seen once is pre-warmed");
+    assert!(once(2) < 5, "min_recurrence 2: a burst seen on one day only is not");
+    let mut p = Predictor::new(PredictiveSettings { min_recurrence: 2, ..fixed_lead() }, None);
+    burst_day(&mut p, 0, 400);
+    burst_day(&mut p, 1, 400);
+    assert!(p.idle_target(at(2, 3, 58, 40)) >= 399, "seen on two days: pre-warmed");
+    let bad = PredictiveSettings { min_recurrence: 0, ..Default::default() };
+    assert!(bad.validate().expect_err("zero").0.contains("min_recurrence"));
+}
+
+#[test]
+fn release_horizon_learns_the_rise_within_it_and_is_off_by_default() {
+    let mut off = Predictor::new(fixed_lead(), None);
+    burst_day(&mut off, 0, 400);
+    assert_eq!(off.keep_level(at(1, 3, 55, 0)), None);
+    assert!(off.state().days.iter().all(|d| d.rise_long.is_empty()), "no second history when off");
+
+    let settings = PredictiveSettings { release_horizon: Some(Duration::from_secs(600)), ..fixed_lead() };
+    let mut p = Predictor::new(settings, None);
+    for day in 0..3 {
+        burst_day(&mut p, day, 400);
+    }
+    // Five minutes before the burst, its slot lies within the horizon: keep that many.
+    assert!(p.keep_level(at(3, 3, 55, 0)).is_some_and(|k| k >= 399), "{:?}", p.keep_level(at(3, 3, 55, 0)));
+    // Just after it (in use falls back at 04:10): no rise is expected, nothing idle is worth keeping.
+    assert_eq!(p.keep_level(at(3, 4, 12, 0)), Some(0));
+    assert_eq!(p.keep_level(at(3, 10, 0, 0)), Some(0));
+    for bad in [Duration::ZERO, Duration::from_secs(86_401)] {
+        let s = PredictiveSettings { release_horizon: Some(bad), ..Default::default() };
+        assert!(s.validate().expect_err("range").0.contains("release_horizon"), "{bad:?}");
+    }
+}
+
+#[test]
+fn history_learned_without_release_horizon_is_not_read_as_no_rise() {
+    let mut p = Predictor::new(fixed_lead(), None);
+    for day in 0..3 {
+        burst_day(&mut p, day, 400);
+    }
+    let settings = PredictiveSettings { release_horizon: Some(Duration::from_secs(600)), ..fixed_lead() };
+    let mut p = Predictor::new(settings, Some(p.state().clone()));
+    assert!(p.state().days.iter().all(|d| d.rise_long.is_empty()), "no profile invented for old days");
+    // Day 3: a rise of 30 at 02:00. Without learned days the last hour of today stands in,
+    // as on a fresh start (old days padded with zeros would say "no rise" for weeks).
+    let mut t = at(3, 0, 0, 0);
+    while t <= at(3, 2, 20, 0) {
+        p.observe_in_use(t, if t >= at(3, 2, 0, 0) { 31 } else { 1 });
+        t = t.plus(Duration::from_secs(30));
+    }
+    assert!(p.keep_level(at(3, 2, 20, 0)).is_some_and(|k| k >= 30), "{:?}", p.keep_level(at(3, 2, 20, 0)));
 }

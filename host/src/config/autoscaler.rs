@@ -189,6 +189,7 @@ default_fn!(d_keep_alive_quantile, f64, 0.95);
 default_fn!(d_max_idle_time, Duration, secs(20 * 60));
 default_fn!(d_min_idle_time, Duration, secs(60));
 default_fn!(d_slot_length, Duration, secs(300));
+default_fn!(d_min_recurrence, u32, 1);
 
 /// `[runners.autoscaler.predictive]` (Runway only): forecast slots from the runner's own
 /// history and learn idle keep-alive per hour of week.
@@ -221,6 +222,13 @@ pub struct Predictive {
     /// Width of a forecast slot (the granularity of the learned day profile).
     #[serde(default = "d_slot_length", with = "duration_str")]
     pub slot_length: Duration,
+    /// Past days a slot's rise must have been seen on before it is provisioned ahead.
+    #[serde(default = "d_min_recurrence")]
+    pub min_recurrence: u32,
+    /// Scale-down to the forecast level: idle instances beyond the rise forecast within this
+    /// horizon leave at once; unset = off (keep-alive timers only).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "duration_opt")]
+    pub release_horizon: Option<Duration>,
 }
 
 mod duration_opt {

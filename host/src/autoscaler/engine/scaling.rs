@@ -386,9 +386,12 @@ impl Taskscaler {
         // acquired, and that is demand.
         let in_use = c.acquired + c.pending;
         let mut idle_target = if self.shutting_down { 0 } else { self.cfg.idle_target(&policy, in_use) };
+        // Scale-down to the forecast level (`release_horizon`): the idle slots worth keeping.
+        let mut keep_level = None;
         if let (Some(p), false) = (&self.predictor, self.shutting_down) {
             // The policy's idle target is the floor; the forecast may only add to it.
             idle_target = idle_target.max(p.idle_target(now));
+            keep_level = p.keep_level(now).map(|k| k.max(idle_target));
         }
         let needed_slots = in_use + c.unavailable + idle_target;
         let mut required = ceil_div(needed_slots, cap);
@@ -459,6 +462,12 @@ impl Taskscaler {
         }
         let idle_time = self.idle_time(now);
         let wanted = excess.max(over_limit);
+        // Idle instances beyond the forecast level leave without waiting for their keep-alive.
+        let beyond_level = keep_level.map_or(0, |k| {
+            let keep = ceil_div(in_use + c.unavailable + k, cap);
+            let keep = if self.cfg.max_instances > 0 { keep.min(self.cfg.max_instances) } else { keep };
+            current.saturating_sub(keep).min(wanted)
+        });
         let mut doomed: Vec<(String, RemovalReason)> = Vec::new();
         for (idle_since, id) in self.instances.idle() {
             if !self.instances.get(id).is_some_and(|i| i.assignable() && i.usable(cap, max_use) > 0) {
@@ -467,7 +476,7 @@ impl Taskscaler {
             let removed = doomed.len() as u32;
             if removed < over_limit {
                 doomed.push((id.clone(), RemovalReason::OverLimit));
-            } else if removed < wanted && idle_since.plus(idle_time) <= now {
+            } else if removed < beyond_level || (removed < wanted && idle_since.plus(idle_time) <= now) {
                 doomed.push((id.clone(), RemovalReason::Idle));
             } else {
                 // Enough removed, or idle too briefly, as everyone after it (idle since later).
