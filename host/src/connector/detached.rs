@@ -18,7 +18,9 @@
 //! Following ([`ShellHost::follow`]) is by default `tail -c +N -F` until the exit file appears
 //! (polled every 5 ms at first, then every 100 ms), or the command's leader is gone, or the
 //! follower's parent — the SSH session — is; then a final drain from the exact byte count
-//! received, so nothing is lost or shown twice, which also reads the exit code. The runner's
+//! received, so nothing is lost or shown twice, which also reads the exit code. Where every
+//! script is a costly round trip (an `exec` in a container), [`start_and_follow_script`] starts
+//! the command and streams its log from the first byte to the exit code in one script. The runner's
 //! own machine writes, starts and reads the same files itself ([`super::LocalSession`]), with
 //! one process per start and none per poll.
 //!
