@@ -1,5 +1,5 @@
 //! The docker executor (GitLab's Docker executor semantics) as a WebAssembly component: each
-//! job gets its own network, build volume, services and a container per stage on a Docker
+//! job gets its own build volume, services (and with them a network of its own) and long-lived containers on a Docker
 //! Engine (or Podman's Docker-compatible API), reached through the host's `docker` capability
 //! (the host carries the Engine API and streams container output into the job log).
 //!
