@@ -21,7 +21,7 @@ use crate::bindings::executor::runway::host0_2_0::docker::{
     ApiError, DockerError, Endpoint, Engine, Host, HostEngine, RegistryAuth, Response,
 };
 use crate::capability::call::{CallBudget, CallContext};
-use crate::connector::docker::{self as engine, Body, DockerClient, EngineAddress, Transport};
+use crate::connector::docker::{self as engine, Body, DockerClient, EngineAddress, StageStreams, Transport};
 
 /// What `allow_docker` allows, parsed once: endpoints by their canonical address
 /// (`unix:///path`, `tcp://host:port`), the engine on a job's fleet instance (`"instance"`), or
@@ -134,6 +134,8 @@ impl DockerCtx {
 /// One open engine (the resource behind `engine`).
 pub struct EngineHandle {
     client: DockerClient,
+    /// The streams of stages started through this handle (`docker-stages`).
+    streams: StageStreams,
 }
 
 impl EngineHandle {
@@ -190,6 +192,16 @@ impl DockerView<'_> {
         Ok(self.table.get(&handle)?.client.clone())
     }
 
+    /// The client of `engine` and the streams of the stages started through it.
+    pub(crate) fn client_and_streams(
+        &self,
+        engine: &Resource<Engine>,
+    ) -> wasmtime::Result<(DockerClient, StageStreams)> {
+        let handle: Resource<EngineHandle> = Resource::new_borrow(engine.rep());
+        let handle = self.table.get(&handle)?;
+        Ok((handle.client.clone(), handle.streams.clone()))
+    }
+
     /// The transport to `endpoint`, if the grant allows it.
     fn transport(&self, endpoint: &Endpoint) -> Result<Transport, DockerError> {
         if let Some(session) = &self.call.remote {
@@ -239,7 +251,7 @@ impl HostEngine for DockerView<'_> {
             Ok(client) => client,
             Err(e) => return Ok(Err(wit_error(e))),
         };
-        let handle = self.table.push(EngineHandle { client })?;
+        let handle = self.table.push(EngineHandle { client, streams: StageStreams::default() })?;
         Ok(Ok(Resource::new_own(handle.rep())))
     }
 

@@ -27,7 +27,8 @@ const MAX_CAPTURE: usize = 1 << 20;
 
 impl DockerView<'_> {
     fn shell(&self, engine: &Resource<Engine>, container: String) -> wasmtime::Result<ContainerShell> {
-        Ok(ContainerShell::new(self.client(engine)?, container))
+        let (client, streams) = self.client_and_streams(engine)?;
+        Ok(ContainerShell::new(client, container, streams))
     }
 }
 

@@ -18,7 +18,9 @@
 //! Following ([`ShellHost::follow`]) is by default `tail -c +N -F` until the exit file appears
 //! (polled every 5 ms at first, then every 100 ms), or the command's leader is gone, or the
 //! follower's parent — the SSH session — is; then a final drain from the exact byte count
-//! received, so nothing is lost or shown twice, which also reads the exit code. The runner's
+//! received, so nothing is lost or shown twice, which also reads the exit code. Where every
+//! script is a costly round trip (an `exec` in a container), [`start_and_follow_script`] starts
+//! the command and streams its log from the first byte to the exit code in one script. The runner's
 //! own machine writes, starts and reads the same files itself ([`super::LocalSession`]), with
 //! one process per start and none per poll.
 //!
@@ -214,6 +216,18 @@ async fn launch<H: ShellHost + ?Sized>(
     exit_path: &str,
     check_length: bool,
 ) -> Result<(), RemoteError> {
+    let launcher = launcher_script(command, stdin.len(), log_path, exit_path, check_length);
+    let (code, output) = host.capture(&launcher, Some(stdin), 4096).await?;
+    if code != 0 {
+        return Err(failed("starting the detached command", code, &output));
+    }
+    Ok(())
+}
+
+/// The launcher of [`start_with_shell`]: directories, a fresh 0600 log and stdin file (its
+/// `stdin_len` bytes checked with `check_length`), then [`WRAPPER`] under `setsid`; exits
+/// non-zero, with the reason on its standard error, when the command did not start.
+fn launcher_script(command: &str, stdin_len: usize, log_path: &str, exit_path: &str, check_length: bool) -> String {
     let mut dirs: Vec<&str> = [log_path, exit_path].iter().map(|p| parent(p)).collect();
     dirs.dedup();
     let mkdirs: String =
@@ -221,7 +235,7 @@ async fn launch<H: ShellHost + ?Sized>(
     let wrapper: Vec<String> = wrapper_args(command, log_path, exit_path).iter().map(|a| quote(a)).collect();
     let (log, exit, pid, input) =
         (quote(log_path), quote(exit_path), quote(&pid_path(exit_path)), quote(&stdin_path(log_path)));
-    let launcher = format!(
+    format!(
         "{mkdirs}\
          if [ -e {exit} ] || [ -e {pid} ]; then rm -f -- {exit} {pid} || exit 1; fi\n\
          (umask 077 && : > {log} && exec cat > {input}) || exit 1\n\
@@ -232,18 +246,45 @@ async fn launch<H: ShellHost + ?Sized>(
         wrapper = wrapper.join(" "),
         check = if check_length {
             format!(
-                "[ $(($(wc -c < {input}))) -eq {len} ] || {{ rm -f -- {input}; echo 'the standard input was cut short' >&2; exit 1; }}\n",
-                len = stdin.len()
+                "[ $(($(wc -c < {input}))) -eq {stdin_len} ] || {{ rm -f -- {input}; echo 'the standard input was cut short' >&2; exit 1; }}\n"
             )
         } else {
             String::new()
         },
-    );
-    let (code, output) = host.capture(&launcher, Some(stdin), 4096).await?;
-    if code != 0 {
-        return Err(failed("starting the detached command", code, &output));
-    }
-    Ok(())
+    )
+}
+
+/// The line [`start_and_follow_script`] writes to its standard error once the command runs.
+pub const STARTED_MARKER: &str = "runway: the detached command runs";
+
+/// One script that starts `command` detached (as [`start_with_shell_checked`]: the standard
+/// input's `stdin_len` bytes checked) and then follows its log from its first byte until it
+/// ended, for a host where every script costs a round trip (an `exec` in a container): once
+/// the command runs it writes [`STARTED_MARKER`] and a newline to its standard error (before
+/// that, only the launcher's errors go there), then the log to its standard output, byte-exact
+/// and once — it holds the log open and `cat`s from that one open file at every poll (5 ms at
+/// first, then 100 ms), so each `cat` goes on where the last stopped, and once more after the
+/// exit file appeared or the leader is gone — and exits with the command's exit code (255 when
+/// the exit file is missing, unreadable or says 255 or more: then the caller reads it).
+pub fn start_and_follow_script(command: &str, stdin_len: usize, log_path: &str, exit_path: &str) -> String {
+    let launcher = launcher_script(command, stdin_len, log_path, exit_path, true);
+    let (log, exit, pid) = (quote(log_path), quote(exit_path), quote(&pid_path(exit_path)));
+    format!(
+        "{launcher}\n\
+         exec 5< {log} || exit 1\n\
+         echo {marker} >&2\n\
+         {GONE_FN}\n\
+         p=; read -r p 2>/dev/null < {pid}; s=0.005; n=0\n\
+         while [ ! -e {exit} ]; do \
+           cat <&5; \
+           if [ -n \"$p\" ] && gone \"$p\"; then break; fi; \
+           sleep $s; n=$((n+1)); [ $n -lt {FAST_POLLS} ] || s=0.1; \
+         done\n\
+         cat <&5\n\
+         read -r c 2>/dev/null < {exit} || exit 255\n\
+         case $c in ''|*[!0-9]*) exit 255;; esac; [ \"$c\" -lt 255 ] || exit 255; exit \"$c\"",
+        marker = quote(STARTED_MARKER),
+    )
 }
 
 /// A shell function `gone P`: true when process `P` no longer runs (exited, or a zombie that
@@ -337,7 +378,13 @@ pub async fn follow_with_shell<H: ShellHost + ?Sized>(
     if (0..255).contains(&code) {
         return Ok(code);
     }
-    let (code, text) = host.capture(&format!("cat -- {exit}"), None, 64).await?;
+    read_exit_code(host, exit_path).await
+}
+
+/// The exit code in the exit file `exit_path`, read on its own (a follower's exit code said
+/// 255: the file is missing or unreadable, or the code is 255 or more).
+pub async fn read_exit_code<H: ShellHost + ?Sized>(host: &H, exit_path: &str) -> Result<i32, RemoteError> {
+    let (code, text) = host.capture(&format!("cat -- {}", quote(exit_path)), None, 64).await?;
     if code != 0 {
         return Err(no_exit_code(exit_path));
     }
@@ -387,6 +434,36 @@ mod tests {
         assert_eq!(super::parent("/01.log"), "/");
         assert_eq!(super::parent("01.log"), ".");
         assert_eq!(super::parent("s/01.log"), "s");
+    }
+
+    /// The one-exec script starts the command, says so on stderr, streams its whole log on
+    /// stdout byte-exact (output written across the fast and slow polls) and exits with its code.
+    #[test]
+    fn start_and_follow_streams_the_whole_log_and_the_exit_code() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let (log, exit) = (dir.path().join("s/01.log"), dir.path().join("s/01.exit"));
+        let command = "sh";
+        let stdin =
+            b"printf 'a\\000b'; for i in 1 2 3; do echo line $i; sleep 0.1; done; head -c 100000 /dev/zero; exit 7";
+        let script =
+            super::start_and_follow_script(command, stdin.len(), log.to_str().unwrap(), exit.to_str().unwrap());
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stderr), format!("{}\n", super::STARTED_MARKER));
+        let mut expected = b"a\0bline 1\nline 2\nline 3\n".to_vec();
+        expected.extend(std::iter::repeat_n(0u8, 100_000));
+        assert_eq!(out.stdout.len(), expected.len());
+        assert!(out.stdout == expected);
+        assert_eq!(std::fs::read(&log).unwrap(), expected);
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub const FLAGS: &[Flag] = &[
         "FF_NETWORK_PER_BUILD",
         false,
         Differs,
-        "the docker executor always makes a per-job network (the flag on); `network_mode = \"bridge\"` gives the flag-off legacy links",
+        "the docker executor makes a per-job network for a job with services even with the flag off (services are reached by name there, never by legacy links); `network_mode = \"bridge\"` gives the flag-off legacy links",
     ),
     flag("FF_USE_LEGACY_KUBERNETES_EXECUTION_STRATEGY", false, NotApplicable, "kubernetes executor"),
     flag("FF_USE_DIRECT_DOWNLOAD", true, Honoured, "artifacts-downloader follows object storage redirects"),

@@ -66,10 +66,14 @@ impl JobContext {
         docker_logic::reference::expand(text, |name| self.variable(name).map(str::to_string))
     }
 
-    /// `CI_DEBUG_SERVICES` or `CI_DEBUG_TRACE` set to a true value (Go's `ParseBool`).
+    /// Whether variable `key` is set to a true value (Go's `ParseBool`).
+    pub fn truthy(&self, key: &str) -> bool {
+        matches!(self.variable(key), Some("1" | "t" | "T" | "true" | "TRUE" | "True"))
+    }
+
+    /// `CI_DEBUG_SERVICES` or `CI_DEBUG_TRACE` set to a true value.
     pub fn debug_services(&self) -> bool {
-        let truthy = |key| matches!(self.variable(key), Some("1" | "t" | "T" | "true" | "TRUE" | "True"));
-        truthy("CI_DEBUG_SERVICES") || truthy("CI_DEBUG_TRACE")
+        self.truthy("CI_DEBUG_SERVICES") || self.truthy("CI_DEBUG_TRACE")
     }
 
     /// `KEY=value` of the job's public, non-file variables: what services see of the job

@@ -1,10 +1,11 @@
 //! The docker executor (GitLab's Docker executor semantics) as a WebAssembly component: each
-//! job gets its own network, build volume, services and a container per stage on a Docker
+//! job gets its own build volume, services (and with them a network of its own) and long-lived containers on a Docker
 //! Engine (or Podman's Docker-compatible API), reached through the host's `docker` capability
 //! (the host carries the Engine API and streams container output into the job log).
 //!
 //! `prepare` pulls the job's image (for its `docker: platform:`), picks the helper image, creates the job's network
-//! (`runway-job-<id>-<suffix>`, unless `network_mode` is set), its build volume and cache
+//! (`runway-job-<id>-<suffix>`, when the job has services or `FF_NETWORK_PER_BUILD` and
+//! `network_mode` is not set), its build volume and cache
 //! volumes, starts and waits for the services, and starts the job's long-lived build container
 //! (the job's image). `run` starts each stage detached by `exec` (`runway:host/docker-stages`)
 //! in a long-lived container — the job's own stages in the build container, predefined stages
@@ -214,7 +215,12 @@ impl DockerEnv {
         self.state.user = if image.user.is_empty() { self.config.user.clone() } else { image.user.clone() };
         self.state.helper_image = self.helper_image(ctx)?;
 
-        if self.config.network_mode.is_empty() {
+        // A network of the job's own where something needs it, as gitlab-runner: services (they
+        // reach the build container and each other by name) or `FF_NETWORK_PER_BUILD`. Else the
+        // engine's default network: joining a user-defined one costs every container start.
+        let wants_network =
+            !ctx.services.is_empty() || !self.config.services.is_empty() || ctx.truthy("FF_NETWORK_PER_BUILD");
+        if self.config.network_mode.is_empty() && wants_network {
             let labels = names::job_labels(self.state.job_id, &self.state.suffix, "");
             self.api
                 .create_network(&self.prefix, &labels)

@@ -161,6 +161,18 @@ impl DockerClient {
         output: &(dyn Fn(&[u8]) + Send + Sync + '_),
         stop: &StopSignal,
     ) -> Result<i32, DockerError> {
+        self.exec_run_tagged(container, spec, stdin, &|_, bytes| output(bytes), stop).await
+    }
+
+    /// [`DockerClient::exec_run`] with each piece of output's stream (1 stdout, 2 stderr).
+    pub async fn exec_run_tagged(
+        &self,
+        container: &str,
+        spec: &ExecSpec,
+        stdin: Option<&[u8]>,
+        output: &(dyn Fn(u8, &[u8]) + Send + Sync + '_),
+        stop: &StopSignal,
+    ) -> Result<i32, DockerError> {
         let create = serde_json::json!({
             "AttachStdin": stdin.is_some(),
             "AttachStdout": true,
@@ -189,7 +201,7 @@ impl DockerClient {
                     if n == 0 {
                         return Ok::<(), std::io::Error>(());
                     }
-                    demux.push(&buf[..n], output);
+                    demux.push_tagged(&buf[..n], output);
                 }
             };
             let (fed, drained) = tokio::join!(feed, drain);

@@ -18,7 +18,7 @@ pub mod shell;
 
 pub use client::{Body, DockerClient, Transport};
 pub use endpoint::{Address, EngineAddress};
-pub use shell::ContainerShell;
+pub use shell::{ContainerShell, StageStreams};
 
 /// Why an engine call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
