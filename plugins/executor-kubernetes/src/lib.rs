@@ -41,6 +41,8 @@ use api::{executor_error, Api};
 const STAGES_DIR: &str = "/runway/stages";
 /// How long a stage whose stream failed gives its pod to show that it ended (see `explain`).
 const SETTLE: Duration = Duration::from_secs(10);
+/// The exit code of a stage killed by SIGKILL (`128 + 9`), as the kubelet kills containers.
+const KILLED: i32 = 137;
 
 struct Kubernetes;
 
@@ -324,12 +326,13 @@ impl KubeEnv {
 impl KubeEnv {
     /// The error of a stage that failed, or that ended with a non-zero code: a system failure
     /// naming the pod's end when the pod is gone or ended (evicted, deleted, its node lost),
-    /// else the stage's own result. A stage whose stream failed (rather than one with an exit
-    /// code) gives the pod [`SETTLE`] to show why: the kubelet kills an evicted pod's
+    /// else the stage's own result. A stage whose stream failed, or that was killed by SIGKILL
+    /// (137), gives the pod [`SETTLE`] to show why: the kubelet kills an evicted pod's
     /// containers before it marks the pod.
     fn explain(&self, what: &str, result: Result<ExitStatus, ExecutorError>) -> Result<ExitStatus, ExecutorError> {
         let within = match &result {
             Err(ExecutorError::Canceled) | Ok(ExitStatus { code: 0 }) => return result,
+            Ok(ExitStatus { code: KILLED }) => SETTLE,
             Ok(_) => Duration::ZERO,
             Err(_) => SETTLE,
         };

@@ -357,7 +357,17 @@ async fn bridge(
         }
         None => None,
     };
-    let status = exit_status(&command, code);
+    // An exec the runtime could not start because its container was stopping (evicted,
+    // deleted: the engine answers 126, "cannot exec in a deleted state"): the kubelet reports
+    // the CRI's error, not an exit code of the command.
+    let stopped_under_it = exec.is_some()
+        && code == Some(126)
+        && docker.inspect(&container).await.is_ok_and(|info| info["State"]["Running"] != true);
+    let status = if stopped_under_it {
+        json!({"metadata": {}, "status": "Failure", "message": "Internal error occurred: error executing command in container: container is not running", "reason": "InternalError", "code": 500})
+    } else {
+        exit_status(&command, code)
+    };
     let _ = ws_tx.send(frame(3, status.to_string().as_bytes())).await;
     let _ = ws_tx.send(normal_close()).await;
 }
