@@ -158,7 +158,9 @@ async fn workhorse_types_into_a_shell_jobs_terminal() {
     // Resize changes what the shell sees.
     ws.send(Message::Text(r#"{"width":101,"height":33}"#.into())).await.expect("resize");
     type_and_read(&mut ws, "stty size", "33 101").await;
-    // Let the script end: the job waits for the terminal, and says so.
+    // Let the script end: the job waits for the terminal, and says so. The terminal opens once
+    // the job is prepared, before get_sources, whose clean would remove a file made earlier.
+    h.until(id, "the script", |j| j.trace_text().contains("Executing \"step_script\"")).await;
     type_and_read(&mut ws, "touch released && echo released-$((1+1))", "released-2").await;
     h.until(id, "the wait for the terminal", |j| j.trace_text().contains("Terminal is connected, will time out in"))
         .await;
@@ -188,6 +190,7 @@ async fn workhorse_types_into_a_shell_jobs_terminal() {
     let id = h.waiting_job("idle");
     let session = h.session(id).await;
     let mut ws = connect(&session, &session.authorization).await.expect("connects");
+    h.until(id, "the script", |j| j.trace_text().contains("Executing \"step_script\"")).await;
     type_and_read(&mut ws, "touch released && echo idle-$((2+2))", "idle-4").await;
     closed_by_server(&mut ws).await;
     let record = h.until(id, "the end", |j| j.final_state.is_some()).await;
@@ -233,6 +236,7 @@ async fn a_browser_types_into_a_jobs_terminal_through_a_workhorse_like_proxy() {
         .expect("screenshot written");
     // The job's script ends when the terminal releases it; closing the page's terminal
     // disconnects it, and the job finishes.
+    h.until(id, "the script", |j| j.trace_text().contains("Executing \"step_script\"")).await;
     browser.type_text("touch released\r").await;
     h.until(id, "the wait for the terminal", |j| j.trace_text().contains("Terminal is connected, will time out in"))
         .await;
