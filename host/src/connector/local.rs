@@ -11,8 +11,9 @@
 //! `cd DIR && exec PROGRAM ARGS` the program, in DIR); where there is no reaper, one `sh`
 //! leader each that writes the exit code ([`super::detached::DIRECT_EXIT_WRAPPER`]), reaped by
 //! the runner while it lives. They are followed by reading their log and its marks directly
-//! (the pid and exit code kept on the log: [`super::marks`]; in the runner: it ends with the runner), with no process per poll, waking at once when a
-//! command this session started ended. With [`StageOutput::Pipes`] (`runway exec`) a
+//! (the pid and exit code kept on the log: [`super::marks`]; in the runner: it ends with the
+//! runner), with no process per poll, waking at once when a command this session started
+//! ended. With [`StageOutput::Pipes`] (`runway exec`) a
 //! command's log is a pipe this session follows once ([`super::streamed`]), woken when it has
 //! data. Files are written atomically (a temporary file in the
 //! same directory, renamed over the target) and read with the caller's size cap.
