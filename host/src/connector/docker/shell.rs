@@ -141,31 +141,25 @@ impl ContainerShell {
         };
         // The stream holds the log from its first byte: what the trace has already is skipped.
         let skip = offset.max(trace.followed(log_path).unwrap_or(0));
-        let mut received = 0u64;
-        loop {
-            let bytes = tokio::select! {
-                bytes = stream.output.recv() => bytes,
-                () = stop.stopped() => {
-                    drop(stream);
-                    detached::kill(self, exit_path).await;
-                    return Err(RemoteError::Canceled);
+        let followed = tokio::select! {
+            code = async {
+                let mut received = 0u64;
+                while let Some(bytes) = stream.output.recv().await {
+                    let end = received + bytes.len() as u64;
+                    if end > skip {
+                        let from = usize::try_from(skip.saturating_sub(received)).unwrap_or(usize::MAX).min(bytes.len());
+                        trace.write_followed(log_path, end, &bytes[from..]);
+                    }
+                    received = end;
                 }
-            };
-            let Some(bytes) = bytes else { break };
-            let end = received + bytes.len() as u64;
-            if end > skip {
-                let from = usize::try_from(skip.saturating_sub(received)).unwrap_or(usize::MAX).min(bytes.len());
-                trace.write_followed(log_path, end, &bytes[from..]);
-            }
-            received = end;
-        }
-        let code = tokio::select! {
-            code = &mut stream.task => code,
-            () = stop.stopped() => {
-                drop(stream);
-                detached::kill(self, exit_path).await;
-                return Err(RemoteError::Canceled);
-            }
+                (&mut stream.task).await
+            } => Some(code),
+            () = stop.stopped() => None,
+        };
+        let Some(code) = followed else {
+            drop(stream);
+            self.stop(log_path, exit_path).await;
+            return Err(RemoteError::Canceled);
         };
         match code {
             Ok(Ok(code)) if (0..255).contains(&code) => Ok(ExitStatus::from_code(code)),

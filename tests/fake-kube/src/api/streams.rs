@@ -202,6 +202,14 @@ pub(crate) fn exit_status(command: &[String], code: Option<i64>) -> Value {
     }
 }
 
+/// The error channel's Status for a command the runtime could not run, as the kubelet writes
+/// the CRI's error.
+fn exec_error_status(error: &str) -> Value {
+    json!({"metadata": {}, "status": "Failure",
+        "message": format!("Internal error occurred: error executing command in container: {error}"),
+        "reason": "InternalError", "code": 500})
+}
+
 async fn bridge(
     socket: WebSocket,
     docker: Docker,
@@ -256,7 +264,7 @@ async fn bridge(
     let (io, exec, tty) = match started {
         Ok(started) => started,
         Err(e) => {
-            let status = json!({"metadata": {}, "status": "Failure", "message": format!("Internal error occurred: error executing command in container: {e}"), "reason": "InternalError", "code": 500});
+            let status = exec_error_status(&e.to_string());
             let _ = ws_tx.send(frame(3, status.to_string().as_bytes())).await;
             let _ = ws_tx.send(normal_close()).await;
             return;
@@ -363,11 +371,8 @@ async fn bridge(
     let stopped_under_it = exec.is_some()
         && code == Some(126)
         && docker.inspect(&container).await.is_ok_and(|info| info["State"]["Running"] != true);
-    let status = if stopped_under_it {
-        json!({"metadata": {}, "status": "Failure", "message": "Internal error occurred: error executing command in container: container is not running", "reason": "InternalError", "code": 500})
-    } else {
-        exit_status(&command, code)
-    };
+    let status =
+        if stopped_under_it { exec_error_status("container is not running") } else { exit_status(&command, code) };
     let _ = ws_tx.send(frame(3, status.to_string().as_bytes())).await;
     let _ = ws_tx.send(normal_close()).await;
 }
